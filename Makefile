@@ -1,0 +1,43 @@
+# The few commands everyone runs. `make help` lists them.
+CARGO ?= cargo
+PLUGIN_TARGET := wasm32-wasip2
+PLUGIN_OUT := target/$(PLUGIN_TARGET)/plugin
+PLUGINS_DIR := target/plugins
+# crate name -> provider type (the file name the host looks for)
+PLUGIN_CRATES := test-provider:test
+
+.PHONY: help plugins build test lint fmt bench dev-cluster
+
+help:
+	@echo "make plugins      build every provider component into $(PLUGINS_DIR)/<type>.wasm"
+	@echo "make build        build the operator and the plugins"
+	@echo "make test         build the plugins, lint, then run every test (what .ci/run runs)"
+	@echo "make lint         cargo fmt --check and clippy -D warnings"
+	@echo "make bench        run the benchmarks"
+	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator"
+
+plugins:
+	$(CARGO) build --profile plugin --target $(PLUGIN_TARGET) $(foreach p,$(PLUGIN_CRATES),-p $(word 1,$(subst :, ,$(p))))
+	@mkdir -p $(PLUGINS_DIR)
+	@$(foreach p,$(PLUGIN_CRATES),cp $(PLUGIN_OUT)/$(subst -,_,$(word 1,$(subst :, ,$(p)))).wasm $(PLUGINS_DIR)/$(word 2,$(subst :, ,$(p))).wasm;)
+	@ls -l $(PLUGINS_DIR)
+
+build: plugins
+	$(CARGO) build --workspace
+
+# What CI runs: formatting, clippy, then every test with the plugins freshly built.
+test: plugins lint
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+bench: plugins
+	$(CARGO) bench -p proxy-operator
+
+dev-cluster:
+	$(CARGO) run -p proxy-operator-harness --bin dev-cluster

@@ -1,0 +1,391 @@
+//! The `http` capability: a record request/response over reqwest, only to the hosts the provider
+//! instance's grant allows, with size limits, a timeout, and credentials added by the host so the
+//! plugin never sees them.
+
+mod allow;
+mod resolver;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+pub use allow::{AllowPattern, is_public};
+
+use super::{CallContext, GrantError};
+
+const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `grants.http` section of a provider instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpGrant {
+    /// `scheme://host[:port]` patterns; host may be `*` or `*.example.com`, port `*`.
+    /// Private and loopback addresses are reachable only when a pattern names the IP itself.
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub credentials: Vec<CredentialGrant>,
+    #[serde(default)]
+    pub max_request_bytes: Option<usize>,
+    #[serde(default)]
+    pub max_response_bytes: Option<usize>,
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// A header the host adds to requests to matching URLs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CredentialGrant {
+    /// A pattern like those in `allow`: requests matching it get the header.
+    pub url: String,
+    /// The header name, e.g. `Authorization`.
+    pub header: String,
+    /// Text put before the secret, e.g. `Bearer `.
+    #[serde(default)]
+    pub prefix: String,
+    pub value_from: SecretSource,
+}
+
+/// Where a credential's secret comes from. Read on every request, so a rotated file is picked up.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub enum SecretSource {
+    /// An environment variable of the operator.
+    Env(String),
+    /// A file (e.g. a mounted Secret).
+    File(std::path::PathBuf),
+}
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Names only: the value itself never reaches a log.
+        match self {
+            SecretSource::Env(name) => write!(f, "env:{name}"),
+            SecretSource::File(path) => write!(f, "file:{}", path.display()),
+        }
+    }
+}
+
+impl SecretSource {
+    fn read(&self) -> Result<String, String> {
+        match self {
+            SecretSource::Env(name) => {
+                std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
+            }
+            SecretSource::File(path) => std::fs::read_to_string(path)
+                .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+                .map_err(|e| format!("cannot read {}: {e}", path.display())),
+        }
+    }
+}
+
+/// A request from a plugin.
+#[derive(Debug, Clone)]
+pub struct HttpRequest {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout: Option<Duration>,
+}
+
+/// The answer handed back to the plugin.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Why a request was not answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpError {
+    #[error("denied: {0}")]
+    Denied(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("timeout: {0}")]
+    Timeout(String),
+    #[error("transport: {0}")]
+    Transport(String),
+    #[error("too large: {0}")]
+    TooLarge(String),
+}
+
+#[derive(Debug)]
+struct Credential {
+    pattern: AllowPattern,
+    header: reqwest::header::HeaderName,
+    prefix: String,
+    source: SecretSource,
+}
+
+/// The parsed grant of one provider instance, with its own client.
+#[derive(Debug)]
+pub struct HttpCapability {
+    allow: Vec<AllowPattern>,
+    credentials: Vec<Credential>,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    timeout: Duration,
+    client: Option<reqwest::Client>,
+}
+
+impl HttpCapability {
+    /// Parses a grant; `None` grants nothing (every request is denied).
+    pub fn new(grant: Option<&HttpGrant>) -> Result<Self, GrantError> {
+        let Some(grant) = grant else {
+            return Ok(HttpCapability {
+                allow: Vec::new(),
+                credentials: Vec::new(),
+                max_request_bytes: 0,
+                max_response_bytes: 0,
+                timeout: DEFAULT_TIMEOUT,
+                client: None,
+            });
+        };
+        let allow = grant
+            .allow
+            .iter()
+            .enumerate()
+            .map(|(index, p)| {
+                AllowPattern::parse(p).map_err(|message| GrantError::HttpAllow { index, message })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let credentials = grant
+            .credentials
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let err = |message: String| GrantError::HttpCredential { index, message };
+                let pattern = AllowPattern::parse(&c.url).map_err(|m| err(format!("url: {m}")))?;
+                if !allow.iter().any(|a| a.covers(&pattern)) {
+                    return Err(err(format!(
+                        "url `{}` is not covered by grants.http.allow, so the credential could never be used",
+                        c.url
+                    )));
+                }
+                let header = reqwest::header::HeaderName::from_bytes(c.header.as_bytes())
+                    .map_err(|_| err(format!("header `{}` is not a valid header name", c.header)))?;
+                Ok(Credential {
+                    pattern,
+                    header,
+                    prefix: c.prefix.clone(),
+                    source: c.value_from.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = reqwest::Client::builder()
+            // A redirect could lead outside the grant: the plugin sees the 3xx and asks again.
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(resolver::PublicOnlyResolver))
+            .no_proxy()
+            .build()
+            .map_err(|e| GrantError::HttpClient(e.to_string()))?;
+        Ok(HttpCapability {
+            allow,
+            credentials,
+            max_request_bytes: grant.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
+            max_response_bytes: grant
+                .max_response_bytes
+                .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES),
+            timeout: grant
+                .timeout_seconds
+                .map(Duration::from_secs)
+                .unwrap_or(DEFAULT_TIMEOUT),
+            client: Some(client),
+        })
+    }
+
+    /// Checks a URL against the grant. `Ok` names the pattern that allowed it.
+    pub fn check(&self, url: &url::Url) -> Result<&AllowPattern, HttpError> {
+        let target = allow::Target::from_url(url).map_err(HttpError::InvalidRequest)?;
+        let granted = self
+            .allow
+            .iter()
+            .find(|p| p.matches(&target))
+            .ok_or_else(|| {
+                HttpError::Denied(format!(
+                    "{} is not in this provider instance's grants.http.allow ({})",
+                    target,
+                    if self.allow.is_empty() {
+                        "nothing is granted".to_string()
+                    } else {
+                        self.allow
+                            .iter()
+                            .map(|p| p.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ))
+            })?;
+        Ok(granted)
+    }
+
+    /// Sends a plugin's request if the grant allows it.
+    pub async fn send(
+        &self,
+        context: &CallContext,
+        request: HttpRequest,
+    ) -> Result<HttpResponse, HttpError> {
+        let url = url::Url::parse(&request.url)
+            .map_err(|e| HttpError::InvalidRequest(format!("url `{}`: {e}", request.url)))?;
+        self.check(&url)?;
+        let client = self.client.as_ref().ok_or_else(|| {
+            HttpError::Denied("this provider instance has no grants.http".to_string())
+        })?;
+        if request.body.len() > self.max_request_bytes {
+            return Err(HttpError::TooLarge(format!(
+                "request body of {} bytes exceeds the limit of {} bytes",
+                request.body.len(),
+                self.max_request_bytes
+            )));
+        }
+        let method = reqwest::Method::from_bytes(request.method.to_ascii_uppercase().as_bytes())
+            .map_err(|_| {
+                HttpError::InvalidRequest(format!("method `{}` is not valid", request.method))
+            })?;
+        let target = allow::Target::from_url(&url).map_err(HttpError::InvalidRequest)?;
+        let injected: Vec<&Credential> = self
+            .credentials
+            .iter()
+            .filter(|c| c.pattern.matches(&target))
+            .collect();
+
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in &request.headers {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                HttpError::InvalidRequest(format!("header name `{name}` is not valid"))
+            })?;
+            // A plugin cannot set what the host injects (nor learn it by echo tricks).
+            if injected.iter().any(|c| c.header == name) {
+                continue;
+            }
+            let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                HttpError::InvalidRequest(format!("header `{name}` has an invalid value"))
+            })?;
+            headers.append(name, value);
+        }
+        for credential in &injected {
+            let secret = credential.source.read().map_err(|e| {
+                tracing::warn!(
+                    provider = %context.provider,
+                    header = %credential.header,
+                    "credential for an HTTP grant is unavailable: {e}"
+                );
+                HttpError::Transport(format!(
+                    "the host could not read the credential for header {}: {e}",
+                    credential.header
+                ))
+            })?;
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&format!("{}{}", credential.prefix, secret))
+                    .map_err(|_| {
+                        HttpError::Transport(format!(
+                            "the credential for header {} is not a valid header value",
+                            credential.header
+                        ))
+                    })?;
+            value.set_sensitive(true);
+            headers.insert(credential.header.clone(), value);
+        }
+
+        let timeout = request
+            .timeout
+            .map(|t| t.min(self.timeout))
+            .unwrap_or(self.timeout);
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(timeout, async {
+            let response = client
+                .request(method.clone(), url.clone())
+                .headers(headers)
+                .body(request.body)
+                .send()
+                .await
+                .map_err(|e| classify(&e))?;
+            let status = response.status().as_u16();
+            let response_headers = response
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            if let Some(length) = response.content_length()
+                && length as usize > self.max_response_bytes
+            {
+                return Err(self.response_too_large());
+            }
+            let mut body = Vec::new();
+            let mut stream = response.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| classify(&e))?;
+                if body.len() + chunk.len() > self.max_response_bytes {
+                    return Err(self.response_too_large());
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(HttpResponse {
+                status,
+                headers: response_headers,
+                body,
+            })
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(HttpError::Timeout(format!(
+                "no complete answer from {} within {timeout:?}",
+                target
+            )))
+        });
+        tracing::debug!(
+            provider = %context.provider,
+            method = %method,
+            target = %target,
+            status = result.as_ref().map(|r| r.status).ok(),
+            error = result.as_ref().err().map(|e| e.to_string()),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "plugin http request"
+        );
+        result
+    }
+
+    fn response_too_large(&self) -> HttpError {
+        HttpError::TooLarge(format!(
+            "response body exceeds the limit of {} bytes",
+            self.max_response_bytes
+        ))
+    }
+}
+
+fn classify(err: &reqwest::Error) -> HttpError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(denied) = e.downcast_ref::<resolver::PrivateAddressDenied>() {
+            return HttpError::Denied(denied.to_string());
+        }
+        source = e.source();
+    }
+    if err.is_timeout() {
+        return HttpError::Timeout(error_chain(err));
+    }
+    HttpError::Transport(error_chain(err))
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}

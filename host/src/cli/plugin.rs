@@ -1,0 +1,155 @@
+//! `proxy-operator plugin …`: tooling for plugin authors. Loads a component in the real runtime,
+//! with real capabilities, so a provider can be tried without a cluster.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+use crate::capabilities::Grants;
+use crate::plugins::{
+    EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
+    inspect_component, types::InstanceSpec,
+};
+
+/// A provider instance for trying a plugin: one entry of the providers config, where `name` and
+/// `type` may be left out.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceFile {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default, rename = "type")]
+    pub provider_type: Option<String>,
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+    #[serde(default)]
+    pub grants: Grants,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// What `plugin run` calls.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum RunFunction {
+    /// Create an instance from a spec file (YAML or JSON; see docs/plugin-authoring.md).
+    Create {
+        #[arg(long)]
+        spec: PathBuf,
+    },
+    /// Get an instance by provider id.
+    Get { provider_id: String },
+    /// Delete an instance by provider id.
+    Delete { provider_id: String },
+    /// List the instances carrying an owner identity.
+    List,
+    /// Run the provider's health check.
+    Check,
+}
+
+fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {what} {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
+}
+
+async fn engine() -> anyhow::Result<Arc<PluginEngine>> {
+    // Tooling runs once: no pool to reserve, no cache to write.
+    let options = EngineOptions {
+        pool_instances: 0,
+        ..EngineOptions::default()
+    };
+    PluginEngine::new(options, &prometheus::Registry::new())
+}
+
+async fn load(engine: &Arc<PluginEngine>, file: &Path) -> anyhow::Result<Arc<LoadedPlugin>> {
+    Ok(engine.load_file(file).await?)
+}
+
+/// `plugin inspect FILE`: what the file is and, if it loads, what it declares.
+pub async fn inspect(file: &Path) -> anyhow::Result<serde_json::Value> {
+    let engine = engine().await?;
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let summary = inspect_component(&engine, &bytes)?;
+    let mut out = serde_json::to_value(&summary)?;
+    match engine.load(&file.display().to_string(), bytes).await {
+        Ok(plugin) => {
+            out["loads"] = true.into();
+            out["describe"] = serde_json::to_value(&plugin.info)?;
+            if let Ok(schema) =
+                serde_json::from_str::<serde_json::Value>(&plugin.info.config_schema)
+            {
+                out["describe"]["configSchema"] = schema;
+            }
+        }
+        Err(e) => {
+            out["loads"] = false.into();
+            out["error"] = e.to_string().into();
+        }
+    }
+    Ok(out)
+}
+
+async fn instance(file: &Path, instance_file: &Path) -> anyhow::Result<ProviderInstance> {
+    let engine = engine().await?;
+    let plugin = load(&engine, file).await?;
+    let entry: InstanceFile = read_yaml(instance_file, "provider instance file")?;
+    if let Some(t) = &entry.provider_type
+        && t != &plugin.info.name
+    {
+        bail!(
+            "{}: type `{t}` does not match the plugin, which describes itself as `{}`",
+            instance_file.display(),
+            plugin.info.name
+        );
+    }
+    let name = entry
+        .name
+        .clone()
+        .unwrap_or_else(|| plugin.info.name.clone());
+    ProviderInstance::new(
+        engine,
+        &name,
+        plugin,
+        &entry.config,
+        &entry.grants,
+        ProviderInstanceOptions::default(),
+    )
+    .with_context(|| format!("{}: grants", instance_file.display()))
+}
+
+/// `plugin validate FILE --config FILE`: load the plugin and run `validate-config`.
+pub async fn validate(file: &Path, instance_file: &Path) -> anyhow::Result<serde_json::Value> {
+    let instance = instance(file, instance_file).await?;
+    instance.validate_config().await?;
+    Ok(serde_json::json!({
+        "valid": true,
+        "plugin": instance.plugin().info.name,
+        "witVersion": instance.plugin().wit_version,
+    }))
+}
+
+/// `plugin run FILE --config FILE <function>`: call one function against real capabilities.
+pub async fn run(
+    file: &Path,
+    instance_file: &Path,
+    function: &RunFunction,
+) -> anyhow::Result<serde_json::Value> {
+    let instance = instance(file, instance_file).await?;
+    Ok(match function {
+        RunFunction::Create { spec } => {
+            let spec: InstanceSpec = read_yaml(spec, "instance spec file")?;
+            serde_json::to_value(instance.create(spec).await?)?
+        }
+        RunFunction::Get { provider_id } => serde_json::to_value(instance.get(provider_id).await?)?,
+        RunFunction::Delete { provider_id } => {
+            instance.delete(provider_id).await?;
+            serde_json::json!({ "deleted": provider_id })
+        }
+        RunFunction::List => serde_json::to_value(instance.list().await?)?,
+        RunFunction::Check => serde_json::to_value(instance.check().await?)?,
+    })
+}

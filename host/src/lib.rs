@@ -1,0 +1,7 @@
+//! proxy-operator: a Kubernetes operator that gives web crawlers a pool of healthy egress proxies,
+//! made through sandboxed WebAssembly provider plugins.
+
+pub mod capabilities;
+pub mod cli;
+pub mod metrics;
+pub mod plugins;

@@ -1,0 +1,109 @@
+//! The operator binary: the composition root. Flags, logging, and dispatch to subcommands.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use proxy_operator::cli::plugin::{self, RunFunction};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "proxy-operator",
+    version,
+    about = "Healthy egress proxies for crawler fleets"
+)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `proxy_operator=debug`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
+    log_level: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Tools for plugin authors: inspect, validate and call a provider component.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Show a component's WIT version, exports, imports, capabilities, size and sha256.
+    Inspect { file: PathBuf },
+    /// Load a component in the real runtime and run `validate-config` on a provider instance.
+    Validate {
+        file: PathBuf,
+        /// A providers-config entry (YAML or JSON): `config` and `grants`.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Call one provider function against real capabilities.
+    Run {
+        file: PathBuf,
+        /// A providers-config entry (YAML or JSON): `config` and `grants`.
+        #[arg(long)]
+        config: PathBuf,
+        #[command(subcommand)]
+        function: RunFunction,
+    },
+}
+
+fn init_logging(cli: &Cli) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    let result = match &cli.command {
+        Command::Plugin { command } => match command {
+            PluginCommand::Inspect { file } => plugin::inspect(file).await,
+            PluginCommand::Validate { file, config } => plugin::validate(file, config).await,
+            PluginCommand::Run {
+                file,
+                config,
+                function,
+            } => plugin::run(file, config, function).await,
+        },
+    };
+    match result {
+        Ok(value) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).expect("JSON values always serialize")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

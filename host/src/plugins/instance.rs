@@ -1,0 +1,350 @@
+//! A provider instance: a loaded plugin, its config and its grants, with a concurrency bound.
+//! Every call runs in a fresh store under the engine's CPU, memory and wall-clock limits.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use wasmtime::{Store, UpdateDeadline};
+
+use super::engine::PluginEngine;
+use super::error::CallError;
+use super::load::{LoadedPlugin, PluginPre};
+use super::state::HostState;
+use super::types::{CheckTarget, Instance, InstanceSpec, PluginInfo, ProviderError};
+use crate::capabilities::{CallContext, GrantError, Grants};
+
+/// Per-provider-instance settings.
+#[derive(Debug, Clone)]
+pub struct ProviderInstanceOptions {
+    /// Calls that may run at once; more wait for a slot.
+    pub max_concurrent_calls: usize,
+}
+
+impl Default for ProviderInstanceOptions {
+    fn default() -> Self {
+        ProviderInstanceOptions {
+            max_concurrent_calls: 8,
+        }
+    }
+}
+
+pub(crate) enum Call {
+    Describe,
+    ValidateConfig,
+    Create(Box<InstanceSpec>),
+    Get(String),
+    Delete(String),
+    List,
+    Check,
+}
+
+impl Call {
+    fn name(&self) -> &'static str {
+        match self {
+            Call::Describe => "describe",
+            Call::ValidateConfig => "validate-config",
+            Call::Create(_) => "create",
+            Call::Get(_) => "get",
+            Call::Delete(_) => "delete",
+            Call::List => "list",
+            Call::Check => "check",
+        }
+    }
+}
+
+pub(crate) enum Output {
+    Info(PluginInfo),
+    Unit(()),
+    Instance(Instance),
+    Instances(Vec<Instance>),
+    Checks(Vec<CheckTarget>),
+}
+
+/// One entry of the providers config, bound to its plugin.
+pub struct ProviderInstance {
+    name: String,
+    plugin: Arc<LoadedPlugin>,
+    config: String,
+    context: Arc<CallContext>,
+    permits: Arc<Semaphore>,
+    engine: Arc<PluginEngine>,
+}
+
+impl std::fmt::Debug for ProviderInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderInstance")
+            .field("name", &self.name)
+            .field("plugin", &self.plugin.info.name)
+            .finish()
+    }
+}
+
+macro_rules! expect_output {
+    ($result:expr, $variant:ident) => {
+        match $result? {
+            Output::$variant(v) => Ok(v),
+            _ => unreachable!(concat!("the call returns ", stringify!($variant))),
+        }
+    };
+}
+
+impl ProviderInstance {
+    /// Binds a plugin to a provider instance's config and grants.
+    pub fn new(
+        engine: Arc<PluginEngine>,
+        name: &str,
+        plugin: Arc<LoadedPlugin>,
+        config: &serde_json::Value,
+        grants: &Grants,
+        options: ProviderInstanceOptions,
+    ) -> Result<Self, GrantError> {
+        let context = Arc::new(CallContext::new(name, &plugin.info.name, grants)?);
+        Ok(ProviderInstance {
+            name: name.to_string(),
+            plugin,
+            config: config.to_string(),
+            context,
+            permits: Arc::new(Semaphore::new(options.max_concurrent_calls.max(1))),
+            engine,
+        })
+    }
+
+    /// The provider instance's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The plugin serving it.
+    pub fn plugin(&self) -> &Arc<LoadedPlugin> {
+        &self.plugin
+    }
+
+    async fn call(&self, call: Call) -> Result<Output, CallError> {
+        // Waiting for a slot is cancellable: dropping the future gives up the wait.
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        self.engine
+            .invoke(&self.plugin, self.context.clone(), &self.config, call)
+            .await
+    }
+
+    /// Runs the plugin's `validate-config` on this instance's config.
+    pub async fn validate_config(&self) -> Result<(), CallError> {
+        expect_output!(self.call(Call::ValidateConfig).await, Unit)
+    }
+
+    /// Creates (or finds, by `spec.name`) an instance.
+    pub async fn create(&self, spec: InstanceSpec) -> Result<Instance, CallError> {
+        expect_output!(self.call(Call::Create(Box::new(spec))).await, Instance)
+    }
+
+    pub async fn get(&self, provider_id: &str) -> Result<Instance, CallError> {
+        expect_output!(
+            self.call(Call::Get(provider_id.to_string())).await,
+            Instance
+        )
+    }
+
+    /// Deletes an instance; one that is already gone counts as deleted.
+    pub async fn delete(&self, provider_id: &str) -> Result<(), CallError> {
+        match self.call(Call::Delete(provider_id.to_string())).await {
+            Ok(_) => Ok(()),
+            Err(CallError::Provider {
+                error: ProviderError::NotFound(_),
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn list(&self) -> Result<Vec<Instance>, CallError> {
+        expect_output!(self.call(Call::List).await, Instances)
+    }
+
+    pub async fn check(&self) -> Result<Vec<CheckTarget>, CallError> {
+        expect_output!(self.call(Call::Check).await, Checks)
+    }
+}
+
+impl PluginEngine {
+    /// One sandboxed call: fresh store and instance, CPU budget, memory cap, wall-clock timeout.
+    pub(crate) async fn invoke(
+        &self,
+        plugin: &LoadedPlugin,
+        context: Arc<CallContext>,
+        config: &str,
+        call: Call,
+    ) -> Result<Output, CallError> {
+        let function = call.name();
+        let provider = context.provider.clone();
+        let plugin_name = if plugin.info.name.is_empty() {
+            plugin.source_name.clone()
+        } else {
+            plugin.info.name.clone()
+        };
+        let started = Instant::now();
+        let timeout = self.options.call_timeout;
+        let run = self.run_in_store(plugin, &plugin_name, context, config, call);
+        let result = match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(CallError::Timeout {
+                plugin: plugin_name.clone(),
+                function,
+                timeout,
+            }),
+        };
+        self.metrics.observe(
+            &plugin_name,
+            &provider,
+            function,
+            started.elapsed(),
+            result.as_ref().err(),
+        );
+        if let Err(e) = &result {
+            tracing::debug!(plugin = %plugin_name, provider = %provider, function, kind = e.kind(), "plugin call failed: {e}");
+        }
+        result
+    }
+
+    async fn run_in_store(
+        &self,
+        plugin: &LoadedPlugin,
+        plugin_name: &str,
+        context: Arc<CallContext>,
+        config: &str,
+        call: Call,
+    ) -> Result<Output, CallError> {
+        let function = call.name();
+        let provider = context.provider.clone();
+        let mut store = Store::new(
+            &self.engine,
+            HostState::new(context, self.options.memory_limit, self.cpu_ticks()),
+        );
+        store.limiter(|state| &mut state.limiter);
+        // Each tick spent in wasm costs one unit of the budget; yielding on every tick keeps a busy
+        // plugin from holding a runtime thread.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| {
+            let state = ctx.data_mut();
+            if state.cpu_ticks_left == 0 {
+                state.cpu_exhausted = true;
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            state.cpu_ticks_left -= 1;
+            Ok(UpdateDeadline::Yield(1))
+        });
+
+        let outcome: wasmtime::Result<Result<Output, ProviderError>> = match &plugin.pre {
+            PluginPre::V0_1_0(pre) => {
+                let bindings = match pre.instantiate_async(&mut store).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        return Err(self.classify_failure(
+                            e,
+                            store.data(),
+                            plugin_name,
+                            function,
+                            true,
+                        ));
+                    }
+                };
+                let provider_api = bindings.proxy_operator_provider_provider();
+                match call {
+                    Call::Describe => provider_api
+                        .call_describe(&mut store)
+                        .await
+                        .map(|info| Ok(Output::Info(info.into()))),
+                    Call::ValidateConfig => provider_api
+                        .call_validate_config(&mut store, config)
+                        .await
+                        .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into)),
+                    Call::Create(spec) => provider_api
+                        .call_create(&mut store, config, &(*spec).into())
+                        .await
+                        .map(|r| r.map(|i| Output::Instance(i.into())).map_err(Into::into)),
+                    Call::Get(id) => provider_api
+                        .call_get(&mut store, config, &id)
+                        .await
+                        .map(|r| r.map(|i| Output::Instance(i.into())).map_err(Into::into)),
+                    Call::Delete(id) => provider_api
+                        .call_delete(&mut store, config, &id)
+                        .await
+                        .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into)),
+                    Call::List => provider_api.call_list(&mut store, config).await.map(|r| {
+                        r.map(|l| Output::Instances(l.into_iter().map(Into::into).collect()))
+                            .map_err(Into::into)
+                    }),
+                    Call::Check => provider_api.call_check(&mut store, config).await.map(|r| {
+                        r.map(|l| Output::Checks(l.into_iter().map(Into::into).collect()))
+                            .map_err(Into::into)
+                    }),
+                }
+            }
+        };
+        match outcome {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(error)) => Err(CallError::Provider {
+                provider,
+                function,
+                error,
+            }),
+            Err(e) => Err(self.classify_failure(e, store.data(), plugin_name, function, false)),
+        }
+    }
+
+    fn classify_failure(
+        &self,
+        error: wasmtime::Error,
+        state: &HostState,
+        plugin: &str,
+        function: &'static str,
+        instantiating: bool,
+    ) -> CallError {
+        let plugin = plugin.to_string();
+        if state.cpu_exhausted {
+            return CallError::CpuDeadline {
+                plugin,
+                function,
+                budget: Duration::from_millis(
+                    self.cpu_ticks() * super::engine::EPOCH_TICK.as_millis() as u64,
+                ),
+            };
+        }
+        if state.limiter.hit {
+            return CallError::OutOfMemory {
+                plugin,
+                function,
+                limit: state.limiter.limit,
+            };
+        }
+        let mut reason = match error.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::UnreachableCodeReached) => {
+                "the plugin panicked (wasm `unreachable` executed)".to_string()
+            }
+            Some(trap) => trap.to_string(),
+            None => format!("{error:#}"),
+        };
+        let stderr = state.stderr.tail();
+        if !stderr.is_empty() {
+            reason.push_str("; plugin stderr: ");
+            reason.push_str(&stderr);
+        }
+        if instantiating {
+            CallError::Instantiate {
+                plugin,
+                function,
+                reason,
+            }
+        } else {
+            CallError::Trap {
+                plugin,
+                function,
+                reason,
+            }
+        }
+    }
+}

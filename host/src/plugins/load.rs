@@ -1,0 +1,253 @@
+//! Loading a provider component: sha256, compile off the async runtime (or take the cached
+//! compilation), find the WIT version it was built for, type-check it against that version's
+//! bindings, and ask it to `describe` itself.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, types::ComponentItem};
+
+use super::bindings::v0_1_0;
+use super::engine::PluginEngine;
+use super::error::LoadError;
+use super::instance::{Call, Output};
+use super::state::HostState;
+use super::types::PluginInfo;
+use crate::capabilities::{CallContext, Grants};
+
+/// WIT versions of `proxy-operator:provider` this host has bindings for.
+pub const SUPPORTED_WIT_VERSIONS: &[&str] = &["0.1.0"];
+
+const PROVIDER_INTERFACE: &str = "proxy-operator:provider/provider@";
+
+/// A plugin ready to serve calls: a compiled, type-checked component.
+pub struct LoadedPlugin {
+    /// What `describe` returned.
+    pub info: PluginInfo,
+    /// The WIT version it was built for.
+    pub wit_version: &'static str,
+    pub sha256: String,
+    pub size: usize,
+    /// Where it came from (a file name, a ConfigMap key), for messages.
+    pub source_name: String,
+    /// Whether the compiled code came from the on-disk cache.
+    pub from_cache: bool,
+    pub(crate) pre: PluginPre,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.info.name)
+            .field("wit_version", &self.wit_version)
+            .field("sha256", &self.sha256)
+            .finish()
+    }
+}
+
+/// The pre-instantiated component, by WIT version.
+pub(crate) enum PluginPre {
+    V0_1_0(v0_1_0::ProviderPluginPre<HostState>),
+}
+
+/// What a file is, as `plugin inspect` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentSummary {
+    pub kind: &'static str,
+    pub size: usize,
+    pub sha256: String,
+    pub wit_version: Option<String>,
+    pub exports: Vec<String>,
+    pub imports: Vec<String>,
+}
+
+enum WasmKind {
+    Component,
+    CoreModule,
+    NotWasm,
+}
+
+fn wasm_kind(bytes: &[u8]) -> WasmKind {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return WasmKind::NotWasm;
+    }
+    // Bytes 4..8 are version (u16) + layer (u16): layer 1 is a component, 0 a core module.
+    match (bytes[6], bytes[7]) {
+        (0, 0) => WasmKind::CoreModule,
+        _ => WasmKind::Component,
+    }
+}
+
+fn names(component: &Component, engine: &wasmtime::Engine) -> (Vec<String>, Vec<String>) {
+    let ty = component.component_type();
+    let exports = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    let imports = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
+    (exports, imports)
+}
+
+fn provider_version(component: &Component, engine: &wasmtime::Engine) -> Option<String> {
+    component
+        .component_type()
+        .exports(engine)
+        .find_map(|(name, item)| match item.ty {
+            ComponentItem::ComponentInstance(_) => {
+                name.strip_prefix(PROVIDER_INTERFACE).map(String::from)
+            }
+            _ => None,
+        })
+}
+
+/// Describes a file without requiring it to be a valid provider.
+pub fn inspect_component(
+    engine: &PluginEngine,
+    bytes: &[u8],
+) -> Result<ComponentSummary, LoadError> {
+    let sha256 = hex::encode(Sha256::digest(bytes));
+    let kind = match wasm_kind(bytes) {
+        WasmKind::NotWasm => "not wasm",
+        WasmKind::CoreModule => "core module",
+        WasmKind::Component => "component",
+    };
+    let mut summary = ComponentSummary {
+        kind,
+        size: bytes.len(),
+        sha256,
+        wit_version: None,
+        exports: Vec::new(),
+        imports: Vec::new(),
+    };
+    if let WasmKind::Component = wasm_kind(bytes) {
+        let component = Component::new(&engine.engine, bytes).map_err(|e| LoadError::Compile {
+            source_name: "input".into(),
+            reason: format!("{e:#}"),
+        })?;
+        let (exports, imports) = names(&component, &engine.engine);
+        summary.wit_version = provider_version(&component, &engine.engine);
+        summary.exports = exports;
+        summary.imports = imports;
+    }
+    Ok(summary)
+}
+
+impl PluginEngine {
+    /// Loads a provider component. Compilation runs on a blocking thread.
+    pub async fn load(
+        self: &Arc<Self>,
+        source_name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<Arc<LoadedPlugin>, LoadError> {
+        let source_name = source_name.to_string();
+        match wasm_kind(&bytes) {
+            WasmKind::NotWasm => return Err(LoadError::NotWasm { source_name }),
+            WasmKind::CoreModule => return Err(LoadError::CoreModule { source_name }),
+            WasmKind::Component => {}
+        }
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let size = bytes.len();
+
+        let engine = self.clone();
+        let (sha, name) = (sha256.clone(), source_name.clone());
+        let (component, from_cache) = tokio::task::spawn_blocking(move || {
+            if let Some(component) = engine.cache.as_ref().and_then(|c| c.load(&engine.engine, &sha)) {
+                return Ok((component, true));
+            }
+            let started = std::time::Instant::now();
+            let component = Component::new(&engine.engine, &bytes).map_err(|e| LoadError::Compile {
+                source_name: name.clone(),
+                reason: format!("{e:#}"),
+            })?;
+            tracing::info!(plugin = %name, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
+            if let Some(cache) = &engine.cache {
+                cache.store(&sha, &component);
+            }
+            Ok((component, false))
+        })
+        .await
+        .map_err(|e| LoadError::Io {
+            source_name: source_name.clone(),
+            reason: format!("compilation task failed: {e}"),
+        })??;
+
+        let supported = SUPPORTED_WIT_VERSIONS.join(", ");
+        let Some(version) = provider_version(&component, &self.engine) else {
+            let (exports, _) = names(&component, &self.engine);
+            return Err(LoadError::NotAProvider {
+                source_name,
+                found: if exports.is_empty() {
+                    "nothing".into()
+                } else {
+                    exports.join(", ")
+                },
+                supported,
+            });
+        };
+        let incompatible = |reason: String| LoadError::Incompatible {
+            source_name: source_name.clone(),
+            version: version.clone(),
+            reason,
+        };
+        let (wit_version, pre) = match version.as_str() {
+            "0.1.0" => {
+                let instance_pre = self
+                    .linker
+                    .instantiate_pre(&component)
+                    .map_err(|e| incompatible(format!("{e:#}")))?;
+                let pre = v0_1_0::ProviderPluginPre::new(instance_pre)
+                    .map_err(|e| incompatible(format!("{e:#}")))?;
+                ("0.1.0", PluginPre::V0_1_0(pre))
+            }
+            _ => {
+                return Err(LoadError::UnsupportedVersion {
+                    source_name,
+                    found: version,
+                    supported,
+                });
+            }
+        };
+
+        let mut plugin = LoadedPlugin {
+            info: PluginInfo {
+                name: String::new(),
+                version: String::new(),
+                description: String::new(),
+                capabilities: Vec::new(),
+                config_schema: String::new(),
+            },
+            wit_version,
+            sha256,
+            size,
+            source_name: source_name.clone(),
+            from_cache,
+            pre,
+        };
+        let context = Arc::new(
+            CallContext::new("(loading)", &source_name, &Grants::default())
+                .expect("an empty grant is always valid"),
+        );
+        match self.invoke(&plugin, context, "", Call::Describe).await {
+            Ok(Output::Info(info)) => plugin.info = info,
+            Ok(_) => unreachable!("describe returns plugin info"),
+            Err(e) => {
+                return Err(LoadError::Describe {
+                    source_name,
+                    source: Box::new(e),
+                });
+            }
+        }
+        Ok(Arc::new(plugin))
+    }
+
+    /// Loads a provider component from a file.
+    pub async fn load_file(
+        self: &Arc<Self>,
+        path: &std::path::Path,
+    ) -> Result<Arc<LoadedPlugin>, LoadError> {
+        let source_name = path.display().to_string();
+        let bytes = tokio::fs::read(path).await.map_err(|e| LoadError::Io {
+            source_name: source_name.clone(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        self.load(&source_name, bytes).await
+    }
+}

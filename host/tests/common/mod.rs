@@ -1,0 +1,247 @@
+//! Shared pieces of the host's integration tests: where the built plugins are, and a small
+//! loopback HTTP server that keeps the test provider's instances (plugins are stateless).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use proxy_operator::capabilities::Grants;
+use proxy_operator::plugins::types::{InstanceSpec, Owner};
+use proxy_operator::plugins::{
+    EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
+};
+
+/// Where `make plugins` puts the provider components.
+pub fn plugins_dir() -> PathBuf {
+    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
+}
+
+/// A built plugin; a missing one fails the test with the command that builds it.
+pub fn plugin_path(provider_type: &str) -> PathBuf {
+    let path = plugins_dir().join(format!("{provider_type}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: build the plugins with `make plugins` (or run the tests with `make test`)",
+        path.display()
+    );
+    path
+}
+
+pub fn plugin_bytes(provider_type: &str) -> Vec<u8> {
+    std::fs::read(plugin_path(provider_type)).expect("reading the plugin")
+}
+
+/// Options for tests: a small pool, short limits so misbehaviour is caught quickly.
+pub fn test_options() -> EngineOptions {
+    EngineOptions {
+        pool_instances: 16,
+        memory_limit: 64 << 20,
+        cpu_budget: Duration::from_millis(500),
+        call_timeout: Duration::from_secs(10),
+        cache_dir: None,
+    }
+}
+
+pub async fn engine_with(options: EngineOptions) -> (Arc<PluginEngine>, prometheus::Registry) {
+    let registry = prometheus::Registry::new();
+    let engine = PluginEngine::new(options, &registry).expect("engine");
+    (engine, registry)
+}
+
+pub async fn load_test_plugin(engine: &Arc<PluginEngine>) -> Arc<LoadedPlugin> {
+    engine
+        .load("test.wasm", plugin_bytes("test"))
+        .await
+        .expect("the test plugin loads")
+}
+
+/// A provider instance of the test plugin backed by `store`, granted only the store's address.
+pub fn instance_for(
+    engine: &Arc<PluginEngine>,
+    plugin: &Arc<LoadedPlugin>,
+    store: &InstanceStore,
+    max_concurrent_calls: usize,
+) -> ProviderInstance {
+    let grants: Grants = serde_json::from_value(serde_json::json!({
+        "http": { "allow": [format!("http://{}", store.addr)] }
+    }))
+    .unwrap();
+    ProviderInstance::new(
+        engine.clone(),
+        "test-store",
+        plugin.clone(),
+        &serde_json::json!({ "endpoint": store.url() }),
+        &grants,
+        ProviderInstanceOptions {
+            max_concurrent_calls,
+        },
+    )
+    .expect("valid grants")
+}
+
+pub fn spec(name: &str, options: serde_json::Value) -> InstanceSpec {
+    InstanceSpec {
+        name: name.to_string(),
+        owner: Owner {
+            namespace: "crawlers".into(),
+            name: format!("proxy-{name}"),
+            uid: format!("uid-{name}"),
+            operator_id: "test-operator".into(),
+        },
+        zone: Some("zone-a".into()),
+        image: None,
+        machine_type: None,
+        user_data: b"#cloud-config\n".to_vec(),
+        vendor_data: Vec::new(),
+        install_guest_agent: true,
+        port: 3128,
+        labels: Vec::new(),
+        options,
+    }
+}
+
+#[derive(Default)]
+pub struct StoreState {
+    pub instances: Mutex<HashMap<String, serde_json::Value>>,
+    pub requests: AtomicUsize,
+    pub in_flight: AtomicUsize,
+    pub max_in_flight: AtomicUsize,
+    /// Delay of every instance request, to hold calls open.
+    pub delay: Mutex<Duration>,
+    /// Headers of the requests to `/echo`.
+    pub echo_headers: Mutex<Vec<HeaderMap>>,
+}
+
+/// The test provider's instance store on a loopback port.
+pub struct InstanceStore {
+    pub addr: SocketAddr,
+    pub state: Arc<StoreState>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl InstanceStore {
+    pub async fn start() -> Self {
+        let state = Arc::new(StoreState::default());
+        let app = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/echo", get(echo))
+            .route("/instances", get(list))
+            .route("/instances/{id}", get(get_one).put(put).delete(delete))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        InstanceStore {
+            addr,
+            state,
+            _server: server,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        *self.state.delay.lock().unwrap() = delay;
+    }
+}
+
+struct InFlight<'a>(&'a StoreState);
+impl<'a> InFlight<'a> {
+    fn enter(state: &'a StoreState) -> Self {
+        state.requests.fetch_add(1, Ordering::SeqCst);
+        let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(state)
+    }
+}
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn pause(state: &StoreState) {
+    let delay = *state.delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+async fn echo(State(state): State<Arc<StoreState>>, headers: HeaderMap) -> Json<serde_json::Value> {
+    let had_key = headers.contains_key("x-api-key");
+    state.echo_headers.lock().unwrap().push(headers);
+    // Says whether a key arrived, never the key itself.
+    Json(serde_json::json!({ "receivedApiKey": had_key }))
+}
+
+async fn list(State(state): State<Arc<StoreState>>) -> Json<Vec<serde_json::Value>> {
+    let _guard = InFlight::enter(&state);
+    pause(&state).await;
+    Json(state.instances.lock().unwrap().values().cloned().collect())
+}
+
+async fn get_one(
+    State(state): State<Arc<StoreState>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, StatusCode> {
+    let _guard = InFlight::enter(&state);
+    pause(&state).await;
+    state
+        .instances
+        .lock()
+        .unwrap()
+        .get(&id)
+        .cloned()
+        .map(Json)
+        .ok_or(StatusCode::NOT_FOUND)
+}
+
+async fn put(
+    State(state): State<Arc<StoreState>>,
+    Path(id): Path<String>,
+    Json(body): Json<serde_json::Value>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let _guard = InFlight::enter(&state);
+    pause(&state).await;
+    let mut instances = state.instances.lock().unwrap();
+    if let Some(existing) = instances.get(&id) {
+        return (StatusCode::OK, Json(existing.clone()));
+    }
+    let instance = serde_json::json!({
+        "id": id,
+        "name": body["name"],
+        "state": "running",
+        "address": "127.0.0.1",
+        "port": body["port"],
+        "zone": body["zone"],
+        "createdAt": 1_700_000_000,
+        "owner": body["owner"],
+        "message": null,
+    });
+    instances.insert(id, instance.clone());
+    (StatusCode::CREATED, Json(instance))
+}
+
+async fn delete(State(state): State<Arc<StoreState>>, Path(id): Path<String>) -> StatusCode {
+    let _guard = InFlight::enter(&state);
+    pause(&state).await;
+    match state.instances.lock().unwrap().remove(&id) {
+        Some(_) => StatusCode::NO_CONTENT,
+        None => StatusCode::NOT_FOUND,
+    }
+}
