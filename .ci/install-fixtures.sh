@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Installs everything the test fixtures need (see docs/development.md):
+#   - Debian packages: squid, sshd, libvirt + QEMU (from bookworm-backports), ...
+#   - kube-apiserver, kubectl and etcd built from Go modules into a cache
+#     (tests/fixtures/k8s/build.sh).
+# Idempotent; a few hundred milliseconds when everything is present.
+# Needs root for apt (run as root or through sudo).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { printf '[install-fixtures] %s\n' "$*" >&2; }
+now() { echo "${EPOCHREALTIME/,/.}"; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+step_start=0
+step() { step_start=$(now); log "$*"; }
+step_done() { log "  done in $(elapsed "$step_start") s"; }
+
+# qemu + libvirt come from bookworm-backports (libvirt 11, QEMU 10). Plain
+# bookworm's qemu-system-x86 7.2 conflicts with a backports qemu-utils and would
+# silently remove qemu-img.
+backports_pkgs=(
+    libvirt-daemon-system libvirt-daemon-system-sysv libvirt-daemon-driver-qemu
+    libvirt-clients libvirt-dev qemu-system-x86 qemu-utils
+)
+plain_pkgs=(squid openssh-server openssh-client pkg-config)
+
+# Prints the packages of "$@" that are not installed.
+missing() {
+    local p status
+    for p in "$@"; do
+        status="$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)"
+        [[ "$status" == installed ]] || echo "$p"
+    done
+}
+
+as_root() {
+    if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi
+}
+
+# Writes a deb822 sources file for bookworm-backports by copying the stanza of
+# the machine's own bookworm source (so no archive host is named here).
+ensure_backports_source() {
+    local dst=/etc/apt/sources.list.d/proxy-operator-bookworm-backports.sources
+    local src=/etc/apt/sources.list.d/debian.sources
+    if grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        return 1 # already configured (by us or by the machine)
+    fi
+    [[ -r $src ]] || { log "cannot find $src to derive a bookworm-backports entry"; exit 1; }
+    local stanza
+    # The first stanza whose Suites list contains plain "bookworm".
+    stanza="$(awk -v RS='' '/(^|\n)Suites:([^\n]* )?bookworm( |\n|$)/ { print; exit }' "$src" |
+        sed -e 's/^Suites:.*/Suites: bookworm-backports/' -e '/^#/d')"
+    [[ -n $stanza ]] || { log "no bookworm stanza in $src"; exit 1; }
+    printf '%s\n' "$stanza" | as_root tee "$dst" >/dev/null
+    log "wrote $dst"
+    return 0
+}
+
+total_start=$(now)
+
+step "Debian packages"
+mapfile -t need_backports < <(missing "${backports_pkgs[@]}")
+mapfile -t need_plain < <(missing "${plain_pkgs[@]}")
+if ((${#need_backports[@]} + ${#need_plain[@]} == 0)); then
+    log "  all installed"
+else
+    log "  missing: ${need_backports[*]} ${need_plain[*]}"
+    updated=0
+    if ((${#need_backports[@]})) && ensure_backports_source; then
+        as_root apt-get update -qq
+        updated=1
+    fi
+    if ((${#need_backports[@]})); then
+        if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            -t bookworm-backports "${need_backports[@]}"; then
+            ((updated)) || { as_root apt-get update -qq && updated=1; }
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                -t bookworm-backports "${need_backports[@]}"
+        fi
+    fi
+    if ((${#need_plain[@]})); then
+        if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${need_plain[@]}"; then
+            ((updated)) || as_root apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                "${need_plain[@]}"
+        fi
+    fi
+    mapfile -t still < <(missing "${backports_pkgs[@]}" "${plain_pkgs[@]}")
+    ((${#still[@]} == 0)) || { log "still missing after apt-get: ${still[*]}"; exit 1; }
+fi
+step_done
+
+step "kube-apiserver, kubectl, etcd (tests/fixtures/k8s/build.sh)"
+bin="$("$repo/tests/fixtures/k8s/build.sh" | tail -n1)"
+step_done
+
+log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin"

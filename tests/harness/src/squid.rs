@@ -1,0 +1,214 @@
+//! squid (Debian) on a free loopback port: a real CONNECT proxy for the health engine.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::net::TcpStream;
+
+use crate::bins::debian_binary;
+use crate::process::{Check, Proc, Scratch, free_port, run_output, wait_for};
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// squid listening on `127.0.0.1:PORT`, allowing everything (including CONNECT to
+/// any port) from localhost and nothing else. No cache. Runs in the foreground
+/// (`-N`) in its own scratch directory (owned by `proxy`, squid's user).
+///
+/// [`Squid::stop`] and [`Squid::start_again`] keep the port, for "proxy down →
+/// Unhealthy → proxy back → Healthy" tests. Stopped on drop.
+pub struct Squid {
+    proc: Option<Proc>,
+    port: u16,
+    conf: PathBuf,
+    service_name: String,
+    scratch: Scratch,
+}
+
+impl Squid {
+    /// Starts squid and waits until it accepts connections (~0.1 s).
+    pub async fn start() -> Result<Squid> {
+        let squid = debian_binary("/usr/sbin/squid", "squid");
+        let scratch = Scratch::new("squid")?;
+        let dir = scratch.path();
+        let port = free_port()?;
+        let conf = dir.join("squid.conf");
+        std::fs::write(&conf, config(port, &dir.display().to_string()))
+            .with_context(|| format!("write {}", conf.display()))?;
+        chown_to_proxy(dir)?;
+        // Validate first: a config error is clearer from `-k parse` than from a dead process.
+        run_output(
+            tokio::process::Command::new(&squid)
+                .arg("-k")
+                .arg("parse")
+                .arg("-f")
+                .arg(&conf),
+        )
+        .await
+        .context("squid -k parse")?;
+        let service_name = format!(
+            "harness{}x{}",
+            std::process::id(),
+            dir.file_name().unwrap().to_string_lossy().replace('-', "x")
+        );
+        let mut s = Squid {
+            proc: None,
+            port,
+            conf,
+            service_name,
+            scratch,
+        };
+        s.start_again().await?;
+        Ok(s)
+    }
+
+    /// `127.0.0.1:PORT`
+    pub fn addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// PID of the running squid.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(Proc::pid)
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.proc.as_mut().is_some_and(|p| p.try_exited().is_none())
+    }
+
+    /// Stops squid in order (SIGTERM; squid closes its port at once and exits
+    /// ~2 s later; SIGKILL after 10 s) and waits for the exit.
+    pub async fn stop(&mut self) -> Result<()> {
+        if let Some(mut proc) = self.proc.take() {
+            proc.stop(STOP_GRACE).await;
+        }
+        let addr = self.addr();
+        wait_for("squid port closed", START_TIMEOUT, || async move {
+            match TcpStream::connect(addr).await {
+                Ok(_) => Check::NotYet(format!("{addr} still accepts connections")),
+                Err(_) => Check::Ready(()),
+            }
+        })
+        .await
+    }
+
+    /// SIGKILLs squid (an abrupt failure, and faster than [`Squid::stop`], which
+    /// waits ~2 s for squid's orderly shutdown; the port closes at once either way).
+    pub fn kill(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+    }
+
+    /// Starts squid again on the same port (after [`Squid::stop`]) and waits until
+    /// it accepts connections.
+    pub async fn start_again(&mut self) -> Result<()> {
+        if self.is_running() {
+            bail!("squid is already running (pid {:?})", self.pid());
+        }
+        let squid = debian_binary("/usr/sbin/squid", "squid");
+        let mut cmd = Command::new(squid);
+        cmd.arg("-N")
+            .arg("-n")
+            .arg(&self.service_name)
+            .arg("-f")
+            .arg(&self.conf);
+        let log = self.scratch.path().join("squid.out");
+        self.proc = Some(Proc::spawn("squid", cmd, &log)?);
+        let addr = self.addr();
+        let proc = self.proc.as_mut().unwrap();
+        let cache_log = self.scratch.path().join("cache.log");
+        wait_for("squid listening", START_TIMEOUT, || {
+            let exited = proc.ensure_running().err();
+            let cache_log = cache_log.clone();
+            async move {
+                if let Some(e) = exited {
+                    return Check::Failed(e.context(format!(
+                        "cache.log:\n{}",
+                        crate::process::log_tail(&cache_log, 20)
+                    )));
+                }
+                match TcpStream::connect(addr).await {
+                    Ok(_) => Check::Ready(()),
+                    Err(e) => Check::NotYet(e.to_string()),
+                }
+            }
+        })
+        .await
+    }
+
+    /// The access log (`access.log` in the scratch directory).
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.scratch.path().join("access.log")).unwrap_or_default()
+    }
+
+    /// The scratch directory (squid.conf, cache.log, access.log).
+    pub fn dir(&self) -> &std::path::Path {
+        self.scratch.path()
+    }
+}
+
+impl Drop for Squid {
+    fn drop(&mut self) {
+        // Nothing to flush: skip squid's ~2 s orderly shutdown.
+        self.kill();
+    }
+}
+
+fn config(port: u16, dir: &str) -> String {
+    format!(
+        "# proxy-operator test harness: loopback only, no cache, CONNECT to any port.
+http_port 127.0.0.1:{port}
+acl loopback src 127.0.0.0/8
+http_access allow loopback
+http_access deny all
+pid_filename {dir}/squid.pid
+cache_log {dir}/cache.log
+access_log stdio:{dir}/access.log
+netdb_filename none
+coredump_dir {dir}
+cache deny all
+pinger_enable off
+shutdown_lifetime 0 seconds
+visible_hostname harness-squid
+dns_nameservers 127.0.0.1
+"
+    )
+}
+
+/// squid drops privileges to `proxy`, which must be able to write its directory.
+fn chown_to_proxy(dir: &std::path::Path) -> Result<()> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(()); // squid keeps running as the invoking user
+    }
+    let (uid, gid) = user_ids("proxy").context("look up user `proxy` (Debian package squid)")?;
+    for entry in std::fs::read_dir(dir)? {
+        std::os::unix::fs::chown(entry?.path(), Some(uid), Some(gid))?;
+    }
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    Ok(())
+}
+
+/// uid and gid of a local user.
+pub(crate) fn user_ids(name: &str) -> Result<(u32, u32)> {
+    let cname = std::ffi::CString::new(name)?;
+    // SAFETY: getpwnam returns a pointer to static storage or null; read at once.
+    let pw = unsafe { libc::getpwnam(cname.as_ptr()) };
+    if pw.is_null() {
+        bail!("no user {name}");
+    }
+    // SAFETY: non-null pointer from getpwnam.
+    Ok(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+}

@@ -1,0 +1,8 @@
+//! Smoke tests: every fixture really starts here and does its job.
+//! One test binary, so the control plane is shared between the kube tests.
+
+mod file_server;
+mod kube_api;
+mod libvirt;
+mod squid;
+mod sshd;
