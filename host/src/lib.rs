@@ -1,7 +1,9 @@
 //! proxy-operator: a Kubernetes operator that gives web crawlers a pool of healthy egress proxies,
 //! made through sandboxed WebAssembly provider plugins.
 
+pub mod api;
 pub mod capabilities;
 pub mod cli;
+pub mod config;
 pub mod metrics;
 pub mod plugins;

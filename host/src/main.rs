@@ -37,6 +37,12 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print the CRD manifests generated from the Rust types, or write them into a directory.
+    Crds {
+        /// Write one file per CRD here (e.g. `deploy/crds`) instead of printing.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Tools for plugin authors: inspect, validate and call a provider component.
     Plugin {
         #[command(subcommand)]
@@ -78,11 +84,42 @@ fn init_logging(cli: &Cli) {
     }
 }
 
+fn write_crds(out: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let manifests = proxy_operator::api::crd_manifests();
+    match out {
+        None => {
+            for (_, yaml) in manifests {
+                println!("---\n{yaml}");
+            }
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (file, yaml) in manifests {
+                let path = dir.join(file);
+                std::fs::write(&path, yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli);
     let result = match &cli.command {
+        Command::Crds { out } => {
+            return match write_crds(out.as_deref()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Plugin { command } => match command {
             PluginCommand::Inspect { file } => plugin::inspect(file).await,
             PluginCommand::Validate { file, config } => plugin::validate(file, config).await,

@@ -42,7 +42,10 @@ fn inspect_shows_version_exports_capabilities_and_digest() {
     assert_eq!(out["loads"], true);
     assert_eq!(out["describe"]["name"], "test");
     assert_eq!(out["describe"]["capabilities"], json!(["log", "http"]));
-    assert_eq!(out["exports"], json!(["proxy-operator:provider/provider@0.1.0"]));
+    assert_eq!(
+        out["exports"],
+        json!(["proxy-operator:provider/provider@0.1.0"])
+    );
     let bytes = std::fs::read(&plugin).unwrap();
     assert_eq!(out["size"], bytes.len());
     use sha2::Digest;
@@ -67,20 +70,52 @@ fn inspect_explains_a_core_module() {
 fn validate_accepts_a_good_config_and_names_the_field_of_a_bad_one() {
     let plugin = plugin_path("test");
     let dir = tempfile::tempdir().unwrap();
-    let good = write(dir.path(), "good.yaml", "config:\n  endpoint: http://127.0.0.1:1\n");
-    let out = json_out(&operator(&["plugin", "validate", plugin.to_str().unwrap(), "--config", &good]));
+    let good = write(
+        dir.path(),
+        "good.yaml",
+        "config:\n  endpoint: http://127.0.0.1:1\n",
+    );
+    let out = json_out(&operator(&[
+        "plugin",
+        "validate",
+        plugin.to_str().unwrap(),
+        "--config",
+        &good,
+    ]));
     assert_eq!(out["valid"], true);
 
-    let bad = write(dir.path(), "bad.yaml", "config:\n  endpiont: http://127.0.0.1:1\n");
-    let output = operator(&["plugin", "validate", plugin.to_str().unwrap(), "--config", &bad]);
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "config:\n  endpiont: http://127.0.0.1:1\n",
+    );
+    let output = operator(&[
+        "plugin",
+        "validate",
+        plugin.to_str().unwrap(),
+        "--config",
+        &bad,
+    ]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("config.endpiont: unknown field `endpiont`, expected `endpoint`"), "{stderr}");
+    assert!(
+        stderr.contains("config.endpiont: unknown field `endpiont`, expected `endpoint`"),
+        "{stderr}"
+    );
 
     let wrong_type = write(dir.path(), "kvm.yaml", "type: kvm\nconfig: {}\n");
-    let output = operator(&["plugin", "validate", plugin.to_str().unwrap(), "--config", &wrong_type]);
+    let output = operator(&[
+        "plugin",
+        "validate",
+        plugin.to_str().unwrap(),
+        "--config",
+        &wrong_type,
+    ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("type `kvm` does not match the plugin"), "{stderr}");
+    assert!(
+        stderr.contains("type `kvm` does not match the plugin"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,7 +138,13 @@ async fn run_calls_each_function_against_real_capabilities() {
         "name: px-cli\nowner: {namespace: crawlers, name: p, uid: u-1, operatorId: op}\nuserData: \"#cloud-config\\n\"\n",
     );
     let run = |args: &[&str]| {
-        let mut all = vec!["plugin", "run", plugin.as_str(), "--config", instance.as_str()];
+        let mut all = vec![
+            "plugin",
+            "run",
+            plugin.as_str(),
+            "--config",
+            instance.as_str(),
+        ];
         all.extend_from_slice(args);
         let args: Vec<String> = all.iter().map(|s| s.to_string()).collect();
         async move {
@@ -118,7 +159,10 @@ async fn run_calls_each_function_against_real_capabilities() {
     let created = json_out(&run(&["create", "--spec", &spec]).await);
     assert_eq!(created["providerId"], "px-cli");
     assert_eq!(created["state"], "running");
-    assert_eq!(json_out(&run(&["get", "px-cli"]).await)["providerId"], "px-cli");
+    assert_eq!(
+        json_out(&run(&["get", "px-cli"]).await)["providerId"],
+        "px-cli"
+    );
     assert_eq!(json_out(&run(&["list"]).await).as_array().unwrap().len(), 1);
     assert_eq!(json_out(&run(&["check"]).await)[0]["ok"], true);
     json_out(&run(&["delete", "px-cli"]).await);

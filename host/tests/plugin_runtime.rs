@@ -531,3 +531,56 @@ async fn calls_are_counted_by_plugin_function_and_error_kind() {
             .any(|m| m.get_histogram().get_sample_count() >= 1)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
+    use proxy_operator::config::{Providers, ProvidersConfig};
+    let (engine, _) = engine_with(test_options()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("providers.yaml");
+    let build = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        let engine = engine.clone();
+        let file = file.clone();
+        async move {
+            let config = ProvidersConfig::load(&file).map_err(|e| e.to_string())?;
+            Providers::build(&engine, &plugins_dir(), &config, &file)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+
+    let providers =
+        build("providers:\n- {name: store-a, type: test, config: {endpoint: \"memory:3\"}}\n")
+            .await
+            .unwrap();
+    let instance = providers.get("store-a").expect("bound");
+    assert_eq!(instance.list().await.unwrap().len(), 3);
+    assert!(providers.get("store-b").is_none());
+
+    let unknown_type = build("providers:\n- {name: a, type: hetzner}\n")
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        unknown_type
+            .contains("providers[0] (a).type: no plugin `hetzner` in the plugins directory")
+            && unknown_type.contains("available: ")
+            && unknown_type.contains("test"),
+        "{unknown_type}"
+    );
+    assert!(
+        unknown_type.starts_with(&file.display().to_string()),
+        "names the file: {unknown_type}"
+    );
+
+    let rejected =
+        build("providers:\n- {name: a, type: test, config: {endpoint: \"gopher://x\"}}\n")
+            .await
+            .err()
+            .unwrap();
+    assert!(
+        rejected.contains("providers[0] (a): the `test` plugin rejected its config: config.endpoint: `gopher://x` must start with"),
+        "{rejected}"
+    );
+}

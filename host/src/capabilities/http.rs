@@ -50,35 +50,49 @@ pub struct CredentialGrant {
     pub value_from: SecretSource,
 }
 
-/// Where a credential's secret comes from. Read on every request, so a rotated file is picked up.
-#[derive(Clone, Deserialize)]
+/// Where a credential's secret comes from: exactly one of `env` or `file`. Read on every request,
+/// so a rotated file (a mounted Secret) is picked up.
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub enum SecretSource {
+pub struct SecretSource {
     /// An environment variable of the operator.
-    Env(String),
-    /// A file (e.g. a mounted Secret).
-    File(std::path::PathBuf),
+    #[serde(default)]
+    pub env: Option<String>,
+    /// A file, e.g. a mounted Secret key.
+    #[serde(default)]
+    pub file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for SecretSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Names only: the value itself never reaches a log.
-        match self {
-            SecretSource::Env(name) => write!(f, "env:{name}"),
-            SecretSource::File(path) => write!(f, "file:{}", path.display()),
+        // Where it comes from, never the value.
+        match (&self.env, &self.file) {
+            (Some(name), _) => write!(f, "env:{name}"),
+            (None, Some(path)) => write!(f, "file:{}", path.display()),
+            (None, None) => write!(f, "unset"),
         }
     }
 }
 
 impl SecretSource {
+    fn check(&self) -> Result<(), String> {
+        match (&self.env, &self.file) {
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => Err(
+                "valueFrom: set exactly one of `env` (a variable name) or `file` (a path)".into(),
+            ),
+        }
+    }
+
     fn read(&self) -> Result<String, String> {
-        match self {
-            SecretSource::Env(name) => {
+        match (&self.env, &self.file) {
+            (Some(name), _) => {
                 std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
             }
-            SecretSource::File(path) => std::fs::read_to_string(path)
+            (None, Some(path)) => std::fs::read_to_string(path)
                 .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
                 .map_err(|e| format!("cannot read {}: {e}", path.display())),
+            (None, None) => Err("no source configured".into()),
         }
     }
 }
@@ -163,6 +177,7 @@ impl HttpCapability {
             .map(|(index, c)| {
                 let err = |message: String| GrantError::HttpCredential { index, message };
                 let pattern = AllowPattern::parse(&c.url).map_err(|m| err(format!("url: {m}")))?;
+                c.value_from.check().map_err(err)?;
                 if !allow.iter().any(|a| a.covers(&pattern)) {
                     return Err(err(format!(
                         "url `{}` is not covered by grants.http.allow, so the credential could never be used",

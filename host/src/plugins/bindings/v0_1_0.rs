@@ -18,8 +18,8 @@ wasmtime::component::bindgen!({
     },
 });
 
-use proxy_operator::provider::types as wit;
-use proxy_operator::provider::{http, kube, libvirt, log};
+use self::proxy_operator::provider::types as wit;
+use self::proxy_operator::provider::{http, kube, libvirt, log};
 
 /// The interface name a component must export for this version.
 pub const PROVIDER_EXPORT: &str = "proxy-operator:provider/provider@0.1.0";

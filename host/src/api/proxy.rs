@@ -1,0 +1,147 @@
+//! `Proxy`: one egress proxy made by a provider instance.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A squid proxy made by a provider instance, probed, and handed out to crawlers.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "crawl.example.com",
+    version = "v1alpha1",
+    kind = "Proxy",
+    plural = "proxies",
+    shortname = "px",
+    namespaced,
+    status = "ProxyStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.address"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxySpec {
+    /// The provider instance that makes this proxy: a `name` from the operator's providers config
+    /// (e.g. `kvm-home`). Immutable: to move a proxy, create a new one.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("provider is immutable; create a new Proxy to use another provider"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub provider: String,
+
+    /// Where and on what the proxy runs; each provider documents which fields it uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+
+    /// cloud-init user-data, passed to the provider byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<String>,
+
+    /// cloud-init vendor-data, merged by cloud-init with the provider's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor_data: Option<String>,
+
+    /// Install the QEMU guest agent (VM providers use it to learn the address). Default true.
+    #[serde(default = "default_true")]
+    pub install_guest_agent: bool,
+
+    /// TCP port squid listens on. Default 3128.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+
+    /// Provider-specific settings, passed to the provider as a JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub provider_options: Option<serde_json::Value>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_port() -> u16 {
+    3128
+}
+
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Where and on what a proxy runs.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Placement {
+    /// Zone (cloud) or hypervisor group (kvm) to place the proxy in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub zone: Option<String>,
+    /// Image: a key of the provider's image map, or a URL where the provider allows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub image: Option<String>,
+    /// Machine type or size, in the provider's terms (e.g. `e2-small`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub machine_type: Option<String>,
+}
+
+/// Where a proxy stands in its lifecycle.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Accepted, not yet sent to the provider.
+    Pending,
+    /// The provider is making it; waiting for an address.
+    Provisioning,
+    /// Provisioned and passing health probes: leasable.
+    Ready,
+    /// Provisioned but failing health probes.
+    Unhealthy,
+    /// Being deleted at the provider.
+    Deleting,
+    /// Cannot proceed until the spec or the provider config changes; see conditions.
+    Failed,
+}
+
+/// What the operator observed.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// `Provisioned`, `Healthy` and `Ready`, each with a reason and message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The provider's identifier of the instance, recorded as soon as it exists.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+    /// Host or IP where squid answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Zone the instance runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the last health probe ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_time: Option<Time>,
+    /// Latency of the last successful probe, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_latency_ms: Option<u32>,
+    /// The last error from the provider or the prober.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
