@@ -1,3 +1,4 @@
-//! Subcommands of the operator binary other than running the operator.
+//! Subcommands of the operator binary.
 
 pub mod plugin;
+pub mod run;

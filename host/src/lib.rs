@@ -5,5 +5,6 @@ pub mod api;
 pub mod capabilities;
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod metrics;
 pub mod plugins;

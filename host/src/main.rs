@@ -37,6 +37,8 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the operator: reconcile Proxies through the configured providers.
+    Run(Box<proxy_operator::cli::run::RunArgs>),
     /// Print the CRD manifests generated from the Rust types, or write them into a directory.
     Crds {
         /// Write one file per CRD here (e.g. `deploy/crds`) instead of printing.
@@ -111,6 +113,16 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli);
     let result = match &cli.command {
+        Command::Run(args) => {
+            return match proxy_operator::cli::run::run((**args).clone()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Crds { out } => {
             return match write_crds(out.as_deref()) {
                 Ok(()) => ExitCode::SUCCESS,

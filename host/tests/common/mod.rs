@@ -121,6 +121,8 @@ pub struct StoreState {
     pub delay: Mutex<Duration>,
     /// Headers of the requests to `/echo`.
     pub echo_headers: Mutex<Vec<HeaderMap>>,
+    /// Answer every GET of an instance with 400 (a permanent error for the provider).
+    pub fail_get: std::sync::atomic::AtomicBool,
 }
 
 /// The test provider's instance store on a loopback port.
@@ -201,6 +203,9 @@ async fn get_one(
 ) -> Result<Json<serde_json::Value>, StatusCode> {
     let _guard = InFlight::enter(&state);
     pause(&state).await;
+    if state.fail_get.load(Ordering::SeqCst) {
+        return Err(StatusCode::BAD_REQUEST);
+    }
     state
         .instances
         .lock()

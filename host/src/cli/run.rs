@@ -1,0 +1,141 @@
+//! `proxy-operator run`: the operator itself.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::http::StatusCode;
+use axum::routing::get;
+use kube::CustomResourceExt;
+
+use crate::api::Proxy;
+use crate::config::{Providers, ProvidersConfig};
+use crate::controller::{self, Context};
+use crate::plugins::{EngineOptions, PluginEngine};
+
+/// Flags of `run`; each has an environment fallback for Deployments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The providers config (YAML): provider instances, their plugin, config and grants.
+    #[arg(long, env = "PROVIDERS_CONFIG")]
+    pub providers_config: PathBuf,
+    /// Directory of the built-in provider plugins (`<type>.wasm`).
+    #[arg(long, env = "PLUGINS_DIR", default_value = "/plugins")]
+    pub plugins_dir: PathBuf,
+    /// Watch Proxies in this namespace only (default: all namespaces).
+    #[arg(long, env = "PROXY_NAMESPACE")]
+    pub proxy_namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Identity written on every instance, so two installations never collect each other's.
+    #[arg(long, env = "OPERATOR_ID", default_value = "proxy-operator")]
+    pub operator_id: String,
+    /// Plugin instances the pooling allocator keeps ready (0: on-demand allocation).
+    #[arg(long, env = "PLUGIN_POOL_INSTANCES", default_value_t = 64)]
+    pub plugin_pool_instances: u32,
+    /// Linear memory a plugin call may use, MiB.
+    #[arg(long, env = "PLUGIN_MEMORY_LIMIT_MIB", default_value_t = 128)]
+    pub plugin_memory_limit_mib: usize,
+    /// CPU time a plugin call may use, milliseconds.
+    #[arg(long, env = "PLUGIN_CPU_BUDGET_MS", default_value_t = 2000)]
+    pub plugin_cpu_budget_ms: u64,
+    /// Wall-clock limit of a plugin call including host waits, seconds.
+    #[arg(long, env = "PLUGIN_CALL_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub plugin_call_timeout_seconds: u64,
+    /// Cache of compiled plugins (must be private to the operator's user).
+    #[arg(long, env = "PLUGIN_CACHE_DIR")]
+    pub plugin_cache_dir: Option<PathBuf>,
+}
+
+/// Starts the operator and runs until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let registry = prometheus::Registry::new();
+    let engine = PluginEngine::new(
+        EngineOptions {
+            pool_instances: args.plugin_pool_instances,
+            memory_limit: args.plugin_memory_limit_mib << 20,
+            cpu_budget: Duration::from_millis(args.plugin_cpu_budget_ms),
+            call_timeout: Duration::from_secs(args.plugin_call_timeout_seconds),
+            cache_dir: args.plugin_cache_dir.clone(),
+        },
+        &registry,
+    )?;
+    tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
+
+    let config = ProvidersConfig::load(&args.providers_config)?;
+    let providers =
+        Providers::build(&engine, &args.plugins_dir, &config, &args.providers_config).await?;
+    tracing::info!(providers = ?providers.names().collect::<Vec<_>>(), "providers configured");
+
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        kube::Api::all(client.clone());
+    crds.get(Proxy::crd_name()).await.with_context(|| {
+        format!(
+            "the CRD {} is not installed: kubectl apply -f deploy/crds/",
+            Proxy::crd_name()
+        )
+    })?;
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let server = serve_probes(args.metrics_addr, registry, ready.clone()).await?;
+
+    let ctx = Arc::new(Context::new(client, Arc::new(providers), &args.operator_id));
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(namespace = ?args.proxy_namespace, "reconciling Proxies");
+    controller::run(ctx, args.proxy_namespace.as_deref()).await;
+    tracing::info!("shutting down");
+    server.abort();
+    Ok(())
+}
+
+async fn serve_probes(
+    addr: SocketAddr,
+    registry: prometheus::Registry,
+    ready: Arc<AtomicBool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready.load(Ordering::Relaxed) {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut text = String::new();
+                    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text)
+                    {
+                        Ok(()) => (StatusCode::OK, text),
+                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {addr}"))?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("probe server failed: {e}");
+        }
+    }))
+}

@@ -1,0 +1,34 @@
+//! `status.conditions` as `meta.v1.Condition`, keyed by type; the transition time moves only when
+//! the status does.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Sets (or replaces) the condition of `type_`.
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) {
+    let status = if status { "True" } else { "False" };
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let previous = conditions.iter().position(|c| c.type_ == type_);
+    let last_transition_time = match previous.map(|i| &conditions[i]) {
+        Some(old) if old.status == status => old.last_transition_time.clone(),
+        _ => now,
+    };
+    let condition = Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.chars().take(1024).collect(),
+        observed_generation: generation,
+        last_transition_time,
+    };
+    match previous {
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+}
