@@ -6,5 +6,6 @@ pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod leader;
 pub mod metrics;
 pub mod plugins;

@@ -19,12 +19,21 @@ use tokio::sync::OnceCell;
 static CRDS: OnceCell<()> = OnceCell::const_new();
 
 async fn control_plane() -> &'static ControlPlane {
+    // RUST_LOG=proxy_operator=debug shows what the operator under test does.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let cp = ControlPlane::shared().await;
     CRDS.get_or_init(|| async {
         let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
         cp.kubectl_run(&["apply", "-f", crds], None)
             .await
             .expect("applying the CRDs");
+        let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
+        cp.kubectl_run(&["apply", "-f", rbac], None)
+            .await
+            .expect("applying deploy/rbac.yaml");
         cp.kubectl_run(
             &[
                 "wait",
@@ -48,6 +57,14 @@ struct Operator {
 
 impl Operator {
     async fn start(ns: &TestNamespace, store: &InstanceStore) -> Operator {
+        Self::start_with(ns.client(), ns, store).await
+    }
+
+    async fn start_with(
+        client: kube::Client,
+        ns: &TestNamespace,
+        store: &InstanceStore,
+    ) -> Operator {
         let (engine, _) = engine_with(test_options()).await;
         let config = ProvidersConfig::parse(&format!(
             "providers:\n- name: store\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
@@ -63,11 +80,7 @@ impl Operator {
         )
         .await
         .unwrap();
-        let ctx = Arc::new(Context::new(
-            ns.client(),
-            Arc::new(providers),
-            "test-operator",
-        ));
+        let ctx = Arc::new(Context::new(client, Arc::new(providers), "test-operator"));
         let namespace = ns.name().to_string();
         Operator {
             task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
@@ -419,4 +432,142 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
         1,
         "skip-cleanup left the instance"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() {
+    use proxy_operator::leader::{LeaderElection, lead};
+    use std::sync::atomic::AtomicBool;
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-leader").await.unwrap();
+    let store = InstanceStore::start().await;
+    let api: Api<Proxy> = ns.api();
+
+    let replica = |identity: &str| {
+        let (client, namespace, identity) =
+            (ns.client(), ns.name().to_string(), identity.to_string());
+        let ready = Arc::new(AtomicBool::new(false));
+        let url = store.url();
+        let addr = store.addr;
+        let flag = ready.clone();
+        let task = tokio::spawn(async move {
+            let (engine, _) = engine_with(test_options()).await;
+            let config = ProvidersConfig::parse(&format!(
+                "providers:\n- name: store\n  type: test\n  config: {{endpoint: \"{url}\"}}\n  grants: {{http: {{allow: [\"http://{addr}\"]}}}}\n"
+            ))
+            .unwrap();
+            let providers = Providers::build(
+                &engine,
+                &plugins_dir(),
+                &config,
+                std::path::Path::new("test"),
+            )
+            .await
+            .unwrap();
+            let ctx = Arc::new(Context::new(
+                client.clone(),
+                Arc::new(providers),
+                "test-operator",
+            ));
+            let election = LeaderElection {
+                namespace: namespace.clone(),
+                lease_name: "proxy-operator-leader".into(),
+                identity,
+                lease_seconds: 3,
+                renew_before_seconds: 1,
+            };
+            let ns = namespace.clone();
+            lead(client, &election, flag, || async move {
+                controller::run(ctx, Some(&ns)).await
+            })
+            .await
+            .unwrap();
+        });
+        (task, ready)
+    };
+
+    let (first, first_ready) = replica("replica-a");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !first_ready.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "replica-a never became the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (second, second_ready) = replica("replica-b");
+
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "led-1", "store", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(&api, "led-1", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    assert!(
+        !second_ready.load(Ordering::SeqCst),
+        "the standby reports not ready"
+    );
+
+    // The leader dies without releasing its lease; the standby takes over after it expires.
+    first.abort();
+    let killed_at = Instant::now();
+    while !second_ready.load(Ordering::SeqCst) {
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(20),
+            "replica-b never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("failover took {:?} (lease 3 s)", killed_at.elapsed());
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "led-2", "store", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(&api, "led-2", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    second.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-rbac").await.unwrap();
+    let store = InstanceStore::start().await;
+    let service_account = cp.client_as(
+        "system:serviceaccount:proxy-operator:proxy-operator",
+        &[
+            "system:serviceaccounts",
+            "system:serviceaccounts:proxy-operator",
+            "system:authenticated",
+        ],
+    );
+    // The account cannot do what the role does not grant.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(service_account.clone(), ns.name());
+    let denied = secrets.list(&Default::default()).await.unwrap_err();
+    assert!(denied.to_string().contains("forbidden"), "{denied}");
+
+    let _operator = Operator::start_with(service_account, &ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "least", "store", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(&api, "least", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    let events = cp
+        .kubectl_run(&["get", "events.events.k8s.io", "-n", ns.name()], None)
+        .await
+        .unwrap();
+    assert!(
+        events.contains("Provisioned"),
+        "events were published: {events}"
+    );
+    api.delete("least", &DeleteParams::default()).await.unwrap();
+    wait_for(&api, "least", "gone", |p| p.is_none()).await;
+    assert!(store.state.instances.lock().unwrap().is_empty());
 }

@@ -14,6 +14,7 @@ use kube::CustomResourceExt;
 use crate::api::Proxy;
 use crate::config::{Providers, ProvidersConfig};
 use crate::controller::{self, Context};
+use crate::leader::{self, LeaderElection};
 use crate::plugins::{EngineOptions, PluginEngine};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
@@ -49,6 +50,18 @@ pub struct RunArgs {
     /// Cache of compiled plugins (must be private to the operator's user).
     #[arg(long, env = "PLUGIN_CACHE_DIR")]
     pub plugin_cache_dir: Option<PathBuf>,
+    /// Run as one of several replicas: only the holder of a Lease reconciles and reports ready.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
+    pub leader_election: bool,
+    /// Namespace of the Lease (usually the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_election_namespace: String,
+    /// This replica's identity in the Lease (default: the host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_election_identity: Option<String>,
+    /// Seconds a leader's claim lasts without renewal; a standby takes over after this.
+    #[arg(long, env = "LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
+    pub leader_election_lease_seconds: u64,
 }
 
 /// Starts the operator and runs until SIGTERM or Ctrl-C.
@@ -86,13 +99,43 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let server = serve_probes(args.metrics_addr, registry, ready.clone()).await?;
 
-    let ctx = Arc::new(Context::new(client, Arc::new(providers), &args.operator_id));
-    ready.store(true, Ordering::Relaxed);
-    tracing::info!(namespace = ?args.proxy_namespace, "reconciling Proxies");
-    controller::run(ctx, args.proxy_namespace.as_deref()).await;
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Arc::new(providers),
+        &args.operator_id,
+    ));
+    let namespace = args.proxy_namespace.clone();
+    let reconcile = || async move {
+        tracing::info!(namespace = ?namespace, "reconciling Proxies");
+        controller::run(ctx, namespace.as_deref()).await;
+    };
+    let result = if args.leader_election {
+        let election = LeaderElection {
+            namespace: args.leader_election_namespace.clone(),
+            lease_name: format!("{}-leader", args.operator_id),
+            identity: args
+                .leader_election_identity
+                .clone()
+                .unwrap_or_else(default_identity),
+            lease_seconds: args.leader_election_lease_seconds.max(2),
+            renew_before_seconds: (args.leader_election_lease_seconds / 3).max(1),
+        };
+        leader::lead(client, &election, ready.clone(), reconcile).await
+    } else {
+        ready.store(true, Ordering::Relaxed);
+        reconcile().await;
+        Ok(())
+    };
     tracing::info!("shutting down");
     server.abort();
-    Ok(())
+    result
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "proxy-operator".into());
+    format!("{host}-{}", std::process::id())
 }
 
 async fn serve_probes(
