@@ -6,11 +6,12 @@ PLUGINS_DIR := target/plugins
 # crate name -> provider type (the file name the host looks for)
 PLUGIN_CRATES := test-provider:test
 
-.PHONY: help plugins build test lint fmt bench dev-cluster
+.PHONY: help plugins build run test lint fmt bench dev-cluster
 
 help:
 	@echo "make plugins      build every provider component into $(PLUGINS_DIR)/<type>.wasm"
 	@echo "make build        build the operator and the plugins"
+	@echo "make run          run the operator against \$$KUBECONFIG with deploy/samples/providers-config.yaml"
 	@echo "make test         build the plugins, lint, then run every test (what .ci/run runs)"
 	@echo "make lint         cargo fmt --check and clippy -D warnings"
 	@echo "make bench        run the benchmarks"
@@ -26,6 +27,11 @@ build: plugins
 	$(CARGO) build --workspace
 
 # What CI runs: formatting, clippy, then every test with the plugins freshly built.
+# Runs the operator against the cluster in $KUBECONFIG (e.g. the one `make dev-cluster` prints).
+run: plugins
+	$(CARGO) run -p proxy-operator -- run --providers-config deploy/samples/providers-config.yaml \
+		--plugins-dir $(PLUGINS_DIR) --metrics-addr 127.0.0.1:9090
+
 test: plugins lint
 	$(CARGO) test --workspace
 
@@ -37,7 +43,8 @@ fmt:
 	$(CARGO) fmt --all
 
 bench: plugins
-	$(CARGO) bench -p proxy-operator
+	$(CARGO) bench -p proxy-operator --bench plugin_call
+	$(CARGO) bench -p proxy-operator --bench operator_scale
 
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster

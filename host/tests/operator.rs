@@ -65,9 +65,19 @@ impl Operator {
         ns: &TestNamespace,
         store: &InstanceStore,
     ) -> Operator {
+        Self::start_named(client, ns, store, "store").await
+    }
+
+    /// An operator whose one provider instance is called `provider_name`.
+    async fn start_named(
+        client: kube::Client,
+        ns: &TestNamespace,
+        store: &InstanceStore,
+        provider_name: &str,
+    ) -> Operator {
         let (engine, _) = engine_with(test_options()).await;
         let config = ProvidersConfig::parse(&format!(
-            "providers:\n- name: store\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+            "providers:\n- name: {provider_name}\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
             store.url(),
             store.addr
         ))
@@ -314,6 +324,42 @@ async fn an_unknown_provider_is_reported_in_the_status() {
     // A Proxy whose provider is not configured can still be deleted.
     api.delete("lost", &DeleteParams::default()).await.unwrap();
     wait_for(&api, "lost", "gone", |p| p.is_none()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixing_the_providers_config_recovers_a_proxy_with_an_unknown_provider() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-fixed").await.unwrap();
+    let store = InstanceStore::start().await;
+    let api: Api<Proxy> = ns.api();
+    let operator = Operator::start(&ns, &store).await;
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "later", "kvm-home", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(&api, "later", "UnknownProvider", |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UnknownProvider"))
+    })
+    .await;
+    // The platform engineer adds `kvm-home` to the providers config; the operator restarts.
+    drop(operator);
+    let _fixed = Operator::start_named(ns.client(), &ns, &store, "kvm-home").await;
+    let proxy = wait_for(&api, "later", "Ready", |p| phase(p) == Some(Phase::Ready))
+        .await
+        .unwrap();
+    let status = proxy.status.unwrap();
+    assert_eq!(status.last_error, None);
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.reason != "UnknownProvider"),
+        "{:?}",
+        status.conditions
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -584,3 +584,19 @@ async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
         "{rejected}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_providers_config_loads() {
+    use proxy_operator::config::{Providers, ProvidersConfig};
+    let (engine, _) = engine_with(test_options()).await;
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/samples/providers-config.yaml");
+    let config = ProvidersConfig::load(&file).unwrap();
+    let providers = Providers::build(&engine, &plugins_dir(), &config, &file)
+        .await
+        .unwrap();
+    let instance = providers
+        .get("dev-store")
+        .expect("the sample names dev-store");
+    assert!(instance.check().await.unwrap()[0].ok);
+}

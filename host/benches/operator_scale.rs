@@ -1,0 +1,139 @@
+//! 1000 Proxies against a real kube-apiserver (from the test harness), reconciled by the real
+//! `proxy-operator run` binary with the real test-provider component (`memory:` endpoint, so the
+//! figure is the operator's and the apiserver's, not a provider's). Reports the time until all are
+//! Ready, Proxies reconciled per second and the operator's peak RSS.
+//!
+//! `cargo bench -p proxy-operator --bench operator_scale` (needs `make plugins` and the fixtures).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use harness::ControlPlane;
+use kube::api::{Api, ListParams, PostParams};
+use proxy_operator::api::{Phase, Proxy, ProxySpec};
+
+const PROXIES: usize = 1000;
+
+fn plugins_dir() -> PathBuf {
+    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cp = ControlPlane::start().await?;
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
+    cp.kubectl_run(&["apply", "-f", crds], None).await?;
+    cp.kubectl_run(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/proxies.crawl.example.com",
+        ],
+        None,
+    )
+    .await?;
+    let ns = cp.namespace("scale").await?;
+
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("providers.yaml");
+    std::fs::write(
+        &config,
+        "providers:\n- {name: mem, type: test, config: {endpoint: \"memory:1\"}, maxConcurrentCalls: 16}\n",
+    )?;
+    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .args(["run", "--providers-config"])
+        .arg(&config)
+        .arg("--plugins-dir")
+        .arg(plugins_dir())
+        .args([
+            "--proxy-namespace",
+            ns.name(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", cp.kubeconfig())
+        .env("LOG_LEVEL", "warn")
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = operator.id().expect("running");
+
+    let api: Api<Proxy> = Api::namespaced(cp.client(), ns.name());
+    let started = Instant::now();
+    futures_util::stream::iter(0..PROXIES)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let proxy = Proxy::new(
+                    &format!("p-{i:04}"),
+                    ProxySpec {
+                        provider: "mem".into(),
+                        placement: None,
+                        cloud_init: None,
+                        vendor_data: None,
+                        install_guest_agent: true,
+                        port: 3128,
+                        provider_options: None,
+                    },
+                );
+                api.create(&PostParams::default(), &proxy)
+                    .await
+                    .expect("create");
+            }
+        })
+        .await;
+    let created = started.elapsed();
+
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let ready = loop {
+        let list = api.list(&ListParams::default()).await?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
+            .count();
+        if ready == PROXIES || Instant::now() > deadline {
+            break ready;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let all_ready = started.elapsed();
+    let rss = peak_rss_kib(pid);
+    operator.kill().await.ok();
+    cp.stop().await;
+
+    println!("operator_scale: {PROXIES} proxies");
+    println!(
+        "  created (16 concurrent clients): {:.1} s",
+        created.as_secs_f64()
+    );
+    println!(
+        "  all Ready after:                 {:.1} s ({ready} ready)",
+        all_ready.as_secs_f64()
+    );
+    println!(
+        "  proxies reconciled to Ready/s:   {:.0}",
+        ready as f64 / all_ready.as_secs_f64()
+    );
+    println!(
+        "  operator peak RSS:               {:.1} MiB",
+        rss as f64 / 1024.0
+    );
+    anyhow::ensure!(ready == PROXIES, "only {ready} of {PROXIES} became Ready");
+    Ok(())
+}
