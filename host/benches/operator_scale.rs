@@ -88,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
                         vendor_data: None,
                         install_guest_agent: true,
                         port: 3128,
+                        recreate_on_loss: false,
                         provider_options: None,
                     },
                 );

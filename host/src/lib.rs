@@ -6,6 +6,8 @@ pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod gc;
 pub mod leader;
 pub mod metrics;
 pub mod plugins;
+pub mod providerhealth;

@@ -617,3 +617,377 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     wait_for(&api, "least", "gone", |p| p.is_none()).await;
     assert!(store.state.instances.lock().unwrap().is_empty());
 }
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+async fn providers_for(text: &str) -> Providers {
+    let (engine, _) = engine_with(test_options()).await;
+    let config = ProvidersConfig::parse(text).unwrap();
+    Providers::build(
+        &engine,
+        &plugins_dir(),
+        &config,
+        std::path::Path::new("test"),
+    )
+    .await
+    .unwrap()
+}
+
+fn store_provider(name: &str, store: &InstanceStore) -> String {
+    format!(
+        "- name: {name}\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+        store.url(),
+        store.addr
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_deletes_only_old_orphans_with_this_operators_identity() {
+    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gc").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "alive", "store", "")),
+    )
+    .await
+    .unwrap();
+    let alive = wait_for(&api, "alive", "Ready", |p| phase(p) == Some(Phase::Ready))
+        .await
+        .unwrap();
+    let alive_id = alive.status.unwrap().provider_id.unwrap();
+
+    let owner = |operator: &str, namespace: &str, uid: &str| serde_json::json!({"namespace": namespace, "name": "gone", "uid": uid, "operatorId": operator});
+    let hour_ago = now_seconds() - 3600;
+    store.insert(
+        "orphan-old",
+        owner("test-operator", ns.name(), "gone-1"),
+        hour_ago,
+    );
+    store.insert(
+        "orphan-young",
+        owner("test-operator", ns.name(), "gone-2"),
+        now_seconds(),
+    );
+    store.insert(
+        "other-operator",
+        owner("someone-else", ns.name(), "gone-3"),
+        hour_ago,
+    );
+    store.insert("unowned", serde_json::Value::Null, hour_ago);
+    store.insert(
+        "other-namespace",
+        owner("test-operator", "elsewhere", "gone-4"),
+        hour_ago,
+    );
+
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let registry = prometheus::Registry::new();
+    let metrics = GcMetrics::register(&registry).unwrap();
+    let mut options = GcOptions {
+        interval: Duration::from_secs(60),
+        min_age: Duration::from_secs(600),
+        dry_run: true,
+        namespace: Some(ns.name().to_string()),
+        allow_namespaced: false,
+        parallelism: 2,
+    };
+    let client = ns.client();
+
+    let dry = pass(&client, &providers, "test-operator", &options, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(dry[0].1.found, vec!["orphan-old".to_string()]);
+    assert!(dry[0].1.deleted.is_empty());
+    assert!(
+        store.ids().contains(&"orphan-old".to_string()),
+        "dry-run deletes nothing"
+    );
+
+    options.dry_run = false;
+    let real = pass(&client, &providers, "test-operator", &options, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(real[0].1.deleted, vec!["orphan-old".to_string()]);
+    let mut expected = vec![
+        alive_id.clone(),
+        "orphan-young".into(),
+        "other-namespace".into(),
+        "other-operator".into(),
+        "unowned".into(),
+    ];
+    expected.sort();
+    assert_eq!(store.ids(), expected);
+
+    // Other namespaces' instances are collected only when allowed.
+    options.allow_namespaced = true;
+    let wide = pass(&client, &providers, "test-operator", &options, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(wide[0].1.deleted, vec!["other-namespace".to_string()]);
+    assert!(
+        store.ids().contains(&alive_id),
+        "the live Proxy's instance stays"
+    );
+
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(
+        text.contains("proxy_operator_gc_orphans_found_total{provider=\"store\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("proxy_operator_gc_orphans_deleted_total{provider=\"store\"} 2"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
+    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gc-race").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let options = GcOptions {
+        interval: Duration::from_secs(60),
+        min_age: Duration::ZERO,
+        dry_run: false,
+        namespace: Some(ns.name().to_string()),
+        allow_namespaced: false,
+        parallelism: 2,
+    };
+    // The provider's list answers slowly, so the Proxy and its instance appear mid-pass.
+    *store.state.list_delay.lock().unwrap() = Duration::from_secs(3);
+    let client = ns.client();
+    let metrics = GcMetrics::register(&prometheus::Registry::new()).unwrap();
+    let started = Instant::now();
+    let gc = tokio::spawn(async move {
+        pass(&client, &providers, "test-operator", &options, &metrics).await
+    });
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "newborn", "store", "")),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.ids().is_empty() {
+        assert!(Instant::now() < deadline, "the instance was never created");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let created_after = started.elapsed();
+    let report = gc.await.unwrap().unwrap();
+    assert!(
+        created_after < started.elapsed() && created_after < Duration::from_secs(3),
+        "the instance appeared during the pass ({created_after:?})"
+    );
+    assert!(report[0].1.found.is_empty(), "{report:?}");
+    assert_eq!(store.ids().len(), 1);
+    *store.state.list_delay.lock().unwrap() = Duration::ZERO;
+    wait_for(&api, "newborn", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
+    use proxy_operator::api::ProviderHealth;
+    use proxy_operator::providerhealth::{HealthMetrics, pass};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-ph").await.unwrap();
+    let store = InstanceStore::start().await;
+    // ProviderHealth is cluster-scoped: names unique to this test.
+    let healthy = format!("{}-healthy", ns.name());
+    let failing = format!("{}-failing", ns.name());
+    let both = providers_for(&format!(
+        "providers:\n{}- name: {failing}\n  type: test\n  config: {{endpoint: \"memory:1\", checkFailsWith: PoolNotFound}}\n",
+        store_provider(&healthy, &store)
+    ))
+    .await;
+    let registry = prometheus::Registry::new();
+    let metrics = HealthMetrics::register(&registry).unwrap();
+    let client = ns.client();
+    pass(&client, &both, "ph-test", Duration::from_secs(5), &metrics)
+        .await
+        .unwrap();
+
+    let api: Api<ProviderHealth> = Api::all(client.clone());
+    let good = api.get(&healthy).await.unwrap();
+    let status = good.status.unwrap();
+    assert_eq!(good.spec.provider_type, "test");
+    assert_eq!(status.conditions[0].status, "True");
+    assert_eq!(status.conditions[0].reason, "Ok");
+    assert_eq!(status.targets_summary.as_deref(), Some("1/1"));
+    assert!(status.last_check_time.is_some());
+    let bad = api.get(&failing).await.unwrap().status.unwrap();
+    assert_eq!(bad.conditions[0].status, "False");
+    assert_eq!(bad.conditions[0].reason, "PoolNotFound");
+    assert_eq!(bad.targets[0].reason, "PoolNotFound");
+    assert!(!bad.targets[0].ok);
+
+    let table = cp
+        .kubectl_run(&["get", "ph", &healthy, &failing], None)
+        .await
+        .unwrap();
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "REASON", "TARGETS", "AGE"],
+        "{table}"
+    );
+    assert!(table.contains("False   PoolNotFound   0/1"), "{table}");
+
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(
+        text.contains(&format!(
+            "proxy_operator_provider_target_up{{provider=\"{healthy}\",target=\"store\"}} 1"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "proxy_operator_provider_target_up{{provider=\"{failing}\",target=\"store\"}} 0"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("proxy_operator_provider_check_timestamp_seconds"));
+
+    // The failing instance is removed from the config: its ProviderHealth goes.
+    let one = providers_for(&format!("providers:\n{}", store_provider(&healthy, &store))).await;
+    pass(&client, &one, "ph-test", Duration::from_secs(5), &metrics)
+        .await
+        .unwrap();
+    assert!(api.get_opt(&failing).await.unwrap().is_none());
+    assert!(api.get_opt(&healthy).await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
+    use proxy_operator::providerhealth::{HealthMetrics, pass};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-hung").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+
+    // Baseline: a reconcile to Ready with nothing else going on.
+    let started = Instant::now();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "before", "store", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(&api, "before", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    let baseline = started.elapsed();
+
+    *store.state.health_delay.lock().unwrap() = Duration::from_secs(30);
+    let name = format!("{}-hung", ns.name());
+    let providers = providers_for(&format!("providers:\n{}", store_provider(&name, &store))).await;
+    let client = ns.client();
+    let metrics = HealthMetrics::register(&prometheus::Registry::new()).unwrap();
+    let check_timeout = Duration::from_secs(8);
+    let check = tokio::spawn(async move {
+        pass(&client, &providers, "hung-test", check_timeout, &metrics).await
+    });
+
+    let started = Instant::now();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "during", "store", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(&api, "during", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    let during = started.elapsed();
+    eprintln!("reconcile to Ready: {baseline:?} alone, {during:?} while a check hangs");
+    assert!(
+        during < check_timeout,
+        "a hung check held up a reconcile ({during:?})"
+    );
+
+    check.await.unwrap().unwrap();
+    let ph: Api<proxy_operator::api::ProviderHealth> = Api::all(ns.client());
+    let status = ph.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(status.conditions[0].reason, "Timeout");
+    *store.state.health_delay.lock().unwrap() = Duration::ZERO;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_deleted_behind_the_operators_back_is_reported_or_recreated() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-lost").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    let recreate = "spec:\n  provider: store\n  recreateOnLoss: true\n";
+    for (name, yaml) in [
+        (
+            "kept-failed",
+            proxy_yaml(ns.name(), "kept-failed", "store", ""),
+        ),
+        (
+            "recreated",
+            format!(
+                "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: recreated\n  namespace: {}\n{recreate}",
+                ns.name()
+            ),
+        ),
+    ] {
+        cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+            .await
+            .unwrap();
+        wait_for(&api, name, "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    }
+    store.state.instances.lock().unwrap().clear();
+    // Any change makes the operator look again (otherwise it looks every few minutes).
+    for name in ["kept-failed", "recreated"] {
+        cp.kubectl_run(&["annotate", "px", name, "-n", ns.name(), "poke=1"], None)
+            .await
+            .unwrap();
+    }
+    let failed = wait_for(&api, "kept-failed", "Failed", |p| {
+        phase(p) == Some(Phase::Failed)
+    })
+    .await
+    .unwrap();
+    let status = failed.status.unwrap();
+    assert!(
+        status.conditions.iter().any(|c| c.reason == "InstanceLost"),
+        "{:?}",
+        status.conditions
+    );
+    assert!(status.last_error.unwrap().contains("no longer exists"));
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.ids().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the lost instance was never re-created"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for(&api, "recreated", "Ready again", |p| {
+        phase(p) == Some(Phase::Ready)
+    })
+    .await;
+    assert_eq!(
+        store.ids().len(),
+        1,
+        "a new instance for the Proxy that asked for it"
+    );
+}

@@ -52,6 +52,12 @@ pub struct ProxySpec {
     #[schemars(range(min = 1, max = 65535))]
     pub port: u16,
 
+    /// What to do when the provider reports the recorded instance gone (deleted behind the
+    /// operator's back): `false` (default) marks the Proxy `Failed` with reason `InstanceLost`;
+    /// `true` creates a new instance.
+    #[serde(default)]
+    pub recreate_on_loss: bool,
+
     /// Provider-specific settings, passed to the provider as a JSON object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]

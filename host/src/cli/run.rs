@@ -14,8 +14,10 @@ use kube::CustomResourceExt;
 use crate::api::Proxy;
 use crate::config::{Providers, ProvidersConfig};
 use crate::controller::{self, Context};
+use crate::gc::{self, GcMetrics, GcOptions};
 use crate::leader::{self, LeaderElection};
 use crate::plugins::{EngineOptions, PluginEngine};
+use crate::providerhealth::{self, HealthMetrics};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
 #[derive(Debug, Clone, clap::Args)]
@@ -62,6 +64,25 @@ pub struct RunArgs {
     /// Seconds a leader's claim lasts without renewal; a standby takes over after this.
     #[arg(long, env = "LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
     pub leader_election_lease_seconds: u64,
+    /// Time between orphan GC passes (e.g. `5m`).
+    #[arg(long, env = "GC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub gc_interval: Duration,
+    /// Orphans younger than this are kept (their Proxy may not be visible yet).
+    #[arg(long, env = "GC_MIN_AGE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub gc_min_age: Duration,
+    /// Log and count orphans without deleting them.
+    #[arg(long, env = "GC_DRY_RUN", default_value_t = false)]
+    pub gc_dry_run: bool,
+    /// With --proxy-namespace, also collect instances owned by Proxies of other namespaces
+    /// (which this operator cannot see, so it takes all of them for orphans).
+    #[arg(long, env = "GC_ALLOW_NAMESPACED", default_value_t = false)]
+    pub gc_allow_namespaced: bool,
+    /// Time between provider health checks.
+    #[arg(long, env = "PROVIDER_CHECK_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub provider_check_interval: Duration,
+    /// Deadline of one provider check (default: the smaller of 15s and the interval).
+    #[arg(long, env = "PROVIDER_CHECK_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub provider_check_timeout: Option<Duration>,
 }
 
 /// Starts the operator and runs until SIGTERM or Ctrl-C.
@@ -97,17 +118,51 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
 
     let ready = Arc::new(AtomicBool::new(false));
-    let server = serve_probes(args.metrics_addr, registry, ready.clone()).await?;
+    let server = serve_probes(args.metrics_addr, registry.clone(), ready.clone()).await?;
 
+    let providers = Arc::new(providers);
     let ctx = Arc::new(Context::new(
         client.clone(),
-        Arc::new(providers),
+        providers.clone(),
         &args.operator_id,
     ));
     let namespace = args.proxy_namespace.clone();
-    let reconcile = || async move {
+    let gc_options = GcOptions {
+        interval: args.gc_interval,
+        min_age: args.gc_min_age,
+        dry_run: args.gc_dry_run,
+        namespace: args.proxy_namespace.clone(),
+        allow_namespaced: args.gc_allow_namespaced,
+        parallelism: 4,
+    };
+    let gc_metrics = GcMetrics::register(&registry)?;
+    let health_metrics = HealthMetrics::register(&registry)?;
+    let check_timeout = args
+        .provider_check_timeout
+        .unwrap_or_else(|| args.provider_check_interval.min(Duration::from_secs(15)));
+    let (check_interval, operator_id) = (args.provider_check_interval, args.operator_id.clone());
+    let work_client = client.clone();
+    // GC and provider checks run only where reconciles run: on the leader.
+    let reconcile = move || async move {
+        let gc = tokio::spawn(gc::run(
+            work_client.clone(),
+            providers.clone(),
+            operator_id.clone(),
+            gc_options,
+            gc_metrics,
+        ));
+        let health = tokio::spawn(providerhealth::run(
+            work_client,
+            providers,
+            operator_id,
+            check_interval,
+            check_timeout,
+            health_metrics,
+        ));
         tracing::info!(namespace = ?namespace, "reconciling Proxies");
         controller::run(ctx, namespace.as_deref()).await;
+        gc.abort();
+        health.abort();
     };
     let result = if args.leader_election {
         let election = LeaderElection {

@@ -286,7 +286,7 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
         return Ok(Action::await_change());
     }
 
-    let instance = match &status.provider_id {
+    let instance = match status.provider_id.clone() {
         None => {
             let name = instance_name(&proxy.uid().unwrap_or_default());
             if status.phase.is_none() {
@@ -311,8 +311,12 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
                 Err(e) => return fail(proxy, api, ctx, provider, status, &e, "Create").await,
             }
         }
-        Some(id) => match provider.get(id).await {
+        Some(id) => match provider.get(&id).await {
             Ok(instance) => instance,
+            Err(CallError::Provider {
+                error: ProviderError::NotFound(detail),
+                ..
+            }) => return lost(proxy, api, ctx, provider, status, &id, &detail).await,
             Err(e) => return fail(proxy, api, ctx, provider, status, &e, "Get").await,
         },
     };
@@ -438,6 +442,84 @@ async fn fail(
             Ok(Action::await_change())
         }
     }
+}
+
+/// The recorded instance is gone at the provider. Re-created only when the spec asks for it: a
+/// vanished VM may have been removed on purpose, and a new one costs money.
+async fn lost(
+    proxy: &Proxy,
+    api: &Api<Proxy>,
+    ctx: &Context,
+    provider: &ProviderInstance,
+    mut status: ProxyStatus,
+    id: &str,
+    detail: &str,
+) -> Result<Action, Error> {
+    let generation = proxy.metadata.generation;
+    let message = format!(
+        "instance {id} no longer exists at provider {}: {detail}",
+        provider.name()
+    );
+    status.address = None;
+    if proxy.spec.recreate_on_loss {
+        event(
+            ctx,
+            proxy,
+            EventType::Warning,
+            "InstanceLost",
+            format!("{message}; creating a new one (recreateOnLoss)"),
+        )
+        .await;
+        status.provider_id = None;
+        status.phase = Some(Phase::Pending);
+        conditions::set(
+            &mut status.conditions,
+            "Provisioned",
+            false,
+            "InstanceLost",
+            &message,
+            generation,
+        );
+        conditions::set(
+            &mut status.conditions,
+            "Ready",
+            false,
+            "InstanceLost",
+            &message,
+            generation,
+        );
+        write_status(api, proxy, status).await?;
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    event(
+        ctx,
+        proxy,
+        EventType::Warning,
+        "InstanceLost",
+        format!("{message}; set spec.recreateOnLoss to make a new one"),
+    )
+    .await;
+    status.phase = Some(Phase::Failed);
+    status.last_error = Some(message.clone());
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        "Provisioned",
+        false,
+        "InstanceLost",
+        &message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "InstanceLost",
+        &message,
+        generation,
+    );
+    write_status(api, proxy, status).await?;
+    Ok(Action::await_change())
 }
 
 async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {

@@ -68,6 +68,8 @@ pub struct ProviderInstance {
     config: String,
     context: Arc<CallContext>,
     permits: Arc<Semaphore>,
+    /// Health checks have their own slot, so a slow check never takes one from a reconcile.
+    check_permit: Arc<Semaphore>,
     engine: Arc<PluginEngine>,
 }
 
@@ -106,6 +108,7 @@ impl ProviderInstance {
             config: config.to_string(),
             context,
             permits: Arc::new(Semaphore::new(options.max_concurrent_calls.max(1))),
+            check_permit: Arc::new(Semaphore::new(1)),
             engine,
         })
     }
@@ -121,9 +124,12 @@ impl ProviderInstance {
     }
 
     async fn call(&self, call: Call) -> Result<Output, CallError> {
+        let permits = match call {
+            Call::Check => &self.check_permit,
+            _ => &self.permits,
+        };
         // Waiting for a slot is cancellable: dropping the future gives up the wait.
-        let _permit = self
-            .permits
+        let _permit = permits
             .acquire()
             .await
             .expect("the semaphore is never closed");
@@ -165,6 +171,8 @@ impl ProviderInstance {
         expect_output!(self.call(Call::List).await, Instances)
     }
 
+    /// Runs the provider's health check, in its own concurrency slot (one at a time), apart from
+    /// the slots of the other calls.
     pub async fn check(&self) -> Result<Vec<CheckTarget>, CallError> {
         expect_output!(self.call(Call::Check).await, Checks)
     }

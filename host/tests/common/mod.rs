@@ -123,6 +123,10 @@ pub struct StoreState {
     pub echo_headers: Mutex<Vec<HeaderMap>>,
     /// Answer every GET of an instance with 400 (a permanent error for the provider).
     pub fail_get: std::sync::atomic::AtomicBool,
+    /// Extra delay of `GET /instances` only (the list).
+    pub list_delay: Mutex<Duration>,
+    /// Delay of `GET /healthz` (what the provider's check calls).
+    pub health_delay: Mutex<Duration>,
 }
 
 /// The test provider's instance store on a loopback port.
@@ -136,7 +140,7 @@ impl InstanceStore {
     pub async fn start() -> Self {
         let state = Arc::new(StoreState::default());
         let app = Router::new()
-            .route("/healthz", get(|| async { "ok" }))
+            .route("/healthz", get(healthz))
             .route("/echo", get(echo))
             .route("/instances", get(list))
             .route("/instances/{id}", get(get_one).put(put).delete(delete))
@@ -155,6 +159,30 @@ impl InstanceStore {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Puts an instance into the store directly, as if made behind the operator's back.
+    pub fn insert(&self, id: &str, owner: serde_json::Value, created_at: i64) {
+        self.state.instances.lock().unwrap().insert(
+            id.to_string(),
+            serde_json::json!({
+                "id": id, "name": id, "state": "running", "address": "127.0.0.1", "port": 3128,
+                "zone": null, "createdAt": created_at, "owner": owner, "message": null,
+            }),
+        );
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .state
+            .instances
+            .lock()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        ids.sort();
+        ids
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -191,9 +219,21 @@ async fn echo(State(state): State<Arc<StoreState>>, headers: HeaderMap) -> Json<
     Json(serde_json::json!({ "receivedApiKey": had_key }))
 }
 
+async fn healthz(State(state): State<Arc<StoreState>>) -> &'static str {
+    let delay = *state.health_delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    "ok"
+}
+
 async fn list(State(state): State<Arc<StoreState>>) -> Json<Vec<serde_json::Value>> {
     let _guard = InFlight::enter(&state);
     pause(&state).await;
+    let delay = *state.list_delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     Json(state.instances.lock().unwrap().values().cloned().collect())
 }
 
