@@ -189,6 +189,12 @@ impl Providers {
                     plugin
                 }
             };
+            check_schema(&plugin, &entry.config).map_err(|message| {
+                err(format!(
+                    "{at}.{message} (the JSON Schema of the `{}` plugin; `proxy-operator plugin inspect` shows it)",
+                    entry.provider_type
+                ))
+            })?;
             let instance = ProviderInstance::new(
                 engine.clone(),
                 &entry.name,
@@ -227,6 +233,43 @@ impl Providers {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.instances.keys().map(String::as_str)
     }
+}
+
+/// Checks a config against the JSON Schema the plugin describes, before the plugin sees it. The
+/// message names the field path, e.g. `config.hosts[0].zone: 7 is not of type "string"`.
+fn check_schema(plugin: &LoadedPlugin, config: &serde_json::Value) -> Result<(), String> {
+    if plugin.info.config_schema.trim().is_empty() {
+        return Ok(());
+    }
+    let schema: serde_json::Value = serde_json::from_str(&plugin.info.config_schema)
+        .map_err(|e| format!("config: the plugin's config schema is not JSON: {e}"))?;
+    let validator = jsonschema::validator_for(&schema)
+        .map_err(|e| format!("config: the plugin's config schema is invalid: {e}"))?;
+    let errors: Vec<String> = validator
+        .iter_errors(config)
+        .take(5)
+        .map(|e| format!("{}: {e}", field_path(e.instance_path().as_str())))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// `/hosts/0/zone` → `config.hosts[0].zone`.
+fn field_path(pointer: &str) -> String {
+    let mut path = String::from("config");
+    for segment in pointer.split('/').skip(1) {
+        let segment = segment.replace("~1", "/").replace("~0", "~");
+        if segment.chars().all(|c| c.is_ascii_digit()) && !segment.is_empty() {
+            path.push_str(&format!("[{segment}]"));
+        } else {
+            path.push('.');
+            path.push_str(&segment);
+        }
+    }
+    path
 }
 
 fn available(dir: &Path) -> String {
@@ -308,6 +351,13 @@ mod tests {
             message.contains(expected),
             "got: {message}\nexpected: {expected}"
         );
+    }
+
+    #[test]
+    fn json_pointers_become_field_paths() {
+        assert_eq!(field_path(""), "config");
+        assert_eq!(field_path("/hosts/0/zone"), "config.hosts[0].zone");
+        assert_eq!(field_path("/a~1b"), "config.a/b");
     }
 
     #[test]
