@@ -131,6 +131,19 @@ async fn wait_for(
     }
 }
 
+/// Applies a Proxy of provider `store` with kubectl and waits until it is Ready.
+async fn apply_ready(cp: &ControlPlane, ns: &TestNamespace, api: &Api<Proxy>, name: &str) -> Proxy {
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), name, "store", "")),
+    )
+    .await
+    .unwrap();
+    wait_for(api, name, "Ready", |p| phase(p) == Some(Phase::Ready))
+        .await
+        .unwrap()
+}
+
 fn phase(p: Option<&Proxy>) -> Option<Phase> {
     p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase)
 }
@@ -143,15 +156,7 @@ async fn a_proxy_applied_with_kubectl_becomes_ready_and_deleting_it_deletes_the_
     let _operator = Operator::start(&ns, &store).await;
     let api: Api<Proxy> = ns.api();
 
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "alpha", "store", "")),
-    )
-    .await
-    .unwrap();
-    let proxy = wait_for(&api, "alpha", "Ready", |p| phase(p) == Some(Phase::Ready))
-        .await
-        .unwrap();
+    let proxy = apply_ready(cp, &ns, &api, "alpha").await;
     let status = proxy.status.unwrap();
     let uid = proxy.metadata.uid.unwrap();
     assert_eq!(
@@ -413,13 +418,7 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
     let _operator = Operator::start(&ns, &store).await;
     let api: Api<Proxy> = ns.api();
 
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "broken", "store", "")),
-    )
-    .await
-    .unwrap();
-    wait_for(&api, "broken", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    apply_ready(cp, &ns, &api, "broken").await;
     store.state.fail_get.store(true, Ordering::SeqCst);
     // A spec change makes the operator look again; get now fails permanently.
     cp.kubectl_run(
@@ -544,13 +543,7 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
     }
     let (second, second_ready) = replica("replica-b");
 
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "led-1", "store", "")),
-    )
-    .await
-    .unwrap();
-    wait_for(&api, "led-1", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    apply_ready(cp, &ns, &api, "led-1").await;
     assert!(
         !second_ready.load(Ordering::SeqCst),
         "the standby reports not ready"
@@ -567,13 +560,7 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("failover took {:?} (lease 3 s)", killed_at.elapsed());
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "led-2", "store", "")),
-    )
-    .await
-    .unwrap();
-    wait_for(&api, "led-2", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    apply_ready(cp, &ns, &api, "led-2").await;
     second.abort();
 }
 
@@ -598,13 +585,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
 
     let _operator = Operator::start_with(service_account, &ns, &store).await;
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "least", "store", "")),
-    )
-    .await
-    .unwrap();
-    wait_for(&api, "least", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    apply_ready(cp, &ns, &api, "least").await;
     let events = cp
         .kubectl_run(&["get", "events.events.k8s.io", "-n", ns.name()], None)
         .await
@@ -654,15 +635,7 @@ async fn gc_deletes_only_old_orphans_with_this_operators_identity() {
     let store = InstanceStore::start().await;
     let _operator = Operator::start(&ns, &store).await;
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "alive", "store", "")),
-    )
-    .await
-    .unwrap();
-    let alive = wait_for(&api, "alive", "Ready", |p| phase(p) == Some(Phase::Ready))
-        .await
-        .unwrap();
+    let alive = apply_ready(cp, &ns, &api, "alive").await;
     let alive_id = alive.status.unwrap().provider_id.unwrap();
 
     let owner = |operator: &str, namespace: &str, uid: &str| serde_json::json!({"namespace": namespace, "name": "gone", "uid": uid, "operatorId": operator});
@@ -886,13 +859,7 @@ async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
 
     // Baseline: a reconcile to Ready with nothing else going on.
     let started = Instant::now();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "before", "store", "")),
-    )
-    .await
-    .unwrap();
-    wait_for(&api, "before", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    apply_ready(cp, &ns, &api, "before").await;
     let baseline = started.elapsed();
 
     *store.state.health_delay.lock().unwrap() = Duration::from_secs(30);
@@ -906,13 +873,7 @@ async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
     });
 
     let started = Instant::now();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "during", "store", "")),
-    )
-    .await
-    .unwrap();
-    wait_for(&api, "during", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
+    apply_ready(cp, &ns, &api, "during").await;
     let during = started.elapsed();
     eprintln!("reconcile to Ready: {baseline:?} alone, {during:?} while a check hangs");
     assert!(

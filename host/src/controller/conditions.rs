@@ -32,3 +32,21 @@ pub fn set(
         None => conditions.push(condition),
     }
 }
+
+/// `Provisioned` and `Ready` both false for the same reason: the instance is not (yet) usable.
+pub fn not_provisioned(
+    conditions: &mut Vec<Condition>,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) {
+    set(
+        conditions,
+        "Provisioned",
+        false,
+        reason,
+        message,
+        generation,
+    );
+    set(conditions, "Ready", false, reason, message, generation);
+}

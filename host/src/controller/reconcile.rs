@@ -260,18 +260,8 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
         status.phase = Some(Phase::Pending);
         status.last_error = Some(message.clone());
         status.observed_generation = generation;
-        conditions::set(
+        conditions::not_provisioned(
             &mut status.conditions,
-            "Provisioned",
-            false,
-            "UnknownProvider",
-            &message,
-            generation,
-        );
-        conditions::set(
-            &mut status.conditions,
-            "Ready",
-            false,
             "UnknownProvider",
             &message,
             generation,
@@ -374,18 +364,8 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
                     ""
                 }
             );
-            conditions::set(
+            conditions::not_provisioned(
                 &mut status.conditions,
-                "Provisioned",
-                false,
-                "Provisioning",
-                &message,
-                generation,
-            );
-            conditions::set(
-                &mut status.conditions,
-                "Ready",
-                false,
                 "Provisioning",
                 &message,
                 generation,
@@ -422,22 +402,7 @@ async fn fail(
             status.phase = Some(Phase::Failed);
             status.last_error = Some(message.clone());
             status.observed_generation = generation;
-            conditions::set(
-                &mut status.conditions,
-                "Provisioned",
-                false,
-                reason,
-                &message,
-                generation,
-            );
-            conditions::set(
-                &mut status.conditions,
-                "Ready",
-                false,
-                reason,
-                &message,
-                generation,
-            );
+            conditions::not_provisioned(&mut status.conditions, reason, &message, generation);
             write_status(api, proxy, status).await?;
             Ok(Action::await_change())
         }
@@ -472,22 +437,7 @@ async fn lost(
         .await;
         status.provider_id = None;
         status.phase = Some(Phase::Pending);
-        conditions::set(
-            &mut status.conditions,
-            "Provisioned",
-            false,
-            "InstanceLost",
-            &message,
-            generation,
-        );
-        conditions::set(
-            &mut status.conditions,
-            "Ready",
-            false,
-            "InstanceLost",
-            &message,
-            generation,
-        );
+        conditions::not_provisioned(&mut status.conditions, "InstanceLost", &message, generation);
         write_status(api, proxy, status).await?;
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
@@ -502,22 +452,7 @@ async fn lost(
     status.phase = Some(Phase::Failed);
     status.last_error = Some(message.clone());
     status.observed_generation = generation;
-    conditions::set(
-        &mut status.conditions,
-        "Provisioned",
-        false,
-        "InstanceLost",
-        &message,
-        generation,
-    );
-    conditions::set(
-        &mut status.conditions,
-        "Ready",
-        false,
-        "InstanceLost",
-        &message,
-        generation,
-    );
+    conditions::not_provisioned(&mut status.conditions, "InstanceLost", &message, generation);
     write_status(api, proxy, status).await?;
     Ok(Action::await_change())
 }
