@@ -3,6 +3,11 @@ use crate::ProviderError;
 /// Parses a provider config from JSON. The error names the path of the offending field, so a
 /// platform engineer can find it in the providers config.
 pub fn parse_config<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, ProviderError> {
+    // Every call parses the config: take the fast path, and track the path only to explain a
+    // failure.
+    if let Ok(config) = serde_json::from_str(json) {
+        return Ok(config);
+    }
     let mut deserializer = serde_json::Deserializer::from_str(json);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
