@@ -1,7 +1,7 @@
 //! The Proxy reconciler: turns each `Proxy` into an instance at its provider, records where it
 //! stands in the status, and makes sure deleting a Proxy always finishes.
 
-mod conditions;
+pub(crate) mod conditions;
 mod reconcile;
 
 pub use reconcile::{Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, instance_name, run};

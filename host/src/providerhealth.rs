@@ -12,13 +12,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use prometheus::{GaugeVec, Opts, Registry};
 
 use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
 use crate::config::Providers;
+use crate::controller::conditions;
 use crate::plugins::ProviderInstance;
 
 const FIELD_MANAGER: &str = "proxy-operator";
@@ -131,29 +132,27 @@ async fn write(
     verdict: &Verdict,
 ) -> kube::Result<()> {
     let api: Api<ProviderHealth> = Api::all(client.clone());
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let previous = api.get_opt(name).await?;
-    let status_text = if verdict.ready { "True" } else { "False" };
-    let last_transition_time = previous
-        .as_ref()
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .filter(|c| c.status == status_text)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| now.clone());
+    // The transition time is kept while the verdict stays the same, as for Proxy conditions.
+    let mut conditions = api
+        .get_opt(name)
+        .await?
+        .and_then(|p| p.status)
+        .map(|s| s.conditions)
+        .unwrap_or_default();
+    conditions::set(
+        &mut conditions,
+        "Ready",
+        verdict.ready,
+        &verdict.reason,
+        &verdict.message,
+        None,
+    );
     let ok = verdict.targets.iter().filter(|t| t.ok).count();
     let status = ProviderHealthStatus {
-        conditions: vec![Condition {
-            type_: "Ready".into(),
-            status: status_text.into(),
-            reason: verdict.reason.clone(),
-            message: verdict.message.chars().take(1024).collect(),
-            observed_generation: None,
-            last_transition_time,
-        }],
+        conditions,
         targets: verdict.targets.clone(),
         targets_summary: Some(format!("{ok}/{}", verdict.targets.len())),
-        last_check_time: Some(now),
+        last_check_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
     };
     let object = serde_json::json!({
         "apiVersion": "crawl.example.com/v1alpha1",

@@ -75,21 +75,11 @@ impl Operator {
         store: &InstanceStore,
         provider_name: &str,
     ) -> Operator {
-        let (engine, _) = engine_with(test_options()).await;
-        let config = ProvidersConfig::parse(&format!(
-            "providers:\n- name: {provider_name}\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
-            store.url(),
-            store.addr
+        let providers = providers_for(&format!(
+            "providers:\n{}",
+            store_provider(provider_name, store)
         ))
-        .unwrap();
-        let providers = Providers::build(
-            &engine,
-            &plugins_dir(),
-            &config,
-            std::path::Path::new("test"),
-        )
-        .await
-        .unwrap();
+        .await;
         let ctx = Arc::new(Context::new(client, Arc::new(providers), "test-operator"));
         let namespace = ns.name().to_string();
         Operator {
@@ -493,23 +483,10 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
         let (client, namespace, identity) =
             (ns.client(), ns.name().to_string(), identity.to_string());
         let ready = Arc::new(AtomicBool::new(false));
-        let url = store.url();
-        let addr = store.addr;
+        let providers_text = format!("providers:\n{}", store_provider("store", &store));
         let flag = ready.clone();
         let task = tokio::spawn(async move {
-            let (engine, _) = engine_with(test_options()).await;
-            let config = ProvidersConfig::parse(&format!(
-                "providers:\n- name: store\n  type: test\n  config: {{endpoint: \"{url}\"}}\n  grants: {{http: {{allow: [\"http://{addr}\"]}}}}\n"
-            ))
-            .unwrap();
-            let providers = Providers::build(
-                &engine,
-                &plugins_dir(),
-                &config,
-                std::path::Path::new("test"),
-            )
-            .await
-            .unwrap();
+            let providers = providers_for(&providers_text).await;
             let ctx = Arc::new(Context::new(
                 client.clone(),
                 Arc::new(providers),
