@@ -76,3 +76,43 @@ impl PluginMetrics {
             .observe(elapsed.as_secs_f64());
     }
 }
+
+/// Metrics of Proxy reconciles.
+#[derive(Clone)]
+pub struct ReconcileMetrics {
+    total: IntCounterVec,
+    duration: HistogramVec,
+}
+
+impl ReconcileMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let total = IntCounterVec::new(
+            Opts::new(
+                "proxy_operator_reconcile_total",
+                "Proxy reconciles, by result: success or error (retried with backoff).",
+            ),
+            &["result"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "proxy_operator_reconcile_duration_seconds",
+                "Duration of Proxy reconciles, including provider calls, by result.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0,
+            ]),
+            &["result"],
+        )?;
+        registry.register(Box::new(total.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        Ok(ReconcileMetrics { total, duration })
+    }
+
+    pub(crate) fn observe(&self, elapsed: Duration, ok: bool) {
+        let result = if ok { "success" } else { "error" };
+        self.total.with_label_values(&[result]).inc();
+        self.duration
+            .with_label_values(&[result])
+            .observe(elapsed.as_secs_f64());
+    }
+}

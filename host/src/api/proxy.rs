@@ -135,6 +135,9 @@ pub struct ProxyStatus {
     /// Host or IP where squid answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// TCP port squid answers on at `address`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
     /// Zone the instance runs in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,

@@ -15,7 +15,10 @@ use crate::api::Proxy;
 use crate::config::{Providers, ProvidersConfig};
 use crate::controller::{self, Context};
 use crate::gc::{self, GcMetrics, GcOptions};
+use crate::health::{HealthEngine, HealthOptions, ProbeMetrics};
 use crate::leader::{self, LeaderElection};
+use crate::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
+use crate::metrics::ReconcileMetrics;
 use crate::plugins::{EngineOptions, PluginEngine};
 use crate::providerhealth::{self, HealthMetrics};
 
@@ -83,10 +86,91 @@ pub struct RunArgs {
     /// Deadline of one provider check (default: the smaller of 15s and the interval).
     #[arg(long, env = "PROVIDER_CHECK_TIMEOUT", value_parser = humantime::parse_duration)]
     pub provider_check_timeout: Option<Duration>,
+    /// Time between health probe rounds; `0s` turns probing off (provisioned means healthy).
+    #[arg(long, env = "HEALTH_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub health_interval: Duration,
+    /// Health probes running at once.
+    #[arg(long, env = "HEALTH_WORKERS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub health_workers: u32,
+    /// Deadline of one health probe.
+    #[arg(long, env = "HEALTH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub health_timeout: Duration,
+    /// `host:port` each probe asks the proxy to CONNECT to.
+    #[arg(long, env = "HEALTH_TARGET", default_value = "www.google.com:443")]
+    pub health_target: String,
+    /// Consecutive failed probes that make a proxy Unhealthy.
+    #[arg(long, env = "HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_failure_threshold: u32,
+    /// Consecutive successful probes that make an Unhealthy proxy Healthy again.
+    #[arg(long, env = "HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_success_threshold: u32,
+    /// Address of the discovery API (leases for crawlers).
+    #[arg(long, env = "DISCOVERY_ADDR", default_value = "0.0.0.0:8090")]
+    pub discovery_addr: SocketAddr,
+    /// Bearer token crawlers present to the discovery API (from a Secret). Without it the
+    /// discovery API is not served.
+    #[arg(long, env = "DISCOVERY_TOKEN", hide_env_values = true)]
+    pub discovery_token: Option<String>,
+    /// Lease lifetime when a crawler does not ask for one.
+    #[arg(long, env = "DEFAULT_LEASE_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub default_lease_ttl: Duration,
+    /// Longest lease granted; longer requests are clamped.
+    #[arg(long, env = "MAX_LEASE_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub max_lease_ttl: Duration,
+    /// How long a proxy reported `blocked` is not leased.
+    #[arg(long, env = "LEASE_COOLDOWN", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub lease_cooldown: Duration,
+    /// Consecutive `failure` reports on a proxy that make the health engine probe it at once.
+    #[arg(long, env = "LEASE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lease_failure_threshold: u32,
+    /// How often the lease table is written to its ConfigMap (a crash loses at most this much).
+    #[arg(long, env = "LEASE_PERSIST_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub lease_persist_interval: Duration,
+}
+
+impl RunArgs {
+    fn health_options(&self) -> HealthOptions {
+        HealthOptions {
+            interval: self.health_interval,
+            workers: self.health_workers as usize,
+            timeout: self.health_timeout,
+            target: self.health_target.clone(),
+            failure_threshold: self.health_failure_threshold,
+            success_threshold: self.health_success_threshold,
+            status_refresh: Duration::from_secs(300).max(self.health_interval),
+        }
+    }
+
+    fn lease_options(&self) -> anyhow::Result<LeaseOptions> {
+        anyhow::ensure!(
+            self.default_lease_ttl <= self.max_lease_ttl,
+            "--default-lease-ttl ({}) is longer than --max-lease-ttl ({}); lower one or raise the other",
+            humantime::format_duration(self.default_lease_ttl),
+            humantime::format_duration(self.max_lease_ttl)
+        );
+        anyhow::ensure!(
+            !self.lease_persist_interval.is_zero(),
+            "--lease-persist-interval must be more than 0s (e.g. 5s)"
+        );
+        Ok(LeaseOptions {
+            default_ttl: self.default_lease_ttl,
+            max_ttl: self.max_lease_ttl,
+            cooldown: self.lease_cooldown,
+            failure_threshold: self.lease_failure_threshold,
+        })
+    }
 }
 
 /// Starts the operator and runs until SIGTERM or Ctrl-C.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let lease_options = args.lease_options()?;
+    anyhow::ensure!(
+        args.health_target
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+        "--health-target `{}` must be host:port (e.g. www.google.com:443)",
+        args.health_target
+    );
     let registry = prometheus::Registry::new();
     let engine = PluginEngine::new(
         EngineOptions {
@@ -120,12 +204,40 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let server = serve_probes(args.metrics_addr, registry.clone(), ready.clone()).await?;
 
-    let providers = Arc::new(providers);
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        providers.clone(),
-        &args.operator_id,
+    let (suspects_tx, suspects) = tokio::sync::mpsc::channel(256);
+    let leases = Arc::new(LeaseStore::new(
+        lease_options,
+        LeaseMetrics::register(&registry)?,
+        Some(suspects_tx),
     ));
+    let discovery_server = match args.discovery_token.as_deref().map(str::trim) {
+        Some(token) if !token.is_empty() => Some(
+            serve_discovery(
+                args.discovery_addr,
+                Arc::new(Discovery::new(leases.clone(), token)),
+            )
+            .await?,
+        ),
+        _ => {
+            tracing::warn!(
+                "DISCOVERY_TOKEN is not set: the discovery API is off; set it from a Secret to serve leases"
+            );
+            None
+        }
+    };
+    let persistence = LeasePersistence::new(
+        client.clone(),
+        &args.leader_election_namespace,
+        &format!("{}-leases", args.operator_id),
+    );
+
+    let providers = Arc::new(providers);
+    let ctx = Arc::new(
+        Context::new(client.clone(), providers.clone(), &args.operator_id)
+            .with_metrics(ReconcileMetrics::register(&registry)?),
+    );
+    let probe_metrics = ProbeMetrics::register(&registry)?;
+    let (health_options, persist_interval) = (args.health_options(), args.lease_persist_interval);
     let namespace = args.proxy_namespace.clone();
     let gc_options = GcOptions {
         interval: args.gc_interval,
@@ -144,6 +256,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let work_client = client.clone();
     // GC and provider checks run only where reconciles run: on the leader.
     let reconcile = move || async move {
+        // The lease table first: serving grants before it is restored could lease twice.
+        if let Err(e) = persistence.restore_into(&leases).await {
+            tracing::error!(configmap = %persistence.name(), "cannot read the persisted lease table, starting empty: {e}");
+            leases.restore(Default::default());
+        }
+        let maintain = tokio::spawn(leases::persist::maintain(
+            leases.clone(),
+            persistence.clone(),
+            persist_interval,
+        ));
+        let probes = tokio::spawn(
+            HealthEngine::new(
+                work_client.clone(),
+                providers.clone(),
+                leases.clone(),
+                health_options,
+                probe_metrics,
+            )
+            .run(namespace.clone(), suspects),
+        );
         let gc = tokio::spawn(gc::run(
             work_client.clone(),
             providers.clone(),
@@ -163,6 +295,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller::run(ctx, namespace.as_deref()).await;
         gc.abort();
         health.abort();
+        probes.abort();
+        maintain.abort();
+        // Graceful stop: the last changes reach the cluster before the next leader restores.
+        if let Err(e) = persistence.flush(&leases).await {
+            tracing::error!(configmap = %persistence.name(), "cannot persist the lease table on shutdown: {e}");
+        }
+        leases.close();
     };
     let result = if args.leader_election {
         let election = LeaderElection {
@@ -183,6 +322,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tracing::info!("shutting down");
     server.abort();
+    if let Some(discovery) = discovery_server {
+        discovery.abort();
+    }
     result
 }
 
@@ -234,6 +376,21 @@ async fn serve_probes(
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("probe server failed: {e}");
+        }
+    }))
+}
+
+async fn serve_discovery(
+    addr: SocketAddr,
+    discovery: Arc<Discovery>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --discovery-addr {addr}"))?;
+    tracing::info!(%addr, "serving the discovery API");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, leases::router(discovery)).await {
+            tracing::error!("discovery API server failed: {e}");
         }
     }))
 }

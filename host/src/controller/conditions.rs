@@ -50,3 +50,39 @@ pub fn not_provisioned(
     );
     set(conditions, "Ready", false, reason, message, generation);
 }
+
+/// Phase and `Ready` of a provisioned proxy, from its `Healthy` condition (written by the health
+/// engine): `Unhealthy` when probes fail, `Ready` otherwise. The reconciler and the health engine
+/// both use this, so they never disagree on what a verdict means.
+pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>) {
+    use crate::api::Phase;
+    let healthy = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Healthy")
+        .map(|c| (c.status.clone(), c.message.clone()));
+    let (phase, ready, reason, message) = match healthy {
+        Some((s, message)) if s == "False" => (Phase::Unhealthy, false, "Unhealthy", message),
+        Some((s, _)) if s == "True" => (
+            Phase::Ready,
+            true,
+            "Healthy",
+            "provisioned and passing health probes".to_string(),
+        ),
+        _ => (
+            Phase::Ready,
+            true,
+            "InstanceRunning",
+            "provisioned; not yet judged by health probes".to_string(),
+        ),
+    };
+    status.phase = Some(phase);
+    set(
+        &mut status.conditions,
+        "Ready",
+        ready,
+        reason,
+        &message,
+        generation,
+    );
+}

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use super::conditions;
 use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::config::Providers;
+use crate::metrics::ReconcileMetrics;
 use crate::plugins::types::{InstanceSpec, InstanceState, Owner, ProviderError};
 use crate::plugins::{CallError, ProviderInstance};
 
@@ -37,6 +38,7 @@ pub struct Context {
     pub recorder: Recorder,
     /// Identifies this operator installation on the instances it makes.
     pub operator_id: String,
+    pub metrics: Option<ReconcileMetrics>,
 }
 
 impl Context {
@@ -53,7 +55,14 @@ impl Context {
             providers,
             recorder,
             operator_id: operator_id.to_string(),
+            metrics: None,
         }
+    }
+
+    /// Counts and times every reconcile.
+    pub fn with_metrics(mut self, metrics: ReconcileMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -109,15 +118,20 @@ async fn reconcile(
     proxy: Arc<Proxy>,
     ctx: Arc<Context>,
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
+    let started = std::time::Instant::now();
     let namespace = proxy.namespace().unwrap_or_default();
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
-    finalizer(&api, FINALIZER, proxy, |event| async {
+    let result = finalizer(&api, FINALIZER, proxy, |event| async {
         match event {
             Finalizer::Apply(proxy) => apply(&proxy, &api, &ctx).await,
             Finalizer::Cleanup(proxy) => cleanup(&proxy, &api, &ctx).await,
         }
     })
-    .await
+    .await;
+    if let Some(metrics) = &ctx.metrics {
+        metrics.observe(started.elapsed(), result.is_ok());
+    }
+    result
 }
 
 async fn event(ctx: &Context, proxy: &Proxy, type_: EventType, reason: &str, note: String) {
@@ -319,6 +333,7 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
     let requeue = match (&instance.address, running) {
         (Some(address), true) => {
             status.address = Some(address.clone());
+            status.port = Some(instance.port);
             if status.phase != Some(Phase::Ready) && status.phase != Some(Phase::Unhealthy) {
                 event(
                     ctx,
@@ -328,7 +343,6 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
                     format!("running at {address}:{}", instance.port),
                 )
                 .await;
-                status.phase = Some(Phase::Ready);
             }
             let message = format!(
                 "instance {} running at {address}:{}",
@@ -342,14 +356,7 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
                 &message,
                 generation,
             );
-            conditions::set(
-                &mut status.conditions,
-                "Ready",
-                true,
-                "InstanceRunning",
-                &message,
-                generation,
-            );
+            conditions::readiness(&mut status, generation);
             RESYNC
         }
         _ => {

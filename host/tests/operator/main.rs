@@ -2,7 +2,10 @@
 //! provider component and its loopback instance store. Each test has its own namespace and its
 //! own controller watching it; they share one control plane.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod health;
+mod leases;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -560,7 +563,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     let denied = secrets.list(&Default::default()).await.unwrap_err();
     assert!(denied.to_string().contains("forbidden"), "{denied}");
 
-    let _operator = Operator::start_with(service_account, &ns, &store).await;
+    let _operator = Operator::start_with(service_account.clone(), &ns, &store).await;
     let api: Api<Proxy> = ns.api();
     apply_ready(cp, &ns, &api, "least").await;
     let events = cp
@@ -574,6 +577,24 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     api.delete("least", &DeleteParams::default()).await.unwrap();
     wait_for(&api, "least", "gone", |p| p.is_none()).await;
     assert!(store.state.instances.lock().unwrap().is_empty());
+
+    // The lease table is written into and read back from the operator's own namespace.
+    use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
+    let persistence = LeasePersistence::new(
+        service_account,
+        "proxy-operator",
+        &format!("{}-leases", ns.name()),
+    );
+    let table = LeaseStore::new(
+        LeaseOptions::default(),
+        LeaseMetrics::unregistered().unwrap(),
+        None,
+    );
+    persistence.restore_into(&table).await.unwrap();
+    let snapshot = table.snapshot().unwrap();
+    persistence.save(&snapshot).await.unwrap();
+    persistence.save(&snapshot).await.unwrap();
+    assert_eq!(persistence.load().await.unwrap(), snapshot);
 }
 
 fn now_seconds() -> i64 {

@@ -1,0 +1,12 @@
+//! Leases on healthy proxies for crawlers: the lease table, its persistence, and the discovery
+//! HTTP API over it.
+
+pub mod api;
+pub mod metrics;
+pub mod persist;
+pub mod store;
+
+pub use api::{Discovery, router};
+pub use metrics::LeaseMetrics;
+pub use persist::LeasePersistence;
+pub use store::{LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey, Snapshot};

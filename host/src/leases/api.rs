@@ -1,0 +1,457 @@
+//! The discovery HTTP API (see docs/discovery-api.md and the OpenAPI document it serves).
+//! Every error is `application/problem+json` (RFC 9457) with a stable `type`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::store::{
+    EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, Outcome, ProxyKey,
+};
+
+/// Largest request body accepted; a lease request is a few hundred bytes.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// The OpenAPI document of this API, committed under docs/.
+pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
+
+/// An RFC 9457 problem. `kind` is the last part of its stable `type` URI.
+#[derive(Debug)]
+pub struct Problem {
+    status: StatusCode,
+    kind: &'static str,
+    title: &'static str,
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Self {
+        Problem {
+            status,
+            kind,
+            title,
+            detail,
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    fn bad_request(detail: String) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "The request is not valid",
+            detail,
+        )
+    }
+
+    fn not_ready() -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not-ready",
+            "This replica is not serving leases",
+            "the operator is starting or is not the leader; retry".into(),
+        )
+        .retry_after(Duration::from_secs(5))
+    }
+
+    fn from_lease_error(error: LeaseError, id: &str) -> Self {
+        match error {
+            LeaseError::NotFound => Problem::new(
+                StatusCode::NOT_FOUND,
+                "lease-not-found",
+                "No such lease",
+                format!("lease {id} does not exist; request a new one with POST /v1/leases"),
+            ),
+            LeaseError::Ended(reason) => Problem::new(
+                StatusCode::GONE,
+                "lease-ended",
+                "The lease has ended",
+                format!(
+                    "lease {id} ended ({}); request a new one with POST /v1/leases",
+                    match reason {
+                        EndReason::Released => "released",
+                        EndReason::Expired => "expired",
+                        EndReason::Blocked => "the proxy was reported blocked and cools down",
+                        EndReason::Unhealthy => "the proxy failed its health probes",
+                        EndReason::Deleted => "the proxy was deleted",
+                    }
+                ),
+            ),
+            LeaseError::NotReady => Problem::not_ready(),
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "type": format!("urn:proxy-operator:problem:{}", self.kind),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        let mut response = (self.status, body.to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(after.as_secs().max(1)),
+            );
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"proxy-operator\""),
+            );
+        }
+        response
+    }
+}
+
+/// A JSON body read with a size limit; an empty body is the type's default. Errors name the field.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for JsonBody<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, Problem> {
+        let too_large = || {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "The request body is too large",
+                format!("request bodies are limited to {MAX_BODY_BYTES} bytes"),
+            )
+        };
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+            return Err(too_large());
+        }
+        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
+            .await
+            .map_err(|_| too_large())?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(JsonBody(T::default()));
+        }
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Problem::bad_request(format!("body: not JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(Problem::bad_request("body: must be a JSON object".into()));
+        }
+        serde_path_to_error::deserialize(value)
+            .map(JsonBody)
+            .map_err(|e| Problem::bad_request(format!("{}: {}", e.path(), e.inner())))
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GrantBody {
+    provider: Option<String>,
+    zone: Option<String>,
+    #[serde(default)]
+    selector: BTreeMap<String, String>,
+    /// `namespace/name` of a particular proxy.
+    proxy: Option<String>,
+    ttl_seconds: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReportBody {
+    outcome: Option<Outcome>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProxyRef {
+    namespace: String,
+    name: String,
+    provider: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zone: Option<String>,
+    address: String,
+    port: u16,
+}
+
+fn rfc3339(ms: u64) -> String {
+    k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// What the API needs: the store and the token it checks.
+pub struct Discovery {
+    pub store: Arc<LeaseStore>,
+    token_digest: [u8; 32],
+}
+
+impl Discovery {
+    /// `token` must not be empty (checked by the caller, which knows the flag's name).
+    pub fn new(store: Arc<LeaseStore>, token: &str) -> Self {
+        Discovery {
+            store,
+            token_digest: Sha256::digest(token.as_bytes()).into(),
+        }
+    }
+}
+
+/// The discovery API's routes.
+pub fn router(discovery: Arc<Discovery>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/leases", post(grant))
+        .route("/v1/leases/{id}", delete(release))
+        .route("/v1/leases/{id}/report", post(report))
+        .route("/v1/proxies", get(proxies))
+        .route_layer(middleware::from_fn_with_state(discovery.clone(), authorize));
+    Router::new()
+        .merge(v1)
+        .route("/openapi.json", get(openapi))
+        .fallback(|| async {
+            Problem::new(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "No such endpoint",
+                "see /openapi.json for the endpoints".into(),
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "see /openapi.json for the methods of each endpoint".into(),
+            )
+        })
+        .with_state(discovery)
+}
+
+async fn authorize(
+    State(discovery): State<Arc<Discovery>>,
+    headers: HeaderMap,
+    request: Request<Body>,
+    next: Next,
+) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| Sha256::digest(t.trim().as_bytes()));
+    // Compare digests: constant time, and the token's length does not leak either.
+    let ok = presented.is_some_and(|d| bool::from(d.as_slice().ct_eq(&discovery.token_digest)));
+    if !ok {
+        return Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Missing or wrong bearer token",
+            "send `Authorization: Bearer <token>` with the token of the discovery Secret".into(),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+fn parse_proxy(value: &str) -> Result<ProxyKey, Problem> {
+    match value.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok(ProxyKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+        }
+        _ => Err(Problem::bad_request(format!(
+            "proxy: `{value}` must be `namespace/name` of a Proxy"
+        ))),
+    }
+}
+
+async fn grant(
+    State(discovery): State<Arc<Discovery>>,
+    JsonBody(body): JsonBody<GrantBody>,
+) -> Result<Response, Problem> {
+    if body.ttl_seconds == Some(0) {
+        return Err(Problem::bad_request(
+            "ttlSeconds: must be at least 1 (omit it for the default)".into(),
+        ));
+    }
+    let request = LeaseRequest {
+        provider: body.provider,
+        zone: body.zone,
+        selector: body.selector,
+        proxy: body.proxy.as_deref().map(parse_proxy).transpose()?,
+        ttl: body.ttl_seconds.map(Duration::from_secs),
+    };
+    let (lease, entry) = discovery.store.grant(&request).map_err(|e| match e {
+        GrantError::NoProxy { retry_after } => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no-proxy-available",
+            "No proxy available",
+            "every matching proxy is leased, cooling down or unhealthy".into(),
+        )
+        .retry_after(retry_after),
+        GrantError::CoolingDown { retry_after } => Problem::new(
+            StatusCode::CONFLICT,
+            "proxy-cooling-down",
+            "The proxy is cooling down",
+            format!(
+                "it was reported blocked; it can be leased again in {} s",
+                retry_after.as_secs()
+            ),
+        )
+        .retry_after(retry_after),
+        GrantError::Leased { retry_after } => Problem::new(
+            StatusCode::CONFLICT,
+            "proxy-leased",
+            "The proxy is leased",
+            "another crawler holds it".into(),
+        )
+        .retry_after(retry_after),
+        GrantError::UnknownProxy => Problem::new(
+            StatusCode::NOT_FOUND,
+            "proxy-not-found",
+            "No such proxy",
+            format!(
+                "proxy {}: no provisioned Proxy of that namespace/name",
+                request
+                    .proxy
+                    .as_ref()
+                    .map(|k| k.to_string())
+                    .unwrap_or_default()
+            ),
+        ),
+        GrantError::NotReady => Problem::not_ready(),
+    })?;
+    let body = serde_json::json!({
+        "id": lease.id,
+        "proxy": ProxyRef {
+            namespace: entry.key.namespace.clone(),
+            name: entry.key.name.clone(),
+            provider: entry.provider.clone(),
+            zone: entry.zone.clone(),
+            address: entry.address.clone(),
+            port: entry.port,
+        },
+        "proxyUrl": proxy_url(&entry.address, entry.port),
+        "grantedAt": rfc3339(lease.granted_at_ms),
+        "expiresAt": rfc3339(lease.expires_at_ms),
+        "ttlSeconds": (lease.expires_at_ms - lease.granted_at_ms) / 1000,
+    });
+    let location = format!("/v1/leases/{}", lease.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response())
+}
+
+fn proxy_url(address: &str, port: u16) -> String {
+    if address.contains(':') {
+        format!("http://[{address}]:{port}")
+    } else {
+        format!("http://{address}:{port}")
+    }
+}
+
+async fn report(
+    State(discovery): State<Arc<Discovery>>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ReportBody>,
+) -> Result<Response, Problem> {
+    let outcome = body.outcome.ok_or_else(|| {
+        Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
+    })?;
+    let lease = discovery
+        .store
+        .report(&id, outcome)
+        .map_err(|e| Problem::from_lease_error(e, &id))?;
+    let active = outcome != Outcome::Blocked;
+    Ok(Json(serde_json::json!({
+        "id": lease.id,
+        "outcome": outcome.as_str(),
+        "active": active,
+        "expiresAt": rfc3339(lease.expires_at_ms),
+    }))
+    .into_response())
+}
+
+async fn release(
+    State(discovery): State<Arc<Discovery>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, Problem> {
+    discovery
+        .store
+        .release(&id)
+        .map_err(|e| Problem::from_lease_error(e, &id))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn proxies(State(discovery): State<Arc<Discovery>>) -> Result<Response, Problem> {
+    let views = discovery
+        .store
+        .proxies()
+        .map_err(|e| Problem::from_lease_error(e, ""))?;
+    let items: Vec<serde_json::Value> = views
+        .into_iter()
+        .map(|v| {
+            let mut item = serde_json::json!({
+                "namespace": v.namespace,
+                "name": v.name,
+                "provider": v.provider,
+                "address": v.address,
+                "port": v.port,
+                "proxyUrl": proxy_url(&v.address, v.port),
+                "state": v.state,
+            });
+            if let Some(zone) = v.zone {
+                item["zone"] = zone.into();
+            }
+            if let Some(ms) = v.cooldown_until_ms {
+                item["cooldownUntil"] = rfc3339(ms).into();
+            }
+            if let Some(ms) = v.lease_expires_at_ms {
+                item["leaseExpiresAt"] = rfc3339(ms).into();
+            }
+            item
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "proxies": items })).into_response())
+}
+
+async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        OPENAPI,
+    )
+        .into_response()
+}

@@ -1,0 +1,581 @@
+//! The discovery API over real HTTP on loopback, as a crawler uses it: grant, report, release,
+//! cooldown, expiry, refusals, auth, bad input, concurrency. The pool is set directly here (the
+//! health engine's part is tested against real squid in the operator tests).
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proxy_operator::leases::{
+    self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry, ProxyKey,
+};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "s3cret-token";
+
+struct Api {
+    addr: SocketAddr,
+    http: reqwest::Client,
+    store: Arc<LeaseStore>,
+    suspects: tokio::sync::mpsc::Receiver<ProxyKey>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn entry(name: &str, healthy: bool) -> PoolEntry {
+    PoolEntry {
+        key: key(name),
+        provider: if name.starts_with("gcp") {
+            "gcp-eu"
+        } else {
+            "kvm-home"
+        }
+        .into(),
+        zone: Some(
+            if name.ends_with('b') {
+                "zone-b"
+            } else {
+                "zone-a"
+            }
+            .into(),
+        ),
+        labels: BTreeMap::from([("tier".to_string(), "cheap".to_string())]),
+        address: "127.0.0.1".into(),
+        port: 3128,
+        healthy,
+    }
+}
+
+fn key(name: &str) -> ProxyKey {
+    ProxyKey {
+        namespace: "crawlers".into(),
+        name: name.into(),
+    }
+}
+
+async fn serve(options: LeaseOptions, pool: Vec<PoolEntry>) -> Api {
+    let (tx, suspects) = tokio::sync::mpsc::channel(16);
+    let store = Arc::new(LeaseStore::new(
+        options,
+        LeaseMetrics::unregistered().unwrap(),
+        Some(tx),
+    ));
+    store.restore(Default::default());
+    store.set_pool(pool);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = leases::router(Arc::new(Discovery::new(store.clone(), TOKEN)));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let expiry = tokio::spawn(leases::persist::expire_leases(store.clone()));
+    Api {
+        addr,
+        http: reqwest::Client::new(),
+        store,
+        suspects,
+        tasks: vec![server, expiry],
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Asserts an RFC 9457 problem of `kind` with this status.
+    fn assert_problem(&self, status: StatusCode, kind: &str) {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{}",
+            self.body
+        );
+        assert_eq!(
+            self.body["type"],
+            format!("urn:proxy-operator:problem:{kind}")
+        );
+        assert_eq!(self.body["status"], status.as_u16());
+    }
+
+    fn retry_after(&self) -> u64 {
+        self.header("retry-after")
+            .unwrap_or_else(|| panic!("no Retry-After: {}", self.body))
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Api {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<String>) -> Reply {
+        self.send_as(method, path, body, Some(TOKEN)).await
+    }
+
+    async fn send_as(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+        token: Option<&str>,
+    ) -> Reply {
+        let mut request = self
+            .http
+            .request(method, format!("http://{}{path}", self.addr));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn grant(&self, body: Value) -> Reply {
+        self.send(reqwest::Method::POST, "/v1/leases", Some(body.to_string()))
+            .await
+    }
+
+    async fn report(&self, id: &str, outcome: &str) -> Reply {
+        self.send(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/report"),
+            Some(json!({ "outcome": outcome }).to_string()),
+        )
+        .await
+    }
+
+    async fn release(&self, id: &str) -> Reply {
+        self.send(reqwest::Method::DELETE, &format!("/v1/leases/{id}"), None)
+            .await
+    }
+
+    async fn proxy_state(&self, name: &str) -> String {
+        let reply = self.send(reqwest::Method::GET, "/v1/proxies", None).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        reply.body["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["state"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| "absent".into())
+    }
+}
+
+fn options() -> LeaseOptions {
+    LeaseOptions {
+        default_ttl: Duration::from_secs(300),
+        max_ttl: Duration::from_secs(600),
+        cooldown: Duration::from_secs(120),
+        failure_threshold: 3,
+    }
+}
+
+#[tokio::test]
+async fn lease_lifecycle_grant_report_block_cooldown_release() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+
+    let granted = api.grant(json!({ "ttlSeconds": 99_999 })).await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let id = granted.body["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        granted.header("location"),
+        Some(format!("/v1/leases/{id}").as_str())
+    );
+    assert_eq!(granted.body["proxyUrl"], "http://127.0.0.1:3128");
+    assert_eq!(granted.body["proxy"]["name"], "kvm-1");
+    assert_eq!(granted.body["proxy"]["provider"], "kvm-home");
+    assert_eq!(granted.body["ttlSeconds"], 600, "clamped to the maximum");
+    assert_eq!(api.proxy_state("kvm-1").await, "leased");
+
+    // The only proxy is leased: nothing left, and the answer says when to come back.
+    let none = api.grant(json!({})).await;
+    none.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    assert!((1..=60).contains(&none.retry_after()));
+
+    let ok = api.report(&id, "success").await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(ok.body["active"], true);
+
+    let blocked = api.report(&id, "blocked").await;
+    assert_eq!(blocked.status, StatusCode::OK, "{}", blocked.body);
+    assert_eq!(blocked.body["active"], false);
+    assert_eq!(api.proxy_state("kvm-1").await, "coolingDown");
+
+    // Cooling down: by name 409 with Retry-After, any proxy 503.
+    let by_name = api.grant(json!({ "proxy": "crawlers/kvm-1" })).await;
+    by_name.assert_problem(StatusCode::CONFLICT, "proxy-cooling-down");
+    assert!((110..=120).contains(&by_name.retry_after()));
+    api.grant(json!({}))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+
+    // The lease ended with the block: its holder is told so.
+    api.report(&id, "success")
+        .await
+        .assert_problem(StatusCode::GONE, "lease-ended");
+    // Release is idempotent, also for an ended or unknown lease.
+    assert_eq!(api.release(&id).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(api.release(&id).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        api.release("no-such-lease").await.status,
+        StatusCode::NO_CONTENT
+    );
+    api.report("no-such-lease", "success")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "lease-not-found");
+}
+
+#[tokio::test]
+async fn release_returns_the_proxy_and_filters_choose_the_proxy() {
+    let api = serve(
+        options(),
+        vec![
+            entry("kvm-1", true),
+            entry("gcp-1b", true),
+            entry("kvm-2", false),
+        ],
+    )
+    .await;
+    let gcp = api.grant(json!({ "provider": "gcp-eu" })).await;
+    assert_eq!(gcp.status, StatusCode::CREATED, "{}", gcp.body);
+    assert_eq!(gcp.body["proxy"]["name"], "gcp-1b");
+    api.grant(json!({ "zone": "zone-b" }))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    api.grant(json!({ "selector": { "tier": "premium" } }))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    // The unhealthy proxy is never handed out, not even by name.
+    api.grant(json!({ "proxy": "crawlers/kvm-2" }))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    api.grant(json!({ "proxy": "crawlers/ghost" }))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "proxy-not-found");
+    let kvm = api.grant(json!({ "selector": { "tier": "cheap" } })).await;
+    assert_eq!(kvm.body["proxy"]["name"], "kvm-1");
+    api.grant(json!({ "proxy": "crawlers/kvm-1" }))
+        .await
+        .assert_problem(StatusCode::CONFLICT, "proxy-leased");
+
+    let id = kvm.body["id"].as_str().unwrap();
+    assert_eq!(api.release(id).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(api.proxy_state("kvm-1").await, "available");
+    assert_eq!(api.proxy_state("kvm-2").await, "unhealthy");
+    let again = api.grant(json!({ "provider": "kvm-home" })).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.body["proxy"]["name"], "kvm-1");
+}
+
+#[tokio::test]
+async fn an_expired_lease_returns_its_proxy_to_the_pool() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+    let granted = api.grant(json!({ "ttlSeconds": 1 })).await;
+    assert_eq!(granted.body["ttlSeconds"], 1);
+    let id = granted.body["id"].as_str().unwrap().to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api.proxy_state("kvm-1").await != "available" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reply = api.report(&id, "success").await;
+    reply.assert_problem(StatusCode::GONE, "lease-ended");
+    assert!(reply.body["detail"].as_str().unwrap().contains("expired"));
+    assert_eq!(
+        api.grant(json!({})).await.status,
+        StatusCode::CREATED,
+        "the proxy is leasable again"
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_that_turns_unhealthy_or_is_deleted_ends_its_lease() {
+    let api = serve(options(), vec![entry("kvm-1", true), entry("kvm-2", true)]).await;
+    let first = api.grant(json!({ "proxy": "crawlers/kvm-1" })).await;
+    let second = api.grant(json!({ "proxy": "crawlers/kvm-2" })).await;
+    api.store.set_pool(vec![entry("kvm-1", false)]); // kvm-1 unhealthy, kvm-2 deleted
+    let unhealthy = api
+        .report(first.body["id"].as_str().unwrap(), "success")
+        .await;
+    unhealthy.assert_problem(StatusCode::GONE, "lease-ended");
+    assert!(
+        unhealthy.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("health probes")
+    );
+    let deleted = api
+        .report(second.body["id"].as_str().unwrap(), "failure")
+        .await;
+    deleted.assert_problem(StatusCode::GONE, "lease-ended");
+    assert!(deleted.body["detail"].as_str().unwrap().contains("deleted"));
+    assert_eq!(api.proxy_state("kvm-2").await, "absent");
+}
+
+#[tokio::test]
+async fn repeated_failure_reports_ask_the_health_engine_for_a_probe() {
+    let mut api = serve(options(), vec![entry("kvm-1", true)]).await;
+    let granted = api.grant(json!({})).await;
+    let id = granted.body["id"].as_str().unwrap().to_string();
+    for _ in 0..2 {
+        assert_eq!(api.report(&id, "failure").await.status, StatusCode::OK);
+    }
+    assert!(
+        api.suspects.try_recv().is_err(),
+        "two failures are not yet a pattern"
+    );
+    assert_eq!(api.report(&id, "failure").await.status, StatusCode::OK);
+    assert_eq!(api.suspects.try_recv().unwrap(), key("kvm-1"));
+}
+
+#[tokio::test]
+async fn missing_or_wrong_token_is_401_with_www_authenticate() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+    for token in [None, Some("wrong"), Some("")] {
+        let reply = api
+            .send_as(reqwest::Method::GET, "/v1/proxies", None, token)
+            .await;
+        reply.assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+        assert_eq!(
+            reply.header("www-authenticate"),
+            Some("Bearer realm=\"proxy-operator\"")
+        );
+    }
+    let reply = api
+        .send_as(
+            reqwest::Method::POST,
+            "/v1/leases",
+            Some("{}".into()),
+            Some("s3cret-token-but-longer"),
+        )
+        .await;
+    reply.assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_eq!(
+        api.proxy_state("kvm-1").await,
+        "available",
+        "nothing granted"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_a_4xx_problem_naming_the_field_never_a_500() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+    let granted = api.grant(json!({})).await;
+    let id = granted.body["id"].as_str().unwrap().to_string();
+    let report_path = format!("/v1/leases/{id}/report");
+    let cases: Vec<(&str, String, String, StatusCode, &str, &str)> = vec![
+        (
+            "malformed JSON",
+            "/v1/leases".into(),
+            "{\"ttlSeconds\": ".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "EOF while parsing",
+        ),
+        (
+            "wrong type",
+            "/v1/leases".into(),
+            "{\"ttlSeconds\": \"ten\"}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "ttlSeconds",
+        ),
+        (
+            "unknown field",
+            "/v1/leases".into(),
+            "{\"ttl\": 10}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "ttl",
+        ),
+        (
+            "zero ttl",
+            "/v1/leases".into(),
+            "{\"ttlSeconds\": 0}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "ttlSeconds",
+        ),
+        (
+            "bad proxy name",
+            "/v1/leases".into(),
+            "{\"proxy\": \"kvm-1\"}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "namespace/name",
+        ),
+        (
+            "unknown outcome",
+            report_path.clone(),
+            "{\"outcome\": \"meh\"}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "outcome",
+        ),
+        (
+            "missing outcome",
+            report_path.clone(),
+            "{}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "outcome",
+        ),
+        (
+            "not an object",
+            report_path.clone(),
+            "[1,2]".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "body",
+        ),
+        (
+            "oversized body",
+            "/v1/leases".into(),
+            format!("{{\"zone\": \"{}\"}}", "z".repeat(20_000)),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "16384",
+        ),
+    ];
+    for (what, path, body, status, kind, mentions) in cases {
+        let reply = api.send(reqwest::Method::POST, &path, Some(body)).await;
+        reply.assert_problem(status, kind);
+        let detail = reply.body["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(mentions),
+            "{what}: detail `{detail}` should mention `{mentions}`"
+        );
+    }
+    api.send(reqwest::Method::GET, "/v1/nothing", None)
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    api.send(reqwest::Method::PUT, "/v1/leases", None)
+        .await
+        .assert_problem(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed");
+    // Still serving, and the lease survived the noise.
+    assert_eq!(api.report(&id, "success").await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_clients_never_share_a_proxy() {
+    let pool: Vec<PoolEntry> = (0..64).map(|i| entry(&format!("kvm-{i}"), true)).collect();
+    let api = Arc::new(serve(options(), pool).await);
+    // 96 clients for 64 proxies: 64 distinct grants, 32 refusals, never a duplicate.
+    let clients: Vec<_> = (0..96)
+        .map(|_| {
+            let api = api.clone();
+            tokio::spawn(async move { api.grant(json!({})).await })
+        })
+        .collect();
+    let mut granted = HashSet::new();
+    let mut refused = 0;
+    for client in clients {
+        let reply = client.await.unwrap();
+        match reply.status {
+            StatusCode::CREATED => {
+                let name = reply.body["proxy"]["name"].as_str().unwrap().to_string();
+                assert!(granted.insert(name.clone()), "{name} granted twice");
+            }
+            StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+            other => panic!("unexpected {other}: {}", reply.body),
+        }
+    }
+    assert_eq!((granted.len(), refused), (64, 32));
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_served_and_covers_every_route() {
+    let api = serve(options(), vec![]).await;
+    let reply = api
+        .send_as(reqwest::Method::GET, "/openapi.json", None, None)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let committed: Value = serde_json::from_str(leases::api::OPENAPI).unwrap();
+    assert_eq!(reply.body, committed);
+    assert_eq!(committed["openapi"], "3.1.0");
+    let paths = committed["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/leases", "post"),
+        ("/v1/leases/{id}", "delete"),
+        ("/v1/leases/{id}/report", "post"),
+        ("/v1/proxies", "get"),
+        ("/openapi.json", "get"),
+    ] {
+        assert!(
+            paths[path][method].is_object(),
+            "{method} {path} not documented"
+        );
+    }
+    // Every problem type the API answers is listed, and nothing else.
+    let documented: HashSet<&str> =
+        committed["components"]["schemas"]["Problem"]["properties"]["type"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+    let source = include_str!("../src/leases/api.rs");
+    let answered: HashSet<String> = source
+        .split("StatusCode::")
+        .skip(1)
+        .filter_map(|rest| {
+            // `Problem::new(StatusCode::X,\n "kind",` — the string right after the status.
+            let after = rest.split_once(",")?.1.trim_start();
+            let kind = after.strip_prefix('"')?.split('"').next()?;
+            Some(format!("urn:proxy-operator:problem:{kind}"))
+        })
+        .collect();
+    assert!(answered.len() >= 12, "scan found {answered:?}");
+    let answered: HashSet<&str> = answered.iter().map(String::as_str).collect();
+    assert_eq!(answered, documented);
+}
+
+#[tokio::test]
+async fn before_restore_the_store_refuses_with_503() {
+    let store = Arc::new(LeaseStore::new(
+        options(),
+        LeaseMetrics::unregistered().unwrap(),
+        None,
+    ));
+    store.set_pool(vec![entry("kvm-1", true)]);
+    let request = leases::LeaseRequest::default();
+    assert!(matches!(
+        store.grant(&request),
+        Err(leases::store::GrantError::NotReady)
+    ));
+    store.restore(Default::default());
+    assert!(store.grant(&request).is_ok());
+}

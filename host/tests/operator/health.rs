@@ -1,0 +1,265 @@
+//! The health engine against real squid (harness) and the real control plane: a Proxy whose
+//! address is squid turns Healthy; stopping squid makes it Unhealthy after the threshold; starting
+//! squid again brings it back. A Proxy being deleted is never probed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use harness::{FileServer, Squid, TestNamespace};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use proxy_operator::api::{Phase, Proxy};
+use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
+use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+
+use super::common::InstanceStore;
+use super::{Operator, control_plane, phase, providers_for, store_provider, wait_for};
+
+/// The health engine of one test namespace, probing through to `target` every 100 ms.
+pub(crate) struct Engine {
+    pub leases: Arc<LeaseStore>,
+    pub registry: prometheus::Registry,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Engine {
+    pub async fn start(ns: &TestNamespace, store: &InstanceStore, target: &str) -> Engine {
+        let providers =
+            providers_for(&format!("providers:\n{}", store_provider("store", store))).await;
+        let registry = prometheus::Registry::new();
+        let leases = Arc::new(LeaseStore::new(
+            LeaseOptions::default(),
+            LeaseMetrics::register(&registry).unwrap(),
+            None,
+        ));
+        leases.restore(Default::default());
+        let engine = HealthEngine::new(
+            ns.client(),
+            Arc::new(providers),
+            leases.clone(),
+            HealthOptions {
+                interval: Duration::from_millis(100),
+                workers: 4,
+                timeout: Duration::from_millis(500),
+                target: target.to_string(),
+                failure_threshold: 2,
+                success_threshold: 2,
+                status_refresh: Duration::from_secs(300),
+            },
+            ProbeMetrics::register(&registry).unwrap(),
+        );
+        let (_, suspects) = tokio::sync::mpsc::channel(1);
+        let namespace = ns.name().to_string();
+        Engine {
+            leases,
+            registry,
+            task: tokio::spawn(engine.run(Some(namespace), suspects)),
+        }
+    }
+
+    /// Probes finished with `result` so far.
+    pub fn probes(&self, result: &str) -> u64 {
+        self.registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == "proxy_operator_probe_duration_seconds")
+            .and_then(|f| {
+                f.get_metric()
+                    .iter()
+                    .find(|m| m.get_label().iter().any(|l| l.value() == result))
+                    .map(|m| m.get_histogram().get_sample_count())
+            })
+            .unwrap_or(0)
+    }
+
+    pub fn lease_state(&self, name: &str) -> Option<&'static str> {
+        self.leases
+            .proxies()
+            .unwrap()
+            .into_iter()
+            .find(|p| p.name == name)
+            .map(|p| p.state)
+    }
+}
+
+pub(crate) fn proxy_on_port(ns: &str, name: &str, port: u16) -> String {
+    format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  provider: store\n  port: {port}\n"
+    )
+}
+
+pub(crate) fn condition(proxy: Option<&Proxy>, type_: &str) -> Option<(String, String)> {
+    proxy?
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn healthy_is(proxy: Option<&Proxy>, status: &str) -> bool {
+    condition(proxy, "Healthy").is_some_and(|(s, _)| s == status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_behind_real_squid_turns_healthy_then_unhealthy_then_recovers() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-health").await.unwrap();
+    let store = InstanceStore::start().await;
+    let target = FileServer::start().await.unwrap();
+    let mut squid = Squid::start().await.unwrap();
+    let _operator = Operator::start(&ns, &store).await;
+    let engine = Engine::start(&ns, &store, &target.addr().to_string()).await;
+    let api: Api<Proxy> = ns.api();
+
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_on_port(ns.name(), "squid", squid.port())),
+    )
+    .await
+    .unwrap();
+    let proxy = wait_for(&api, "squid", "Healthy", |p| {
+        healthy_is(p, "True") && phase(p) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap();
+    let status = proxy.status.unwrap();
+    assert!(status.last_probe_time.is_some());
+    assert!(status.last_probe_latency_ms.is_some());
+    assert_eq!(status.port, Some(squid.port()));
+    assert_eq!(
+        condition(Some(&api.get("squid").await.unwrap()), "Ready"),
+        Some(("True".into(), "Healthy".into()))
+    );
+    assert!(
+        squid
+            .access_log()
+            .contains(&format!("CONNECT {}", target.addr())),
+        "the probe went through squid to the target: {}",
+        squid.access_log()
+    );
+    assert_eq!(engine.lease_state("squid"), Some("available"));
+
+    squid.stop().await.unwrap();
+    let proxy = wait_for(&api, "squid", "Unhealthy", |p| {
+        healthy_is(p, "False") && phase(p) == Some(Phase::Unhealthy)
+    })
+    .await
+    .unwrap();
+    let (ready, reason) = condition(Some(&proxy), "Ready").unwrap();
+    assert_eq!((ready.as_str(), reason.as_str()), ("False", "Unhealthy"));
+    let message = &proxy
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Healthy")
+        .unwrap()
+        .message;
+    assert!(message.contains("cannot connect"), "{message}");
+    assert_eq!(engine.lease_state("squid"), Some("unhealthy"));
+
+    squid.start_again().await.unwrap();
+    wait_for(&api, "squid", "Healthy again", |p| {
+        healthy_is(p, "True") && phase(p) == Some(Phase::Ready)
+    })
+    .await;
+    assert_eq!(engine.lease_state("squid"), Some("available"));
+}
+
+/// Accepts connections and counts them, never answering: a proxy that would hang a probe.
+async fn counting_listener() -> (u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    (port, count, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_being_deleted_is_never_probed() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-health-del").await.unwrap();
+    let store = InstanceStore::start().await;
+    let target = FileServer::start().await.unwrap();
+    let squid = Squid::start().await.unwrap();
+    let (port, connections, _listener) = counting_listener().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let engine = Engine::start(&ns, &store, &target.addr().to_string()).await;
+    let api: Api<Proxy> = ns.api();
+
+    for (name, port) in [("steady", squid.port()), ("leaving", port)] {
+        cp.kubectl_run(
+            &["apply", "-f", "-"],
+            Some(&proxy_on_port(ns.name(), name, port)),
+        )
+        .await
+        .unwrap();
+    }
+    wait_for(&api, "steady", "Healthy", |p| healthy_is(p, "True")).await;
+    wait_for(&api, "leaving", "probed", |_| {
+        connections.load(Ordering::SeqCst) > 0
+    })
+    .await;
+
+    // Held by a second finalizer, "leaving" stays in deletion with its address in the status.
+    api.patch(
+        "leaving",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": ["crawl.example.com/cleanup", "test.example.com/hold"]}})),
+    )
+    .await
+    .unwrap();
+    api.delete("leaving", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(&api, "leaving", "deleting", |p| {
+        p.is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    // A full round after the engine saw the deletion, then count from zero.
+    let seen = engine.probes("success");
+    wait_for(&api, "steady", "one more round", |_| {
+        engine.probes("success") >= seen + 2
+    })
+    .await;
+    connections.store(0, Ordering::SeqCst);
+    let seen = engine.probes("success");
+    wait_for(&api, "steady", "three more rounds", |_| {
+        engine.probes("success") >= seen + 3
+    })
+    .await;
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a deleting Proxy was probed"
+    );
+    assert_eq!(
+        engine.lease_state("leaving"),
+        None,
+        "a deleting Proxy is not leasable"
+    );
+
+    api.patch(
+        "leaving",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+}
