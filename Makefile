@@ -28,9 +28,13 @@ build: plugins
 
 # What CI runs: formatting, clippy, then every test with the plugins freshly built.
 # Runs the operator against the cluster in $KUBECONFIG (e.g. the one `make dev-cluster` prints).
+# The sample's synthetic instances are not real proxies, so health probing is off; the discovery
+# API listens on 127.0.0.1:8090 with token $(DISCOVERY_TOKEN).
+DISCOVERY_TOKEN ?= dev-token
 run: plugins
-	$(CARGO) run -p proxy-operator -- run --providers-config deploy/samples/providers-config.yaml \
-		--plugins-dir $(PLUGINS_DIR) --metrics-addr 127.0.0.1:9090
+	DISCOVERY_TOKEN=$(DISCOVERY_TOKEN) $(CARGO) run -p proxy-operator -- run \
+		--providers-config deploy/samples/providers-config.yaml --plugins-dir $(PLUGINS_DIR) \
+		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
 
 test: plugins lint
 	$(CARGO) test --workspace
@@ -45,6 +49,13 @@ fmt:
 bench: plugins
 	$(CARGO) bench -p proxy-operator --bench plugin_call
 	$(CARGO) bench -p proxy-operator --bench operator_scale
+	$(CARGO) bench -p proxy-operator --bench discovery
 
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster
+
+# Example providers in other languages (target/plugins/python-example.wasm); not part of
+# `make plugins` or the tests.
+.PHONY: examples
+examples:
+	plugins/examples/python/build.sh

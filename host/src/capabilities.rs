@@ -9,7 +9,7 @@ pub mod log;
 use serde::Deserialize;
 
 /// What one provider instance may reach, from the `grants` of its providers-config entry.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Grants {
     /// Outbound HTTP: the hosts it may call and the credentials the host adds.

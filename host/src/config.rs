@@ -23,7 +23,7 @@ pub struct ProvidersConfig {
 }
 
 /// One provider instance.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ProviderEntry {
     /// What Proxies name in `spec.provider`.
@@ -40,6 +40,21 @@ pub struct ProviderEntry {
     /// Calls into this provider instance that may run at once.
     #[serde(default)]
     pub max_concurrent_calls: Option<usize>,
+    /// Where the plugin comes from, when not (only) by its type: a pinned digest, a URL.
+    #[serde(default)]
+    pub plugin: Option<PluginRef>,
+}
+
+/// A plugin pinned by digest, optionally downloaded from a URL.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginRef {
+    /// sha256 of the component (64 hex digits): any other bytes are refused.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Download the component from here (once; it is cached by digest). Needs `sha256`.
+    #[serde(default)]
+    pub url: Option<String>,
 }
 
 fn empty_object() -> serde_json::Value {
@@ -52,6 +67,11 @@ fn empty_object() -> serde_json::Value {
 pub struct ConfigError {
     pub file: String,
     pub message: String,
+}
+
+/// Whether `name` can be a plugin type (it becomes a file name and a ConfigMap key).
+pub fn is_plugin_name(name: &str) -> bool {
+    is_dns_label(name)
 }
 
 fn is_dns_label(name: &str) -> bool {
@@ -129,6 +149,33 @@ impl ProvidersConfig {
             }
             CallContext::new(&entry.name, &entry.provider_type, &entry.grants)
                 .map_err(|e| format!("{at}.{e}"))?;
+            if let Some(plugin) = &entry.plugin {
+                if let Some(sha) = &plugin.sha256
+                    && (sha.len() != 64
+                        || !sha
+                            .chars()
+                            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()))
+                {
+                    return Err(format!(
+                        "{at}.plugin.sha256: `{sha}` is not a sha256 digest; give 64 lowercase hex digits (`sha256sum plugin.wasm`)"
+                    ));
+                }
+                match (&plugin.url, &plugin.sha256) {
+                    (Some(url), None) => {
+                        return Err(format!(
+                            "{at}.plugin.sha256: required with plugin.url ({url}), so that only the component you checked is ever run"
+                        ));
+                    }
+                    (Some(url), Some(_))
+                        if !(url.starts_with("https://") || url.starts_with("http://")) =>
+                    {
+                        return Err(format!(
+                            "{at}.plugin.url: `{url}` must be an http:// or https:// URL"
+                        ));
+                    }
+                    _ => {}
+                }
+            }
         }
         Ok(config)
     }
@@ -145,9 +192,83 @@ fn kind_of(value: &serde_json::Value) -> &'static str {
     }
 }
 
-/// The provider instances of a config, bound to their plugins and validated by them.
+/// The provider instances of a config, bound to their plugins and validated by them. Instances
+/// whose plugin is not loaded (yet) are listed with the reason.
+#[derive(Default)]
 pub struct Providers {
     instances: HashMap<String, Arc<ProviderInstance>>,
+    not_loaded: HashMap<String, NotLoaded>,
+    problems: HashMap<String, String>,
+}
+
+/// A provider instance whose plugin is not loaded, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotLoaded {
+    pub provider_type: String,
+    pub reason: String,
+}
+
+/// The providers in use, replaced as a whole when plugins or the providers config change. Calls
+/// already running keep the `Arc<ProviderInstance>` (and plugin version) they started with.
+#[derive(Clone)]
+pub struct ProviderSet(Arc<std::sync::RwLock<Arc<Providers>>>);
+
+impl ProviderSet {
+    pub fn new(providers: Providers) -> Self {
+        ProviderSet(Arc::new(std::sync::RwLock::new(Arc::new(providers))))
+    }
+
+    /// The providers now.
+    pub fn current(&self) -> Arc<Providers> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn replace(&self, providers: Providers) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(providers);
+    }
+}
+
+impl From<Providers> for ProviderSet {
+    fn from(providers: Providers) -> Self {
+        ProviderSet::new(providers)
+    }
+}
+
+/// Binds one entry to its plugin: JSON Schema check, grants, then the plugin's `validate-config`.
+pub(crate) async fn bind_entry(
+    engine: &Arc<PluginEngine>,
+    at: &str,
+    entry: &ProviderEntry,
+    plugin: Arc<LoadedPlugin>,
+) -> Result<ProviderInstance, String> {
+    check_schema(&plugin, &entry.config).map_err(|message| {
+        format!(
+            "{at}.{message} (the JSON Schema of the `{}` plugin; `proxy-operator plugin inspect` shows it)",
+            entry.provider_type
+        )
+    })?;
+    let instance = ProviderInstance::new(
+        engine.clone(),
+        &entry.name,
+        plugin,
+        &entry.config,
+        &entry.grants,
+        ProviderInstanceOptions {
+            max_concurrent_calls: entry.max_concurrent_calls.unwrap_or(8),
+        },
+    )
+    .map_err(|e| format!("{at}.{e}"))?;
+    match instance.validate_config().await {
+        Ok(()) => Ok(instance),
+        Err(CallError::Provider {
+            error: ProviderError::InvalidConfig(message),
+            ..
+        }) => Err(format!(
+            "{at}: the `{}` plugin rejected its config: {message}",
+            entry.provider_type
+        )),
+        Err(e) => Err(format!("{at}: validate-config failed: {e}")),
+    }
 }
 
 impl Providers {
@@ -189,49 +310,67 @@ impl Providers {
                     plugin
                 }
             };
-            check_schema(&plugin, &entry.config).map_err(|message| {
-                err(format!(
-                    "{at}.{message} (the JSON Schema of the `{}` plugin; `proxy-operator plugin inspect` shows it)",
-                    entry.provider_type
-                ))
-            })?;
-            let instance = ProviderInstance::new(
-                engine.clone(),
-                &entry.name,
-                plugin,
-                &entry.config,
-                &entry.grants,
-                ProviderInstanceOptions {
-                    max_concurrent_calls: entry.max_concurrent_calls.unwrap_or(8),
-                },
-            )
-            .map_err(|e| err(format!("{at}.{e}")))?;
-            match instance.validate_config().await {
-                Ok(()) => {}
-                Err(CallError::Provider {
-                    error: ProviderError::InvalidConfig(message),
-                    ..
-                }) => {
-                    return Err(err(format!(
-                        "{at}: the `{}` plugin rejected its config: {message}",
-                        entry.provider_type
-                    )));
-                }
-                Err(e) => return Err(err(format!("{at}: validate-config failed: {e}"))),
-            }
+            let instance = bind_entry(engine, &at, entry, plugin).await.map_err(err)?;
             instances.insert(entry.name.clone(), Arc::new(instance));
         }
-        Ok(Providers { instances })
+        Ok(Providers {
+            instances,
+            ..Default::default()
+        })
     }
 
-    /// The provider instance named in a Proxy's `spec.provider`.
+    pub(crate) fn from_parts(
+        instances: HashMap<String, Arc<ProviderInstance>>,
+        not_loaded: HashMap<String, NotLoaded>,
+        problems: HashMap<String, String>,
+    ) -> Self {
+        Providers {
+            instances,
+            not_loaded,
+            problems,
+        }
+    }
+
+    /// The provider instance named in a Proxy's `spec.provider`, if its plugin is loaded.
     pub fn get(&self, name: &str) -> Option<&Arc<ProviderInstance>> {
         self.instances.get(name)
     }
 
-    /// Names of every provider instance.
+    /// Names of the provider instances whose plugin is loaded.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.instances.keys().map(String::as_str)
+    }
+
+    /// A configured provider instance whose plugin is not loaded, and why.
+    pub fn not_loaded(&self, name: &str) -> Option<&NotLoaded> {
+        self.not_loaded.get(name)
+    }
+
+    /// Every configured provider instance whose plugin is not loaded.
+    pub fn not_loaded_all(&self) -> impl Iterator<Item = (&str, &NotLoaded)> {
+        self.not_loaded.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Is `name` in the providers config (loaded or not)?
+    pub fn is_configured(&self, name: &str) -> bool {
+        self.instances.contains_key(name) || self.not_loaded.contains_key(name)
+    }
+
+    /// Names of every configured provider instance, loaded or not.
+    pub fn configured_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .instances
+            .keys()
+            .chain(self.not_loaded.keys())
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The latest plugin update an instance did not take (it still serves the previous one).
+    pub fn problem(&self, name: &str) -> Option<&str> {
+        self.problems.get(name).map(String::as_str)
     }
 }
 

@@ -6,7 +6,6 @@
 //! Proxy is in the second list: a Proxy created during a pass is never mistaken for missing.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -15,7 +14,7 @@ use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::api::Proxy;
-use crate::config::Providers;
+use crate::config::{ProviderSet, Providers};
 use crate::plugins::types::Instance;
 
 /// How the collector behaves.
@@ -196,7 +195,7 @@ pub async fn pass(
 /// Runs passes every `options.interval` until the task is dropped.
 pub async fn run(
     client: Client,
-    providers: Arc<Providers>,
+    providers: ProviderSet,
     operator_id: String,
     options: GcOptions,
     metrics: GcMetrics,
@@ -205,7 +204,15 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        if let Err(e) = pass(&client, &providers, &operator_id, &options, &metrics).await {
+        if let Err(e) = pass(
+            &client,
+            &providers.current(),
+            &operator_id,
+            &options,
+            &metrics,
+        )
+        .await
+        {
             tracing::warn!("gc pass failed: {e:#}");
         }
     }

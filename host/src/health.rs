@@ -18,7 +18,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use tokio::sync::{Notify, mpsc};
 
 use crate::api::{Phase, Proxy, ProxyStatus};
-use crate::config::Providers;
+use crate::config::ProviderSet;
 use crate::controller::conditions;
 use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
 
@@ -185,7 +185,7 @@ fn provisioned(proxy: &Proxy) -> Option<(&str, &ProxyStatus)> {
 pub struct HealthEngine {
     options: HealthOptions,
     metrics: ProbeMetrics,
-    providers: Arc<Providers>,
+    providers: ProviderSet,
     leases: Arc<LeaseStore>,
     client: Client,
     verdicts: HashMap<ProxyKey, Verdict>,
@@ -195,7 +195,7 @@ pub struct HealthEngine {
 impl HealthEngine {
     pub fn new(
         client: Client,
-        providers: Arc<Providers>,
+        providers: ProviderSet,
         leases: Arc<LeaseStore>,
         options: HealthOptions,
         metrics: ProbeMetrics,
@@ -432,11 +432,12 @@ impl HealthEngine {
     /// Hands the lease store the current set of provisioned proxies, and updates the gauges.
     pub fn sync_pool(&mut self, reader: &Store<Proxy>) {
         let probing = !self.options.interval.is_zero();
+        let providers = self.providers.current();
         let mut entries = Vec::new();
         let mut counts: HashMap<(String, String), i64> = HashMap::new();
         let mut seen = HashSet::new();
         for proxy in reader.state() {
-            let provider = if self.providers.get(&proxy.spec.provider).is_some() {
+            let provider = if providers.is_configured(&proxy.spec.provider) {
                 proxy.spec.provider.clone()
             } else {
                 "unknown".to_string()

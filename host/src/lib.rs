@@ -13,3 +13,4 @@ pub mod leases;
 pub mod metrics;
 pub mod plugins;
 pub mod providerhealth;
+pub mod registry;

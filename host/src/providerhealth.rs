@@ -9,7 +9,6 @@
 //! (the check call failed) and `PluginNotLoaded` (no plugin serves the provider's type).
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -18,7 +17,7 @@ use kube::{Client, ResourceExt};
 use prometheus::{GaugeVec, Opts, Registry};
 
 use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
-use crate::config::Providers;
+use crate::config::{ProviderSet, Providers};
 use crate::controller::conditions;
 use crate::plugins::ProviderInstance;
 
@@ -124,12 +123,20 @@ pub async fn check(provider: &ProviderInstance, timeout: Duration) -> Verdict {
     }
 }
 
+/// The `PluginLoaded` condition: whether the latest plugin for the instance serves it.
+struct PluginState {
+    loaded: bool,
+    reason: &'static str,
+    message: String,
+}
+
 async fn write(
     client: &Client,
     operator_id: &str,
     name: &str,
     provider_type: &str,
     verdict: &Verdict,
+    plugin: &PluginState,
 ) -> kube::Result<()> {
     let api: Api<ProviderHealth> = Api::all(client.clone());
     // The transition time is kept while the verdict stays the same, as for Proxy conditions.
@@ -145,6 +152,14 @@ async fn write(
         verdict.ready,
         &verdict.reason,
         &verdict.message,
+        None,
+    );
+    conditions::set(
+        &mut conditions,
+        "PluginLoaded",
+        plugin.loaded,
+        plugin.reason,
+        &plugin.message,
         None,
     );
     let ok = verdict.targets.iter().filter(|t| t.ok).count();
@@ -210,12 +225,52 @@ pub async fn pass(
         if !verdict.ready {
             tracing::warn!(provider = %name, reason = %verdict.reason, "provider check: {}", verdict.message);
         }
+        let info = &provider.plugin().info;
+        let plugin = match providers.problem(&name) {
+            None => PluginState {
+                loaded: true,
+                reason: "Loaded",
+                message: format!(
+                    "{} {} (sha256 {})",
+                    info.name,
+                    info.version,
+                    &provider.plugin().sha256[..12]
+                ),
+            },
+            Some(problem) => PluginState {
+                loaded: false,
+                reason: "PluginNotLoaded",
+                message: format!(
+                    "still serving {} {} (sha256 {}); the update was refused: {problem}",
+                    info.name,
+                    info.version,
+                    &provider.plugin().sha256[..12]
+                ),
+            },
+        };
+        if let Err(e) = write(client, operator_id, &name, &info.name, &verdict, &plugin).await {
+            tracing::warn!(provider = %name, "cannot write ProviderHealth: {e}");
+        }
+    }
+    for (name, missing) in providers.not_loaded_all() {
+        let verdict = Verdict {
+            ready: false,
+            reason: "PluginNotLoaded".into(),
+            message: missing.reason.clone(),
+            targets: Vec::new(),
+        };
+        let plugin = PluginState {
+            loaded: false,
+            reason: "PluginNotLoaded",
+            message: missing.reason.clone(),
+        };
         if let Err(e) = write(
             client,
             operator_id,
-            &name,
-            &provider.plugin().info.name,
+            name,
+            &missing.provider_type,
             &verdict,
+            &plugin,
         )
         .await
         {
@@ -223,7 +278,7 @@ pub async fn pass(
         }
     }
 
-    let configured: HashSet<&str> = names.iter().map(String::as_str).collect();
+    let configured: HashSet<String> = providers.configured_names().into_iter().collect();
     let api: Api<ProviderHealth> = Api::all(client.clone());
     let ours = api
         .list(&ListParams::default().labels(&format!("{OPERATOR_LABEL}={operator_id}")))
@@ -231,7 +286,7 @@ pub async fn pass(
     for stale in ours
         .items
         .iter()
-        .filter(|p| !configured.contains(p.name_any().as_str()))
+        .filter(|p| !configured.contains(&p.name_any()))
     {
         tracing::info!(provider = %stale.name_any(), "removing the ProviderHealth of a provider instance no longer configured");
         api.delete(&stale.name_any(), &DeleteParams::default())
@@ -243,7 +298,7 @@ pub async fn pass(
 /// Runs passes every `interval` until the task is dropped.
 pub async fn run(
     client: Client,
-    providers: Arc<Providers>,
+    providers: ProviderSet,
     operator_id: String,
     interval: Duration,
     timeout: Duration,
@@ -253,7 +308,15 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        if let Err(e) = pass(&client, &providers, &operator_id, timeout, &metrics).await {
+        if let Err(e) = pass(
+            &client,
+            &providers.current(),
+            &operator_id,
+            timeout,
+            &metrics,
+        )
+        .await
+        {
             tracing::warn!("provider health pass failed: {e:#}");
         }
     }

@@ -20,7 +20,7 @@ const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The `grants.http` section of a provider instance.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpGrant {
     /// `scheme://host[:port]` patterns; host may be `*` or `*.example.com`, port `*`.
@@ -37,7 +37,7 @@ pub struct HttpGrant {
 }
 
 /// A header the host adds to requests to matching URLs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CredentialGrant {
     /// A pattern like those in `allow`: requests matching it get the header.
@@ -52,7 +52,7 @@ pub struct CredentialGrant {
 
 /// Where a credential's secret comes from: exactly one of `env` or `file`. Read on every request,
 /// so a rotated file (a mounted Secret) is picked up.
-#[derive(Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SecretSource {
     /// An environment variable of the operator.

@@ -12,7 +12,7 @@ use axum::routing::get;
 use kube::CustomResourceExt;
 
 use crate::api::Proxy;
-use crate::config::{Providers, ProvidersConfig};
+use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
 use crate::gc::{self, GcMetrics, GcOptions};
 use crate::health::{HealthEngine, HealthOptions, ProbeMetrics};
@@ -21,6 +21,7 @@ use crate::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeasePersistenc
 use crate::metrics::ReconcileMetrics;
 use crate::plugins::{EngineOptions, PluginEngine};
 use crate::providerhealth::{self, HealthMetrics};
+use crate::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,6 +32,13 @@ pub struct RunArgs {
     /// Directory of the built-in provider plugins (`<type>.wasm`).
     #[arg(long, env = "PLUGINS_DIR", default_value = "/plugins")]
     pub plugins_dir: PathBuf,
+    /// ConfigMap (in the operator's namespace) whose binaryData `<type>.wasm[.gz]` are plugins,
+    /// watched and hot-loaded; they take precedence over the plugins directory.
+    #[arg(long, env = "PLUGINS_CONFIGMAP")]
+    pub plugins_configmap: Option<String>,
+    /// How often the providers config file is re-read for changes (`0s`: never).
+    #[arg(long, env = "PROVIDERS_CONFIG_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub providers_config_reload_interval: Duration,
     /// Watch Proxies in this namespace only (default: all namespaces).
     #[arg(long, env = "PROXY_NAMESPACE")]
     pub proxy_namespace: Option<String>,
@@ -184,14 +192,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     )?;
     tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
 
-    let config = ProvidersConfig::load(&args.providers_config)?;
-    let providers =
-        Providers::build(&engine, &args.plugins_dir, &config, &args.providers_config).await?;
-    tracing::info!(providers = ?providers.names().collect::<Vec<_>>(), "providers configured");
-
+    // Fail fast on a broken providers config before anything else (no cluster needed for that).
+    ProvidersConfig::load(&args.providers_config)?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let plugin_registry = PluginRegistry::start(
+        engine.clone(),
+        RegistryOptions {
+            plugins_dir: args.plugins_dir.clone(),
+            configmap: args
+                .plugins_configmap
+                .clone()
+                .map(|name| (args.leader_election_namespace.clone(), name)),
+            download_dir: args.plugin_cache_dir.as_ref().map(|d| d.join("downloads")),
+        },
+        &args.providers_config,
+        Some(client.clone()),
+        RegistryMetrics::register(&registry)?,
+    )
+    .await?;
+    let providers = plugin_registry.providers();
+    tracing::info!(providers = ?providers.current().configured_names(), "providers configured");
     let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         kube::Api::all(client.clone());
     crds.get(Proxy::crd_name()).await.with_context(|| {
@@ -203,6 +225,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let ready = Arc::new(AtomicBool::new(false));
     let server = serve_probes(args.metrics_addr, registry.clone(), ready.clone()).await?;
+    // Plugins and config follow their sources on every replica, so a standby takes over warm.
+    let mut watchers = vec![tokio::spawn(
+        plugin_registry
+            .clone()
+            .watch_configmap(client.clone(), ready.clone()),
+    )];
+    if !args.providers_config_reload_interval.is_zero() {
+        watchers.push(tokio::spawn(
+            plugin_registry
+                .clone()
+                .watch_config_file(args.providers_config_reload_interval),
+        ));
+    }
 
     let (suspects_tx, suspects) = tokio::sync::mpsc::channel(256);
     let leases = Arc::new(LeaseStore::new(
@@ -231,7 +266,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &format!("{}-leases", args.operator_id),
     );
 
-    let providers = Arc::new(providers);
     let ctx = Arc::new(
         Context::new(client.clone(), providers.clone(), &args.operator_id)
             .with_metrics(ReconcileMetrics::register(&registry)?),
@@ -322,6 +356,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     tracing::info!("shutting down");
     server.abort();
+    for watcher in watchers {
+        watcher.abort();
+    }
     if let Some(discovery) = discovery_server {
         discovery.abort();
     }

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::conditions;
 use crate::api::{Phase, Proxy, ProxyStatus};
-use crate::config::Providers;
+use crate::config::ProviderSet;
 use crate::metrics::ReconcileMetrics;
 use crate::plugins::types::{InstanceSpec, InstanceState, Owner, ProviderError};
 use crate::plugins::{CallError, ProviderInstance};
@@ -34,7 +34,7 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// What every reconcile needs.
 pub struct Context {
     pub client: Client,
-    pub providers: Arc<Providers>,
+    pub providers: ProviderSet,
     pub recorder: Recorder,
     /// Identifies this operator installation on the instances it makes.
     pub operator_id: String,
@@ -42,7 +42,7 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, providers: Arc<Providers>, operator_id: &str) -> Self {
+    pub fn new(client: Client, providers: impl Into<ProviderSet>, operator_id: &str) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -52,7 +52,7 @@ impl Context {
         );
         Context {
             client,
-            providers,
+            providers: providers.into(),
             recorder,
             operator_id: operator_id.to_string(),
             metrics: None,
@@ -253,8 +253,38 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
     let failed_for_this_spec =
         status.phase == Some(Phase::Failed) && status.observed_generation == generation;
 
-    let Some(provider) = ctx.providers.get(&proxy.spec.provider) else {
-        let mut known: Vec<&str> = ctx.providers.names().collect();
+    let providers = ctx.providers.current();
+    if let Some(missing) = providers.not_loaded(&proxy.spec.provider) {
+        // Configured, but its plugin is not loaded (removed, or a bad upload): wait for it.
+        let message = format!(
+            "the `{}` plugin of provider instance `{}` is not loaded: {}",
+            missing.provider_type, proxy.spec.provider, missing.reason
+        );
+        if status.last_error.as_deref() != Some(&message) {
+            event(
+                ctx,
+                proxy,
+                EventType::Warning,
+                "PluginNotLoaded",
+                message.clone(),
+            )
+            .await;
+        }
+        if status.phase.is_none() {
+            status.phase = Some(Phase::Pending);
+            conditions::not_provisioned(
+                &mut status.conditions,
+                "PluginNotLoaded",
+                &message,
+                generation,
+            );
+        }
+        status.last_error = Some(message);
+        write_status(api, proxy, status).await?;
+        return Ok(Action::requeue(Duration::from_secs(15)));
+    }
+    let Some(provider) = providers.get(&proxy.spec.provider) else {
+        let mut known = providers.configured_names();
         known.sort();
         let message = format!(
             "no provider instance `{}` in the providers config (configured: {}); fix spec.provider or add it to the providers config",
@@ -485,7 +515,18 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
         .await;
         return Ok(Action::await_change());
     }
-    let Some(provider) = ctx.providers.get(&proxy.spec.provider) else {
+    let providers = ctx.providers.current();
+    if let Some(missing) = providers.not_loaded(&proxy.spec.provider) {
+        // The instance may well exist: wait for the plugin rather than abandon it.
+        return Err(Error::Provider(
+            format!(
+                "cannot delete: the `{}` plugin is not loaded: {}",
+                missing.provider_type, missing.reason
+            ),
+            Some(Duration::from_secs(15)),
+        ));
+    }
+    let Some(provider) = providers.get(&proxy.spec.provider) else {
         event(
             ctx,
             proxy,

@@ -221,17 +221,14 @@ impl Discovery {
     }
 }
 
-/// The discovery API's routes.
+/// The discovery API's routes. Everything but the OpenAPI document needs the token, including
+/// the answers for unknown paths and methods.
 pub fn router(discovery: Arc<Discovery>) -> Router {
-    let v1 = Router::new()
+    let authorized = Router::new()
         .route("/v1/leases", post(grant))
         .route("/v1/leases/{id}", delete(release))
         .route("/v1/leases/{id}/report", post(report))
         .route("/v1/proxies", get(proxies))
-        .route_layer(middleware::from_fn_with_state(discovery.clone(), authorize));
-    Router::new()
-        .merge(v1)
-        .route("/openapi.json", get(openapi))
         .fallback(|| async {
             Problem::new(
                 StatusCode::NOT_FOUND,
@@ -248,6 +245,10 @@ pub fn router(discovery: Arc<Discovery>) -> Router {
                 "see /openapi.json for the methods of each endpoint".into(),
             )
         })
+        .layer(middleware::from_fn_with_state(discovery.clone(), authorize));
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .merge(authorized)
         .with_state(discovery)
 }
 
@@ -257,11 +258,13 @@ async fn authorize(
     request: Request<Body>,
     next: Next,
 ) -> Response {
+    // The scheme name is case-insensitive (RFC 9110 §11.1).
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| Sha256::digest(t.trim().as_bytes()));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
     // Compare digests: constant time, and the token's length does not leak either.
     let ok = presented.is_some_and(|d| bool::from(d.as_slice().ct_eq(&discovery.token_digest)));
     if !ok {
@@ -393,13 +396,15 @@ async fn report(
         .report(&id, outcome)
         .map_err(|e| Problem::from_lease_error(e, &id))?;
     let active = outcome != Outcome::Blocked;
-    Ok(Json(serde_json::json!({
+    let mut body = serde_json::json!({
         "id": lease.id,
         "outcome": outcome.as_str(),
         "active": active,
-        "expiresAt": rfc3339(lease.expires_at_ms),
-    }))
-    .into_response())
+    });
+    if active {
+        body["expiresAt"] = rfc3339(lease.expires_at_ms).into();
+    }
+    Ok(Json(body).into_response())
 }
 
 async fn release(

@@ -41,7 +41,7 @@ impl Engine {
         leases.restore(Default::default());
         let engine = HealthEngine::new(
             ns.client(),
-            Arc::new(providers),
+            providers.into(),
             leases.clone(),
             HealthOptions {
                 interval: Duration::from_millis(100),

@@ -6,6 +6,7 @@
 mod common;
 mod health;
 mod leases;
+mod reload;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -83,7 +84,7 @@ impl Operator {
             store_provider(provider_name, store)
         ))
         .await;
-        let ctx = Arc::new(Context::new(client, Arc::new(providers), "test-operator"));
+        let ctx = Arc::new(Context::new(client, providers, "test-operator"));
         let namespace = ns.name().to_string();
         Operator {
             task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
@@ -490,11 +491,7 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
         let flag = ready.clone();
         let task = tokio::spawn(async move {
             let providers = providers_for(&providers_text).await;
-            let ctx = Arc::new(Context::new(
-                client.clone(),
-                Arc::new(providers),
-                "test-operator",
-            ));
+            let ctx = Arc::new(Context::new(client.clone(), providers, "test-operator"));
             let election = LeaderElection {
                 namespace: namespace.clone(),
                 lease_name: "proxy-operator-leader".into(),

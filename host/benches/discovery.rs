@@ -1,0 +1,242 @@
+//! Discovery API and health probe throughput on loopback.
+//!
+//! 1. grant+release cycles (`POST /v1/leases`, `DELETE /v1/leases/{id}`, bearer token checked)
+//!    from 64 concurrent keep-alive clients against the real router and lease store, and the same
+//!    two requests against a bare axum handler in the same run, for the ratio;
+//! 2. health probes (`CONNECT` through real squid from the harness to a loopback target) with 64
+//!    at once.
+//!
+//! `cargo bench -p proxy-operator --bench discovery` (needs squid: `.ci/install-fixtures.sh`).
+//! `BENCH_SECONDS` sets each phase's length (default 5).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::{delete, post};
+use harness::{FileServer, Squid};
+use proxy_operator::health::probe;
+use proxy_operator::leases::{
+    self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry, ProxyKey,
+};
+
+const CLIENTS: usize = 64;
+const PROXIES: usize = 1000;
+const TOKEN: &str = "bench-token";
+
+fn seconds() -> Duration {
+    Duration::from_secs(
+        std::env::var("BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5),
+    )
+}
+
+struct Run {
+    cycles: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    errors: usize,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.cycles as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn quantile(&mut self, q: f64) -> Duration {
+        self.latencies.sort();
+        let i = ((self.latencies.len() as f64 * q) as usize).min(self.latencies.len() - 1);
+        self.latencies[i]
+    }
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// `CLIENTS` loops of grant+release for `length`; a cycle's latency is both requests.
+async fn cycles(addr: SocketAddr, length: Duration) -> Run {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CLIENTS)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let deadline = started + length;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let http = http.clone();
+            tokio::spawn(async move {
+                let (mut latencies, mut errors) = (Vec::new(), 0usize);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let granted = http
+                        .post(format!("http://{addr}/v1/leases"))
+                        .bearer_auth(TOKEN)
+                        .body("{}")
+                        .send()
+                        .await
+                        .unwrap();
+                    if granted.status() != StatusCode::CREATED {
+                        errors += 1;
+                        continue;
+                    }
+                    let body: serde_json::Value =
+                        serde_json::from_slice(&granted.bytes().await.unwrap()).unwrap();
+                    let id = body["id"].as_str().unwrap();
+                    let released = http
+                        .delete(format!("http://{addr}/v1/leases/{id}"))
+                        .bearer_auth(TOKEN)
+                        .send()
+                        .await
+                        .unwrap();
+                    if released.status() != StatusCode::NO_CONTENT {
+                        errors += 1;
+                        continue;
+                    }
+                    latencies.push(t.elapsed());
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let mut run = Run {
+        cycles: 0,
+        elapsed: Duration::ZERO,
+        latencies: Vec::new(),
+        errors: 0,
+    };
+    for client in clients {
+        let (latencies, errors) = client.await.unwrap();
+        run.cycles += latencies.len();
+        run.latencies.extend(latencies);
+        run.errors += errors;
+    }
+    run.elapsed = started.elapsed();
+    run
+}
+
+fn discovery_app() -> Router {
+    let store = Arc::new(LeaseStore::new(
+        LeaseOptions::default(),
+        LeaseMetrics::unregistered().unwrap(),
+        None,
+    ));
+    store.restore(Default::default());
+    store.set_pool(
+        (0..PROXIES)
+            .map(|i| PoolEntry {
+                key: ProxyKey {
+                    namespace: "crawlers".into(),
+                    name: format!("proxy-{i}"),
+                },
+                provider: "bench".into(),
+                zone: Some("zone-a".into()),
+                labels: BTreeMap::new(),
+                address: format!("10.0.{}.{}", i / 256, i % 256),
+                port: 3128,
+                healthy: true,
+            })
+            .collect(),
+    );
+    leases::router(Arc::new(Discovery::new(store, TOKEN)))
+}
+
+/// The same two requests with nothing behind them: what axum + HTTP cost alone.
+fn bare_app() -> Router {
+    Router::new()
+        .route(
+            "/v1/leases",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    axum::Json(serde_json::json!({"id": "0123456789abcdef0123456789abcdef"})),
+                )
+            }),
+        )
+        .route(
+            "/v1/leases/{id}",
+            delete(|| async { StatusCode::NO_CONTENT }),
+        )
+}
+
+async fn probes(squid: &Squid, target: &str, length: Duration) -> (usize, usize, Duration) {
+    let started = Instant::now();
+    let deadline = started + length;
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (port, target) = (squid.port(), target.to_string());
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0, 0);
+                while Instant::now() < deadline {
+                    match probe("127.0.0.1", port, &target, Duration::from_secs(5)).await {
+                        Ok(_) => ok += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, 0);
+    for worker in workers {
+        let (o, f) = worker.await.unwrap();
+        ok += o;
+        failed += f;
+    }
+    (ok, failed, started.elapsed())
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let length = seconds();
+        let discovery = serve(discovery_app()).await;
+        let bare = serve(bare_app()).await;
+        // Warm both (connections, allocator) before measuring.
+        cycles(discovery, Duration::from_millis(500)).await;
+        cycles(bare, Duration::from_millis(500)).await;
+        let mut real = cycles(discovery, length).await;
+        let mut base = cycles(bare, length).await;
+        println!(
+            "discovery grant+release: {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} errors ({} clients, {} proxies)",
+            real.per_second(),
+            real.quantile(0.50).as_secs_f64() * 1e3,
+            real.quantile(0.99).as_secs_f64() * 1e3,
+            real.errors,
+            CLIENTS,
+            PROXIES
+        );
+        println!(
+            "bare axum handler:       {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
+            base.per_second(),
+            base.quantile(0.50).as_secs_f64() * 1e3,
+            base.quantile(0.99).as_secs_f64() * 1e3,
+            base.errors
+        );
+        println!(
+            "ratio discovery/bare:    {:.0} %",
+            100.0 * real.per_second() / base.per_second()
+        );
+
+        let squid = Squid::start().await.expect("squid (run .ci/install-fixtures.sh)");
+        let target = FileServer::start().await.unwrap();
+        let target = target.addr().to_string();
+        probes(&squid, &target, Duration::from_millis(500)).await;
+        let (ok, failed, elapsed) = probes(&squid, &target, length).await;
+        println!(
+            "health probes via squid: {:.0} probes/s ({ok} ok, {failed} failed, {CLIENTS} at once)",
+            ok as f64 / elapsed.as_secs_f64()
+        );
+    });
+}
