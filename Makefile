@@ -36,7 +36,7 @@ run: plugins
 		--providers-config deploy/samples/providers-config.yaml --plugins-dir $(PLUGINS_DIR) \
 		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
 
-test: plugins lint
+test: plugins examples lint
 	$(CARGO) test --workspace
 
 lint:
@@ -54,8 +54,7 @@ bench: plugins
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster
 
-# Example providers in other languages (target/plugins/python-example.wasm); not part of
-# `make plugins` or the tests.
+# Example providers in other languages (target/plugins/python-example.wasm); the tests load it.
 .PHONY: examples
 examples:
 	plugins/examples/python/build.sh

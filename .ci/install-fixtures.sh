@@ -23,7 +23,8 @@ backports_pkgs=(
     libvirt-daemon-system libvirt-daemon-system-sysv libvirt-daemon-driver-qemu
     libvirt-clients libvirt-dev qemu-system-x86 qemu-utils
 )
-plain_pkgs=(squid openssh-server openssh-client pkg-config)
+# python3-venv: the Python example provider is built with componentize-py in a venv.
+plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv)
 
 # Prints the packages of "$@" that are not installed.
 missing() {

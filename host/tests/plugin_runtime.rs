@@ -16,6 +16,7 @@ use proxy_operator::plugins::{
     AllocatorKind, CallError, EngineOptions, LoadError, ProviderInstance, ProviderInstanceOptions,
 };
 use serde_json::json;
+use sha2::Digest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_provider_round_trips_every_function() {
@@ -28,6 +29,12 @@ async fn test_provider_round_trips_every_function() {
 
     let store = InstanceStore::start().await;
     let provider = instance_for(&engine, &plugin, &store, 4);
+    lifecycle(&provider, &store).await;
+}
+
+/// What every provider must do against the instance store: the Rust test provider and the
+/// non-Rust examples pass the same round trip.
+async fn lifecycle(provider: &ProviderInstance, store: &InstanceStore) {
     provider.validate_config().await.expect("valid config");
 
     let created = provider.create(spec("px-1", json!({}))).await.unwrap();
@@ -599,4 +606,67 @@ async fn the_sample_providers_config_loads() {
         .get("dev-store")
         .expect("the sample names dev-store");
     assert!(instance.check().await.unwrap()[0].ok);
+}
+
+/// The Python example (componentize-py), published by URL + sha256 as a plugin author would:
+/// downloaded once, compiled once (the compiled artefact is cached), and as good as the Rust one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_loaded_by_url_passes_the_same_lifecycle() {
+    use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
+    let path = plugins_dir().join("python-example.wasm");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build it with `make examples` (part of `make test`)",
+            path.display()
+        )
+    });
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    let files = harness::FileServer::start().await.unwrap();
+    files.serve("/python-example.wasm", bytes);
+    let store = InstanceStore::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "providers:\n- name: py\n  type: python-example\n  plugin: {{url: \"{}\", sha256: {digest}}}\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+            files.url("/python-example.wasm"),
+            store.url(),
+            store.addr
+        ),
+    )
+    .unwrap();
+    for restart in [false, true] {
+        let (engine, _) = engine_with(EngineOptions {
+            // CPython's heap and start-up need more than the Rust provider's small limits.
+            memory_limit: 256 << 20,
+            cpu_budget: Duration::from_secs(10),
+            cache_dir: Some(dir.path().join("compiled")),
+            ..test_options()
+        })
+        .await;
+        let registry = PluginRegistry::start(
+            engine,
+            RegistryOptions {
+                plugins_dir: dir.path().join("no-builtins"),
+                configmap: None,
+                download_dir: Some(dir.path().join("downloads")),
+            },
+            &config,
+            None,
+            RegistryMetrics::unregistered().unwrap(),
+        )
+        .await
+        .unwrap();
+        let providers = registry.providers().current();
+        let provider = providers.get("py").expect("loaded");
+        assert_eq!(provider.plugin().info.name, "python-example");
+        assert_eq!(
+            provider.plugin().from_cache,
+            restart,
+            "compiled once, then cached"
+        );
+        lifecycle(provider, &store).await;
+        assert_eq!(files.requests("/python-example.wasm"), 1, "downloaded once");
+    }
 }
