@@ -62,42 +62,76 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// A minimal HTTP/1.1 keep-alive client: a general client (reqwest) costs as much CPU as the
+/// server here, and client and server share the machine's 2 cores.
+struct RawClient {
+    stream: tokio::io::BufStream<tokio::net::TcpStream>,
+    addr: SocketAddr,
+}
+
+impl RawClient {
+    async fn connect(addr: SocketAddr) -> RawClient {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        RawClient {
+            stream: tokio::io::BufStream::new(stream),
+            addr,
+        }
+    }
+
+    /// Sends one request; the status and body of the response.
+    async fn send(&mut self, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.addr,
+            body.len()
+        );
+        self.stream.write_all(head.as_bytes()).await.unwrap();
+        self.stream.write_all(body.as_bytes()).await.unwrap();
+        self.stream.flush().await.unwrap();
+        let mut line = String::new();
+        self.stream.read_line(&mut line).await.unwrap();
+        let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).await.unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        self.stream.read_exact(&mut body).await.unwrap();
+        (status, body)
+    }
+}
+
 /// `CLIENTS` loops of grant+release for `length`; a cycle's latency is both requests.
 async fn cycles(addr: SocketAddr, length: Duration) -> Run {
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(CLIENTS)
-        .build()
-        .unwrap();
     let started = Instant::now();
     let deadline = started + length;
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| {
-            let http = http.clone();
             tokio::spawn(async move {
+                let mut http = RawClient::connect(addr).await;
                 let (mut latencies, mut errors) = (Vec::new(), 0usize);
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let granted = http
-                        .post(format!("http://{addr}/v1/leases"))
-                        .bearer_auth(TOKEN)
-                        .body("{}")
-                        .send()
-                        .await
-                        .unwrap();
-                    if granted.status() != StatusCode::CREATED {
+                    let (status, body) = http.send("POST", "/v1/leases", "{}").await;
+                    if status != 201 {
                         errors += 1;
                         continue;
                     }
-                    let body: serde_json::Value =
-                        serde_json::from_slice(&granted.bytes().await.unwrap()).unwrap();
+                    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
                     let id = body["id"].as_str().unwrap();
-                    let released = http
-                        .delete(format!("http://{addr}/v1/leases/{id}"))
-                        .bearer_auth(TOKEN)
-                        .send()
-                        .await
-                        .unwrap();
-                    if released.status() != StatusCode::NO_CONTENT {
+                    let (status, _) = http.send("DELETE", &format!("/v1/leases/{id}"), "").await;
+                    if status != 204 {
                         errors += 1;
                         continue;
                     }
