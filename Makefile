@@ -4,7 +4,7 @@ PLUGIN_TARGET := wasm32-wasip2
 PLUGIN_OUT := target/$(PLUGIN_TARGET)/plugin
 PLUGINS_DIR := target/plugins
 # crate name -> provider type (the file name the host looks for)
-PLUGIN_CRATES := test-provider:test
+PLUGIN_CRATES := test-provider:test test-provider-next:test-next
 
 .PHONY: help plugins build run test lint fmt bench dev-cluster
 
@@ -50,6 +50,7 @@ bench: plugins
 	$(CARGO) bench -p proxy-operator --bench plugin_call
 	$(CARGO) bench -p proxy-operator --bench operator_scale
 	$(CARGO) bench -p proxy-operator --bench discovery
+	$(CARGO) bench -p proxy-operator --bench hot_reload
 
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster

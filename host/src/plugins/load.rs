@@ -1,6 +1,6 @@
 //! Loading a provider component: sha256, compile off the async runtime (or take the cached
-//! compilation), find the WIT version it was built for, type-check it against that version's
-//! bindings, and ask it to `describe` itself.
+//! compilation), find the WIT version it was built for, pick the bindings that serve that version,
+//! type-check it against them, and ask it to `describe` itself.
 
 use std::sync::Arc;
 
@@ -15,8 +15,60 @@ use super::state::HostState;
 use super::types::PluginInfo;
 use crate::capabilities::{CallContext, Grants};
 
-/// WIT versions of `proxy-operator:provider` this host has bindings for.
+/// WIT versions of `proxy-operator:provider` this host has bindings for. The bindings of `X.Y.Z`
+/// also serve components built for a later patch version `X.Y.Z'` (`Z' > Z`) of the same
+/// `X.Y`, e.g. 0.1.1 through the 0.1.0 bindings: wasmtime matches `…@0.1.0` and `…@0.1.1` as
+/// semver-compatible names both for the host's imports and for the component's exports, and the
+/// bindings only use the functions they know. Any other major or minor version is refused.
 pub const SUPPORTED_WIT_VERSIONS: &[&str] = &["0.1.0"];
+
+/// `major.minor.patch` of a release version (build metadata ignored); `None` for a pre-release
+/// or anything that is not a version.
+fn release(version: &str) -> Option<(u64, u64, u64)> {
+    let version = version.split_once('+').map_or(version, |(v, _)| v);
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(Some(major)), Some(Some(minor)), Some(Some(patch)), None) => {
+            Some((major, minor, patch))
+        }
+        _ => None,
+    }
+}
+
+/// The bindings that serve a component built for WIT `version`: those of exactly that version,
+/// or else the newest bindings of the same `major.minor` at or below its patch version. 0.0.x
+/// and pre-releases match only exactly, as in wasmtime's name matching.
+pub(crate) fn bindings_for(version: &str) -> Option<&'static str> {
+    if let Some(exact) = SUPPORTED_WIT_VERSIONS.iter().find(|v| **v == version) {
+        return Some(exact);
+    }
+    let (major, minor, patch) = release(version)?;
+    if (major, minor) == (0, 0) {
+        return None;
+    }
+    SUPPORTED_WIT_VERSIONS
+        .iter()
+        .filter_map(|b| release(b).map(|r| (*b, r)))
+        .filter(|(_, (b_major, b_minor, b_patch))| {
+            (*b_major, *b_minor) == (major, minor) && *b_patch <= patch
+        })
+        .max_by_key(|(_, r)| *r)
+        .map(|(b, _)| b)
+}
+
+/// The supported versions for messages, e.g. `0.1.0 (and any later 0.1.x)`.
+pub(crate) fn supported_wit_versions() -> String {
+    SUPPORTED_WIT_VERSIONS
+        .iter()
+        .map(|v| match release(v) {
+            Some((major, minor, _)) if (major, minor) != (0, 0) => {
+                format!("{v} (and any later {major}.{minor}.x)")
+            }
+            _ => v.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 const PROVIDER_INTERFACE: &str = "proxy-operator:provider/provider@";
 
@@ -24,8 +76,11 @@ const PROVIDER_INTERFACE: &str = "proxy-operator:provider/provider@";
 pub struct LoadedPlugin {
     /// What `describe` returned.
     pub info: PluginInfo,
-    /// The WIT version it was built for.
-    pub wit_version: &'static str,
+    /// The WIT version it was built for (from its `provider` export).
+    pub wit_version: String,
+    /// The WIT version of the host bindings serving it: `wit_version` itself, or an earlier
+    /// version of the same `major.minor` (see [`SUPPORTED_WIT_VERSIONS`]).
+    pub bindings_version: &'static str,
     pub sha256: String,
     pub size: usize,
     /// Where it came from (a file name, a ConfigMap key), for messages.
@@ -40,12 +95,13 @@ impl std::fmt::Debug for LoadedPlugin {
         f.debug_struct("LoadedPlugin")
             .field("name", &self.info.name)
             .field("wit_version", &self.wit_version)
+            .field("bindings_version", &self.bindings_version)
             .field("sha256", &self.sha256)
             .finish()
     }
 }
 
-/// The pre-instantiated component, by WIT version.
+/// The pre-instantiated component, by the WIT version of its bindings.
 pub(crate) enum PluginPre {
     V0_1_0(v0_1_0::ProviderPluginPre<HostState>),
 }
@@ -169,7 +225,6 @@ impl PluginEngine {
             reason: format!("compilation task failed: {e}"),
         })??;
 
-        let supported = SUPPORTED_WIT_VERSIONS.join(", ");
         let Some(version) = provider_version(&component, &self.engine) else {
             let (exports, _) = names(&component, &self.engine);
             return Err(LoadError::NotAProvider {
@@ -179,15 +234,28 @@ impl PluginEngine {
                 } else {
                     exports.join(", ")
                 },
-                supported,
+                supported: SUPPORTED_WIT_VERSIONS.join(", "),
             });
+        };
+        let Some(bindings_version) = bindings_for(&version) else {
+            return Err(LoadError::UnsupportedVersion {
+                source_name,
+                found: version,
+                supported: supported_wit_versions(),
+            });
+        };
+        // Checked against earlier bindings of the same major.minor: say so in a mismatch.
+        let through = if bindings_version == version {
+            String::new()
+        } else {
+            format!(" (checked with the host's {bindings_version} bindings)")
         };
         let incompatible = |reason: String| LoadError::Incompatible {
             source_name: source_name.clone(),
             version: version.clone(),
-            reason,
+            reason: format!("{reason}{through}"),
         };
-        let (wit_version, pre) = match version.as_str() {
+        let pre = match bindings_version {
             "0.1.0" => {
                 let instance_pre = self
                     .linker
@@ -195,14 +263,10 @@ impl PluginEngine {
                     .map_err(|e| incompatible(format!("{e:#}")))?;
                 let pre = v0_1_0::ProviderPluginPre::new(instance_pre)
                     .map_err(|e| incompatible(format!("{e:#}")))?;
-                ("0.1.0", PluginPre::V0_1_0(pre))
+                PluginPre::V0_1_0(pre)
             }
-            _ => {
-                return Err(LoadError::UnsupportedVersion {
-                    source_name,
-                    found: version,
-                    supported,
-                });
+            other => {
+                unreachable!("SUPPORTED_WIT_VERSIONS lists {other} but load has no arm for it")
             }
         };
 
@@ -214,7 +278,8 @@ impl PluginEngine {
                 capabilities: Vec::new(),
                 config_schema: String::new(),
             },
-            wit_version,
+            wit_version: version,
+            bindings_version,
             sha256,
             size,
             source_name: source_name.clone(),
@@ -249,5 +314,31 @@ impl PluginEngine {
             reason: format!("cannot read: {e}"),
         })?;
         self.load(&source_name, bytes).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bindings_for, supported_wit_versions};
+
+    #[test]
+    fn a_later_patch_of_the_same_minor_uses_the_earlier_bindings() {
+        assert_eq!(bindings_for("0.1.0"), Some("0.1.0"));
+        assert_eq!(bindings_for("0.1.1"), Some("0.1.0"));
+        assert_eq!(bindings_for("0.1.17+build.5"), Some("0.1.0"));
+        for refused in [
+            "0.2.0",
+            "0.2.1",
+            "1.0.0",
+            "1.1.0",
+            "0.0.1",
+            "0.1.1-rc.1",
+            "0.1",
+            "0.1.x",
+            "",
+        ] {
+            assert_eq!(bindings_for(refused), None, "{refused}");
+        }
+        assert_eq!(supported_wit_versions(), "0.1.0 (and any later 0.1.x)");
     }
 }

@@ -1,0 +1,166 @@
+//! WIT versioning with real components: a component built for a later patch version of a
+//! supported WIT minor (the test-only 0.1.1 of `tests/fixtures/wit-0.1.1`, built by `make plugins`
+//! from `plugins/test-provider-next` into `test-next.wasm`) loads and serves calls through the
+//! host's 0.1.0 bindings; any other major or minor version is refused naming the version found
+//! and the versions supported.
+
+mod common;
+
+use common::*;
+use proxy_operator::capabilities::Grants;
+use proxy_operator::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::plugins::{LoadError, ProviderInstance, ProviderInstanceOptions};
+use serde_json::json;
+use wasmtime::component::{Component, types::ComponentItem};
+
+const NEXT_EXPORT: &str = "proxy-operator:provider/provider@0.1.1";
+
+/// The component with every `@0.1.1` name (imports, exports, nested types) replaced by a version
+/// of the same length: strings are length-prefixed, so the binary stays valid.
+fn with_version(bytes: &[u8], version: &str) -> Vec<u8> {
+    let (from, to) = (b"@0.1.1".as_slice(), format!("@{version}"));
+    assert_eq!(to.len(), from.len(), "same length only");
+    let mut out = bytes.to_vec();
+    let mut replaced = 0;
+    let mut i = 0;
+    while i + from.len() <= out.len() {
+        if &out[i..i + from.len()] == from {
+            out[i..i + from.len()].copy_from_slice(to.as_bytes());
+            replaced += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(replaced > 0, "no `@0.1.1` in the component");
+    out
+}
+
+#[test]
+fn the_fixture_really_is_a_0_1_1_component_with_an_extra_function() {
+    let engine = wasmtime::Engine::default();
+    let component = Component::new(&engine, plugin_bytes("test-next")).expect("compiles");
+    let ty = component.component_type();
+    let imports: Vec<String> = ty.imports(&engine).map(|(n, _)| n.to_string()).collect();
+    assert!(
+        imports.contains(&"proxy-operator:provider/log@0.1.1".to_string()),
+        "{imports:?}"
+    );
+    let (name, item) = ty.exports(&engine).next().expect("one export");
+    assert_eq!(name, NEXT_EXPORT);
+    let ComponentItem::ComponentInstance(instance) = item.ty else {
+        panic!("{name} is not an instance");
+    };
+    let functions: Vec<&str> = instance.exports(&engine).map(|(n, _)| n).collect();
+    assert!(functions.contains(&"describe-extended"), "{functions:?}");
+    assert!(functions.contains(&"describe"), "{functions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_0_1_x_component_runs_through_the_0_1_0_bindings() {
+    let (engine, _) = engine_with(test_options()).await;
+    let plugin = engine
+        .load("test-next.wasm", plugin_bytes("test-next"))
+        .await
+        .expect("a 0.1.1 component loads");
+    assert_eq!(plugin.wit_version, "0.1.1");
+    assert_eq!(plugin.bindings_version, "0.1.0");
+    // `describe` answered through the 0.1.0 bindings.
+    assert_eq!(plugin.info.name, "test-next");
+    assert_eq!(
+        plugin.info.description,
+        "Test fixture built against WIT 0.1.1"
+    );
+
+    let provider = ProviderInstance::new(
+        engine.clone(),
+        "next",
+        plugin,
+        &json!({}),
+        &Grants::default(),
+        ProviderInstanceOptions {
+            max_concurrent_calls: 1,
+        },
+    )
+    .expect("no grants is valid");
+    provider.validate_config().await.expect("valid config");
+    // `list` calls the host's `log` through the component's `log@0.1.1` import.
+    let listed = provider.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].provider_id, "next-px-next");
+    assert_eq!(listed[0].state, InstanceState::Running);
+    assert_eq!(listed[0].address.as_deref(), Some("192.0.2.1"));
+    let created = provider.create(spec("px-1", json!({}))).await.unwrap();
+    assert_eq!(created.provider_id, "next-px-1");
+    let missing = provider.get("nope").await.unwrap_err();
+    assert!(
+        matches!(missing.provider_error(), Some(ProviderError::NotFound(m)) if m == "nope not found"),
+        "{missing}"
+    );
+
+    // Another patch version of the same minor is just as good.
+    let plugin = engine
+        .load(
+            "test-next-0.1.9.wasm",
+            with_version(&plugin_bytes("test-next"), "0.1.9"),
+        )
+        .await
+        .expect("a 0.1.9 component loads");
+    assert_eq!(
+        (plugin.wit_version.as_str(), plugin.bindings_version),
+        ("0.1.9", "0.1.0")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_major_or_minor_version_is_refused_naming_found_and_supported() {
+    let (engine, _) = engine_with(test_options()).await;
+    let bytes = plugin_bytes("test-next");
+    for version in ["0.2.1", "1.1.1", "0.0.1"] {
+        let rewritten = with_version(&bytes, version);
+        // Still a valid component, now claiming `version`: refused for its version alone.
+        let summary = proxy_operator::plugins::inspect_component(&engine, &rewritten)
+            .expect("the rewritten component still validates");
+        assert_eq!(summary.wit_version.as_deref(), Some(version));
+
+        let err = engine.load("next.wasm", rewritten).await.unwrap_err();
+        let message = err.to_string();
+        match &err {
+            LoadError::UnsupportedVersion { found, .. } => assert_eq!(found, version),
+            other => panic!("{version}: expected UnsupportedVersion, got {other:?}"),
+        }
+        assert!(
+            message.contains(&format!(
+                "built for WIT `proxy-operator:provider@{version}`, which this operator does not support"
+            )),
+            "{message}"
+        );
+        assert!(
+            message.contains("supported versions: 0.1.0 (and any later 0.1.x)"),
+            "{message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_1_x_component_needing_a_host_function_the_host_lacks_is_incompatible() {
+    let (engine, _) = engine_with(test_options()).await;
+    let bytes = wat::parse_str(
+        r#"(component
+            (import "proxy-operator:provider/log@0.1.1" (instance (export "log-extended" (func))))
+            (instance $i)
+            (export "proxy-operator:provider/provider@0.1.1" (instance $i)))"#,
+    )
+    .unwrap();
+    let err = engine.load("needs-more.wasm", bytes).await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(err, LoadError::Incompatible { ref version, .. } if version == "0.1.1"),
+        "{err:?}"
+    );
+    assert!(message.contains("log-extended"), "{message}");
+    assert!(
+        message.contains("checked with the host's 0.1.0 bindings"),
+        "{message}"
+    );
+}
