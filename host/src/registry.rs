@@ -535,9 +535,19 @@ impl PluginRegistry {
         );
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = watcher(api, config).default_backoff().boxed();
+        // A re-list that finds no ConfigMap (deleted while the watch was down) has no event of
+        // its own: `InitDone` without an `InitApply` since `Init` means it is gone.
+        let mut seen_in_init = false;
         while let Some(event) = events.next().await {
             let (map, content) = match event {
+                Ok(watcher::Event::Init) => {
+                    seen_in_init = false;
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) if seen_in_init => continue,
+                Ok(watcher::Event::InitDone) => (None, BTreeMap::new()),
                 Ok(watcher::Event::Apply(map)) | Ok(watcher::Event::InitApply(map)) => {
+                    seen_in_init = true;
                     let (content, skipped) = decode_configmap(&map);
                     for (key, why) in skipped {
                         tracing::warn!(configmap = %name, %key, "ignoring key: {why}");
@@ -545,7 +555,6 @@ impl PluginRegistry {
                     (Some(map), content)
                 }
                 Ok(watcher::Event::Delete(_)) => (None, BTreeMap::new()),
-                Ok(_) => continue,
                 Err(e) => {
                     tracing::warn!(configmap = %name, "watching the plugins ConfigMap: {e}");
                     continue;
