@@ -24,7 +24,8 @@ backports_pkgs=(
     libvirt-clients libvirt-dev qemu-system-x86 qemu-utils
 )
 # python3-venv: the Python example provider is built with componentize-py in a venv.
-plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv)
+# genisoimage, libarchive-tools, xorriso: readers that check the NoCloud seed ISO (plugins/seed-iso).
+plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso)
 
 # Prints the packages of "$@" that are not installed.
 missing() {
