@@ -158,14 +158,22 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for JsonBody<
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(JsonBody(T::default()));
         }
-        let value: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Problem::bad_request(format!("body: not JSON: {e}")))?;
-        if !value.is_object() {
-            return Err(Problem::bad_request("body: must be a JSON object".into()));
-        }
-        serde_path_to_error::deserialize(value)
-            .map(JsonBody)
-            .map_err(|e| Problem::bad_request(format!("{}: {}", e.path(), e.inner())))
+        // One pass straight into the type; only a failure is looked at twice, to say whether the
+        // body was not JSON at all, not an object, or a field was wrong.
+        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
+        let field_error = match serde_path_to_error::deserialize(&mut deserializer) {
+            Ok(value) if deserializer.end().is_ok() => return Ok(JsonBody(value)),
+            Ok(_) => None,
+            Err(e) => Some(match e.path().to_string() {
+                root if root == "." => format!("body: {}", e.inner()),
+                path => format!("{path}: {}", e.inner()),
+            }),
+        };
+        Err(match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Err(syntax) => Problem::bad_request(format!("body: not JSON: {syntax}")),
+            Ok(v) if !v.is_object() => Problem::bad_request("body: must be a JSON object".into()),
+            Ok(_) => Problem::bad_request(field_error.unwrap_or_else(|| "body: not valid".into())),
+        })
     }
 }
 
@@ -197,6 +205,18 @@ struct ProxyRef {
     zone: Option<String>,
     address: String,
     port: u16,
+}
+
+/// The answer to a grant (see `Lease` in the OpenAPI document).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Granted {
+    id: String,
+    proxy: ProxyRef,
+    proxy_url: String,
+    granted_at: String,
+    expires_at: String,
+    ttl_seconds: u64,
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -351,22 +371,22 @@ async fn grant(
         ),
         GrantError::NotReady => Problem::not_ready(),
     })?;
-    let body = serde_json::json!({
-        "id": lease.id,
-        "proxy": ProxyRef {
-            namespace: entry.key.namespace.clone(),
-            name: entry.key.name.clone(),
-            provider: entry.provider.clone(),
-            zone: entry.zone.clone(),
-            address: entry.address.clone(),
+    let location = format!("/v1/leases/{}", lease.id);
+    let body = Granted {
+        proxy_url: proxy_url(&entry.address, entry.port),
+        granted_at: rfc3339(lease.granted_at_ms),
+        expires_at: rfc3339(lease.expires_at_ms),
+        ttl_seconds: (lease.expires_at_ms - lease.granted_at_ms) / 1000,
+        proxy: ProxyRef {
+            namespace: entry.key.namespace,
+            name: entry.key.name,
+            provider: entry.provider,
+            zone: entry.zone,
+            address: entry.address,
             port: entry.port,
         },
-        "proxyUrl": proxy_url(&entry.address, entry.port),
-        "grantedAt": rfc3339(lease.granted_at_ms),
-        "expiresAt": rfc3339(lease.expires_at_ms),
-        "ttlSeconds": (lease.expires_at_ms - lease.granted_at_ms) / 1000,
-    });
-    let location = format!("/v1/leases/{}", lease.id);
+        id: lease.id,
+    };
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, location)],
