@@ -186,6 +186,9 @@ impl Default for LeaseOptions {
 
 /// How long the id of an ended lease is remembered, so its holder gets 410 rather than 404.
 const REMEMBER_ENDED: Duration = Duration::from_secs(3600);
+/// At most this many ended ids are remembered (oldest forgotten first): at tens of thousands of
+/// leases a second, an hour of ids would otherwise grow without bound.
+const MAX_ENDED: usize = 65_536;
 /// Retry-After when nothing is known to free up sooner.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -201,7 +204,9 @@ struct Inner {
     free: BTreeMap<u64, ProxyKey>,
     free_seq: HashMap<ProxyKey, u64>,
     next_seq: u64,
-    ended: HashMap<String, (EndReason, u64)>,
+    ended: HashMap<String, EndReason>,
+    /// Ended ids by when they are forgotten (oldest first), to forget without scanning.
+    ended_order: std::collections::VecDeque<(u64, String)>,
     failures: HashMap<ProxyKey, u32>,
     dirty: bool,
 }
@@ -545,7 +550,14 @@ impl LeaseStore {
         }
         let cooldowns = inner.cooldowns.len();
         inner.cooldowns.retain(|_, until_ms| *until_ms > now);
-        inner.ended.retain(|_, (_, forget_at)| *forget_at > now);
+        while inner
+            .ended_order
+            .front()
+            .is_some_and(|(forget_at, _)| *forget_at <= now)
+        {
+            let (_, id) = inner.ended_order.pop_front().expect("checked above");
+            inner.ended.remove(&id);
+        }
         if !expired.is_empty() || cooldowns != inner.cooldowns.len() {
             self.mark_dirty(&mut inner);
         }
@@ -633,7 +645,7 @@ impl Inner {
                 Err(LeaseError::Ended(EndReason::Expired))
             }
             None => match self.ended.get(id) {
-                Some((reason, _)) => Err(LeaseError::Ended(*reason)),
+                Some(reason) => Err(LeaseError::Ended(*reason)),
                 None => Err(LeaseError::NotFound),
             },
         }
@@ -647,10 +659,56 @@ impl Inner {
         if self.pool.get(&lease.proxy).is_some_and(|e| e.healthy) {
             self.push_free(lease.proxy);
         }
-        self.ended.insert(
-            id.to_string(),
-            (reason, now_ms() + REMEMBER_ENDED.as_millis() as u64),
-        );
+        self.ended.insert(id.to_string(), reason);
+        self.ended_order
+            .push_back((now_ms() + REMEMBER_ENDED.as_millis() as u64, id.to_string()));
+        if self.ended_order.len() > MAX_ENDED
+            && let Some((_, oldest)) = self.ended_order.pop_front()
+        {
+            self.ended.remove(&oldest);
+        }
         metrics.ended.with_label_values(&[reason.as_str()]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ended_ids_are_remembered_in_bounded_memory() {
+        let store = LeaseStore::new(
+            LeaseOptions::default(),
+            LeaseMetrics::unregistered().unwrap(),
+            None,
+        );
+        store.restore(Snapshot::default());
+        store.set_pool(vec![PoolEntry {
+            key: ProxyKey {
+                namespace: "ns".into(),
+                name: "only".into(),
+            },
+            provider: "p".into(),
+            zone: None,
+            labels: BTreeMap::new(),
+            address: "127.0.0.1".into(),
+            port: 3128,
+            healthy: true,
+        }]);
+        let mut first = None;
+        for _ in 0..MAX_ENDED + 10 {
+            let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
+            store.release(&lease.id).unwrap();
+            first.get_or_insert(lease.id);
+        }
+        let inner = store.lock();
+        assert_eq!(inner.ended.len(), MAX_ENDED);
+        assert_eq!(inner.ended_order.len(), MAX_ENDED);
+        drop(inner);
+        // The oldest were forgotten (404), the newest are still known (410).
+        assert_eq!(
+            store.report(first.as_deref().unwrap(), Outcome::Success),
+            Err(LeaseError::NotFound)
+        );
     }
 }
