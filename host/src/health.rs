@@ -163,6 +163,19 @@ impl Verdict {
     }
 }
 
+/// The verdict of `proxy`, seeded from its status when first seen or when its UID changed (a
+/// new Proxy of the same name). A free function, so a round can borrow the options beside it.
+fn verdict_of<'a>(verdicts: &'a mut HashMap<ProxyKey, Verdict>, proxy: &Proxy) -> &'a mut Verdict {
+    let uid = proxy.uid().unwrap_or_default();
+    let verdict = verdicts
+        .entry(key_of(proxy))
+        .or_insert_with(|| Verdict::from_status(uid.clone(), proxy.status.as_ref()));
+    if verdict.uid != uid {
+        *verdict = Verdict::from_status(uid, proxy.status.as_ref());
+    }
+    verdict
+}
+
 fn key_of(proxy: &Proxy) -> ProxyKey {
     ProxyKey {
         namespace: proxy.namespace().unwrap_or_default(),
@@ -312,10 +325,9 @@ impl HealthEngine {
                         ))
                 }
             }
-            let options = self.options.clone();
-            let verdict = self.verdict_mut(&proxy);
+            let verdict = verdict_of(&mut self.verdicts, &proxy);
             let before = verdict.healthy;
-            verdict.record(&result, &options);
+            verdict.record(&result, &self.options);
             if before != verdict.healthy {
                 tracing::info!(
                     proxy = %key_of(&proxy),
@@ -353,15 +365,7 @@ impl HealthEngine {
     }
 
     fn verdict_mut(&mut self, proxy: &Proxy) -> &mut Verdict {
-        let uid = proxy.uid().unwrap_or_default();
-        let verdict = self
-            .verdicts
-            .entry(key_of(proxy))
-            .or_insert_with(|| Verdict::from_status(uid.clone(), proxy.status.as_ref()));
-        if verdict.uid != uid {
-            *verdict = Verdict::from_status(uid, proxy.status.as_ref());
-        }
-        verdict
+        verdict_of(&mut self.verdicts, proxy)
     }
 
     /// The status fields the engine owns, if they differ from what the Proxy shows (or the

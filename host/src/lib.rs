@@ -6,6 +6,7 @@ pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod events;
 pub mod gc;
 pub mod health;
 pub mod leader;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use prometheus::{IntCounterVec, Opts, Registry};
@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{
     NotLoaded, ProviderEntry, ProviderSet, Providers, ProvidersConfig, bind_entry,
 };
+use crate::events;
 use crate::plugins::{LoadedPlugin, PluginEngine, ProviderInstance};
 
 /// Largest component accepted from any source (decompressed).
@@ -526,13 +527,7 @@ impl PluginRegistry {
             return;
         };
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: "proxy-operator".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let recorder = events::recorder(client);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = watcher(api, config).default_backoff().boxed();
         // A re-list that finds no ConfigMap (deleted while the watch was down) has no event of
@@ -667,16 +662,15 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    let event = Event {
+    events::publish(
+        recorder,
+        &map.object_ref(&()),
         type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "LoadPlugin".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &map.object_ref(&())).await {
-        tracing::warn!("cannot publish event {reason}: {e}");
-    }
+        reason,
+        "LoadPlugin",
+        note,
+    )
+    .await;
 }
 
 /// Plugin components by type.

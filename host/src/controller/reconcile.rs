@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use super::conditions;
 use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::config::ProviderSet;
+use crate::events;
 use crate::metrics::ReconcileMetrics;
 use crate::plugins::types::{InstanceSpec, InstanceState, Owner, ProviderError};
 use crate::plugins::{CallError, ProviderInstance};
@@ -43,13 +44,7 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, providers: impl Into<ProviderSet>, operator_id: &str) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "proxy-operator".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let recorder = events::recorder(client.clone());
         Context {
             client,
             providers: providers.into(),
@@ -136,16 +131,7 @@ async fn reconcile(
 
 async fn event(ctx: &Context, proxy: &Proxy, type_: EventType, reason: &str, note: String) {
     let reference = proxy.object_ref(&());
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        tracing::warn!("cannot publish event {reason}: {e}");
-    }
+    events::publish(&ctx.recorder, &reference, type_, reason, "Reconcile", note).await;
 }
 
 async fn write_status(api: &Api<Proxy>, proxy: &Proxy, status: ProxyStatus) -> Result<(), Error> {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 
 use super::metrics::LeaseMetrics;
 
@@ -216,8 +216,6 @@ pub struct LeaseStore {
     inner: Mutex<Inner>,
     options: LeaseOptions,
     metrics: LeaseMetrics,
-    /// Woken when something worth persisting changed.
-    pub(crate) changed: Notify,
     suspects: Option<mpsc::Sender<ProxyKey>>,
 }
 
@@ -249,7 +247,6 @@ impl LeaseStore {
             inner: Mutex::new(Inner::default()),
             options,
             metrics,
-            changed: Notify::new(),
             suspects,
         }
     }
@@ -331,7 +328,6 @@ impl LeaseStore {
     fn mark_dirty(&self, inner: &mut Inner) {
         inner.dirty = true;
         self.update_gauges(inner);
-        self.changed.notify_one();
     }
 
     fn update_gauges(&self, inner: &Inner) {
