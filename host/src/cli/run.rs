@@ -223,8 +223,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         )
     })?;
 
+    let (suspects_tx, suspects) = tokio::sync::mpsc::channel(256);
+    let leases = Arc::new(LeaseStore::new(
+        lease_options,
+        LeaseMetrics::register(&registry)?,
+        Some(suspects_tx),
+    ));
     let ready = Arc::new(AtomicBool::new(false));
-    let server = serve_probes(args.metrics_addr, registry.clone(), ready.clone()).await?;
+    let server = serve_probes(
+        args.metrics_addr,
+        registry.clone(),
+        ready.clone(),
+        leases.clone(),
+    )
+    .await?;
     // Plugins and config follow their sources on every replica, so a standby takes over warm.
     let mut watchers = vec![tokio::spawn(
         plugin_registry
@@ -239,12 +251,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ));
     }
 
-    let (suspects_tx, suspects) = tokio::sync::mpsc::channel(256);
-    let leases = Arc::new(LeaseStore::new(
-        lease_options,
-        LeaseMetrics::register(&registry)?,
-        Some(suspects_tx),
-    ));
     let discovery_server = match args.discovery_token.as_deref().map(str::trim) {
         Some(token) if !token.is_empty() => Some(
             serve_discovery(
@@ -376,18 +382,23 @@ async fn serve_probes(
     addr: SocketAddr,
     registry: prometheus::Registry,
     ready: Arc<AtomicBool>,
+    leases: Arc<LeaseStore>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
+            // Ready means serving: the leader with its lease table restored, so a Service never
+            // routes a crawler to a replica that would answer 503.
             get(move || {
-                let ready = ready.clone();
+                let (ready, leases) = (ready.clone(), leases.clone());
                 async move {
-                    if ready.load(Ordering::Relaxed) {
-                        (StatusCode::OK, "ready")
-                    } else {
+                    if !ready.load(Ordering::Relaxed) {
                         (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                    } else if !leases.is_ready() {
+                        (StatusCode::SERVICE_UNAVAILABLE, "restoring the lease table")
+                    } else {
+                        (StatusCode::OK, "ready")
                     }
                 }
             }),
