@@ -15,6 +15,9 @@ pub struct Grants {
     /// Outbound HTTP: the hosts it may call and the credentials the host adds.
     #[serde(default)]
     pub http: Option<http::HttpGrant>,
+    /// libvirt on hypervisors over SSH: which ones, and the Secret with the SSH key.
+    #[serde(default)]
+    pub libvirt: Option<libvirt::LibvirtGrant>,
 }
 
 /// Everything a call into one provider instance can use: who it is (for logs) and its grants,
@@ -26,6 +29,7 @@ pub struct CallContext {
     /// The plugin (provider type) serving it.
     pub plugin: String,
     pub http: http::HttpCapability,
+    pub libvirt: libvirt::LibvirtCapability,
 }
 
 impl CallContext {
@@ -35,7 +39,14 @@ impl CallContext {
             provider: provider.to_string(),
             plugin: plugin.to_string(),
             http: http::HttpCapability::new(grants.http.as_ref())?,
+            libvirt: libvirt::LibvirtCapability::new(grants.libvirt.as_ref())?,
         })
+    }
+
+    /// The same context with libvirt calls served by `hub` (the process's connections).
+    pub fn with_libvirt_hub(mut self, hub: std::sync::Arc<libvirt::LibvirtHub>) -> Self {
+        self.libvirt = self.libvirt.with_hub(hub);
+        self
     }
 }
 
@@ -48,4 +59,6 @@ pub enum GrantError {
     HttpCredential { index: usize, message: String },
     #[error("grants.http: {0}")]
     HttpClient(String),
+    #[error("grants.libvirt.{0}")]
+    Libvirt(String),
 }

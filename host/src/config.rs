@@ -74,7 +74,7 @@ pub fn is_plugin_name(name: &str) -> bool {
     is_dns_label(name)
 }
 
-fn is_dns_label(name: &str) -> bool {
+pub(crate) fn is_dns_label(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && name

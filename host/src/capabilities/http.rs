@@ -241,6 +241,38 @@ impl HttpCapability {
         Ok(granted)
     }
 
+    /// Starts a GET whose body the host streams itself (a base image the `libvirt` capability
+    /// imports): the same grant and credentials as `send`, but no response size limit, since the
+    /// bytes never reach the plugin. The timeout covers the response headers only.
+    pub async fn open_download(
+        &self,
+        context: &CallContext,
+        url: &str,
+    ) -> Result<reqwest::Response, HttpError> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| HttpError::InvalidRequest(format!("url `{url}`: {e}")))?;
+        self.check(&parsed)?;
+        let client = self.client.as_ref().ok_or_else(|| {
+            HttpError::Denied("this provider instance has no grants.http".to_string())
+        })?;
+        let target = allow::Target::from_url(&parsed).map_err(HttpError::InvalidRequest)?;
+        let injected: Vec<&Credential> = self
+            .credentials
+            .iter()
+            .filter(|c| c.pattern.matches(&target))
+            .collect();
+        let mut headers = reqwest::header::HeaderMap::new();
+        insert_credentials(&mut headers, &injected, context)?;
+        let response =
+            tokio::time::timeout(self.timeout, client.get(parsed).headers(headers).send())
+                .await
+                .map_err(|_| {
+                    HttpError::Timeout(format!("no response from {url} within {:?}", self.timeout))
+                })?
+                .map_err(|e| classify(&e))?;
+        Ok(response)
+    }
+
     /// Sends a plugin's request if the grant allows it.
     pub async fn send(
         &self,
@@ -285,29 +317,7 @@ impl HttpCapability {
             })?;
             headers.append(name, value);
         }
-        for credential in &injected {
-            let secret = credential.source.read().map_err(|e| {
-                tracing::warn!(
-                    provider = %context.provider,
-                    header = %credential.header,
-                    "credential for an HTTP grant is unavailable: {e}"
-                );
-                HttpError::Transport(format!(
-                    "the host could not read the credential for header {}: {e}",
-                    credential.header
-                ))
-            })?;
-            let mut value =
-                reqwest::header::HeaderValue::from_str(&format!("{}{}", credential.prefix, secret))
-                    .map_err(|_| {
-                        HttpError::Transport(format!(
-                            "the credential for header {} is not a valid header value",
-                            credential.header
-                        ))
-                    })?;
-            value.set_sensitive(true);
-            headers.insert(credential.header.clone(), value);
-        }
+        insert_credentials(&mut headers, &injected, context)?;
 
         let timeout = request
             .timeout
@@ -403,4 +413,36 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = e.source();
     }
     text
+}
+
+/// Adds the grant's credentials for a request (read now, so a rotated Secret file is picked up).
+fn insert_credentials(
+    headers: &mut reqwest::header::HeaderMap,
+    injected: &[&Credential],
+    context: &CallContext,
+) -> Result<(), HttpError> {
+    for credential in injected {
+        let secret = credential.source.read().map_err(|e| {
+            tracing::warn!(
+                provider = %context.provider,
+                header = %credential.header,
+                "credential for an HTTP grant is unavailable: {e}"
+            );
+            HttpError::Transport(format!(
+                "the host could not read the credential for header {}: {e}",
+                credential.header
+            ))
+        })?;
+        let mut value =
+            reqwest::header::HeaderValue::from_str(&format!("{}{}", credential.prefix, secret))
+                .map_err(|_| {
+                    HttpError::Transport(format!(
+                        "the credential for header {} is not a valid header value",
+                        credential.header
+                    ))
+                })?;
+        value.set_sensitive(true);
+        headers.insert(credential.header.clone(), value);
+    }
+    Ok(())
 }

@@ -12,6 +12,7 @@ use axum::routing::get;
 use kube::CustomResourceExt;
 
 use crate::api::Proxy;
+use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
 use crate::gc::{self, GcMetrics, GcOptions};
@@ -180,6 +181,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.health_target
     );
     let registry = prometheus::Registry::new();
+
+    // Fail fast on a broken providers config before anything else (no cluster needed for that).
+    ProvidersConfig::load(&args.providers_config)?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let engine = PluginEngine::new(
         EngineOptions {
             pool_instances: args.plugin_pool_instances,
@@ -187,16 +194,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             cpu_budget: Duration::from_millis(args.plugin_cpu_budget_ms),
             call_timeout: Duration::from_secs(args.plugin_call_timeout_seconds),
             cache_dir: args.plugin_cache_dir.clone(),
+            // SSH material for kvm hypervisors: Secrets in the operator's namespace, read on
+            // first use; tunnel sockets in private directories under the scratch /tmp.
+            libvirt: LibvirtHub::new(
+                MaterialSource::Secrets {
+                    client: client.clone(),
+                    namespace: args.leader_election_namespace.clone(),
+                },
+                std::env::temp_dir(),
+            ),
         },
         &registry,
     )?;
     tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
-
-    // Fail fast on a broken providers config before anything else (no cluster needed for that).
-    ProvidersConfig::load(&args.providers_config)?;
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let plugin_registry = PluginRegistry::start(
         engine.clone(),
         RegistryOptions {

@@ -1,6 +1,7 @@
 //! The one wasmtime `Engine` of the operator: component model, pooling allocator with an
 //! on-demand fallback, copy-on-write memory images, and epoch interruption driven by a ticker.
 
+use crate::capabilities::libvirt::LibvirtHub;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +33,8 @@ pub struct EngineOptions {
     pub call_timeout: Duration,
     /// Where compiled components are cached; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
+    /// The process's hypervisor connections and SSH material (the `libvirt` capability).
+    pub libvirt: Arc<LibvirtHub>,
 }
 
 impl Default for EngineOptions {
@@ -42,6 +45,7 @@ impl Default for EngineOptions {
             cpu_budget: Duration::from_secs(2),
             call_timeout: Duration::from_secs(60),
             cache_dir: None,
+            libvirt: LibvirtHub::unconfigured(),
         }
     }
 }

@@ -101,7 +101,10 @@ impl ProviderInstance {
         grants: &Grants,
         options: ProviderInstanceOptions,
     ) -> Result<Self, GrantError> {
-        let context = Arc::new(CallContext::new(name, &plugin.info.name, grants)?);
+        let context = Arc::new(
+            CallContext::new(name, &plugin.info.name, grants)?
+                .with_libvirt_hub(engine.options.libvirt.clone()),
+        );
         Ok(ProviderInstance {
             name: name.to_string(),
             plugin,

@@ -50,6 +50,7 @@ pub fn test_options() -> EngineOptions {
         cpu_budget: Duration::from_millis(500),
         call_timeout: Duration::from_secs(10),
         cache_dir: None,
+        ..EngineOptions::default()
     }
 }
 

@@ -42,7 +42,7 @@ const MAX_SOCKET_PATH: usize = 107;
 const SOCKET_NAME: &str = "libvirt-sock";
 
 /// Where to log in: one hypervisor of a kvm provider instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SshTarget {
     /// Host name or IP address of the hypervisor.
     pub address: String,

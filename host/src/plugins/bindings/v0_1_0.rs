@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use wasmtime::component::Resource;
 
-use crate::capabilities::{http as http_cap, libvirt::Hypervisor, log as log_cap};
+use crate::capabilities::libvirt::{self as lv_cap, Hypervisor};
+use crate::capabilities::{http as http_cap, log as log_cap};
 use crate::plugins::state::HostState;
 use crate::plugins::types;
 
@@ -216,112 +217,209 @@ impl kube::Host for HostState {
     }
 }
 
-fn libvirt_denied() -> libvirt::LibvirtError {
-    libvirt::LibvirtError::Denied(
-        "the libvirt capability is not available in this operator version yet".into(),
-    )
+type LvResult<T> = Result<T, libvirt::LibvirtError>;
+
+impl From<lv_cap::LibvirtError> for libvirt::LibvirtError {
+    fn from(e: lv_cap::LibvirtError) -> Self {
+        use lv_cap::LibvirtError as E;
+        match e {
+            E::Denied(m) => libvirt::LibvirtError::Denied(m),
+            E::NotFound(m) => libvirt::LibvirtError::NotFound(m),
+            E::Transport(m) => libvirt::LibvirtError::Transport(m),
+            E::SshHandshakeFailed(m) => libvirt::LibvirtError::SshHandshakeFailed(m),
+            E::HostKeyMismatch(m) => libvirt::LibvirtError::HostKeyMismatch(m),
+            E::AuthFailed(m) => libvirt::LibvirtError::AuthFailed(m),
+            E::Timeout(m) => libvirt::LibvirtError::Timeout(m),
+            E::Failed(m) => libvirt::LibvirtError::Failed(m),
+            E::ChecksumMismatch(m) => libvirt::LibvirtError::ChecksumMismatch(m),
+        }
+    }
 }
 
-type LvResult<T> = Result<T, libvirt::LibvirtError>;
+impl From<lv_cap::DomainInfo> for libvirt::DomainInfo {
+    fn from(d: lv_cap::DomainInfo) -> Self {
+        use lv_cap::DomainState as S;
+        libvirt::DomainInfo {
+            name: d.name,
+            uuid: d.uuid,
+            state: match d.state {
+                S::NoState => libvirt::DomainState::NoState,
+                S::Running => libvirt::DomainState::Running,
+                S::Blocked => libvirt::DomainState::Blocked,
+                S::Paused => libvirt::DomainState::Paused,
+                S::Shutdown => libvirt::DomainState::Shutdown,
+                S::Shutoff => libvirt::DomainState::Shutoff,
+                S::Crashed => libvirt::DomainState::Crashed,
+                S::Suspended => libvirt::DomainState::Suspended,
+            },
+            metadata: d.metadata,
+        }
+    }
+}
+
+impl From<lv_cap::VolumeInfo> for libvirt::VolumeInfo {
+    fn from(v: lv_cap::VolumeInfo) -> Self {
+        libvirt::VolumeInfo {
+            name: v.name,
+            path: v.path,
+            capacity: v.capacity,
+            allocation: v.allocation,
+        }
+    }
+}
+
+impl HostState {
+    /// The hypervisor behind a handle the plugin holds.
+    fn hypervisor(&self, handle: &Resource<Hypervisor>) -> LvResult<&Hypervisor> {
+        self.table
+            .get(handle)
+            .map_err(|e| libvirt::LibvirtError::Failed(format!("invalid hypervisor handle: {e}")))
+    }
+}
 
 impl libvirt::Host for HostState {}
 
 impl libvirt::HostHypervisor for HostState {
-    async fn open(&mut self, _host: String) -> LvResult<Resource<Hypervisor>> {
-        Err(libvirt_denied())
+    async fn open(&mut self, host: String) -> LvResult<Resource<Hypervisor>> {
+        let hypervisor = self.context.libvirt.open(&host)?;
+        self.table
+            .push(hypervisor)
+            .map_err(|e| libvirt::LibvirtError::Failed(format!("too many hypervisor handles: {e}")))
     }
-    async fn probe(&mut self, _: Resource<Hypervisor>, _: u32) -> LvResult<libvirt::ProbeReport> {
-        Err(libvirt_denied())
+    async fn probe(
+        &mut self,
+        h: Resource<Hypervisor>,
+        timeout_ms: u32,
+    ) -> LvResult<libvirt::ProbeReport> {
+        let timeout = Duration::from_millis(timeout_ms.clamp(100, 60_000).into());
+        let report = self.hypervisor(&h)?.probe(timeout).await?;
+        Ok(libvirt::ProbeReport {
+            ssh_ms: report.ssh_ms,
+            libvirt_ms: report.libvirt_ms,
+            libvirt_version: report.libvirt_version,
+        })
     }
     async fn define_domain(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
+        h: Resource<Hypervisor>,
+        xml: String,
     ) -> LvResult<libvirt::DomainInfo> {
-        Err(libvirt_denied())
+        Ok(self.hypervisor(&h)?.define_domain(xml).await?.into())
     }
     async fn lookup_domain(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
-        _: Option<String>,
+        h: Resource<Hypervisor>,
+        name: String,
+        metadata_uri: Option<String>,
     ) -> LvResult<libvirt::DomainInfo> {
-        Err(libvirt_denied())
+        Ok(self
+            .hypervisor(&h)?
+            .lookup_domain(name, metadata_uri)
+            .await?
+            .into())
     }
-    async fn start_domain(&mut self, _: Resource<Hypervisor>, _: String) -> LvResult<()> {
-        Err(libvirt_denied())
+    async fn start_domain(&mut self, h: Resource<Hypervisor>, name: String) -> LvResult<()> {
+        Ok(self.hypervisor(&h)?.start_domain(name).await?)
     }
-    async fn destroy_domain(&mut self, _: Resource<Hypervisor>, _: String) -> LvResult<()> {
-        Err(libvirt_denied())
+    async fn destroy_domain(&mut self, h: Resource<Hypervisor>, name: String) -> LvResult<()> {
+        Ok(self.hypervisor(&h)?.destroy_domain(name).await?)
     }
-    async fn undefine_domain(&mut self, _: Resource<Hypervisor>, _: String) -> LvResult<()> {
-        Err(libvirt_denied())
+    async fn undefine_domain(&mut self, h: Resource<Hypervisor>, name: String) -> LvResult<()> {
+        Ok(self.hypervisor(&h)?.undefine_domain(name).await?)
     }
     async fn list_domains(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: Option<String>,
+        h: Resource<Hypervisor>,
+        metadata_uri: Option<String>,
     ) -> LvResult<Vec<libvirt::DomainInfo>> {
-        Err(libvirt_denied())
+        let domains = self.hypervisor(&h)?.list_domains(metadata_uri).await?;
+        Ok(domains.into_iter().map(Into::into).collect())
     }
     async fn domain_addresses(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
+        h: Resource<Hypervisor>,
+        name: String,
     ) -> LvResult<Vec<libvirt::InterfaceAddress>> {
-        Err(libvirt_denied())
+        let addresses = self.hypervisor(&h)?.domain_addresses(name).await?;
+        Ok(addresses
+            .into_iter()
+            .map(|a| libvirt::InterfaceAddress {
+                name: a.name,
+                mac: a.mac,
+                address: a.address,
+                prefix: a.prefix,
+            })
+            .collect())
     }
     async fn pool_info(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
+        h: Resource<Hypervisor>,
+        pool: String,
     ) -> LvResult<libvirt::PoolInfo> {
-        Err(libvirt_denied())
+        let p = self.hypervisor(&h)?.pool_info(pool).await?;
+        Ok(libvirt::PoolInfo {
+            name: p.name,
+            active: p.active,
+            path: p.path,
+            capacity: p.capacity,
+            allocation: p.allocation,
+            available: p.available,
+        })
     }
-    async fn refresh_pool(&mut self, _: Resource<Hypervisor>, _: String) -> LvResult<()> {
-        Err(libvirt_denied())
+    async fn refresh_pool(&mut self, h: Resource<Hypervisor>, pool: String) -> LvResult<()> {
+        Ok(self.hypervisor(&h)?.refresh_pool(pool).await?)
     }
     async fn create_volume(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
-        _: String,
+        h: Resource<Hypervisor>,
+        pool: String,
+        xml: String,
     ) -> LvResult<libvirt::VolumeInfo> {
-        Err(libvirt_denied())
+        Ok(self.hypervisor(&h)?.create_volume(pool, xml).await?.into())
     }
     async fn lookup_volume(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
-        _: String,
+        h: Resource<Hypervisor>,
+        pool: String,
+        name: String,
     ) -> LvResult<libvirt::VolumeInfo> {
-        Err(libvirt_denied())
+        Ok(self.hypervisor(&h)?.lookup_volume(pool, name).await?.into())
     }
     async fn delete_volume(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
-        _: String,
+        h: Resource<Hypervisor>,
+        pool: String,
+        name: String,
     ) -> LvResult<()> {
-        Err(libvirt_denied())
+        Ok(self.hypervisor(&h)?.delete_volume(pool, name).await?)
     }
     async fn upload_volume(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
-        _: String,
-        _: Vec<u8>,
+        h: Resource<Hypervisor>,
+        pool: String,
+        name: String,
+        data: Vec<u8>,
     ) -> LvResult<()> {
-        Err(libvirt_denied())
+        Ok(self.hypervisor(&h)?.upload_volume(pool, name, data).await?)
     }
     async fn import_image(
         &mut self,
-        _: Resource<Hypervisor>,
-        _: String,
-        _: String,
-        _: libvirt::ImageSource,
+        h: Resource<Hypervisor>,
+        pool: String,
+        name: String,
+        source: libvirt::ImageSource,
     ) -> LvResult<libvirt::VolumeInfo> {
-        Err(libvirt_denied())
+        let source = lv_cap::ImageSource {
+            url: source.url,
+            sha256: source.sha256,
+            format: source.format,
+        };
+        let context = self.context.clone();
+        Ok(self
+            .hypervisor(&h)?
+            .import_image(context, pool, name, source)
+            .await?
+            .into())
     }
     async fn drop(&mut self, rep: Resource<Hypervisor>) -> wasmtime::Result<()> {
         self.table.delete(rep)?;

@@ -1,0 +1,434 @@
+//! The process's libvirt connections: one SSH tunnel + virt connection per hypervisor, opened on
+//! first use and shared by every call and provider instance that reaches it; the SSH material read
+//! from its Secret on first use and cached. Only transport failures drop a cached connection: an
+//! error libvirt answered (no such domain, a bad XML) leaves it for the next call.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use tracing::{debug, info, warn};
+use virt::connect::Connect;
+use virt::error::ErrorNumber;
+
+use super::LibvirtError;
+use super::import::Imports;
+use super::tunnel::{HostKeyProblem, SshMaterial, SshTarget, Tunnel, TunnelError};
+
+/// Where the SSH key and known_hosts come from.
+#[derive(Clone, Default)]
+pub enum MaterialSource {
+    /// Nothing configured (e.g. `plugin inspect`): every libvirt call is denied.
+    #[default]
+    None,
+    /// Secrets in the operator's namespace, named by each grant's `sshSecret`.
+    Secrets {
+        client: kube::Client,
+        namespace: String,
+    },
+    /// Fixed material for every grant (`plugin run --ssh-key … --known-hosts …`).
+    Static(SshMaterial),
+}
+
+impl fmt::Debug for MaterialSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MaterialSource::None => write!(f, "None"),
+            MaterialSource::Secrets { namespace, .. } => write!(f, "Secrets({namespace})"),
+            MaterialSource::Static(_) => write!(f, "Static(<redacted>)"),
+        }
+    }
+}
+
+/// Which hypervisor, which socket on it, with which Secret: the key of a cached connection.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Endpoint {
+    pub target: SshTarget,
+    pub socket: String,
+    pub secret: String,
+}
+
+impl Endpoint {
+    pub fn label(&self) -> String {
+        format!(
+            "{}@{}:{}",
+            self.target.user, self.target.address, self.target.port
+        )
+    }
+}
+
+/// An open tunnel and the libvirt connection through it.
+pub(super) struct Connection {
+    // Declared first so it drops first: with the socket gone, closing the libvirt connection
+    // cannot wait on a peer.
+    tunnel: Tunnel,
+    virt: Option<Connect>,
+}
+
+impl Connection {
+    pub fn virt(&self) -> &Connect {
+        self.virt.as_ref().expect("present until drop")
+    }
+
+    fn is_alive(&self) -> bool {
+        self.tunnel.is_alive()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // virConnectClose is a blocking RPC: off the async runtime when there is one.
+        if let Some(virt) = self.virt.take() {
+            let close = move || {
+                let mut virt = virt;
+                let _ = virt.close();
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(close)),
+                Err(_) => close(),
+            }
+        }
+    }
+}
+
+/// One hypervisor's cached connection. The async mutex serialises opening it; waiting for it
+/// is cancellable, so a call's deadline interrupts the wait.
+#[derive(Default)]
+struct HostSlot {
+    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+}
+
+/// The process's libvirt connections and SSH material.
+pub struct LibvirtHub {
+    material: MaterialSource,
+    tunnel_dir: PathBuf,
+    materials: tokio::sync::Mutex<HashMap<String, SshMaterial>>,
+    slots: Mutex<HashMap<Endpoint, Arc<HostSlot>>>,
+    pub(super) imports: Imports,
+}
+
+impl fmt::Debug for LibvirtHub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LibvirtHub")
+            .field("material", &self.material)
+            .field("tunnel_dir", &self.tunnel_dir)
+            .finish()
+    }
+}
+
+impl LibvirtHub {
+    /// A hub whose tunnels' sockets live in new private directories under `tunnel_dir`.
+    pub fn new(material: MaterialSource, tunnel_dir: PathBuf) -> Arc<Self> {
+        // libvirt prints every error to stderr by default; they are returned and logged instead.
+        static QUIET: OnceLock<()> = OnceLock::new();
+        QUIET.get_or_init(virt::error::clear_error_callback);
+        Arc::new(LibvirtHub {
+            material,
+            tunnel_dir,
+            materials: Default::default(),
+            slots: Default::default(),
+            imports: Default::default(),
+        })
+    }
+
+    /// The hub of a process that has no SSH material (shared; it never connects).
+    pub fn unconfigured() -> Arc<Self> {
+        static HUB: OnceLock<Arc<LibvirtHub>> = OnceLock::new();
+        HUB.get_or_init(|| LibvirtHub::new(MaterialSource::None, std::env::temp_dir()))
+            .clone()
+    }
+
+    /// The SSH material named `secret`, read on first use and cached.
+    async fn material(&self, secret: &str) -> Result<SshMaterial, LibvirtError> {
+        let mut cache = self.materials.lock().await;
+        if let Some(material) = cache.get(secret) {
+            return Ok(material.clone());
+        }
+        let material = match &self.material {
+            MaterialSource::None => {
+                return Err(LibvirtError::Denied(
+                    "this operator has no SSH material for hypervisors (run it in a cluster with the kvm-ssh Secret)".into(),
+                ));
+            }
+            MaterialSource::Static(material) => material.clone(),
+            MaterialSource::Secrets { client, namespace } => {
+                read_secret(client, namespace, secret).await?
+            }
+        };
+        // Parsed now, so a broken key is reported as the Secret's fault, not the host's.
+        russh::keys::decode_secret_key(&material.private_key, None).map_err(|e| {
+            LibvirtError::AuthFailed(format!(
+                "the ssh-privatekey in Secret {secret} cannot be used: {e}; put an unencrypted OpenSSH private key there"
+            ))
+        })?;
+        cache.insert(secret.to_string(), material.clone());
+        Ok(material)
+    }
+
+    /// Forgets cached material, so a corrected Secret is read on the next call.
+    async fn forget_material(&self, secret: &str) {
+        self.materials.lock().await.remove(secret);
+    }
+
+    fn slot(&self, endpoint: &Endpoint) -> Arc<HostSlot> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(endpoint.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// The cached connection to `endpoint`, or a new one.
+    pub(super) async fn connection(
+        &self,
+        endpoint: &Endpoint,
+    ) -> Result<Arc<Connection>, LibvirtError> {
+        let slot = self.slot(endpoint);
+        let mut cached = slot.connection.lock().await;
+        if let Some(connection) = cached.as_ref() {
+            if connection.is_alive() {
+                return Ok(connection.clone());
+            }
+            info!(hypervisor = %endpoint.label(), "ssh tunnel closed; reconnecting");
+            *cached = None;
+        }
+        let material = self.material(&endpoint.secret).await?;
+        let started = Instant::now();
+        let tunnel = Tunnel::open(
+            &endpoint.target,
+            &material,
+            &endpoint.socket,
+            &self.tunnel_dir,
+        )
+        .await;
+        let tunnel = match tunnel {
+            Ok(tunnel) => tunnel,
+            Err(e) => {
+                if matches!(
+                    e,
+                    TunnelError::HostKey { .. }
+                        | TunnelError::Auth { .. }
+                        | TunnelError::KeyUnparseable { .. }
+                ) {
+                    self.forget_material(&endpoint.secret).await;
+                }
+                warn!(hypervisor = %endpoint.label(), "cannot reach the hypervisor: {e}");
+                return Err(from_tunnel(e));
+            }
+        };
+        let uri = format!(
+            "qemu+unix:///system?socket={}",
+            tunnel.socket_path().display()
+        );
+        let virt = tokio::task::spawn_blocking(move || Connect::open(Some(&uri)))
+            .await
+            .map_err(|e| LibvirtError::Transport(format!("libvirt connect: {e}")))?
+            .map_err(|e| {
+                LibvirtError::Transport(format!(
+                    "libvirt on {} does not answer: {}",
+                    endpoint.label(),
+                    e.message()
+                ))
+            })?;
+        info!(
+            hypervisor = %endpoint.label(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "connected to libvirt over ssh"
+        );
+        let connection = Arc::new(Connection {
+            tunnel,
+            virt: Some(virt),
+        });
+        *cached = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Drops the cached connection if it is still `broken` (a newer one is kept).
+    async fn drop_connection(&self, endpoint: &Endpoint, broken: &Arc<Connection>) {
+        let slot = self.slot(endpoint);
+        let mut cached = slot.connection.lock().await;
+        if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, broken)) {
+            warn!(hypervisor = %endpoint.label(), "dropping the libvirt connection after a transport error");
+            *cached = None;
+        }
+    }
+
+    /// Runs one libvirt call on a blocking thread over the cached connection, logs it as one
+    /// debug line, and drops the connection when the failure was the transport's.
+    pub(super) async fn call<T: Send + 'static>(
+        &self,
+        endpoint: &Endpoint,
+        rpc: &'static str,
+        ids: &str,
+        op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    ) -> Result<T, LibvirtError> {
+        let started = Instant::now();
+        let result: Result<T, Failure> = async {
+            let connection = self.connection(endpoint).await?;
+            let shared = connection.clone();
+            let outcome = tokio::task::spawn_blocking(move || op(shared.virt()))
+                .await
+                .map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
+            outcome.map_err(|e| Failure {
+                error: classify(rpc, ids, &e),
+                broken: is_transport(&e).then_some(connection),
+            })
+        }
+        .await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match result {
+            Ok(value) => {
+                debug!(rpc, hypervisor = %endpoint.label(), ids, elapsed_ms, "libvirt call");
+                Ok(value)
+            }
+            Err(Failure { error, broken }) => {
+                debug!(rpc, hypervisor = %endpoint.label(), ids, elapsed_ms, error = %error, "libvirt call");
+                if let Some(broken) = broken {
+                    self.drop_connection(endpoint, &broken).await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// SSH and libvirt reachable within `timeout`. A slow answer is given up on without dropping
+    /// the shared connection (the call finishes in the background).
+    pub(super) async fn probe(
+        &self,
+        endpoint: &Endpoint,
+        timeout: Duration,
+    ) -> Result<super::ProbeReport, LibvirtError> {
+        let started = Instant::now();
+        let work = async {
+            let connection = self.connection(endpoint).await?;
+            let ssh_ms = started.elapsed().as_millis() as u32;
+            let libvirt_started = Instant::now();
+            let version = self
+                .call(endpoint, "connect-get-lib-version", "", |c| {
+                    c.get_lib_version()
+                })
+                .await?;
+            drop(connection);
+            Ok(super::ProbeReport {
+                ssh_ms,
+                libvirt_ms: libvirt_started.elapsed().as_millis() as u32,
+                libvirt_version: format!(
+                    "{}.{}.{}",
+                    version / 1_000_000,
+                    version / 1000 % 1000,
+                    version % 1000
+                ),
+            })
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(LibvirtError::Timeout(format!(
+                    "{} did not answer within {timeout:?}",
+                    endpoint.label()
+                )))
+            })
+    }
+}
+
+/// A failed call and the connection to drop, if the transport failed.
+struct Failure {
+    error: LibvirtError,
+    broken: Option<Arc<Connection>>,
+}
+
+impl From<LibvirtError> for Failure {
+    fn from(error: LibvirtError) -> Self {
+        Failure {
+            error,
+            broken: None,
+        }
+    }
+}
+
+async fn read_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<SshMaterial, LibvirtError> {
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    let secret = api.get_opt(name).await.map_err(|e| {
+        LibvirtError::Transport(format!("cannot read Secret {namespace}/{name}: {e}"))
+    })?;
+    let Some(secret) = secret else {
+        return Err(LibvirtError::Transport(format!(
+            "the Secret {namespace}/{name} with the SSH key for the hypervisors does not exist; create it: \
+             kubectl -n {namespace} create secret generic {name} --from-file=ssh-privatekey=KEY --from-file=known_hosts=FILE"
+        )));
+    };
+    let data = secret.data.unwrap_or_default();
+    let text = |key: &str| -> Result<String, LibvirtError> {
+        let bytes = data.get(key).ok_or_else(|| {
+            LibvirtError::AuthFailed(format!(
+                "Secret {namespace}/{name} has no `{key}` key (it needs ssh-privatekey and known_hosts)"
+            ))
+        })?;
+        String::from_utf8(bytes.0.clone()).map_err(|_| {
+            LibvirtError::AuthFailed(format!("Secret {namespace}/{name}: `{key}` is not text"))
+        })
+    };
+    Ok(SshMaterial {
+        private_key: text("ssh-privatekey")?,
+        known_hosts: text("known_hosts")?,
+    })
+}
+
+/// Errors that mean the connection itself is gone.
+fn is_transport(e: &virt::error::Error) -> bool {
+    matches!(
+        e.code(),
+        ErrorNumber::SystemError
+            | ErrorNumber::Rpc
+            | ErrorNumber::NoConnect
+            | ErrorNumber::InvalidConn
+    )
+}
+
+/// A libvirt error as the WIT variant.
+fn classify(rpc: &str, ids: &str, e: &virt::error::Error) -> LibvirtError {
+    let message = format!("{rpc} {ids}: {}", e.message());
+    match e.code() {
+        ErrorNumber::NoDomain
+        | ErrorNumber::NoStoragePool
+        | ErrorNumber::NoStorageVolume
+        | ErrorNumber::NoDomainMetadata
+        | ErrorNumber::NoNetwork => LibvirtError::NotFound(message),
+        ErrorNumber::AuthFailed | ErrorNumber::AccessDenied => LibvirtError::AuthFailed(message),
+        _ if is_transport(e) => LibvirtError::Transport(message),
+        _ => LibvirtError::Failed(message),
+    }
+}
+
+fn from_tunnel(e: TunnelError) -> LibvirtError {
+    let message = e.to_string();
+    match e {
+        TunnelError::Connect { source, .. } => match source {
+            russh::Error::IO(_) | russh::Error::Disconnect | russh::Error::HUP => {
+                LibvirtError::Transport(message)
+            }
+            _ => LibvirtError::SshHandshakeFailed(message),
+        },
+        TunnelError::Timeout { .. } => LibvirtError::Timeout(message),
+        TunnelError::HostKey { problem, .. } => match problem {
+            HostKeyProblem::Unknown { .. }
+            | HostKeyProblem::Mismatch { .. }
+            | HostKeyProblem::Revoked => LibvirtError::HostKeyMismatch(message),
+        },
+        TunnelError::Auth { .. } | TunnelError::KeyUnparseable { .. } => {
+            LibvirtError::AuthFailed(message)
+        }
+        TunnelError::ChannelRefused { .. } | TunnelError::LocalSocket { .. } => {
+            LibvirtError::Transport(message)
+        }
+        TunnelError::SocketPathTooLong { .. } => LibvirtError::Failed(message),
+    }
+}

@@ -1,0 +1,366 @@
+//! `import-image`: the host downloads a base image into a pool volume itself, streaming it from the
+//! URL into libvirt and checking its sha256 on the way, so gigabytes never pass through a plugin.
+//!
+//! An import runs as a background job per (hypervisor, pool, volume): a plugin call that times out
+//! leaves it running, and the next call waits for the same job instead of starting another. While
+//! it runs, `lookup-volume` does not show the volume, so nothing uses a half-written base.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::hub::Endpoint;
+use super::ops::{VolumeInfo, upload};
+use super::{Hypervisor, LibvirtError};
+use crate::capabilities::CallContext;
+use crate::capabilities::http::HttpError;
+
+/// A silent image server for this long fails the import.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a running import logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// What the download hands to the upload at a time.
+const FEED_CHUNK: usize = 1024 * 1024;
+
+/// Where a base image comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSource {
+    pub url: String,
+    /// 64 lowercase hex digits.
+    pub sha256: String,
+    /// `qcow2` or `raw`.
+    pub format: String,
+}
+
+type Outcome = Option<Result<VolumeInfo, LibvirtError>>;
+type JobKey = (Endpoint, String, String);
+
+/// The imports running in this process.
+#[derive(Default)]
+pub(crate) struct Imports {
+    jobs: Mutex<HashMap<JobKey, watch::Receiver<Outcome>>>,
+}
+
+impl Imports {
+    pub(super) fn in_progress(&self, endpoint: &Endpoint, pool: &str, name: &str) -> bool {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&(endpoint.clone(), pool.to_string(), name.to_string()))
+    }
+
+    fn running(&self, key: &JobKey) -> Option<watch::Receiver<Outcome>> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+}
+
+impl Hypervisor {
+    /// Downloads `source` into a new volume `name` of `pool`, or returns the volume when it is
+    /// already there. The URL must be allowed by the provider instance's `grants.http`.
+    pub async fn import_image(
+        &self,
+        context: Arc<CallContext>,
+        pool: String,
+        name: String,
+        source: ImageSource,
+    ) -> Result<VolumeInfo, LibvirtError> {
+        if source.sha256.len() != 64
+            || !source
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(LibvirtError::Failed(format!(
+                "image sha256 `{}` is not 64 lowercase hex digits",
+                source.sha256
+            )));
+        }
+        if !matches!(source.format.as_str(), "qcow2" | "raw") {
+            return Err(LibvirtError::Failed(format!(
+                "image format `{}` is not qcow2 or raw",
+                source.format
+            )));
+        }
+        let key: JobKey = (self.endpoint.clone(), pool.clone(), name.clone());
+        let mut outcome = match self.hub.imports.running(&key) {
+            Some(job) => job,
+            None => {
+                match self.lookup_volume(pool.clone(), name.clone()).await {
+                    Ok(volume) => return Ok(volume),
+                    Err(LibvirtError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                self.start_import(key, context, source)
+            }
+        };
+        let done = outcome
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| LibvirtError::Failed("the import job ended without a result".into()))?;
+        done.clone().expect("waited for Some")
+    }
+
+    /// Starts the job for `key` unless one started meanwhile; returns its outcome channel.
+    fn start_import(
+        &self,
+        key: JobKey,
+        context: Arc<CallContext>,
+        source: ImageSource,
+    ) -> watch::Receiver<Outcome> {
+        let mut jobs = self
+            .hub
+            .imports
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(job) = jobs.get(&key) {
+            return job.clone();
+        }
+        let (done, outcome) = watch::channel(None);
+        jobs.insert(key.clone(), outcome.clone());
+        let hypervisor = Hypervisor {
+            host: self.host.clone(),
+            endpoint: self.endpoint.clone(),
+            hub: self.hub.clone(),
+        };
+        tokio::spawn(async move {
+            let (_, pool, name) = key.clone();
+            let result = hypervisor
+                .run_import(&context, pool.clone(), name.clone(), &source)
+                .await;
+            match &result {
+                Ok(volume) => info!(
+                    hypervisor = %hypervisor.host, pool, volume = name, url = %source.url,
+                    bytes = volume.allocation, "image imported"
+                ),
+                Err(e) => warn!(
+                    hypervisor = %hypervisor.host, pool, volume = name, url = %source.url,
+                    "image import failed: {e}"
+                ),
+            }
+            // Removed before the result is published: a waiter that then looks the volume up
+            // must see it.
+            hypervisor
+                .hub
+                .imports
+                .jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            let _ = done.send(Some(result));
+        });
+        outcome
+    }
+
+    async fn run_import(
+        &self,
+        context: &CallContext,
+        pool: String,
+        name: String,
+        source: &ImageSource,
+    ) -> Result<VolumeInfo, LibvirtError> {
+        let response = context
+            .http
+            .open_download(context, &source.url)
+            .await
+            .map_err(|e| match e {
+                HttpError::Denied(m) => LibvirtError::Denied(format!(
+                    "image {}: {m}; add the image server to grants.http.allow",
+                    source.url
+                )),
+                HttpError::Timeout(m) => LibvirtError::Timeout(m),
+                other => LibvirtError::Transport(format!("image {}: {other}", source.url)),
+            })?;
+        if !response.status().is_success() {
+            return Err(LibvirtError::Failed(format!(
+                "image {}: the server answered {}",
+                source.url,
+                response.status()
+            )));
+        }
+        let Some(length) = response.content_length() else {
+            return Err(LibvirtError::Failed(format!(
+                "image {}: the server sent no Content-Length; serve the image as a plain file",
+                source.url
+            )));
+        };
+        info!(
+            hypervisor = %self.host, pool, volume = name, url = %source.url, bytes = length,
+            "importing image"
+        );
+        // A raw file of the image's size; libvirt sees the real format (qcow2) on the refresh.
+        let xml = format!(
+            "<volume><name>{}</name><capacity unit='bytes'>{length}</capacity>\
+             <target><format type='raw'/></target></volume>",
+            xml_escape(&name)
+        );
+        self.create_volume(pool.clone(), xml).await?;
+        let uploaded = self
+            .stream_into(response, &pool, &name, length, source)
+            .await;
+        if let Err(e) = uploaded {
+            if let Err(cleanup) = self.delete_volume(pool.clone(), name.clone()).await {
+                warn!(hypervisor = %self.host, pool, volume = name, "cannot remove the partial image volume: {cleanup}");
+            }
+            return Err(e);
+        }
+        self.refresh_pool(pool.clone()).await?;
+        let ids = format!("pool={pool} volume={name}");
+        self.hub
+            .call(
+                &self.endpoint,
+                "storage-vol-lookup-by-name",
+                &ids,
+                move |c| {
+                    let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool)?;
+                    let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &name)?;
+                    let info = volume.get_info()?;
+                    Ok(VolumeInfo {
+                        name: volume.get_name()?,
+                        path: volume.get_path()?,
+                        capacity: info.capacity,
+                        allocation: info.allocation,
+                    })
+                },
+            )
+            .await
+    }
+
+    /// Feeds the response body to a blocking libvirt upload through a small bounded channel,
+    /// hashing it on the way; a wrong digest or length aborts the upload before it is finished.
+    async fn stream_into(
+        &self,
+        response: reqwest::Response,
+        pool: &str,
+        name: &str,
+        length: u64,
+        source: &ImageSource,
+    ) -> Result<(), LibvirtError> {
+        let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>, String>>(4);
+        let (pool_name, volume_name) = (pool.to_string(), name.to_string());
+        let ids = format!("pool={pool} volume={name} bytes={length}");
+        let upload = self
+            .hub
+            .call(&self.endpoint, "storage-vol-upload", &ids, move |c| {
+                let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool_name)?;
+                let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &volume_name)?;
+                upload(c, &volume, &mut chunks_rx.into_iter(), 0)
+            });
+        let feed = async move {
+            let mut body = response.bytes_stream();
+            let mut hasher = Sha256::new();
+            let (mut received, started) = (0u64, Instant::now());
+            let mut last_report = started;
+            let mut pending = Vec::with_capacity(FEED_CHUNK);
+            loop {
+                let chunk = match tokio::time::timeout(READ_TIMEOUT, body.next()).await {
+                    Err(_) => {
+                        let _ = chunks_tx.try_send(Err("the image server stalled".into()));
+                        return Err(LibvirtError::Timeout(format!(
+                            "image {}: no data for {READ_TIMEOUT:?}",
+                            source.url
+                        )));
+                    }
+                    Ok(None) => break,
+                    Ok(Some(Err(e))) => {
+                        let _ = chunks_tx.try_send(Err("the download failed".into()));
+                        return Err(LibvirtError::Transport(format!(
+                            "image {}: {e}",
+                            source.url
+                        )));
+                    }
+                    Ok(Some(Ok(chunk))) => chunk,
+                };
+                received += chunk.len() as u64;
+                if received > length {
+                    break;
+                }
+                hasher.update(&chunk);
+                pending.extend_from_slice(&chunk);
+                if pending.len() >= FEED_CHUNK
+                    && !send_chunk(&chunks_tx, std::mem::take(&mut pending)).await
+                {
+                    // The upload stopped; its own error says why.
+                    return Ok(());
+                }
+                if last_report.elapsed() >= PROGRESS_EVERY {
+                    last_report = Instant::now();
+                    info!(
+                        hypervisor = %self.host, volume = %name, url = %source.url,
+                        percent = received * 100 / length.max(1), bytes = received,
+                        elapsed_s = started.elapsed().as_secs(), "importing image"
+                    );
+                }
+            }
+            if !pending.is_empty() && !send_chunk(&chunks_tx, pending).await {
+                return Ok(());
+            }
+            // Every byte is sent but the stream is not finished: a wrong image is aborted here
+            // and never becomes a volume.
+            if received != length {
+                send_chunk_or_abort(&chunks_tx, "length mismatch").await;
+                return Err(LibvirtError::Transport(format!(
+                    "image {}: got {received} bytes or more, Content-Length said {length}",
+                    source.url
+                )));
+            }
+            let digest = hex::encode(hasher.finalize());
+            if digest != source.sha256 {
+                send_chunk_or_abort(&chunks_tx, "checksum mismatch").await;
+                return Err(LibvirtError::ChecksumMismatch(format!(
+                    "image {} has sha256 {digest}, the config expects {}; fix the sha256 or the URL",
+                    source.url, source.sha256
+                )));
+            }
+            // Dropping the sender ends the chunks: the upload finishes the stream.
+            drop(chunks_tx);
+            Ok(())
+        };
+        let (uploaded, fed) = tokio::join!(upload, feed);
+        fed?;
+        uploaded?.map_err(|reason| {
+            LibvirtError::Failed(format!("image {}: upload aborted ({reason})", source.url))
+        })
+    }
+}
+
+type ChunkSender = std::sync::mpsc::SyncSender<Result<Vec<u8>, String>>;
+
+/// Hands a chunk to the blocking upload; false when the upload has stopped.
+async fn send_chunk(sender: &ChunkSender, chunk: Vec<u8>) -> bool {
+    match sender.try_send(Ok(chunk)) {
+        Ok(()) => true,
+        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
+        // The channel is bounded and the upload blocks: wait on a blocking thread.
+        Err(std::sync::mpsc::TrySendError::Full(item)) => {
+            let sender = sender.clone();
+            tokio::task::spawn_blocking(move || sender.send(item).is_ok())
+                .await
+                .unwrap_or(false)
+        }
+    }
+}
+
+/// Tells the upload to abort.
+async fn send_chunk_or_abort(sender: &ChunkSender, reason: &str) {
+    let sender = sender.clone();
+    let item = Err(reason.to_string());
+    let _ = tokio::task::spawn_blocking(move || sender.send(item)).await;
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&apos;")
+        .replace('"', "&quot;")
+}

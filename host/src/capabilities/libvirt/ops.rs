@@ -1,0 +1,375 @@
+//! What a plugin can ask of a hypervisor: each operation is one or a few libvirt calls on a
+//! blocking thread (see `LibvirtHub::call`), with results in the WIT's shapes.
+
+use std::time::Duration;
+
+use tracing::trace;
+use virt::domain::Domain;
+use virt::error::ErrorNumber;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
+use virt::stream::Stream;
+use virt::sys;
+
+use super::{Hypervisor, LibvirtError};
+
+/// `VIR_DOMAIN_METADATA_ELEMENT`: the custom element of a namespace.
+const METADATA_ELEMENT: i32 = 2;
+/// `VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT`: ask the guest agent.
+const ADDRESSES_FROM_AGENT: u32 = 1;
+/// `VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | SNAPSHOTS_METADATA | NVRAM`: a UEFI domain (NVRAM) or
+/// one with saved state cannot be undefined without them.
+const UNDEFINE_EVERYTHING: u32 = 1 | 2 | 4;
+/// Largest payload `upload-volume` takes: it crosses the plugin boundary (a seed ISO is KiBs).
+pub const MAX_UPLOAD_BYTES: usize = 16 * 1024 * 1024;
+/// Bytes per `virStreamSend`.
+const STREAM_CHUNK: usize = 256 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DomainState {
+    NoState,
+    Running,
+    Blocked,
+    Paused,
+    Shutdown,
+    Shutoff,
+    Crashed,
+    Suspended,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainInfo {
+    pub name: String,
+    pub uuid: String,
+    pub state: DomainState,
+    pub metadata: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceAddress {
+    pub name: String,
+    pub mac: Option<String>,
+    pub address: String,
+    pub prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    pub name: String,
+    pub active: bool,
+    pub path: Option<String>,
+    pub capacity: u64,
+    pub allocation: u64,
+    pub available: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub path: String,
+    pub capacity: u64,
+    pub allocation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeReport {
+    pub ssh_ms: u32,
+    pub libvirt_ms: u32,
+    pub libvirt_version: String,
+}
+
+type Result<T> = std::result::Result<T, LibvirtError>;
+type VirtResult<T> = std::result::Result<T, virt::error::Error>;
+
+fn domain_info(domain: &Domain, metadata_uri: Option<&str>) -> VirtResult<DomainInfo> {
+    let (state, _reason) = domain.get_state()?;
+    let metadata = match metadata_uri {
+        None => None,
+        Some(uri) => match domain.get_metadata(METADATA_ELEMENT, Some(uri), 0) {
+            Ok(xml) => Some(xml),
+            Err(e) if matches!(e.code(), ErrorNumber::NoDomainMetadata) => None,
+            Err(e) => return Err(e),
+        },
+    };
+    Ok(DomainInfo {
+        name: domain.get_name()?,
+        uuid: domain.get_uuid_string()?,
+        state: match state {
+            sys::VIR_DOMAIN_RUNNING => DomainState::Running,
+            sys::VIR_DOMAIN_BLOCKED => DomainState::Blocked,
+            sys::VIR_DOMAIN_PAUSED => DomainState::Paused,
+            sys::VIR_DOMAIN_SHUTDOWN => DomainState::Shutdown,
+            sys::VIR_DOMAIN_SHUTOFF => DomainState::Shutoff,
+            sys::VIR_DOMAIN_CRASHED => DomainState::Crashed,
+            sys::VIR_DOMAIN_PMSUSPENDED => DomainState::Suspended,
+            _ => DomainState::NoState,
+        },
+        metadata,
+    })
+}
+
+fn volume_info(volume: &StorageVol) -> VirtResult<VolumeInfo> {
+    let info = volume.get_info()?;
+    Ok(VolumeInfo {
+        name: volume.get_name()?,
+        path: volume.get_path()?,
+        capacity: info.capacity,
+        allocation: info.allocation,
+    })
+}
+
+/// `<target><path>…</path>` of a pool's XML (dir, fs and netfs pools have one).
+fn pool_target_path(xml: &str) -> Option<String> {
+    let target = &xml[xml.find("<target>")?..];
+    let start = target.find("<path>")? + "<path>".len();
+    let end = target[start..].find("</path>")? + start;
+    Some(target[start..end].trim().to_string())
+}
+
+impl Hypervisor {
+    /// Checks SSH and libvirt with its own short deadline; never drops the shared connection.
+    pub async fn probe(&self, timeout: Duration) -> Result<ProbeReport> {
+        self.hub.probe(&self.endpoint, timeout).await
+    }
+
+    pub async fn define_domain(&self, xml: String) -> Result<DomainInfo> {
+        trace!(hypervisor = %self.host, xml = %xml, "define-domain");
+        self.hub
+            .call(&self.endpoint, "domain-define-xml", "", move |c| {
+                let domain = Domain::define_xml(c, &xml)?;
+                domain_info(&domain, None)
+            })
+            .await
+    }
+
+    pub async fn lookup_domain(
+        &self,
+        name: String,
+        metadata_uri: Option<String>,
+    ) -> Result<DomainInfo> {
+        let ids = format!("domain={name}");
+        self.hub
+            .call(&self.endpoint, "domain-lookup-by-name", &ids, move |c| {
+                let domain = Domain::lookup_by_name(c, &name)?;
+                domain_info(&domain, metadata_uri.as_deref())
+            })
+            .await
+    }
+
+    pub async fn start_domain(&self, name: String) -> Result<()> {
+        let ids = format!("domain={name}");
+        self.hub
+            .call(&self.endpoint, "domain-create", &ids, move |c| {
+                Domain::lookup_by_name(c, &name)?.create().map(drop)
+            })
+            .await
+    }
+
+    pub async fn destroy_domain(&self, name: String) -> Result<()> {
+        let ids = format!("domain={name}");
+        self.hub
+            .call(&self.endpoint, "domain-destroy", &ids, move |c| {
+                Domain::lookup_by_name(c, &name)?.destroy()
+            })
+            .await
+    }
+
+    pub async fn undefine_domain(&self, name: String) -> Result<()> {
+        let ids = format!("domain={name}");
+        self.hub
+            .call(&self.endpoint, "domain-undefine", &ids, move |c| {
+                Domain::lookup_by_name(c, &name)?.undefine_flags(UNDEFINE_EVERYTHING)
+            })
+            .await
+    }
+
+    pub async fn list_domains(&self, metadata_uri: Option<String>) -> Result<Vec<DomainInfo>> {
+        self.hub
+            .call(&self.endpoint, "connect-list-all-domains", "", move |c| {
+                let mut infos = Vec::new();
+                for domain in c.list_all_domains(0)? {
+                    match domain_info(&domain, metadata_uri.as_deref()) {
+                        Ok(info) => infos.push(info),
+                        // Undefined between the listing and the lookup: not there any more.
+                        Err(e) if matches!(e.code(), ErrorNumber::NoDomain) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(infos)
+            })
+            .await
+    }
+
+    pub async fn domain_addresses(&self, name: String) -> Result<Vec<InterfaceAddress>> {
+        let ids = format!("domain={name}");
+        self.hub
+            .call(
+                &self.endpoint,
+                "domain-interface-addresses",
+                &ids,
+                move |c| {
+                    let domain = Domain::lookup_by_name(c, &name)?;
+                    let interfaces = domain.interface_addresses(ADDRESSES_FROM_AGENT, 0)?;
+                    Ok(interfaces
+                        .into_iter()
+                        .flat_map(|i| {
+                            let name = i.name;
+                            let mac = Some(i.hwaddr).filter(|m| !m.is_empty());
+                            i.addrs.into_iter().map(move |a| InterfaceAddress {
+                                name: name.clone(),
+                                mac: mac.clone(),
+                                address: a.addr,
+                                prefix: a.prefix.min(128) as u8,
+                            })
+                        })
+                        .collect())
+                },
+            )
+            .await
+    }
+
+    pub async fn pool_info(&self, pool: String) -> Result<PoolInfo> {
+        let ids = format!("pool={pool}");
+        self.hub
+            .call(&self.endpoint, "storage-pool-get-info", &ids, move |c| {
+                let p = StoragePool::lookup_by_name(c, &pool)?;
+                let info = p.get_info()?;
+                Ok(PoolInfo {
+                    name: pool,
+                    active: p.is_active()?,
+                    path: pool_target_path(&p.get_xml_desc(0)?),
+                    capacity: info.capacity,
+                    allocation: info.allocation,
+                    available: info.available,
+                })
+            })
+            .await
+    }
+
+    pub async fn refresh_pool(&self, pool: String) -> Result<()> {
+        let ids = format!("pool={pool}");
+        self.hub
+            .call(&self.endpoint, "storage-pool-refresh", &ids, move |c| {
+                StoragePool::lookup_by_name(c, &pool)?.refresh(0).map(drop)
+            })
+            .await
+    }
+
+    pub async fn create_volume(&self, pool: String, xml: String) -> Result<VolumeInfo> {
+        trace!(hypervisor = %self.host, pool = %pool, xml = %xml, "create-volume");
+        let ids = format!("pool={pool}");
+        self.hub
+            .call(&self.endpoint, "storage-vol-create-xml", &ids, move |c| {
+                let p = StoragePool::lookup_by_name(c, &pool)?;
+                volume_info(&StorageVol::create_xml(&p, &xml, 0)?)
+            })
+            .await
+    }
+
+    pub async fn lookup_volume(&self, pool: String, name: String) -> Result<VolumeInfo> {
+        // A volume still being imported is not there yet: using it as a base would be wrong.
+        if self.hub.imports.in_progress(&self.endpoint, &pool, &name) {
+            return Err(LibvirtError::NotFound(format!(
+                "volume {name} in pool {pool} is still being imported; call import-image to wait for it"
+            )));
+        }
+        let ids = format!("pool={pool} volume={name}");
+        self.hub
+            .call(
+                &self.endpoint,
+                "storage-vol-lookup-by-name",
+                &ids,
+                move |c| {
+                    let p = StoragePool::lookup_by_name(c, &pool)?;
+                    volume_info(&StorageVol::lookup_by_name(&p, &name)?)
+                },
+            )
+            .await
+    }
+
+    pub async fn delete_volume(&self, pool: String, name: String) -> Result<()> {
+        let ids = format!("pool={pool} volume={name}");
+        self.hub
+            .call(&self.endpoint, "storage-vol-delete", &ids, move |c| {
+                let p = StoragePool::lookup_by_name(c, &pool)?;
+                StorageVol::lookup_by_name(&p, &name)?.delete(0)
+            })
+            .await
+    }
+
+    /// Writes `data` (a seed ISO) over the start of an existing volume.
+    pub async fn upload_volume(&self, pool: String, name: String, data: Vec<u8>) -> Result<()> {
+        if data.len() > MAX_UPLOAD_BYTES {
+            return Err(LibvirtError::Failed(format!(
+                "upload-volume takes at most {MAX_UPLOAD_BYTES} bytes, got {}; import large images with import-image",
+                data.len()
+            )));
+        }
+        let ids = format!("pool={pool} volume={name} bytes={}", data.len());
+        self.hub
+            .call(&self.endpoint, "storage-vol-upload", &ids, move |c| {
+                let p = StoragePool::lookup_by_name(c, &pool)?;
+                let volume = StorageVol::lookup_by_name(&p, &name)?;
+                upload(c, &volume, &mut std::iter::once(Ok(data)), 0).map(drop)
+            })
+            .await
+    }
+}
+
+/// Streams `chunks` into `volume` from `offset` and finishes the stream when they end. An `Err`
+/// item aborts the stream instead (nothing is committed) and is returned as `Ok(Err(reason))`.
+pub(super) fn upload(
+    connect: &virt::connect::Connect,
+    volume: &StorageVol,
+    chunks: &mut dyn Iterator<Item = std::result::Result<Vec<u8>, String>>,
+    offset: u64,
+) -> VirtResult<std::result::Result<(), String>> {
+    let stream = Stream::new(connect, 0)?;
+    // Length 0: up to the end of what is sent.
+    volume.upload(&stream, offset, 0, 0)?;
+    for chunk in chunks {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(reason) => {
+                let _ = stream.abort();
+                return Ok(Err(reason));
+            }
+        };
+        for piece in chunk.chunks(STREAM_CHUNK) {
+            let mut sent = 0;
+            while sent < piece.len() {
+                match stream.send(&piece[sent..]) {
+                    Ok(n) if n > 0 => sent += n,
+                    Ok(_) => {
+                        let error = virt::error::Error::last_error();
+                        let _ = stream.abort();
+                        return Err(error);
+                    }
+                    Err(e) => {
+                        let _ = stream.abort();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+    stream.finish().map(Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_path_is_its_target_path() {
+        let xml = "<pool type='dir'><name>p</name><source></source><target>\n  <path>/var/lib/libvirt/images</path>\n  <permissions/></target></pool>";
+        assert_eq!(
+            pool_target_path(xml).as_deref(),
+            Some("/var/lib/libvirt/images")
+        );
+        assert_eq!(
+            pool_target_path("<pool type='rbd'><name>p</name></pool>"),
+            None
+        );
+    }
+}

@@ -1,0 +1,367 @@
+//! The host's `libvirt` capability against the real harness sshd and libvirtd on loopback:
+//! domains, metadata, volumes, uploads and image imports through the SSH tunnel; the grant;
+//! how SSH failures are classified; the SSH material read from a Secret in a real cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
+use proxy_operator::capabilities::libvirt::{
+    DomainState, Hypervisor, ImageSource, LibvirtError, LibvirtHub, MaterialSource,
+};
+use proxy_operator::capabilities::{CallContext, Grants};
+use sha2::{Digest, Sha256};
+
+const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
+
+fn material(sshd: &Sshd) -> SshMaterial {
+    SshMaterial {
+        private_key: sshd.client_key_pem().into(),
+        known_hosts: format!("{}\n", sshd.known_hosts_line()),
+    }
+}
+
+/// Grants hypervisor `hv1` (the harness sshd, forwarding to the harness libvirtd) and HTTP to
+/// loopback (for image imports).
+fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
+    serde_json::from_value(serde_json::json!({
+        "http": {"allow": ["http://127.0.0.1:*"]},
+        "libvirt": {
+            "sshSecret": secret,
+            "hosts": [{
+                "name": "hv1",
+                "address": "127.0.0.1",
+                "port": sshd.port(),
+                "user": sshd.user(),
+                "socket": libvirtd.socket().to_str().unwrap(),
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+fn context(grants: &Grants, hub: Arc<LibvirtHub>) -> Arc<CallContext> {
+    Arc::new(
+        CallContext::new("kvm-test", "kvm", grants)
+            .unwrap()
+            .with_libvirt_hub(hub),
+    )
+}
+
+fn hub(source: MaterialSource, dir: &std::path::Path) -> Arc<LibvirtHub> {
+    LibvirtHub::new(source, dir.to_path_buf())
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A domain that runs under TCG without disks or NICs: it sends nothing anywhere.
+fn domain_xml(name: &str, uid: &str) -> String {
+    format!(
+        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64'>hvm</type></os>\
+         <metadata><po:owner xmlns:po='{METADATA_URI}' namespace='crawl' name='p1' uid='{uid}' operator-id='op'/></metadata>\
+         <devices><serial type='pty'/></devices></domain>"
+    )
+}
+
+async fn open(context: &CallContext) -> Hypervisor {
+    context.libvirt.open("hv1").expect("hv1 is granted")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domains_volumes_and_images_go_through_the_tunnel() {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = context(
+        &grants(&sshd, &libvirtd, "kvm-ssh"),
+        hub(MaterialSource::Static(material(&sshd)), dir.path()),
+    );
+    let hv = open(&ctx).await;
+    let pool = libvirtd.pool_name().to_string();
+
+    let report = hv.probe(Duration::from_secs(30)).await.unwrap();
+    assert!(report.libvirt_version.starts_with("11."), "{report:?}");
+    let info = hv.pool_info(pool.clone()).await.unwrap();
+    assert!(info.active, "{info:?}");
+    assert_eq!(info.path.as_deref(), libvirtd.pool_path().to_str());
+
+    // A small payload (a seed ISO) lands byte for byte in a volume the plugin created.
+    let seed: Vec<u8> = "#cloud-config\nhostname: prøxy\n"
+        .bytes()
+        .chain(0..=255u8)
+        .collect();
+    let created = hv
+        .create_volume(
+            pool.clone(),
+            format!("<volume><name>seed.iso</name><capacity unit='bytes'>{}</capacity><target><format type='raw'/></target></volume>", seed.len()),
+        )
+        .await
+        .unwrap();
+    hv.upload_volume(pool.clone(), "seed.iso".into(), seed.clone())
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&created.path).unwrap(), seed);
+    let found = hv
+        .lookup_volume(pool.clone(), "seed.iso".into())
+        .await
+        .unwrap();
+    assert_eq!(found.path, created.path);
+
+    // A base image: downloaded by the host, verified, imported once.
+    let image: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    files.serve("/base.qcow2", image.clone());
+    let source = ImageSource {
+        url: files.url("/base.qcow2"),
+        sha256: sha256(&image),
+        format: "raw".into(),
+    };
+    let base = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-test.img".into(),
+            source.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&base.path).unwrap(), image);
+    let again = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-test.img".into(),
+            source.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.path, base.path);
+    assert_eq!(
+        files.requests("/base.qcow2"),
+        1,
+        "imported once, then reused"
+    );
+
+    // A wrong digest fails permanently and leaves no volume behind.
+    let wrong = ImageSource {
+        sha256: "0".repeat(64),
+        ..source.clone()
+    };
+    match hv
+        .import_image(ctx.clone(), pool.clone(), "base-wrong.img".into(), wrong)
+        .await
+    {
+        Err(LibvirtError::ChecksumMismatch(m)) => {
+            assert!(m.contains(&sha256(&image)), "names the digest it got: {m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        hv.lookup_volume(pool.clone(), "base-wrong.img".into())
+            .await,
+        Err(LibvirtError::NotFound(_))
+    ));
+    // An image server outside grants.http is refused before anything is downloaded.
+    let outside = ImageSource {
+        url: format!("http://127.0.0.2:{}/base.qcow2", files.addr().port()),
+        ..source
+    };
+    match hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-outside.img".into(),
+            outside,
+        )
+        .await
+    {
+        Err(LibvirtError::Denied(m)) => assert!(m.contains("grants.http"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+
+    // Domains: define with the owner in <metadata>, find it by that metadata, run it, remove it.
+    let defined = hv
+        .define_domain(domain_xml("px-cap-test", "uid-123"))
+        .await
+        .unwrap();
+    assert_eq!(defined.state, DomainState::Shutoff);
+    let looked_up = hv
+        .lookup_domain("px-cap-test".into(), Some(METADATA_URI.into()))
+        .await
+        .unwrap();
+    let metadata = looked_up.metadata.expect("metadata for the URI");
+    assert!(metadata.contains("uid=\"uid-123\""), "{metadata}");
+    let listed = hv.list_domains(Some(METADATA_URI.into())).await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|d| d.name == "px-cap-test" && d.metadata.is_some()),
+        "{listed:?}"
+    );
+    hv.start_domain("px-cap-test".into()).await.unwrap();
+    let running = hv.lookup_domain("px-cap-test".into(), None).await.unwrap();
+    assert_eq!(running.state, DomainState::Running);
+    assert_eq!(running.metadata, None, "no URI asked for, no metadata");
+    hv.destroy_domain("px-cap-test".into()).await.unwrap();
+    hv.undefine_domain("px-cap-test".into()).await.unwrap();
+    match hv.lookup_domain("px-cap-test".into(), None).await {
+        Err(LibvirtError::NotFound(m)) => assert!(m.contains("px-cap-test"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // A libvirt error the plugin caused keeps the shared connection: the next call works.
+    assert!(matches!(
+        hv.define_domain("<domain".into()).await,
+        Err(LibvirtError::Failed(_))
+    ));
+    hv.delete_volume(pool.clone(), "seed.iso".into())
+        .await
+        .unwrap();
+    hv.delete_volume(pool.clone(), "base-test.img".into())
+        .await
+        .unwrap();
+    assert!(
+        !std::path::Path::new(&base.path).exists(),
+        "the volume file is gone"
+    );
+
+    // Only granted hypervisors.
+    match ctx.libvirt.open("hv2") {
+        Err(LibvirtError::Denied(m)) => assert!(m.contains("grants.libvirt.hosts"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssh_failures_are_classified() {
+    let (libvirtd, sshd) = tokio::join!(Libvirtd::start(), Sshd::start());
+    let (libvirtd, sshd) = (libvirtd.unwrap(), sshd.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let grants = grants(&sshd, &libvirtd, "kvm-ssh");
+    let timeout = Duration::from_secs(30);
+
+    // known_hosts lists another key for the host.
+    let other = SshKey::generate(&dir.path().join("other")).await.unwrap();
+    let mut wrong_host = material(&sshd);
+    wrong_host.known_hosts = format!("[127.0.0.1]:{} {}\n", sshd.port(), other.public.trim());
+    let ctx = context(&grants, hub(MaterialSource::Static(wrong_host), dir.path()));
+    match open(&ctx).await.probe(timeout).await {
+        Err(LibvirtError::HostKeyMismatch(m)) => assert!(m.contains("known_hosts"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+
+    // The server does not accept the client key.
+    let mut wrong_key = material(&sshd);
+    wrong_key.private_key = other.private_pem.clone();
+    let ctx = context(&grants, hub(MaterialSource::Static(wrong_key), dir.path()));
+    assert!(matches!(
+        open(&ctx).await.probe(timeout).await,
+        Err(LibvirtError::AuthFailed(_))
+    ));
+
+    // Nothing listens: a transient transport error.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut nowhere = grants.clone();
+    nowhere.libvirt.as_mut().unwrap().hosts[0].port = port;
+    let ctx = context(
+        &nowhere,
+        hub(MaterialSource::Static(material(&sshd)), dir.path()),
+    );
+    assert!(matches!(
+        open(&ctx).await.probe(timeout).await,
+        Err(LibvirtError::Transport(_))
+    ));
+
+    // The right material works, and a dead sshd afterwards is noticed and recovered from.
+    let ctx = context(
+        &grants,
+        hub(MaterialSource::Static(material(&sshd)), dir.path()),
+    );
+    let hv = open(&ctx).await;
+    hv.probe(timeout).await.unwrap();
+    hv.list_domains(None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ssh_material_comes_from_a_secret_that_may_appear_later() {
+    let cp = ControlPlane::shared().await;
+    let ns = cp.namespace("kvm-secret").await.unwrap();
+    let (libvirtd, sshd) = tokio::join!(Libvirtd::start(), Sshd::start());
+    let (libvirtd, sshd) = (libvirtd.unwrap(), sshd.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = context(
+        &grants(&sshd, &libvirtd, "kvm-ssh"),
+        hub(
+            MaterialSource::Secrets {
+                client: ns.client(),
+                namespace: ns.name().to_string(),
+            },
+            dir.path(),
+        ),
+    );
+    let hv = open(&ctx).await;
+
+    // No Secret yet: a transient error that says what to create.
+    match hv.probe(Duration::from_secs(30)).await {
+        Err(LibvirtError::Transport(m)) => {
+            assert!(m.contains("kvm-ssh") && m.contains("does not exist"), "{m}");
+            assert!(!m.contains("PRIVATE KEY"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A Secret with a broken key: permanent, and the key never appears in the message.
+    let secrets: kube::Api<Secret> = ns.api();
+    let secret = |key: &str| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("kvm-ssh".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (
+                    "ssh-privatekey".to_string(),
+                    ByteString(key.as_bytes().to_vec()),
+                ),
+                (
+                    "known_hosts".to_string(),
+                    ByteString(format!("{}\n", sshd.known_hosts_line()).into_bytes()),
+                ),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    secrets
+        .create(&Default::default(), &secret("not a key"))
+        .await
+        .unwrap();
+    match hv.probe(Duration::from_secs(30)).await {
+        Err(LibvirtError::AuthFailed(m)) => {
+            assert!(
+                m.contains("ssh-privatekey") && !m.contains("not a key"),
+                "{m}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Fixed: the next call reads it again and connects.
+    secrets
+        .replace(
+            "kvm-ssh",
+            &Default::default(),
+            &secret(sshd.client_key_pem()),
+        )
+        .await
+        .unwrap();
+    let report = hv.probe(Duration::from_secs(30)).await.unwrap();
+    assert!(report.libvirt_version.starts_with("11."), "{report:?}");
+}
