@@ -69,6 +69,12 @@ enum PluginCommand {
         /// A providers-config entry (YAML or JSON): `config` and `grants`.
         #[arg(long)]
         config: PathBuf,
+        /// For `grants.libvirt`: the SSH private key (OpenSSH, unencrypted) to reach hypervisors.
+        #[arg(long, requires = "known_hosts")]
+        ssh_key: Option<PathBuf>,
+        /// For `grants.libvirt`: the known_hosts file the hypervisors' host keys are checked against.
+        #[arg(long, requires = "ssh_key")]
+        known_hosts: Option<PathBuf>,
         #[command(subcommand)]
         function: RunFunction,
     },
@@ -138,8 +144,13 @@ async fn main() -> ExitCode {
             PluginCommand::Run {
                 file,
                 config,
+                ssh_key,
+                known_hosts,
                 function,
-            } => plugin::run(file, config, function).await,
+            } => {
+                let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
+                plugin::run(file, config, ssh, function).await
+            }
         },
     };
     match result {

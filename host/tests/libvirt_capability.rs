@@ -59,13 +59,15 @@ fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// A domain that runs under TCG without disks or NICs: it sends nothing anywhere.
+/// A domain that runs under TCG without disks, its NIC on the fixture's isolated network (in
+/// libvirtd's private network namespace, so it reaches nothing).
 fn domain_xml(name: &str, uid: &str) -> String {
     format!(
         "<domain type='qemu'><name>{name}</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>\
          <os><type arch='x86_64'>hvm</type></os>\
          <metadata><po:owner xmlns:po='{METADATA_URI}' namespace='crawl' name='p1' uid='{uid}' operator-id='op'/></metadata>\
-         <devices><serial type='pty'/></devices></domain>"
+         <devices><serial type='pty'/><interface type='network'><source network='pxnet'/>\
+         <model type='virtio'/></interface></devices></domain>"
     )
 }
 
@@ -85,6 +87,7 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
     );
     let hv = open(&ctx).await;
     let pool = libvirtd.pool_name().to_string();
+    libvirtd.define_isolated_network("pxnet").await.unwrap();
 
     let report = hv.probe(Duration::from_secs(30)).await.unwrap();
     assert!(report.libvirt_version.starts_with("11."), "{report:?}");

@@ -8,6 +8,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use crate::capabilities::Grants;
+use crate::capabilities::libvirt::tunnel::SshMaterial;
+use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::plugins::{
     EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
     inspect_component, types::InstanceSpec,
@@ -56,10 +58,26 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow:
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
 }
 
-async fn engine() -> anyhow::Result<Arc<PluginEngine>> {
+/// The SSH key and known_hosts files of `plugin run --ssh-key … --known-hosts …`.
+type SshFiles<'a> = Option<(&'a Path, &'a Path)>;
+
+async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
+    let mut libvirt = LibvirtHub::unconfigured();
+    if let Some((key, known_hosts)) = ssh {
+        let read = |path: &Path, what: &str| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the {what} {}", path.display()))
+        };
+        let material = SshMaterial {
+            private_key: read(key, "SSH key")?,
+            known_hosts: read(known_hosts, "known_hosts file")?,
+        };
+        libvirt = LibvirtHub::new(MaterialSource::Static(material), std::env::temp_dir());
+    }
     // Tooling runs once: no pool to reserve, no cache to write.
     let options = EngineOptions {
         pool_instances: 0,
+        libvirt,
         ..EngineOptions::default()
     };
     PluginEngine::new(options, &prometheus::Registry::new())
@@ -71,7 +89,7 @@ async fn load(engine: &Arc<PluginEngine>, file: &Path) -> anyhow::Result<Arc<Loa
 
 /// `plugin inspect FILE`: what the file is and, if it loads, what it declares.
 pub async fn inspect(file: &Path) -> anyhow::Result<serde_json::Value> {
-    let engine = engine().await?;
+    let engine = engine(None).await?;
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let summary = inspect_component(&engine, &bytes)?;
     let mut out = serde_json::to_value(&summary)?;
@@ -93,8 +111,12 @@ pub async fn inspect(file: &Path) -> anyhow::Result<serde_json::Value> {
     Ok(out)
 }
 
-async fn instance(file: &Path, instance_file: &Path) -> anyhow::Result<ProviderInstance> {
-    let engine = engine().await?;
+async fn instance(
+    file: &Path,
+    instance_file: &Path,
+    ssh: SshFiles<'_>,
+) -> anyhow::Result<ProviderInstance> {
+    let engine = engine(ssh).await?;
     let plugin = load(&engine, file).await?;
     let entry: InstanceFile = read_yaml(instance_file, "provider instance file")?;
     if let Some(t) = &entry.provider_type
@@ -123,7 +145,7 @@ async fn instance(file: &Path, instance_file: &Path) -> anyhow::Result<ProviderI
 
 /// `plugin validate FILE --config FILE`: load the plugin and run `validate-config`.
 pub async fn validate(file: &Path, instance_file: &Path) -> anyhow::Result<serde_json::Value> {
-    let instance = instance(file, instance_file).await?;
+    let instance = instance(file, instance_file, None).await?;
     instance.validate_config().await?;
     Ok(serde_json::json!({
         "valid": true,
@@ -136,9 +158,10 @@ pub async fn validate(file: &Path, instance_file: &Path) -> anyhow::Result<serde
 pub async fn run(
     file: &Path,
     instance_file: &Path,
+    ssh: SshFiles<'_>,
     function: &RunFunction,
 ) -> anyhow::Result<serde_json::Value> {
-    let instance = instance(file, instance_file).await?;
+    let instance = instance(file, instance_file, ssh).await?;
     Ok(match function {
         RunFunction::Create { spec } => {
             let spec: InstanceSpec = read_yaml(spec, "instance spec file")?;

@@ -223,6 +223,24 @@ auth_unix_rw = \"none\"
         Ok(path)
     }
 
+    /// Defines and starts a libvirt network `name`: a bridge without addresses, DHCP or NAT. It
+    /// exists only in libvirtd's private network namespace, so guests on it reach nothing.
+    pub async fn define_isolated_network(&self, name: &str) -> Result<()> {
+        let xml_path = self.scratch.path().join(format!("net-{name}.xml"));
+        // Bridge names are at most 15 bytes; the namespace is private, so no clash is possible.
+        std::fs::write(
+            &xml_path,
+            format!(
+                "<network><name>{name}</name><bridge name='pxbr-{}'/></network>",
+                &name[..name.len().min(9)]
+            ),
+        )?;
+        let xml = xml_path.display().to_string();
+        self.virsh_run(&["net-define", &xml]).await?;
+        self.virsh_run(&["net-start", name]).await?;
+        Ok(())
+    }
+
     /// `virsh -c <uri>` ready for arguments.
     pub fn virsh(&self) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(VIRSH);
@@ -252,12 +270,15 @@ impl Drop for Libvirtd {
     }
 }
 
-/// Runs the command in a new mount namespace with `binds` (source, target) bind-mounted.
+/// Runs the command in new mount and network namespaces with `binds` (source, target)
+/// bind-mounted.
 fn private_mounts(cmd: &mut Command, binds: Vec<(CString, CString)>) {
     // SAFETY: only async-signal-safe syscalls on data prepared before fork.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            // A network namespace of its own too: guests and libvirt networks can reach nothing
+            // but each other, whatever a test VM tries to send.
+            if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::mount(
