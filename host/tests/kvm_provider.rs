@@ -1,0 +1,300 @@
+//! The kvm provider component (`plugins/kvm`) in the real runtime against the real harness sshd
+//! and libvirtd: a VM's whole life (image import, overlay, seed ISO, domain with metadata), the
+//! NoCloud seed as cloud-init reads it, list/check, idempotent delete, and what is refused.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{engine_with, plugin_bytes, spec, test_options};
+use harness::bins::debian_binary;
+use harness::{FileServer, Libvirtd, Sshd};
+use proxy_operator::capabilities::Grants;
+use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
+use proxy_operator::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use proxy_operator::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::plugins::{
+    CallError, EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
+};
+use sha2::{Digest, Sha256};
+
+struct Fixture {
+    libvirtd: Libvirtd,
+    sshd: Sshd,
+    files: FileServer,
+    engine: Arc<PluginEngine>,
+    image: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn start() -> Fixture {
+        let (libvirtd, sshd, files) =
+            tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+        let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+        libvirtd.define_isolated_network("pxnet").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let material = SshMaterial {
+            private_key: sshd.client_key_pem().into(),
+            known_hosts: format!("{}\n", sshd.known_hosts_line()),
+        };
+        let (engine, _) = engine_with(EngineOptions {
+            call_timeout: Duration::from_secs(60),
+            libvirt: LibvirtHub::new(MaterialSource::Static(material), dir.path().to_path_buf()),
+            ..test_options()
+        })
+        .await;
+        // A small "disk image": the VMs run under TCG without booting anything from it.
+        let image: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+        files.serve("/tiny.raw", image.clone());
+        Fixture {
+            libvirtd,
+            sshd,
+            files,
+            engine,
+            image,
+            _dir: dir,
+        }
+    }
+
+    fn grants(&self, hosts: &[&str]) -> Grants {
+        let hosts: Vec<_> = hosts
+            .iter()
+            .map(|name| {
+                serde_json::json!({
+                    "name": name,
+                    "address": "127.0.0.1",
+                    "port": self.sshd.port(),
+                    "user": self.sshd.user(),
+                    "socket": self.libvirtd.socket().to_str().unwrap(),
+                })
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "http": {"allow": [format!("http://{}", self.files.addr())]},
+            "libvirt": {"hosts": hosts},
+        }))
+        .unwrap()
+    }
+
+    fn config(&self, sha256: &str) -> serde_json::Value {
+        serde_json::json!({
+            "domainType": "qemu",
+            "hosts": [
+                {"name": "hv1", "zone": "zone-a", "pool": self.libvirtd.pool_name(), "network": "pxnet"},
+                {"name": "hv2", "zone": "zone-b", "pool": self.libvirtd.pool_name(), "network": "pxnet"},
+            ],
+            "images": {
+                "tiny": {"url": self.files.url("/tiny.raw"), "sha256": sha256, "firmware": "bios", "format": "raw"}
+            },
+            "defaultImage": "tiny",
+            "defaults": {"memoryMib": 128, "vcpus": 1, "diskGib": 1},
+        })
+    }
+
+    async fn instance(&self, config: serde_json::Value, granted: &[&str]) -> ProviderInstance {
+        let plugin = self
+            .engine
+            .load("kvm.wasm", plugin_bytes("kvm"))
+            .await
+            .expect("the kvm plugin loads");
+        ProviderInstance::new(
+            self.engine.clone(),
+            "kvm-test",
+            plugin,
+            &config,
+            &self.grants(granted),
+            ProviderInstanceOptions::default(),
+        )
+        .unwrap()
+    }
+
+    async fn virsh(&self, args: &[&str]) -> String {
+        self.libvirtd.virsh_run(args).await.unwrap()
+    }
+
+    fn volume_path(&self, name: &str) -> std::path::PathBuf {
+        self.libvirtd.pool_path().join(name)
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A file of the seed ISO, read the way cloud-init's NoCloud reader would find it (by name).
+async fn iso_file(iso: &Path, name: &str) -> Vec<u8> {
+    let out = tokio::process::Command::new(debian_binary("/usr/bin/bsdtar", "libarchive-tools"))
+        .arg("-xOf")
+        .arg(iso)
+        .arg(name)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "bsdtar {name}: {out:?}");
+    out.stdout
+}
+
+async fn iso_volume_id(iso: &Path) -> String {
+    let out = tokio::process::Command::new(debian_binary("/usr/bin/isoinfo", "genisoimage"))
+        .arg("-d")
+        .arg("-i")
+        .arg(iso)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Volume id: "))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn provider_error(result: Result<impl std::fmt::Debug, CallError>) -> ProviderError {
+    match result {
+        Err(CallError::Provider { error, .. }) => error,
+        other => panic!("expected a provider error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_is_made_found_listed_and_removed() {
+    let fx = Fixture::start().await;
+    let kvm = fx
+        .instance(fx.config(&sha256(&fx.image)), &["hv1", "hv2"])
+        .await;
+    kvm.validate_config().await.unwrap();
+
+    let mut request = spec("px-kvm-one", serde_json::json!({}));
+    // user-data byte for byte: a script, not YAML, with non-ASCII bytes.
+    request.user_data =
+        b"#!/bin/sh\necho 'gr\xc3\xbc\xc3\x9fe' > /etc/motd\n\xff\x00end\n".to_vec();
+    let created = kvm.create(request.clone()).await.unwrap();
+    assert_eq!(created.provider_id, "hv1/px-kvm-one", "zone-a is hv1");
+    assert_eq!(created.zone.as_deref(), Some("zone-a"));
+    assert_eq!(created.owner.as_ref().unwrap().uid, "uid-px-kvm-one");
+
+    // The base image was imported from the loopback server, once, byte for byte.
+    assert_eq!(
+        std::fs::read(fx.volume_path("base-tiny.raw")).unwrap(),
+        fx.image
+    );
+    // The overlay is a qcow2 over it; the seed is a NoCloud ISO with the user-data as given.
+    let overlay = fx
+        .virsh(&[
+            "vol-dumpxml",
+            "--pool",
+            fx.libvirtd.pool_name(),
+            "px-kvm-one-root.qcow2",
+        ])
+        .await;
+    assert!(overlay.contains("base-tiny.raw"), "{overlay}");
+    let seed = fx.volume_path("px-kvm-one-seed.iso");
+    assert_eq!(iso_volume_id(&seed).await, "cidata");
+    assert_eq!(iso_file(&seed, "user-data").await, request.user_data);
+    let meta = String::from_utf8(iso_file(&seed, "meta-data").await).unwrap();
+    assert!(meta.contains("px-kvm-one"), "{meta}");
+    let vendor = String::from_utf8_lossy(&iso_file(&seed, "vendor-data").await).to_string();
+    assert!(vendor.contains("qemu-guest-agent"), "{vendor}");
+
+    // The domain: defined from the provider's XML, running, carrying the owner.
+    let xml = fx.virsh(&["dumpxml", "px-kvm-one"]).await;
+    assert!(
+        xml.contains("uid-px-kvm-one") && xml.contains("test-operator"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("type='qemu'") || xml.contains("type=\"qemu\""),
+        "{xml}"
+    );
+    assert_eq!(
+        fx.virsh(&["domstate", "px-kvm-one"]).await.trim(),
+        "running"
+    );
+
+    let got = kvm.get("hv1/px-kvm-one").await.unwrap();
+    assert!(
+        matches!(
+            got.state,
+            InstanceState::Running | InstanceState::Provisioning
+        ),
+        "{got:?}"
+    );
+    assert_eq!(got.owner.as_ref().unwrap().operator_id, "test-operator");
+    // A create retried (e.g. after an operator restart) returns the same VM.
+    let again = kvm.create(request.clone()).await.unwrap();
+    assert_eq!(again.provider_id, created.provider_id);
+    let listed = kvm.list().await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|i| i.provider_id == "hv1/px-kvm-one")
+            .count(),
+        1,
+        "{listed:?}"
+    );
+    assert_eq!(
+        fx.files.requests("/tiny.raw"),
+        1,
+        "the base image is reused"
+    );
+
+    let checks = kvm.check().await.unwrap();
+    assert_eq!(checks.len(), 2, "{checks:?}");
+    assert!(checks.iter().all(|c| c.ok), "{checks:?}");
+
+    // Delete removes the domain and its volumes; again is a no-op; an unconfigured host too.
+    kvm.delete("hv1/px-kvm-one").await.unwrap();
+    let domains = fx.virsh(&["list", "--all", "--name"]).await;
+    assert!(!domains.contains("px-kvm-one"), "{domains}");
+    assert!(!fx.volume_path("px-kvm-one-root.qcow2").exists());
+    assert!(!seed.exists());
+    assert!(
+        fx.volume_path("base-tiny.raw").exists(),
+        "the base stays for the next VM"
+    );
+    kvm.delete("hv1/px-kvm-one").await.unwrap();
+    kvm.delete("gone-host/px-kvm-one").await.unwrap();
+    assert!(matches!(
+        provider_error(kvm.get("gone-host/px-kvm-one").await),
+        ProviderError::Permanent(_)
+    ));
+    assert!(matches!(
+        provider_error(kvm.get("hv1/px-kvm-one").await),
+        ProviderError::NotFound(_)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_image_digest_and_an_ungranted_host_are_refused() {
+    let fx = Fixture::start().await;
+
+    // The config's sha256 does not match what the server sends: permanent, nothing left behind.
+    let kvm = fx
+        .instance(fx.config(&"0".repeat(64)), &["hv1", "hv2"])
+        .await;
+    let error = provider_error(kvm.create(spec("px-kvm-bad", serde_json::json!({}))).await);
+    match &error {
+        ProviderError::Permanent(m) => assert!(m.contains("sha256"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!fx.volume_path("base-tiny.raw").exists());
+    let domains = fx.virsh(&["list", "--all", "--name"]).await;
+    assert!(!domains.contains("px-kvm-bad"), "{domains}");
+
+    // hv2 is in the plugin's config but not in the grant: the host refuses to reach it.
+    let kvm = fx.instance(fx.config(&sha256(&fx.image)), &["hv1"]).await;
+    let mut request = spec("px-kvm-b", serde_json::json!({}));
+    request.zone = Some("zone-b".into());
+    let error = provider_error(kvm.create(request).await);
+    let message = format!("{error:?}");
+    assert!(message.contains("grants.libvirt"), "{message}");
+    let checks = kvm.check().await.unwrap();
+    let hv2 = checks.iter().find(|c| c.target.contains("hv2")).unwrap();
+    assert!(!hv2.ok && hv2.reason == "Denied", "{hv2:?}");
+    let hv1 = checks.iter().find(|c| c.target.contains("hv1")).unwrap();
+    assert!(hv1.ok, "{hv1:?}");
+}

@@ -1,0 +1,149 @@
+//! Names this provider decides: provider ids, volume names, the metadata namespace.
+
+use proxy_operator_sdk::ProviderError;
+
+use crate::config::{ImageFormat, is_label};
+
+/// The XML namespace of the owner identity in a domain's `<metadata>`.
+pub const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
+
+/// The prefix the plugin writes the metadata element with (readers accept any).
+pub const METADATA_PREFIX: &str = "po";
+
+/// A parsed provider id: `<host-name>/<domain-name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderId<'a> {
+    pub host: &'a str,
+    pub domain: &'a str,
+}
+
+impl<'a> ProviderId<'a> {
+    /// Parses `<host>/<domain>`, both DNS labels; anything else is `permanent` (no retry can fix
+    /// an id this provider never made).
+    pub fn parse(id: &'a str) -> Result<Self, ProviderError> {
+        match id.split_once('/') {
+            Some((host, domain)) if is_label(host) && is_label(domain) => {
+                Ok(ProviderId { host, domain })
+            }
+            _ => Err(ProviderError::Permanent(format!(
+                "provider id {id:?} is not <host>/<domain> (each lowercase letters, digits and '-'); it was not made by the kvm provider"
+            ))),
+        }
+    }
+}
+
+/// The provider id of domain `domain` on host `host`.
+pub fn provider_id(host: &str, domain: &str) -> String {
+    format!("{host}/{domain}")
+}
+
+/// Checks `spec.name` (derived by the operator from the Proxy UID): it names the domain and its
+/// volume files, so it must be a DNS label.
+pub fn check_domain_name(name: &str) -> Result<(), ProviderError> {
+    if is_label(name) {
+        Ok(())
+    } else {
+        Err(ProviderError::Permanent(format!(
+            "spec.name: {name:?} cannot name a libvirt domain (lowercase letters, digits and '-', at most 63)"
+        )))
+    }
+}
+
+/// The per-VM qcow2 overlay over the base image.
+pub fn root_volume(domain: &str) -> String {
+    format!("{domain}-root.qcow2")
+}
+
+/// The per-VM NoCloud seed ISO.
+pub fn seed_volume(domain: &str) -> String {
+    format!("{domain}-seed.iso")
+}
+
+/// The base image volume of a configured image key.
+pub fn base_volume_for_key(key: &str, format: ImageFormat) -> String {
+    format!("base-{key}.{}", format.as_str())
+}
+
+/// The base image volume of an image given by URL: named by its digest, so two Proxies with the
+/// same URL and digest share it.
+pub fn base_volume_for_digest(sha256: &str, format: ImageFormat) -> String {
+    let prefix: String = sha256.chars().take(16).collect();
+    format!("base-{}.{}", prefix.to_ascii_lowercase(), format.as_str())
+}
+
+/// 64-bit FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::permanent;
+
+    #[test]
+    fn provider_ids_round_trip() {
+        let id = provider_id("hv1", "px-0123456789abcdef");
+        assert_eq!(id, "hv1/px-0123456789abcdef");
+        assert_eq!(
+            ProviderId::parse(&id).unwrap(),
+            ProviderId {
+                host: "hv1",
+                domain: "px-0123456789abcdef"
+            }
+        );
+    }
+
+    #[test]
+    fn bad_provider_ids_are_permanent() {
+        for bad in [
+            "",
+            "hv1",
+            "hv1/",
+            "/px",
+            "hv1/px/x",
+            "hv1/../etc",
+            "HV1/px",
+            "hv1/a.b",
+        ] {
+            let m = permanent(ProviderId::parse(bad));
+            assert!(m.contains("is not <host>/<domain>"), "{bad}: {m}");
+        }
+    }
+
+    #[test]
+    fn volume_names() {
+        assert_eq!(root_volume("px-1"), "px-1-root.qcow2");
+        assert_eq!(seed_volume("px-1"), "px-1-seed.iso");
+        assert_eq!(
+            base_volume_for_key("debian-12", ImageFormat::Qcow2),
+            "base-debian-12.qcow2"
+        );
+        assert_eq!(
+            base_volume_for_digest(
+                "FEDCBA9876543210FEDCBA9876543210FEDCBA9876543210FEDCBA9876543210",
+                ImageFormat::Raw
+            ),
+            "base-fedcba9876543210.raw"
+        );
+    }
+
+    #[test]
+    fn domain_names_are_labels() {
+        check_domain_name("px-0123456789abcdef").unwrap();
+        let m = permanent(check_domain_name("../px"));
+        assert!(m.starts_with("spec.name: \"../px\""), "{m}");
+    }
+
+    #[test]
+    fn fnv1a_matches_reference_vectors() {
+        // From the FNV reference test suite.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+}
