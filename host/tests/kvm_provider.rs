@@ -294,7 +294,7 @@ async fn a_wrong_image_digest_and_an_ungranted_host_are_refused() {
     assert!(message.contains("grants.libvirt"), "{message}");
     let checks = kvm.check().await.unwrap();
     let hv2 = checks.iter().find(|c| c.target.contains("hv2")).unwrap();
-    assert!(!hv2.ok && hv2.reason == "Denied", "{hv2:?}");
+    assert!(!hv2.ok && hv2.reason == "Forbidden", "{hv2:?}");
     let hv1 = checks.iter().find(|c| c.target.contains("hv1")).unwrap();
     assert!(hv1.ok, "{hv1:?}");
 }

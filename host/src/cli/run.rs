@@ -183,7 +183,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
 
     // Fail fast on a broken providers config before anything else (no cluster needed for that).
-    ProvidersConfig::load(&args.providers_config)?;
+    let providers_config = ProvidersConfig::load(&args.providers_config)?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
@@ -207,6 +207,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &registry,
     )?;
     tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
+    warn_about_missing_ssh_secrets(&client, &args.leader_election_namespace, &providers_config)
+        .await;
     let plugin_registry = PluginRegistry::start(
         engine.clone(),
         RegistryOptions {
@@ -379,6 +381,35 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         discovery.abort();
     }
     result
+}
+
+/// A kvm provider instance without its SSH Secret still starts: only its calls fail (and recover
+/// when the Secret appears). Say so once at start, where an operator reads first.
+async fn warn_about_missing_ssh_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    config: &ProvidersConfig,
+) {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), namespace);
+    for entry in &config.providers {
+        let Some(grant) = &entry.grants.libvirt else {
+            continue;
+        };
+        match secrets.get_opt(&grant.ssh_secret).await {
+            Ok(Some(_)) => {}
+            Ok(None) => tracing::warn!(
+                provider = %entry.name,
+                secret = %format!("{namespace}/{}", grant.ssh_secret),
+                "the SSH Secret for this provider's hypervisors does not exist; its Proxies wait until it is created (see docs/providers/kvm.md)"
+            ),
+            Err(e) => tracing::warn!(
+                provider = %entry.name,
+                secret = %format!("{namespace}/{}", grant.ssh_secret),
+                "cannot read the SSH Secret for this provider's hypervisors: {e}"
+            ),
+        }
+    }
 }
 
 fn default_identity() -> String {

@@ -579,7 +579,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     // The lease table is written into and read back from the operator's own namespace.
     use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
     let persistence = LeasePersistence::new(
-        service_account,
+        service_account.clone(),
         "proxy-operator",
         &format!("{}-leases", ns.name()),
     );
@@ -593,6 +593,29 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     persistence.save(&snapshot).await.unwrap();
     persistence.save(&snapshot).await.unwrap();
     assert_eq!(persistence.load().await.unwrap(), snapshot);
+
+    // The kvm SSH Secret can be read by name, and no other Secret.
+    let admin: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(cp.client(), "proxy-operator");
+    for name in ["kvm-ssh", "unrelated"] {
+        let secret = k8s_openapi::api::core::v1::Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match admin.create(&Default::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let own: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(service_account, "proxy-operator");
+    own.get("kvm-ssh").await.unwrap();
+    let denied = own.get("unrelated").await.unwrap_err();
+    assert!(denied.to_string().contains("forbidden"), "{denied}");
 }
 
 fn now_seconds() -> i64 {

@@ -108,7 +108,7 @@ pub fn check_reason(err: &LibvirtError) -> &'static str {
         LibvirtError::HostKeyMismatch(_) => "HostKeyMismatch",
         LibvirtError::AuthFailed(_) => "AuthFailed",
         LibvirtError::Timeout(_) => "Timeout",
-        LibvirtError::Denied(_) => "Denied",
+        LibvirtError::Denied(_) => "Forbidden",
         LibvirtError::NotFound(_) => "NotFound",
         LibvirtError::Failed(_) | LibvirtError::ChecksumMismatch(_) => "LibvirtError",
     }
@@ -302,7 +302,7 @@ mod tests {
             "AuthFailed"
         );
         assert_eq!(check_reason(&LibvirtError::Timeout("x".into())), "Timeout");
-        assert_eq!(check_reason(&LibvirtError::Denied("x".into())), "Denied");
+        assert_eq!(check_reason(&LibvirtError::Denied("x".into())), "Forbidden");
         assert!(
             check_message("hv1", &LibvirtError::Denied("x".into()))
                 .contains("grants.libvirt.hosts")
