@@ -95,20 +95,50 @@ impl Fixture {
     }
 
     async fn instance(&self, config: serde_json::Value, granted: &[&str]) -> ProviderInstance {
-        let plugin = self
-            .engine
+        self.instance_on(&self.engine, config, self.grants(granted))
+            .await
+    }
+
+    async fn instance_on(
+        &self,
+        engine: &Arc<PluginEngine>,
+        config: serde_json::Value,
+        grants: Grants,
+    ) -> ProviderInstance {
+        let plugin = engine
             .load("kvm.wasm", plugin_bytes("kvm"))
             .await
             .expect("the kvm plugin loads");
         ProviderInstance::new(
-            self.engine.clone(),
+            engine.clone(),
             "kvm-test",
             plugin,
             &config,
-            &self.grants(granted),
+            &grants,
             ProviderInstanceOptions::default(),
         )
         .unwrap()
+    }
+
+    fn material(&self) -> SshMaterial {
+        SshMaterial {
+            private_key: self.sshd.client_key_pem().into(),
+            known_hosts: format!("{}\n", self.sshd.known_hosts_line()),
+        }
+    }
+
+    /// An engine whose SSH material is `material` (a Secret with other contents).
+    async fn engine_with_material(&self, material: SshMaterial) -> Arc<PluginEngine> {
+        engine_with(EngineOptions {
+            call_timeout: Duration::from_secs(60),
+            libvirt: LibvirtHub::new(
+                MaterialSource::Static(material),
+                self._dir.path().to_path_buf(),
+            ),
+            ..test_options()
+        })
+        .await
+        .0
     }
 
     async fn virsh(&self, args: &[&str]) -> String {
@@ -297,4 +327,100 @@ async fn a_wrong_image_digest_and_an_ungranted_host_are_refused() {
     assert!(!hv2.ok && hv2.reason == "Forbidden", "{hv2:?}");
     let hv1 = checks.iter().find(|c| c.target.contains("hv1")).unwrap();
     assert!(hv1.ok, "{hv1:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_what_is_wrong_with_each_hypervisor_and_calls_fail_with_the_right_class() {
+    let fx = Fixture::start().await;
+    let sha = sha256(&fx.image);
+    let one_host = |pool: &str| {
+        let mut config = fx.config(&sha);
+        config["hosts"] = serde_json::json!([
+            {"name": "hv1", "zone": "zone-a", "pool": pool, "network": "pxnet"}
+        ]);
+        config
+    };
+    let verdict = |checks: Vec<proxy_operator::plugins::types::CheckTarget>| {
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        let c = checks.into_iter().next().unwrap();
+        assert!(!c.ok, "{c:?}");
+        (c.reason, c.message)
+    };
+
+    // The hypervisor shows another host key than known_hosts has.
+    let other = harness::SshKey::generate(&fx._dir.path().join("other"))
+        .await
+        .unwrap();
+    let mut material = fx.material();
+    material.known_hosts = format!("[127.0.0.1]:{} {}\n", fx.sshd.port(), other.public.trim());
+    let engine = fx.engine_with_material(material).await;
+    let kvm = fx
+        .instance_on(
+            &engine,
+            one_host(fx.libvirtd.pool_name()),
+            fx.grants(&["hv1"]),
+        )
+        .await;
+    let (reason, message) = verdict(kvm.check().await.unwrap());
+    assert_eq!(reason, "HostKeyMismatch", "{message}");
+    assert!(matches!(
+        create_error(&kvm).await,
+        ProviderError::Unauthorized(_)
+    ));
+
+    // The hypervisor refuses the key.
+    let mut material = fx.material();
+    material.private_key = other.private_pem.clone();
+    let engine = fx.engine_with_material(material).await;
+    let kvm = fx
+        .instance_on(
+            &engine,
+            one_host(fx.libvirtd.pool_name()),
+            fx.grants(&["hv1"]),
+        )
+        .await;
+    let (reason, message) = verdict(kvm.check().await.unwrap());
+    assert_eq!(reason, "AuthFailed", "{message}");
+    assert!(matches!(
+        create_error(&kvm).await,
+        ProviderError::Unauthorized(_)
+    ));
+
+    // Nothing answers at the address: transient, retried.
+    let engine = fx.engine_with_material(fx.material()).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut grants = fx.grants(&["hv1"]);
+    grants.libvirt.as_mut().unwrap().hosts[0].port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let kvm = fx
+        .instance_on(&engine, one_host(fx.libvirtd.pool_name()), grants)
+        .await;
+    let (reason, message) = verdict(kvm.check().await.unwrap());
+    assert_eq!(reason, "Unreachable", "{message}");
+    assert!(matches!(
+        create_error(&kvm).await,
+        ProviderError::Transient { .. }
+    ));
+
+    // The pool is missing, or defined but stopped.
+    let kvm = fx
+        .instance_on(&engine, one_host("no-such-pool"), fx.grants(&["hv1"]))
+        .await;
+    let (reason, message) = verdict(kvm.check().await.unwrap());
+    assert_eq!(reason, "PoolNotFound", "{message}");
+    fx.libvirtd.define_pool("stopped").await.unwrap();
+    fx.virsh(&["pool-destroy", "stopped"]).await;
+    let kvm = fx
+        .instance_on(&engine, one_host("stopped"), fx.grants(&["hv1"]))
+        .await;
+    let (reason, message) = verdict(kvm.check().await.unwrap());
+    assert_eq!(reason, "PoolInactive", "{message}");
+    assert!(message.contains("virsh pool-start"), "{message}");
+}
+
+async fn create_error(kvm: &ProviderInstance) -> ProviderError {
+    provider_error(
+        kvm.create(spec("px-kvm-check", serde_json::json!({})))
+            .await,
+    )
 }
