@@ -2,6 +2,8 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
+use super::store::{EndReason, Outcome};
+
 /// Counters and gauges of the lease table.
 #[derive(Clone)]
 pub struct LeaseMetrics {
@@ -11,6 +13,10 @@ pub struct LeaseMetrics {
     pub(crate) reports: IntCounterVec,
     pub(crate) active: IntGauge,
     pub(crate) cooling_down: IntGauge,
+    /// `ended` and `reports` bound to each label once: no label hashing per lease, and every
+    /// series is exported from the start (at 0), as Prometheus prefers.
+    pub(crate) ended_by_reason: [IntCounter; EndReason::ALL.len()],
+    pub(crate) reports_by_outcome: [IntCounter; Outcome::ALL.len()],
 }
 
 impl LeaseMetrics {
@@ -28,17 +34,28 @@ impl LeaseMetrics {
 
     /// The same metrics, not exported anywhere (tests and benchmarks).
     pub fn unregistered() -> prometheus::Result<Self> {
+        let ended = IntCounterVec::new(
+            Opts::new(
+                "proxy_operator_leases_ended_total",
+                "Leases ended, by reason: released, expired, blocked, unhealthy, deleted.",
+            ),
+            &["reason"],
+        )?;
+        let reports = IntCounterVec::new(
+            Opts::new(
+                "proxy_operator_lease_reports_total",
+                "Crawler reports on leases, by outcome.",
+            ),
+            &["outcome"],
+        )?;
         Ok(LeaseMetrics {
+            ended_by_reason: EndReason::ALL.map(|r| ended.with_label_values(&[r.as_str()])),
+            reports_by_outcome: Outcome::ALL.map(|o| reports.with_label_values(&[o.as_str()])),
+            ended,
+            reports,
             granted: IntCounter::new(
                 "proxy_operator_leases_granted_total",
                 "Leases granted by the discovery API.",
-            )?,
-            ended: IntCounterVec::new(
-                Opts::new(
-                    "proxy_operator_leases_ended_total",
-                    "Leases ended, by reason: released, expired, blocked, unhealthy, deleted.",
-                ),
-                &["reason"],
             )?,
             rejected: IntCounterVec::new(
                 Opts::new(
@@ -46,13 +63,6 @@ impl LeaseMetrics {
                     "Lease requests refused, by reason.",
                 ),
                 &["reason"],
-            )?,
-            reports: IntCounterVec::new(
-                Opts::new(
-                    "proxy_operator_lease_reports_total",
-                    "Crawler reports on leases, by outcome.",
-                ),
-                &["outcome"],
             )?,
             active: IntGauge::new(
                 "proxy_operator_leases_active",

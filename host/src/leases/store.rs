@@ -3,7 +3,7 @@
 //! contention stays far below what the HTTP layer costs (see docs/performance.md).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,15 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    /// Every reason, in declaration order (`reason as usize` indexes it).
+    pub const ALL: [EndReason; 5] = [
+        EndReason::Released,
+        EndReason::Expired,
+        EndReason::Blocked,
+        EndReason::Unhealthy,
+        EndReason::Deleted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             EndReason::Released => "released",
@@ -92,6 +101,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in declaration order (`outcome as usize` indexes it).
+    pub const ALL: [Outcome; 3] = [Outcome::Success, Outcome::Failure, Outcome::Blocked];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Success => "success",
@@ -192,22 +204,27 @@ const MAX_ENDED: usize = 65_536;
 /// Retry-After when nothing is known to free up sooner.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(5);
 
+/// The table's maps hash with foldhash: several times faster than SipHash on these short keys, and
+/// still randomly seeded. Their keys are ids the store made and Proxies from the cluster.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct Inner {
     /// False until the persisted state is restored: grants before that could double-lease.
     ready: bool,
-    pool: HashMap<ProxyKey, PoolEntry>,
-    leases: HashMap<String, Lease>,
-    leased: HashMap<ProxyKey, String>,
-    cooldowns: HashMap<ProxyKey, u64>,
+    pool: FastMap<ProxyKey, PoolEntry>,
+    leases: FastMap<String, Lease>,
+    leased: FastMap<ProxyKey, String>,
+    cooldowns: FastMap<ProxyKey, u64>,
     /// Healthy, unleased proxies by the order they became free: granting the oldest spreads load.
     free: BTreeMap<u64, ProxyKey>,
-    free_seq: HashMap<ProxyKey, u64>,
+    free_seq: FastMap<ProxyKey, u64>,
     next_seq: u64,
-    ended: HashMap<String, EndReason>,
+    ended: FastMap<Arc<str>, EndReason>,
     /// Ended ids by when they are forgotten (oldest first), to forget without scanning.
-    ended_order: std::collections::VecDeque<(u64, String)>,
-    failures: HashMap<ProxyKey, u32>,
+    /// One allocation per ended id, shared with `ended`.
+    ended_order: std::collections::VecDeque<(u64, Arc<str>)>,
+    failures: FastMap<ProxyKey, u32>,
     dirty: bool,
 }
 
@@ -370,7 +387,7 @@ impl LeaseStore {
                 inner.push_free(key.clone());
             }
         }
-        inner.pool = pool;
+        inner.pool = pool.into_iter().collect();
         if changed || before != inner.cooldowns.len() {
             self.mark_dirty(&mut inner);
         }
@@ -489,10 +506,7 @@ impl LeaseStore {
         let now = now_ms();
         let mut inner = self.lock();
         let lease = inner.live(id, now, &self.metrics)?;
-        self.metrics
-            .reports
-            .with_label_values(&[outcome.as_str()])
-            .inc();
+        self.metrics.reports_by_outcome[outcome as usize].inc();
         match outcome {
             Outcome::Success => {
                 inner.failures.remove(&lease.proxy);
@@ -655,15 +669,16 @@ impl Inner {
         if self.pool.get(&lease.proxy).is_some_and(|e| e.healthy) {
             self.push_free(lease.proxy);
         }
-        self.ended.insert(id.to_string(), reason);
+        let id: Arc<str> = lease.id.into();
+        self.ended.insert(id.clone(), reason);
         self.ended_order
-            .push_back((now_ms() + REMEMBER_ENDED.as_millis() as u64, id.to_string()));
+            .push_back((now_ms() + REMEMBER_ENDED.as_millis() as u64, id));
         if self.ended_order.len() > MAX_ENDED
             && let Some((_, oldest)) = self.ended_order.pop_front()
         {
             self.ended.remove(&oldest);
         }
-        metrics.ended.with_label_values(&[reason.as_str()]).inc();
+        metrics.ended_by_reason[reason as usize].inc();
     }
 }
 
