@@ -25,7 +25,10 @@ backports_pkgs=(
 )
 # python3-venv: the Python example provider is built with componentize-py in a venv.
 # genisoimage, libarchive-tools, xorriso: readers that check the NoCloud seed ISO (plugins/seed-iso).
-plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso)
+# busybox-static, syslinux, syslinux-common, mtools, dosfstools: the bootable test disk a kvm
+# provider VM really boots under TCG (tests/harness/src/bootdisk.rs).
+plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
+    busybox-static syslinux syslinux-common mtools dosfstools)
 
 # Prints the packages of "$@" that are not installed.
 missing() {
@@ -91,6 +94,29 @@ else
     fi
     mapfile -t still < <(missing "${backports_pkgs[@]}" "${plain_pkgs[@]}")
     ((${#still[@]} == 0)) || { log "still missing after apt-get: ${still[*]}"; exit 1; }
+fi
+step_done
+
+# Debian's kernel for the test guest: the package is downloaded, not installed (it would touch
+# /boot); only its vmlinuz is kept in the fixture cache.
+step "guest kernel (Debian linux-image-amd64, vmlinuz only)"
+kernel_dir="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}/guest-kernel"
+if [[ -s "$kernel_dir/vmlinuz" ]]; then
+    log "  present: $kernel_dir/vmlinuz"
+else
+    kernel_pkg="$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ { print $2; exit }')"
+    [[ -n "$kernel_pkg" ]] || { log "cannot tell which package linux-image-amd64 depends on"; exit 1; }
+    download="$(mktemp -d)"
+    chmod 755 "$download"   # apt's _apt user downloads into it
+    (cd "$download" && apt-get download -qq "$kernel_pkg")
+    mkdir -p "$kernel_dir"
+    dpkg-deb --fsys-tarfile "$download"/"$kernel_pkg"_*.deb \
+        | tar -xO --wildcards './boot/vmlinuz-*' > "$kernel_dir/vmlinuz.part"
+    [[ -s "$kernel_dir/vmlinuz.part" ]] || { log "no vmlinuz in $kernel_pkg"; exit 1; }
+    mv "$kernel_dir/vmlinuz.part" "$kernel_dir/vmlinuz"
+    echo "$kernel_pkg" > "$kernel_dir/package"
+    rm -rf "$download"
+    log "  $kernel_pkg -> $kernel_dir/vmlinuz"
 fi
 step_done
 

@@ -58,6 +58,7 @@
 //!   `$HOME/.cache/proxy-operator/fixtures`).
 
 pub mod bins;
+pub mod bootdisk;
 pub mod control_plane;
 pub mod http;
 pub mod libvirtd;
