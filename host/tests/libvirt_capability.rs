@@ -368,3 +368,30 @@ async fn the_ssh_material_comes_from_a_secret_that_may_appear_later() {
     let report = hv.probe(Duration::from_secs(30)).await.unwrap();
     assert!(report.libvirt_version.starts_with("11."), "{report:?}");
 }
+
+/// A hypervisor whose libvirtd hangs (SIGSTOP): `probe` gives up at its own deadline with
+/// `Timeout`, and the shared connection survives it: once libvirtd runs again, calls go through
+/// the same connection, without a new SSH session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_gives_up_on_a_hung_libvirtd_without_dropping_the_connection() {
+    let (libvirtd, sshd) = tokio::join!(Libvirtd::start(), Sshd::start());
+    let (libvirtd, sshd) = (libvirtd.unwrap(), sshd.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let hub = hub(MaterialSource::Static(material(&sshd)), dir.path());
+    let ctx = context(&grants(&sshd, &libvirtd, "kvm-ssh"), hub.clone());
+    let hv = open(&ctx).await;
+    hv.probe(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(hub.connections_opened(), 1);
+
+    let pid = libvirtd.libvirtd_pid().unwrap() as i32;
+    // SAFETY: signalling a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Without its own deadline this would wait for libvirtd forever (it is resumed only after).
+    let hung = hv.probe(Duration::from_millis(500)).await;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(matches!(hung, Err(LibvirtError::Timeout(_))), "{hung:?}");
+
+    hv.list_domains(None).await.unwrap();
+    hv.probe(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(hub.connections_opened(), 1, "the connection was kept");
+}

@@ -108,6 +108,8 @@ pub struct LibvirtHub {
     materials: tokio::sync::Mutex<HashMap<String, SshMaterial>>,
     slots: Mutex<HashMap<Endpoint, Arc<HostSlot>>>,
     pub(super) imports: Imports,
+    /// Connections opened since start: shows (in tests and logs) that calls share them.
+    opened: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for LibvirtHub {
@@ -131,6 +133,7 @@ impl LibvirtHub {
             materials: Default::default(),
             slots: Default::default(),
             imports: Default::default(),
+            opened: Default::default(),
         })
     }
 
@@ -139,6 +142,11 @@ impl LibvirtHub {
         static HUB: OnceLock<Arc<LibvirtHub>> = OnceLock::new();
         HUB.get_or_init(|| LibvirtHub::new(MaterialSource::None, std::env::temp_dir()))
             .clone()
+    }
+
+    /// How many hypervisor connections this hub has opened (a reconnect counts again).
+    pub fn connections_opened(&self) -> u64 {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The SSH material named `secret`, read on first use and cached.
@@ -234,9 +242,14 @@ impl LibvirtHub {
                     e.message()
                 ))
             })?;
+        let opened = self
+            .opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         info!(
             hypervisor = %endpoint.label(),
             elapsed_ms = started.elapsed().as_millis() as u64,
+            connections_opened = opened,
             "connected to libvirt over ssh"
         );
         let connection = Arc::new(Connection {

@@ -148,12 +148,15 @@ impl Hypervisor {
         metadata_uri: Option<String>,
     ) -> Result<DomainInfo> {
         let ids = format!("domain={name}");
-        self.hub
+        let info = self
+            .hub
             .call(&self.endpoint, "domain-lookup-by-name", &ids, move |c| {
                 let domain = Domain::lookup_by_name(c, &name)?;
                 domain_info(&domain, metadata_uri.as_deref())
             })
-            .await
+            .await?;
+        trace!(hypervisor = %self.host, domain = %info.name, metadata = ?info.metadata, "lookup-domain");
+        Ok(info)
     }
 
     pub async fn start_domain(&self, name: String) -> Result<()> {
