@@ -148,6 +148,11 @@ impl Fixture {
     fn volume_path(&self, name: &str) -> std::path::PathBuf {
         self.libvirtd.pool_path().join(name)
     }
+
+    /// The base volume of image `tiny` with digest `sha256`: named by key and digest.
+    fn base_volume(&self, sha256: &str) -> String {
+        format!("base-tiny-{}.raw", &sha256[..12])
+    }
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -209,7 +214,7 @@ async fn a_vm_is_made_found_listed_and_removed() {
 
     // The base image was imported from the loopback server, once, byte for byte.
     assert_eq!(
-        std::fs::read(fx.volume_path("base-tiny.raw")).unwrap(),
+        std::fs::read(fx.volume_path(&fx.base_volume(&sha256(&fx.image)))).unwrap(),
         fx.image
     );
     // The overlay is a qcow2 over it; the seed is a NoCloud ISO with the user-data as given.
@@ -221,7 +226,10 @@ async fn a_vm_is_made_found_listed_and_removed() {
             "px-kvm-one-root.qcow2",
         ])
         .await;
-    assert!(overlay.contains("base-tiny.raw"), "{overlay}");
+    assert!(
+        overlay.contains(&fx.base_volume(&sha256(&fx.image))),
+        "{overlay}"
+    );
     let seed = fx.volume_path("px-kvm-one-seed.iso");
     assert_eq!(iso_volume_id(&seed).await, "cidata");
     assert_eq!(iso_file(&seed, "user-data").await, request.user_data);
@@ -283,7 +291,7 @@ async fn a_vm_is_made_found_listed_and_removed() {
     assert!(!fx.volume_path("px-kvm-one-root.qcow2").exists());
     assert!(!seed.exists());
     assert!(
-        fx.volume_path("base-tiny.raw").exists(),
+        fx.volume_path(&fx.base_volume(&sha256(&fx.image))).exists(),
         "the base stays for the next VM"
     );
     kvm.delete("hv1/px-kvm-one").await.unwrap();
@@ -311,7 +319,7 @@ async fn a_wrong_image_digest_and_an_ungranted_host_are_refused() {
         ProviderError::Permanent(m) => assert!(m.contains("sha256"), "{m}"),
         other => panic!("{other:?}"),
     }
-    assert!(!fx.volume_path("base-tiny.raw").exists());
+    assert!(!fx.volume_path(&fx.base_volume(&"0".repeat(64))).exists());
     let domains = fx.virsh(&["list", "--all", "--name"]).await;
     assert!(!domains.contains("px-kvm-bad"), "{domains}");
 

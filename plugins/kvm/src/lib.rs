@@ -1,6 +1,6 @@
 //! The `kvm` provider: a proxy is a VM on a libvirt hypervisor the host reaches over SSH.
 //!
-//! Per VM, in the host's storage pool: the base image (`base-<key>.<format>`, downloaded and
+//! Per VM, in the host's storage pool: the base image (`base-<key>-<12 hex of its sha256>.<format>`, downloaded and
 //! verified by the host on first use, shared), a qcow2 overlay `<domain>-root.qcow2` over it and
 //! a NoCloud seed ISO `<domain>-seed.iso` built here. The domain carries the owner identity in its
 //! `<metadata>` (namespace [`names::METADATA_URI`]), which `get` and `list` read back. Provider ids
@@ -533,7 +533,7 @@ mod tests {
         let spec = instance_spec();
         let plan = plan(&config, &spec).unwrap();
         assert_eq!(plan.host.name, "hv2");
-        assert_eq!(plan.image.base_volume, "base-debian-12.qcow2");
+        assert_eq!(plan.image.base_volume, "base-debian-12-0123456789ab.qcow2");
         assert_eq!(
             plan.size,
             Size {

@@ -59,9 +59,16 @@ pub fn seed_volume(domain: &str) -> String {
     format!("{domain}-seed.iso")
 }
 
-/// The base image volume of a configured image key.
-pub fn base_volume_for_key(key: &str, format: ImageFormat) -> String {
-    format!("base-{key}.{}", format.as_str())
+/// The base image volume of a configured image key. The digest's first 12 hex digits are part of
+/// the name: pointing a key at a new image (a new release) imports it beside the old one, rather
+/// than silently reusing the old base for new VMs (whose running VMs still need it).
+pub fn base_volume_for_key(key: &str, sha256: &str, format: ImageFormat) -> String {
+    let digest: String = sha256.chars().take(12).collect();
+    format!(
+        "base-{key}-{}.{}",
+        digest.to_ascii_lowercase(),
+        format.as_str()
+    )
 }
 
 /// The base image volume of an image given by URL: named by its digest, so two Proxies with the
@@ -119,9 +126,15 @@ mod tests {
     fn volume_names() {
         assert_eq!(root_volume("px-1"), "px-1-root.qcow2");
         assert_eq!(seed_volume("px-1"), "px-1-seed.iso");
+        let digest = "0123456789abcdef".repeat(4);
         assert_eq!(
-            base_volume_for_key("debian-12", ImageFormat::Qcow2),
-            "base-debian-12.qcow2"
+            base_volume_for_key("debian-12", &digest, ImageFormat::Qcow2),
+            "base-debian-12-0123456789ab.qcow2"
+        );
+        // A new image under the same key is a new base volume.
+        assert_ne!(
+            base_volume_for_key("debian-12", &"f".repeat(64), ImageFormat::Qcow2),
+            base_volume_for_key("debian-12", &digest, ImageFormat::Qcow2)
         );
         assert_eq!(
             base_volume_for_digest(

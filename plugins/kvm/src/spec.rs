@@ -90,7 +90,7 @@ pub fn resolve_image(
         )));
     };
     Ok(ImageChoice {
-        base_volume: base_volume_for_key(key, found.format),
+        base_volume: base_volume_for_key(key, &found.sha256, found.format),
         url: found.url.clone(),
         sha256: found.sha256.to_ascii_lowercase(),
         format: found.format,
@@ -261,12 +261,12 @@ mod tests {
     fn image_keys_resolve_with_their_settings() {
         let c = sample();
         let debian = resolve_image(&c, None, "{}").unwrap();
-        assert_eq!(debian.base_volume, "base-debian-12.qcow2");
+        assert_eq!(debian.base_volume, "base-debian-12-0123456789ab.qcow2");
         assert_eq!(debian.firmware, Firmware::Uefi);
         assert_eq!(debian.format, ImageFormat::Qcow2);
         assert_eq!(resolve_image(&c, Some(""), "{}").unwrap(), debian);
         let alpine = resolve_image(&c, Some("alpine"), "").unwrap();
-        assert_eq!(alpine.base_volume, "base-alpine.raw");
+        assert_eq!(alpine.base_volume, "base-alpine-fedcba987654.raw");
         assert_eq!(alpine.firmware, Firmware::Bios);
         assert_eq!(alpine.sha256, "fedcba9876543210".repeat(4));
     }
