@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{engine_with, plugin_bytes, spec, test_options};
+use common::{engine_with, plugin_bytes, spec, ssh_material, test_options};
 use harness::bins::debian_binary;
 use harness::{FileServer, Libvirtd, Sshd};
 use proxy_operator::capabilities::Grants;
@@ -26,7 +26,7 @@ struct Fixture {
     files: FileServer,
     engine: Arc<PluginEngine>,
     image: Vec<u8>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Fixture {
@@ -36,16 +36,7 @@ impl Fixture {
         let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
         libvirtd.define_isolated_network("pxnet").await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let material = SshMaterial {
-            private_key: sshd.client_key_pem().into(),
-            known_hosts: format!("{}\n", sshd.known_hosts_line()),
-        };
-        let (engine, _) = engine_with(EngineOptions {
-            call_timeout: Duration::from_secs(60),
-            libvirt: LibvirtHub::new(MaterialSource::Static(material), dir.path().to_path_buf()),
-            ..test_options()
-        })
-        .await;
+        let engine = engine_for(ssh_material(&sshd), dir.path()).await;
         // A small "disk image": the VMs run under TCG without booting anything from it.
         let image: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 253) as u8).collect();
         files.serve("/tiny.raw", image.clone());
@@ -55,7 +46,7 @@ impl Fixture {
             files,
             engine,
             image,
-            _dir: dir,
+            dir,
         }
     }
 
@@ -121,24 +112,12 @@ impl Fixture {
     }
 
     fn material(&self) -> SshMaterial {
-        SshMaterial {
-            private_key: self.sshd.client_key_pem().into(),
-            known_hosts: format!("{}\n", self.sshd.known_hosts_line()),
-        }
+        ssh_material(&self.sshd)
     }
 
     /// An engine whose SSH material is `material` (a Secret with other contents).
     async fn engine_with_material(&self, material: SshMaterial) -> Arc<PluginEngine> {
-        engine_with(EngineOptions {
-            call_timeout: Duration::from_secs(60),
-            libvirt: LibvirtHub::new(
-                MaterialSource::Static(material),
-                self._dir.path().to_path_buf(),
-            ),
-            ..test_options()
-        })
-        .await
-        .0
+        engine_for(material, self.dir.path()).await
     }
 
     async fn virsh(&self, args: &[&str]) -> String {
@@ -153,6 +132,17 @@ impl Fixture {
     fn base_volume(&self, sha256: &str) -> String {
         format!("base-tiny-{}.raw", &sha256[..12])
     }
+}
+
+/// An engine whose hypervisor connections use `material`, with tunnel sockets under `dir`.
+async fn engine_for(material: SshMaterial, dir: &Path) -> Arc<PluginEngine> {
+    engine_with(EngineOptions {
+        call_timeout: Duration::from_secs(60),
+        libvirt: LibvirtHub::new(MaterialSource::Static(material), dir.to_path_buf()),
+        ..test_options()
+    })
+    .await
+    .0
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -356,43 +346,37 @@ async fn check_names_what_is_wrong_with_each_hypervisor_and_calls_fail_with_the_
     };
 
     // The hypervisor shows another host key than known_hosts has.
-    let other = harness::SshKey::generate(&fx._dir.path().join("other"))
+    let other = harness::SshKey::generate(&fx.dir.path().join("other"))
         .await
         .unwrap();
-    let mut material = fx.material();
-    material.known_hosts = format!("[127.0.0.1]:{} {}\n", fx.sshd.port(), other.public.trim());
-    let engine = fx.engine_with_material(material).await;
-    let kvm = fx
-        .instance_on(
-            &engine,
-            one_host(fx.libvirtd.pool_name()),
-            fx.grants(&["hv1"]),
-        )
-        .await;
-    let (reason, message) = verdict(kvm.check().await.unwrap());
-    assert_eq!(reason, "HostKeyMismatch", "{message}");
-    assert!(matches!(
-        create_error(&kvm).await,
-        ProviderError::Unauthorized(_)
-    ));
-
-    // The hypervisor refuses the key.
-    let mut material = fx.material();
-    material.private_key = other.private_pem.clone();
-    let engine = fx.engine_with_material(material).await;
-    let kvm = fx
-        .instance_on(
-            &engine,
-            one_host(fx.libvirtd.pool_name()),
-            fx.grants(&["hv1"]),
-        )
-        .await;
-    let (reason, message) = verdict(kvm.check().await.unwrap());
-    assert_eq!(reason, "AuthFailed", "{message}");
-    assert!(matches!(
-        create_error(&kvm).await,
-        ProviderError::Unauthorized(_)
-    ));
+    let wrong_host_key = SshMaterial {
+        known_hosts: format!("[127.0.0.1]:{} {}\n", fx.sshd.port(), other.public.trim()),
+        ..fx.material()
+    };
+    // … or refuses the client key.
+    let refused_key = SshMaterial {
+        private_key: other.private_pem.clone(),
+        ..fx.material()
+    };
+    for (material, expected) in [
+        (wrong_host_key, "HostKeyMismatch"),
+        (refused_key, "AuthFailed"),
+    ] {
+        let engine = fx.engine_with_material(material).await;
+        let kvm = fx
+            .instance_on(
+                &engine,
+                one_host(fx.libvirtd.pool_name()),
+                fx.grants(&["hv1"]),
+            )
+            .await;
+        let (reason, message) = verdict(kvm.check().await.unwrap());
+        assert_eq!(reason, expected, "{message}");
+        assert!(matches!(
+            create_error(&kvm).await,
+            ProviderError::Unauthorized(_)
+        ));
+    }
 
     // Nothing answers at the address: transient, retried.
     let engine = fx.engine_with_material(fx.material()).await;

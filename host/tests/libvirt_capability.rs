@@ -2,11 +2,13 @@
 //! domains, metadata, volumes, uploads and image imports through the SSH tunnel; the grant;
 //! how SSH failures are classified; the SSH material read from a Secret in a real cluster.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{ssh_material, ssh_secret};
 use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
 use proxy_operator::capabilities::libvirt::{
@@ -16,13 +18,6 @@ use proxy_operator::capabilities::{CallContext, Grants};
 use sha2::{Digest, Sha256};
 
 const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
-
-fn material(sshd: &Sshd) -> SshMaterial {
-    SshMaterial {
-        private_key: sshd.client_key_pem().into(),
-        known_hosts: format!("{}\n", sshd.known_hosts_line()),
-    }
-}
 
 /// Grants hypervisor `hv1` (the harness sshd, forwarding to the harness libvirtd) and HTTP to
 /// loopback (for image imports).
@@ -83,7 +78,7 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
     let dir = tempfile::tempdir().unwrap();
     let ctx = context(
         &grants(&sshd, &libvirtd, "kvm-ssh"),
-        hub(MaterialSource::Static(material(&sshd)), dir.path()),
+        hub(MaterialSource::Static(ssh_material(&sshd)), dir.path()),
     );
     let hv = open(&ctx).await;
     let pool = libvirtd.pool_name().to_string();
@@ -250,7 +245,7 @@ async fn ssh_failures_are_classified() {
 
     // known_hosts lists another key for the host.
     let other = SshKey::generate(&dir.path().join("other")).await.unwrap();
-    let mut wrong_host = material(&sshd);
+    let mut wrong_host = ssh_material(&sshd);
     wrong_host.known_hosts = format!("[127.0.0.1]:{} {}\n", sshd.port(), other.public.trim());
     let ctx = context(&grants, hub(MaterialSource::Static(wrong_host), dir.path()));
     match open(&ctx).await.probe(timeout).await {
@@ -259,7 +254,7 @@ async fn ssh_failures_are_classified() {
     }
 
     // The server does not accept the client key.
-    let mut wrong_key = material(&sshd);
+    let mut wrong_key = ssh_material(&sshd);
     wrong_key.private_key = other.private_pem.clone();
     let ctx = context(&grants, hub(MaterialSource::Static(wrong_key), dir.path()));
     assert!(matches!(
@@ -275,7 +270,7 @@ async fn ssh_failures_are_classified() {
     nowhere.libvirt.as_mut().unwrap().hosts[0].port = port;
     let ctx = context(
         &nowhere,
-        hub(MaterialSource::Static(material(&sshd)), dir.path()),
+        hub(MaterialSource::Static(ssh_material(&sshd)), dir.path()),
     );
     assert!(matches!(
         open(&ctx).await.probe(timeout).await,
@@ -285,7 +280,7 @@ async fn ssh_failures_are_classified() {
     // The right material works, and a dead sshd afterwards is noticed and recovered from.
     let ctx = context(
         &grants,
-        hub(MaterialSource::Static(material(&sshd)), dir.path()),
+        hub(MaterialSource::Static(ssh_material(&sshd)), dir.path()),
     );
     let hv = open(&ctx).await;
     hv.probe(timeout).await.unwrap();
@@ -322,25 +317,11 @@ async fn the_ssh_material_comes_from_a_secret_that_may_appear_later() {
 
     // A Secret with a broken key: permanent, and the key never appears in the message.
     let secrets: kube::Api<Secret> = ns.api();
-    let secret = |key: &str| Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("kvm-ssh".into()),
-            ..Default::default()
-        },
-        data: Some(
-            [
-                (
-                    "ssh-privatekey".to_string(),
-                    ByteString(key.as_bytes().to_vec()),
-                ),
-                (
-                    "known_hosts".to_string(),
-                    ByteString(format!("{}\n", sshd.known_hosts_line()).into_bytes()),
-                ),
-            ]
-            .into(),
-        ),
-        ..Default::default()
+    let secret = |key: &str| {
+        ssh_secret(&SshMaterial {
+            private_key: key.into(),
+            ..ssh_material(&sshd)
+        })
     };
     secrets
         .create(&Default::default(), &secret("not a key"))
@@ -377,7 +358,7 @@ async fn a_probe_gives_up_on_a_hung_libvirtd_without_dropping_the_connection() {
     let (libvirtd, sshd) = tokio::join!(Libvirtd::start(), Sshd::start());
     let (libvirtd, sshd) = (libvirtd.unwrap(), sshd.unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let hub = hub(MaterialSource::Static(material(&sshd)), dir.path());
+    let hub = hub(MaterialSource::Static(ssh_material(&sshd)), dir.path());
     let ctx = context(&grants(&sshd, &libvirtd, "kvm-ssh"), hub.clone());
     let hv = open(&ctx).await;
     hv.probe(Duration::from_secs(30)).await.unwrap();

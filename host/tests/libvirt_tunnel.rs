@@ -1,6 +1,8 @@
 //! The SSH tunnel to libvirt against the real harness sshd and libvirtd on loopback: virsh through
 //! it, host key and client key refusals, a missing remote socket, and teardown.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -20,12 +22,7 @@ fn target(sshd: &Sshd) -> SshTarget {
     }
 }
 
-fn material(sshd: &Sshd) -> SshMaterial {
-    SshMaterial {
-        private_key: sshd.client_key_pem().into(),
-        known_hosts: format!("{}\n", sshd.known_hosts_line()),
-    }
-}
+use common::ssh_material as material;
 
 /// `virsh -c qemu+unix:///system?socket=<socket> <args>`; stdout, or a panic with stderr.
 async fn virsh(socket: &Path, args: &[&str]) -> String {

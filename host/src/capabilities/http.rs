@@ -241,6 +241,14 @@ impl HttpCapability {
         Ok(granted)
     }
 
+    /// The credentials the grant adds to requests for `target`.
+    fn credentials_for(&self, target: &allow::Target) -> Vec<&Credential> {
+        self.credentials
+            .iter()
+            .filter(|c| c.pattern.matches(target))
+            .collect()
+    }
+
     /// Starts a GET whose body the host streams itself (a base image the `libvirt` capability
     /// imports): the same grant and credentials as `send`, but no response size limit, since the
     /// bytes never reach the plugin. The timeout covers the response headers only.
@@ -256,11 +264,7 @@ impl HttpCapability {
             HttpError::Denied("this provider instance has no grants.http".to_string())
         })?;
         let target = allow::Target::from_url(&parsed).map_err(HttpError::InvalidRequest)?;
-        let injected: Vec<&Credential> = self
-            .credentials
-            .iter()
-            .filter(|c| c.pattern.matches(&target))
-            .collect();
+        let injected = self.credentials_for(&target);
         let mut headers = reqwest::header::HeaderMap::new();
         insert_credentials(&mut headers, &injected, context)?;
         let response =
@@ -297,11 +301,7 @@ impl HttpCapability {
                 HttpError::InvalidRequest(format!("method `{}` is not valid", request.method))
             })?;
         let target = allow::Target::from_url(&url).map_err(HttpError::InvalidRequest)?;
-        let injected: Vec<&Credential> = self
-            .credentials
-            .iter()
-            .filter(|c| c.pattern.matches(&target))
-            .collect();
+        let injected = self.credentials_for(&target);
 
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, value) in &request.headers {

@@ -191,7 +191,7 @@ impl LibvirtCapability {
 
 /// A host-side connection handle on one granted hypervisor (the WIT `hypervisor` resource).
 /// Calls share the hub's cached connection to it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Hypervisor {
     /// The hypervisor's name in the grant.
     pub host: String,

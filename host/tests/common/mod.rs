@@ -291,3 +291,40 @@ async fn delete(State(state): State<Arc<StoreState>>, Path(id): Path<String>) ->
         None => StatusCode::NOT_FOUND,
     }
 }
+
+/// The harness sshd's client key and host key: what the `kvm-ssh` Secret holds for it.
+pub fn ssh_material(
+    sshd: &harness::Sshd,
+) -> proxy_operator::capabilities::libvirt::tunnel::SshMaterial {
+    proxy_operator::capabilities::libvirt::tunnel::SshMaterial {
+        private_key: sshd.client_key_pem().into(),
+        known_hosts: format!("{}\n", sshd.known_hosts_line()),
+    }
+}
+
+/// The `kvm-ssh` Secret with `material`, as an operator creates it.
+pub fn ssh_secret(
+    material: &proxy_operator::capabilities::libvirt::tunnel::SshMaterial,
+) -> k8s_openapi::api::core::v1::Secret {
+    use k8s_openapi::ByteString;
+    k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("kvm-ssh".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (
+                    "ssh-privatekey".to_string(),
+                    ByteString(material.private_key.as_bytes().to_vec()),
+                ),
+                (
+                    "known_hosts".to_string(),
+                    ByteString(material.known_hosts.as_bytes().to_vec()),
+                ),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use harness::{FileServer, Libvirtd, Sshd};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams};
 use proxy_operator::api::Proxy;
@@ -16,7 +15,7 @@ use proxy_operator::plugins::EngineOptions;
 use sha2::{Digest, Sha256};
 
 use super::{control_plane, wait_for};
-use crate::common::{engine_with, plugins_dir, test_options};
+use crate::common::{engine_with, plugins_dir, ssh_material, ssh_secret, test_options};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_removes() {
@@ -104,26 +103,7 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
         "a missing Secret is not a permanent failure"
     );
 
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("kvm-ssh".into()),
-            ..Default::default()
-        },
-        data: Some(
-            [
-                (
-                    "ssh-privatekey".to_string(),
-                    ByteString(sshd.client_key_pem().as_bytes().to_vec()),
-                ),
-                (
-                    "known_hosts".to_string(),
-                    ByteString(format!("{}\n", sshd.known_hosts_line()).into_bytes()),
-                ),
-            ]
-            .into(),
-        ),
-        ..Default::default()
-    };
+    let secret = ssh_secret(&ssh_material(&sshd));
     ns.api::<Secret>()
         .create(&Default::default(), &secret)
         .await

@@ -127,11 +127,7 @@ impl Hypervisor {
         }
         let (done, outcome) = watch::channel(None);
         jobs.insert(key.clone(), outcome.clone());
-        let hypervisor = Hypervisor {
-            host: self.host.clone(),
-            endpoint: self.endpoint.clone(),
-            hub: self.hub.clone(),
-        };
+        let hypervisor = self.clone();
         tokio::spawn(async move {
             let (_, pool, name) = key.clone();
             let result = hypervisor
@@ -214,25 +210,7 @@ impl Hypervisor {
             return Err(e);
         }
         self.refresh_pool(pool.clone()).await?;
-        let ids = format!("pool={pool} volume={name}");
-        self.hub
-            .call(
-                &self.endpoint,
-                "storage-vol-lookup-by-name",
-                &ids,
-                move |c| {
-                    let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool)?;
-                    let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &name)?;
-                    let info = volume.get_info()?;
-                    Ok(VolumeInfo {
-                        name: volume.get_name()?,
-                        path: volume.get_path()?,
-                        capacity: info.capacity,
-                        allocation: info.allocation,
-                    })
-                },
-            )
-            .await
+        self.volume(pool, name).await
     }
 
     /// Feeds the response body to a blocking libvirt upload through a small bounded channel,
@@ -264,7 +242,7 @@ impl Hypervisor {
             loop {
                 let chunk = match tokio::time::timeout(READ_TIMEOUT, body.next()).await {
                     Err(_) => {
-                        let _ = chunks_tx.try_send(Err("the image server stalled".into()));
+                        abort_upload(&chunks_tx, "the image server stalled").await;
                         return Err(LibvirtError::Timeout(format!(
                             "image {}: no data for {READ_TIMEOUT:?}",
                             source.url
@@ -272,7 +250,7 @@ impl Hypervisor {
                     }
                     Ok(None) => break,
                     Ok(Some(Err(e))) => {
-                        let _ = chunks_tx.try_send(Err("the download failed".into()));
+                        abort_upload(&chunks_tx, "the download failed").await;
                         return Err(LibvirtError::Transport(format!(
                             "image {}: {e}",
                             source.url
@@ -307,7 +285,7 @@ impl Hypervisor {
             // Every byte is sent but the stream is not finished: a wrong image is aborted here
             // and never becomes a volume.
             if received != length {
-                send_chunk_or_abort(&chunks_tx, "length mismatch").await;
+                abort_upload(&chunks_tx, "length mismatch").await;
                 return Err(LibvirtError::Transport(format!(
                     "image {}: got {received} bytes or more, Content-Length said {length}",
                     source.url
@@ -315,7 +293,7 @@ impl Hypervisor {
             }
             let digest = hex::encode(hasher.finalize());
             if digest != source.sha256 {
-                send_chunk_or_abort(&chunks_tx, "checksum mismatch").await;
+                abort_upload(&chunks_tx, "checksum mismatch").await;
                 return Err(LibvirtError::ChecksumMismatch(format!(
                     "image {} has sha256 {digest}, the config expects {}; fix the sha256 or the URL",
                     source.url, source.sha256
@@ -350,8 +328,9 @@ async fn send_chunk(sender: &ChunkSender, chunk: Vec<u8>) -> bool {
     }
 }
 
-/// Tells the upload to abort.
-async fn send_chunk_or_abort(sender: &ChunkSender, reason: &str) {
+/// Tells the upload to abort rather than finish (waits for room in the channel: a dropped
+/// sender would finish the stream).
+async fn abort_upload(sender: &ChunkSender, reason: &str) {
     let sender = sender.clone();
     let item = Err(reason.to_string());
     let _ = tokio::task::spawn_blocking(move || sender.send(item)).await;

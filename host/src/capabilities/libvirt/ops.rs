@@ -276,6 +276,11 @@ impl Hypervisor {
                 "volume {name} in pool {pool} is still being imported; call import-image to wait for it"
             )));
         }
+        self.volume(pool, name).await
+    }
+
+    /// The volume as libvirt has it, imported or not (the import job itself reads it back).
+    pub(super) async fn volume(&self, pool: String, name: String) -> Result<VolumeInfo> {
         let ids = format!("pool={pool} volume={name}");
         self.hub
             .call(
