@@ -66,6 +66,15 @@ fn domain_xml(name: &str, uid: &str) -> String {
     )
 }
 
+/// Staging volumes of image imports in the fixture's (directory) pool.
+fn staging_volumes(libvirtd: &Libvirtd) -> Vec<String> {
+    std::fs::read_dir(libvirtd.pool_path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".partial"))
+        .collect()
+}
+
 async fn open(context: &CallContext) -> Hypervisor {
     context.libvirt.open("hv1").expect("hv1 is granted")
 }
@@ -145,6 +154,71 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
         1,
         "imported once, then reused"
     );
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+
+    // What a crash mid-import leaves: a half-written staging volume and no base. The next import
+    // replaces it, and the base gets every byte.
+    let staging = "base-crash.img.partial";
+    hv.create_volume(
+        pool.clone(),
+        format!("<volume><name>{staging}</name><capacity unit='bytes'>{}</capacity><target><format type='raw'/></target></volume>", image.len()),
+    )
+    .await
+    .unwrap();
+    hv.upload_volume(
+        pool.clone(),
+        staging.into(),
+        image[..image.len() / 2].to_vec(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        hv.lookup_volume(pool.clone(), "base-crash.img".into())
+            .await,
+        Err(LibvirtError::NotFound(_))
+    ));
+    let recovered = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-crash.img".into(),
+            source.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&recovered.path).unwrap(), image);
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+
+    // A qcow2 image (what cloud images are) arrives byte for byte, not converted by the copy.
+    let qcow2_path = dir.path().join("base.qcow2");
+    let made = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&qcow2_path)
+        .arg("64M")
+        .status()
+        .expect("qemu-img (Debian qemu-utils, installed by .ci/install-fixtures.sh)");
+    assert!(made.success());
+    let qcow2 = std::fs::read(&qcow2_path).unwrap();
+    files.serve("/real.qcow2", qcow2.clone());
+    let imported = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-real.qcow2".into(),
+            ImageSource {
+                url: files.url("/real.qcow2"),
+                sha256: sha256(&qcow2),
+                format: "qcow2".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&imported.path).unwrap(), qcow2);
+    assert_eq!(
+        imported.capacity,
+        64 << 20,
+        "libvirt reads the qcow2 header"
+    );
 
     // A wrong digest fails permanently and leaves no volume behind.
     let wrong = ImageSource {
@@ -165,6 +239,7 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
             .await,
         Err(LibvirtError::NotFound(_))
     ));
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
     // An image server outside grants.http is refused before anything is downloaded.
     let outside = ImageSource {
         url: format!("http://127.0.0.2:{}/base.qcow2", files.addr().port()),

@@ -2,8 +2,9 @@
 //! URL into libvirt and checking its sha256 on the way, so gigabytes never pass through a plugin.
 //!
 //! An import runs as a background job per (hypervisor, pool, volume): a plugin call that times out
-//! leaves it running, and the next call waits for the same job instead of starting another. While
-//! it runs, `lookup-volume` does not show the volume, so nothing uses a half-written base.
+//! leaves it running, and the next call waits for the same job instead of starting another. The
+//! image is written to a staging volume (`<name>.partial`) and copied to `<name>` once its digest
+//! is right, so nothing ever uses a half-written base, not even after a crash mid-import.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::hub::Endpoint;
-use super::ops::{VolumeInfo, upload};
+use super::ops::{VolumeInfo, upload, xml_escape};
 use super::{Hypervisor, LibvirtError};
 use crate::capabilities::CallContext;
 use crate::capabilities::http::HttpError;
@@ -193,22 +194,41 @@ impl Hypervisor {
             hypervisor = %self.host, pool, volume = name, url = %source.url, bytes = length,
             "importing image"
         );
-        // A raw file of the image's size; libvirt sees the real format (qcow2) on the refresh.
+        // The bytes go to a staging volume first and reach `name` only once verified, by a
+        // copy on the hypervisor (libvirt has no rename). So `name` never exists half-written,
+        // even when this process dies mid-download; the staging volume it leaves is replaced by
+        // the next import.
+        let staging = staging_name(&name);
+        match self.volume(pool.clone(), staging.clone()).await {
+            Ok(_) => {
+                warn!(hypervisor = %self.host, pool, volume = staging, "removing a staging volume left by an interrupted import");
+                self.delete_volume(pool.clone(), staging.clone()).await?;
+            }
+            Err(LibvirtError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // A raw file of the image's size, so the copy below is byte for byte; libvirt sees the
+        // real format (qcow2) of the copy on the refresh.
         let xml = format!(
             "<volume><name>{}</name><capacity unit='bytes'>{length}</capacity>\
              <target><format type='raw'/></target></volume>",
-            xml_escape(&name)
+            xml_escape(&staging)
         );
         self.create_volume(pool.clone(), xml).await?;
         let uploaded = self
-            .stream_into(response, &pool, &name, length, source)
+            .stream_into(response, &pool, &staging, length, source)
             .await;
-        if let Err(e) = uploaded {
-            if let Err(cleanup) = self.delete_volume(pool.clone(), name.clone()).await {
-                warn!(hypervisor = %self.host, pool, volume = name, "cannot remove the partial image volume: {cleanup}");
+        let copied = match uploaded {
+            Ok(()) => {
+                self.copy_volume(pool.clone(), staging.clone(), name.clone())
+                    .await
             }
-            return Err(e);
+            Err(e) => Err(e),
+        };
+        if let Err(cleanup) = self.delete_volume(pool.clone(), staging.clone()).await {
+            warn!(hypervisor = %self.host, pool, volume = staging, "cannot remove the staging volume: {cleanup}");
         }
+        copied?;
         self.refresh_pool(pool.clone()).await?;
         self.volume(pool, name).await
     }
@@ -336,10 +356,7 @@ async fn abort_upload(sender: &ChunkSender, reason: &str) {
     let _ = tokio::task::spawn_blocking(move || sender.send(item)).await;
 }
 
-fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('\'', "&apos;")
-        .replace('"', "&quot;")
+/// Where an import of `name` writes until the image is verified.
+fn staging_name(name: &str) -> String {
+    format!("{name}.partial")
 }

@@ -126,6 +126,24 @@ fn pool_target_path(xml: &str) -> Option<String> {
     Some(target[start..end].trim().to_string())
 }
 
+/// The `<format type='…'/>` of a volume's `<target>` (raw, qcow2, …).
+fn volume_target_format(xml: &str) -> Option<String> {
+    let target = &xml[xml.find("<target>")?..];
+    let format = &target[target.find("<format")?..];
+    let start = format.find("type=")? + "type=".len();
+    let quote = format[start..].chars().next()?;
+    let end = format[start + 1..].find(quote)? + start + 1;
+    Some(format[start + 1..end].to_string())
+}
+
+pub(super) fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&apos;")
+        .replace('"', "&quot;")
+}
+
 impl Hypervisor {
     /// Checks SSH and libvirt with its own short deadline; never drops the shared connection.
     pub async fn probe(&self, timeout: Duration) -> Result<ProbeReport> {
@@ -305,6 +323,38 @@ impl Hypervisor {
             .await
     }
 
+    /// Copies volume `from` to a new volume `name` in the same pool, on the hypervisor. The copy
+    /// keeps the format libvirt has for `from` (raw stays raw: a byte-for-byte copy).
+    pub(super) async fn copy_volume(
+        &self,
+        pool: String,
+        from: String,
+        name: String,
+    ) -> Result<VolumeInfo> {
+        let ids = format!("pool={pool} volume={name} from={from}");
+        self.hub
+            .call(
+                &self.endpoint,
+                "storage-vol-create-xml-from",
+                &ids,
+                move |c| {
+                    let p = StoragePool::lookup_by_name(c, &pool)?;
+                    let source = StorageVol::lookup_by_name(&p, &from)?;
+                    let capacity = source.get_info()?.capacity;
+                    let format = volume_target_format(&source.get_xml_desc(0)?)
+                        .unwrap_or_else(|| "raw".into());
+                    let xml = format!(
+                        "<volume><name>{}</name><capacity unit='bytes'>{capacity}</capacity>\
+                     <target><format type='{}'/></target></volume>",
+                        xml_escape(&name),
+                        xml_escape(&format)
+                    );
+                    volume_info(&StorageVol::create_xml_from(&p, &xml, &source, 0)?)
+                },
+            )
+            .await
+    }
+
     /// Writes `data` (a seed ISO) over the start of an existing volume.
     pub async fn upload_volume(&self, pool: String, name: String, data: Vec<u8>) -> Result<()> {
         if data.len() > MAX_UPLOAD_BYTES {
@@ -367,6 +417,17 @@ pub(super) fn upload(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_volume_format_is_read_from_its_target() {
+        let xml = "<volume type='file'><name>b.img</name><source>\n</source>\
+                   <target><path>/p/b.img</path><format type='qcow2'/>\
+                   <permissions><mode>0600</mode></permissions></target></volume>";
+        assert_eq!(volume_target_format(xml).as_deref(), Some("qcow2"));
+        let double = "<volume><target><format type=\"raw\"/></target></volume>";
+        assert_eq!(volume_target_format(double).as_deref(), Some("raw"));
+        assert_eq!(volume_target_format("<volume><target/></volume>"), None);
+    }
 
     #[test]
     fn the_pool_path_is_its_target_path() {
