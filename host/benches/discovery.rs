@@ -176,6 +176,7 @@ fn discovery_app() -> Router {
                 labels: BTreeMap::new(),
                 address: format!("10.0.{}.{}", i / 256, i % 256),
                 port: 3128,
+                exit_ip: None,
                 healthy: true,
             })
             .collect(),

@@ -22,7 +22,7 @@ use crate::config::ProviderSet;
 use crate::controller::conditions;
 use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
 
-pub use probe::{ProbeFailure, probe};
+pub use probe::{ProbeFailure, exit_ip, probe};
 
 const FIELD_MANAGER: &str = "proxy-operator-health";
 /// Concurrent status writes of one round.
@@ -44,8 +44,12 @@ pub struct HealthOptions {
     pub failure_threshold: u32,
     /// Consecutive successes that make an Unhealthy proxy Healthy again.
     pub success_threshold: u32,
-    /// When nothing changes, `lastProbeTime` is written at most this often.
+    /// When nothing changes, `lastProbeTime` is written at most this often; the exit IP is asked
+    /// for again this often too.
     pub status_refresh: Duration,
+    /// A service that answers with the caller's address (`https://api.ipify.org`), asked through
+    /// each healthy proxy to record its exit IP in the status; `None`: not recorded.
+    pub exit_ip_url: Option<String>,
 }
 
 impl Default for HealthOptions {
@@ -58,6 +62,7 @@ impl Default for HealthOptions {
             failure_threshold: 3,
             success_threshold: 2,
             status_refresh: Duration::from_secs(300),
+            exit_ip_url: None,
         }
     }
 }
@@ -116,11 +121,20 @@ struct Verdict {
     last_probe: Option<SystemTime>,
     latency: Option<Duration>,
     last_failure: Option<String>,
+    /// The exit IP, the proxy address it was learned through, and when.
+    exit_ip: Option<ExitIp>,
+}
+
+#[derive(Clone, Debug)]
+struct ExitIp {
+    ip: String,
+    through: String,
+    at: std::time::Instant,
 }
 
 impl Verdict {
     /// Seeds from the status written before a restart, so leases survive it.
-    fn from_status(uid: String, status: Option<&ProxyStatus>) -> Self {
+    fn from_status(uid: String, status: Option<&ProxyStatus>, options: &HealthOptions) -> Self {
         let healthy = status
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Healthy"))
             .and_then(|c| match c.status.as_str() {
@@ -128,11 +142,30 @@ impl Verdict {
                 "False" => Some(false),
                 _ => None,
             });
+        // Taken as fresh, so a restart does not ask every proxy again at once; only when the
+        // exit IP is still recorded (turning `--exit-ip-url` off drops it from the status).
+        let exit_ip = options.exit_ip_url.as_ref().and_then(|_| {
+            let status = status?;
+            Some(ExitIp {
+                ip: status.exit_ip.clone()?,
+                through: status.address.clone()?,
+                at: std::time::Instant::now(),
+            })
+        });
         Verdict {
             uid,
             healthy,
+            exit_ip,
             ..Default::default()
         }
+    }
+
+    /// Whether the exit IP should be asked for (again) through `address`.
+    fn exit_ip_due(&self, address: &str, options: &HealthOptions) -> bool {
+        options.exit_ip_url.is_some()
+            && self.exit_ip.as_ref().is_none_or(|known| {
+                known.through != address || known.at.elapsed() >= options.status_refresh
+            })
     }
 
     fn record(&mut self, result: &Result<Duration, ProbeFailure>, options: &HealthOptions) {
@@ -165,13 +198,17 @@ impl Verdict {
 
 /// The verdict of `proxy`, seeded from its status when first seen or when its UID changed (a
 /// new Proxy of the same name). A free function, so a round can borrow the options beside it.
-fn verdict_of<'a>(verdicts: &'a mut HashMap<ProxyKey, Verdict>, proxy: &Proxy) -> &'a mut Verdict {
+fn verdict_of<'a>(
+    verdicts: &'a mut HashMap<ProxyKey, Verdict>,
+    proxy: &Proxy,
+    options: &HealthOptions,
+) -> &'a mut Verdict {
     let uid = proxy.uid().unwrap_or_default();
     let verdict = verdicts
         .entry(key_of(proxy))
-        .or_insert_with(|| Verdict::from_status(uid.clone(), proxy.status.as_ref()));
+        .or_insert_with(|| Verdict::from_status(uid.clone(), proxy.status.as_ref(), options));
     if verdict.uid != uid {
-        *verdict = Verdict::from_status(uid, proxy.status.as_ref());
+        *verdict = Verdict::from_status(uid, proxy.status.as_ref(), options);
     }
     verdict
 }
@@ -286,22 +323,42 @@ impl HealthEngine {
             .filter(|p| only.is_none_or(|k| *k == key_of(p)))
             .collect();
         let (target, timeout) = (self.options.target.clone(), self.options.timeout);
-        let results: Vec<(Arc<Proxy>, Result<Duration, ProbeFailure>)> =
-            futures_util::stream::iter(proxies)
-                .map(|proxy| {
-                    let target = target.clone();
-                    async move {
-                        let (address, status) = provisioned(&proxy).expect("filtered above");
-                        let port = status_port(&proxy, status);
-                        let result = probe(address, port, &target, timeout).await;
-                        (proxy, result)
-                    }
-                })
-                .buffer_unordered(self.options.workers.max(1))
-                .collect()
-                .await;
+        let exit_ip_url = self.options.exit_ip_url.clone();
+        let probes: Vec<(Arc<Proxy>, bool)> = proxies
+            .into_iter()
+            .map(|proxy| {
+                let address = provisioned(&proxy).expect("filtered above").0;
+                let due = verdict_of(&mut self.verdicts, &proxy, &self.options)
+                    .exit_ip_due(address, &self.options);
+                (proxy, due)
+            })
+            .collect();
+        type Probed = (
+            Arc<Proxy>,
+            Result<Duration, ProbeFailure>,
+            Option<Result<std::net::IpAddr, String>>,
+        );
+        let results: Vec<Probed> = futures_util::stream::iter(probes)
+            .map(|(proxy, exit_ip_due)| {
+                let (target, exit_ip_url) = (target.clone(), exit_ip_url.clone());
+                async move {
+                    let (address, status) = provisioned(&proxy).expect("filtered above");
+                    let port = status_port(&proxy, status);
+                    let result = probe(address, port, &target, timeout).await;
+                    let exit = match (&result, exit_ip_url) {
+                        (Ok(_), Some(url)) if exit_ip_due => {
+                            Some(exit_ip(address, port, &url, timeout).await)
+                        }
+                        _ => None,
+                    };
+                    (proxy, result, exit)
+                }
+            })
+            .buffer_unordered(self.options.workers.max(1))
+            .collect()
+            .await;
         let mut writes = Vec::new();
-        for (proxy, result) in results {
+        for (proxy, result, exit) in results {
             match &result {
                 Ok(latency) => self
                     .metrics
@@ -325,9 +382,24 @@ impl HealthEngine {
                         ))
                 }
             }
-            let verdict = verdict_of(&mut self.verdicts, &proxy);
+            let verdict = verdict_of(&mut self.verdicts, &proxy, &self.options);
             let before = verdict.healthy;
             verdict.record(&result, &self.options);
+            match exit {
+                Some(Ok(ip)) => {
+                    let through = provisioned(&proxy).expect("filtered above").0.to_string();
+                    verdict.exit_ip = Some(ExitIp {
+                        ip: ip.to_string(),
+                        through,
+                        at: std::time::Instant::now(),
+                    });
+                }
+                // Not a health failure: the proxy carried the probe. Asked again next round.
+                Some(Err(e)) => {
+                    tracing::debug!(proxy = %key_of(&proxy), "cannot learn the exit IP: {e}")
+                }
+                None => {}
+            }
             if before != verdict.healthy {
                 tracing::info!(
                     proxy = %key_of(&proxy),
@@ -365,7 +437,7 @@ impl HealthEngine {
     }
 
     fn verdict_mut(&mut self, proxy: &Proxy) -> &mut Verdict {
-        verdict_of(&mut self.verdicts, proxy)
+        verdict_of(&mut self.verdicts, proxy, &self.options)
     }
 
     /// The status fields the engine owns, if they differ from what the Proxy shows (or the
@@ -402,7 +474,9 @@ impl HealthEngine {
             None => {}
         }
         conditions::readiness(&mut status, generation);
-        let verdict_changed = status.phase != observed.phase
+        let exit_ip = verdict.exit_ip.as_ref().map(|e| e.ip.clone());
+        let verdict_changed = exit_ip != observed.exit_ip
+            || status.phase != observed.phase
             || condition_status(&status, "Healthy") != condition_status(&observed, "Healthy")
             || condition_status(&status, "Ready") != condition_status(&observed, "Ready");
         let stale = observed.last_probe_time.as_ref().is_none_or(|t| {
@@ -423,6 +497,9 @@ impl HealthEngine {
                 .filter(|c| c.type_ == "Healthy" || c.type_ == "Ready")
                 .collect::<Vec<_>>(),
         });
+        if let Some(ip) = exit_ip {
+            owned["exitIP"] = ip.into();
+        }
         if let Some(latency) = verdict.latency {
             owned["lastProbeLatencyMs"] = (latency.as_millis().min(u32::MAX as u128) as u32).into();
         }
@@ -479,6 +556,7 @@ impl HealthEngine {
                     .collect::<BTreeMap<_, _>>(),
                 address: address.to_string(),
                 port: status_port(&proxy, status),
+                exit_ip: status.exit_ip.clone(),
                 healthy,
             });
         }

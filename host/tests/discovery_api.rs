@@ -51,6 +51,7 @@ fn entry(name: &str, healthy: bool) -> PoolEntry {
         labels: BTreeMap::from([("tier".to_string(), "cheap".to_string())]),
         address: "127.0.0.1".into(),
         port: 3128,
+        exit_ip: name.starts_with("gcp").then(|| "203.0.113.7".to_string()),
         healthy,
     }
 }
@@ -269,6 +270,8 @@ async fn release_returns_the_proxy_and_filters_choose_the_proxy() {
     let gcp = api.grant(json!({ "provider": "gcp-eu" })).await;
     assert_eq!(gcp.status, StatusCode::CREATED, "{}", gcp.body);
     assert_eq!(gcp.body["proxy"]["name"], "gcp-1b");
+    // The exit IP is in the answer when the health engine learned it, and absent otherwise.
+    assert_eq!(gcp.body["proxy"]["exitIP"], "203.0.113.7");
     api.grant(json!({ "zone": "zone-b" }))
         .await
         .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
@@ -284,6 +287,7 @@ async fn release_returns_the_proxy_and_filters_choose_the_proxy() {
         .assert_problem(StatusCode::NOT_FOUND, "proxy-not-found");
     let kvm = api.grant(json!({ "selector": { "tier": "cheap" } })).await;
     assert_eq!(kvm.body["proxy"]["name"], "kvm-1");
+    assert!(kvm.body["proxy"].get("exitIP").is_none(), "{}", kvm.body);
     api.grant(json!({ "proxy": "crawlers/kvm-1" }))
         .await
         .assert_problem(StatusCode::CONFLICT, "proxy-leased");

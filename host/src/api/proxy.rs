@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.address"}"#,
+    printcolumn = r#"{"name":"Exit-IP","type":"string","priority":1,"jsonPath":".status.exitIP"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -150,6 +151,10 @@ pub struct ProxyStatus {
     /// Latency of the last successful probe, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_latency_ms: Option<u32>,
+    /// The address the proxy's traffic leaves from, as the exit-IP service (`--exit-ip-url`) saw
+    /// it; absent when that is not configured or not learned yet.
+    #[serde(default, rename = "exitIP", skip_serializing_if = "Option::is_none")]
+    pub exit_ip: Option<String>,
     /// The last error from the provider or the prober.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

@@ -107,6 +107,11 @@ pub struct RunArgs {
     /// `host:port` each probe asks the proxy to CONNECT to.
     #[arg(long, env = "HEALTH_TARGET", default_value = "www.google.com:443")]
     pub health_target: String,
+    /// A service that answers with the caller's IP (plain text, or JSON with `ip` or `origin`),
+    /// e.g. `https://api.ipify.org`: asked through each healthy proxy every 5 minutes to record
+    /// its exit IP in `status.exitIP` and in leases. Off when unset.
+    #[arg(long, env = "EXIT_IP_URL", value_parser = parse_exit_ip_url)]
+    pub exit_ip_url: Option<String>,
     /// Consecutive failed probes that make a proxy Unhealthy.
     #[arg(long, env = "HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub health_failure_threshold: u32,
@@ -137,6 +142,18 @@ pub struct RunArgs {
     pub lease_persist_interval: Duration,
 }
 
+fn parse_exit_ip_url(value: &str) -> Result<String, String> {
+    match reqwest::Url::parse(value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+            Ok(value.to_string())
+        }
+        Ok(_) => Err(format!(
+            "`{value}` is not an http(s) URL with a host; e.g. https://api.ipify.org"
+        )),
+        Err(e) => Err(format!("`{value}`: {e}; e.g. https://api.ipify.org")),
+    }
+}
+
 impl RunArgs {
     fn health_options(&self) -> HealthOptions {
         HealthOptions {
@@ -147,6 +164,7 @@ impl RunArgs {
             failure_threshold: self.health_failure_threshold,
             success_threshold: self.health_success_threshold,
             status_refresh: Duration::from_secs(300).max(self.health_interval),
+            exit_ip_url: self.exit_ip_url.clone(),
         }
     }
 
@@ -482,4 +500,24 @@ async fn serve_discovery(
             tracing::error!("discovery API server failed: {e}");
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_exit_ip_url;
+
+    #[test]
+    fn an_exit_ip_url_must_be_http_with_a_host() {
+        assert_eq!(
+            parse_exit_ip_url("https://api.ipify.org").as_deref(),
+            Ok("https://api.ipify.org")
+        );
+        for bad in ["api.ipify.org", "ftp://example.com/ip", "file:///etc/hosts"] {
+            let error = parse_exit_ip_url(bad).unwrap_err();
+            assert!(
+                error.contains(bad) && error.contains("e.g. https://"),
+                "{error}"
+            );
+        }
+    }
 }

@@ -92,3 +92,104 @@ async fn connect_through(address: &str, port: u16, target: &str) -> Result<(), P
         ))),
     }
 }
+
+/// Largest answer read from the exit-IP service (an address, or a small JSON object).
+const MAX_EXIT_IP_BODY: usize = 4 * 1024;
+
+/// Asks `url` through the proxy at `address:port` which address the request came from: the
+/// proxy's exit IP, as the service saw it. The service answers with the address as plain text
+/// (ipify, icanhazip, `ifconfig.me/ip`) or as JSON with an `ip` or `origin` field (httpbin).
+pub async fn exit_ip(
+    address: &str,
+    port: u16,
+    url: &str,
+    timeout: Duration,
+) -> Result<std::net::IpAddr, String> {
+    let host = if address.contains(':') {
+        format!("[{address}]")
+    } else {
+        address.to_string()
+    };
+    let proxy = reqwest::Proxy::all(format!("http://{host}:{port}"))
+        .map_err(|e| format!("proxy address {host}:{port}: {e}"))?;
+    // A client per request: the proxy is part of the client, and an exit IP is asked for
+    // rarely (once per status refresh and proxy).
+    let client = reqwest::Client::builder()
+        .proxy(proxy)
+        .timeout(timeout)
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))?;
+    let mut response = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url} through the proxy: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("GET {url} answered {}", response.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?
+    {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_EXIT_IP_BODY {
+            return Err(format!(
+                "GET {url}: answer longer than {MAX_EXIT_IP_BODY} bytes; use a service that answers with the address only"
+            ));
+        }
+    }
+    parse_exit_ip(&body).ok_or_else(|| {
+        format!(
+            "GET {url}: no address in the answer `{}`",
+            String::from_utf8_lossy(&body)
+                .trim()
+                .chars()
+                .take(80)
+                .collect::<String>()
+        )
+    })
+}
+
+/// The address in an exit-IP service's answer: the whole body, or the `ip` / `origin` field of
+/// a JSON object (httpbin's `origin` may list forwarders after it: the first is the client).
+fn parse_exit_ip(body: &[u8]) -> Option<std::net::IpAddr> {
+    let text = std::str::from_utf8(body).ok()?.trim();
+    if let Ok(ip) = text.parse() {
+        return Some(ip);
+    }
+    let json: serde_json::Value = serde_json::from_str(text).ok()?;
+    ["ip", "origin"].iter().find_map(|field| {
+        json.get(field)?
+            .as_str()?
+            .split(',')
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_exit_ip;
+
+    #[test]
+    fn exit_ip_answers_of_common_services_are_understood() {
+        let ip = |s: &str| parse_exit_ip(s.as_bytes()).map(|a| a.to_string());
+        assert_eq!(ip("203.0.113.7\n").as_deref(), Some("203.0.113.7"));
+        assert_eq!(ip("2001:db8::1").as_deref(), Some("2001:db8::1"));
+        assert_eq!(
+            ip(r#"{"ip":"203.0.113.7"}"#).as_deref(),
+            Some("203.0.113.7")
+        );
+        assert_eq!(
+            ip(r#"{"origin": "203.0.113.7, 198.51.100.2"}"#).as_deref(),
+            Some("203.0.113.7")
+        );
+        assert_eq!(ip("<html>blocked</html>"), None);
+        assert_eq!(ip(r#"{"ip": 7}"#), None);
+        assert_eq!(ip(""), None);
+    }
+}

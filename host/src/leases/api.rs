@@ -204,6 +204,8 @@ struct ProxyRef {
     zone: Option<String>,
     address: String,
     port: u16,
+    #[serde(rename = "exitIP", skip_serializing_if = "Option::is_none")]
+    exit_ip: Option<String>,
 }
 
 /// The answer to a grant (see `Lease` in the OpenAPI document).
@@ -389,6 +391,7 @@ async fn grant(
             zone: entry.zone,
             address: entry.address,
             port: entry.port,
+            exit_ip: entry.exit_ip,
         },
         id: lease.id,
     };
@@ -467,6 +470,9 @@ async fn proxies(
             });
             if let Some(zone) = v.zone {
                 item["zone"] = zone.into();
+            }
+            if let Some(ip) = v.exit_ip {
+                item["exitIP"] = ip.into();
             }
             if let Some(ms) = v.cooldown_until_ms {
                 item["cooldownUntil"] = rfc3339(ms).into();

@@ -33,6 +33,8 @@ pub struct PoolEntry {
     pub labels: BTreeMap<String, String>,
     pub address: String,
     pub port: u16,
+    /// Where the proxy's traffic leaves from, when the health engine learned it.
+    pub exit_ip: Option<String>,
     /// Passing health probes (the only proxies ever granted).
     pub healthy: bool,
 }
@@ -159,6 +161,7 @@ pub struct ProxyView {
     pub zone: Option<String>,
     pub address: String,
     pub port: u16,
+    pub exit_ip: Option<String>,
     /// `available`, `leased`, `coolingDown` or `unhealthy`.
     pub state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -602,6 +605,7 @@ impl LeaseStore {
                     zone: e.zone.clone(),
                     address: e.address.clone(),
                     port: e.port,
+                    exit_ip: e.exit_ip.clone(),
                     state,
                     cooldown_until_ms: cooldown,
                     lease_expires_at_ms: lease.map(|l| l.expires_at_ms),
@@ -703,6 +707,7 @@ mod tests {
             zone: None,
             labels: BTreeMap::new(),
             address: "127.0.0.1".into(),
+            exit_ip: None,
             port: 3128,
             healthy: true,
         }]);

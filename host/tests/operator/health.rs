@@ -13,6 +13,7 @@ use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
 use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 
 use super::common::InstanceStore;
+use super::reload::until;
 use super::{Operator, control_plane, phase, providers_for, store_provider, wait_for};
 
 /// The health engine of one test namespace, probing through to `target` every 100 ms.
@@ -30,6 +31,15 @@ impl Drop for Engine {
 
 impl Engine {
     pub async fn start(ns: &TestNamespace, store: &InstanceStore, target: &str) -> Engine {
+        Engine::start_with(ns, store, target, None).await
+    }
+
+    pub async fn start_with(
+        ns: &TestNamespace,
+        store: &InstanceStore,
+        target: &str,
+        exit_ip_url: Option<String>,
+    ) -> Engine {
         let providers =
             providers_for(&format!("providers:\n{}", store_provider("store", store))).await;
         let registry = prometheus::Registry::new();
@@ -51,6 +61,7 @@ impl Engine {
                 failure_threshold: 2,
                 success_threshold: 2,
                 status_refresh: Duration::from_secs(300),
+                exit_ip_url,
             },
             ProbeMetrics::register(&registry).unwrap(),
         );
@@ -262,4 +273,100 @@ async fn a_proxy_being_deleted_is_never_probed() {
     )
     .await
     .unwrap();
+}
+
+/// An exit-IP service: answers every request with the address it came from, and counts them.
+async fn exit_ip_service() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/ip", listener.local_addr().unwrap());
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let (mut stream, peer) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = peer.ip().to_string();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, requests, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exit_ip_is_learned_through_the_proxy_and_handed_out_with_leases() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-exit-ip").await.unwrap();
+    let store = InstanceStore::start().await;
+    let target = FileServer::start().await.unwrap();
+    // squid leaves from 127.0.0.2, so the service tells the proxy's exit from the operator's own
+    // address (127.0.0.1).
+    let squid = Squid::start_with("tcp_outgoing_address 127.0.0.2\n")
+        .await
+        .unwrap();
+    let (url, requests, service) = exit_ip_service().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let engine =
+        Engine::start_with(&ns, &store, &target.addr().to_string(), Some(url.clone())).await;
+    let api: Api<Proxy> = ns.api();
+
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_on_port(ns.name(), "egress", squid.port())),
+    )
+    .await
+    .unwrap();
+    let proxy = wait_for(&api, "egress", "exit IP", |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.exit_ip.is_some())
+    })
+    .await
+    .unwrap();
+    assert_eq!(proxy.status.unwrap().exit_ip.as_deref(), Some("127.0.0.2"));
+    assert!(
+        squid.access_log().contains(&url),
+        "asked through squid: {}",
+        squid.access_log()
+    );
+    // kubectl shows it in the wide view.
+    let wide = cp
+        .kubectl_run(&["get", "proxies", "-n", ns.name(), "-o", "wide"], None)
+        .await
+        .unwrap();
+    assert!(
+        wide.contains("EXIT-IP") && wide.contains("127.0.0.2"),
+        "{wide}"
+    );
+
+    // The lease pool carries it; the service is not asked again on every probe.
+    until("the exit IP in the lease pool", || {
+        engine
+            .leases
+            .proxies()
+            .unwrap()
+            .iter()
+            .any(|p| p.name == "egress" && p.exit_ip.as_deref() == Some("127.0.0.2"))
+    })
+    .await;
+    let probes = engine.probes("success");
+    until("five more probes", || {
+        engine.probes("success") >= probes + 5
+    })
+    .await;
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "asked once per refresh");
+    service.abort();
 }

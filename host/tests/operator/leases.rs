@@ -35,6 +35,7 @@ fn pool(ns: &str) -> Vec<PoolEntry> {
             labels: Default::default(),
             address: "127.0.0.1".into(),
             port: 3128,
+            exit_ip: None,
             healthy: true,
         })
         .collect()

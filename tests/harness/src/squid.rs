@@ -31,12 +31,19 @@ pub struct Squid {
 impl Squid {
     /// Starts squid and waits until it accepts connections (~0.1 s).
     pub async fn start() -> Result<Squid> {
+        Squid::start_with("").await
+    }
+
+    /// Like `start`, with `extra` appended to the harness's squid.conf (e.g.
+    /// `tcp_outgoing_address 127.0.0.2`, so what squid connects to sees another address than
+    /// its clients).
+    pub async fn start_with(extra: &str) -> Result<Squid> {
         let squid = debian_binary("/usr/sbin/squid", "squid");
         let scratch = Scratch::new("squid")?;
         let dir = scratch.path();
         let port = free_port()?;
         let conf = dir.join("squid.conf");
-        std::fs::write(&conf, config(port, &dir.display().to_string()))
+        std::fs::write(&conf, config(port, &dir.display().to_string()) + extra)
             .with_context(|| format!("write {}", conf.display()))?;
         chown_to_proxy(dir)?;
         // Validate first: a config error is clearer from `-k parse` than from a dead process.
