@@ -67,15 +67,7 @@ fn calls(c: &mut Criterion) {
     });
     group.bench_function("native/get", |b| {
         b.iter(|| {
-            let config: test_provider::Config =
-                proxy_operator_sdk::parse_config(std::hint::black_box(MEMORY_CONFIG)).unwrap();
-            let n = config
-                .endpoint
-                .strip_prefix("memory:")
-                .unwrap()
-                .parse()
-                .unwrap();
-            test_provider::memory_get(n, std::hint::black_box("mem-42")).unwrap()
+            test_provider::memory_get(native_config(), std::hint::black_box("mem-42")).unwrap()
         })
     });
     group.bench_function("wasm/instantiate+list100", |b| {
@@ -141,16 +133,20 @@ fn loading(c: &mut Criterion) {
     group.finish();
 }
 
-fn native_list100() -> Vec<proxy_operator_sdk::Instance> {
+/// What the guest does with its config on every call: parse it, find the instance count.
+fn native_config() -> usize {
     let config: test_provider::Config =
         proxy_operator_sdk::parse_config(std::hint::black_box(MEMORY_CONFIG)).unwrap();
-    let n = config
+    config
         .endpoint
         .strip_prefix("memory:")
         .unwrap()
         .parse()
-        .unwrap();
-    test_provider::memory_list(n)
+        .unwrap()
+}
+
+fn native_list100() -> Vec<proxy_operator_sdk::Instance> {
+    test_provider::memory_list(native_config())
 }
 
 criterion_group! {

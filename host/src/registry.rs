@@ -372,7 +372,7 @@ impl PluginRegistry {
                 .options
                 .plugins_dir
                 .join(format!("{}.wasm", entry.provider_type));
-            match std::fs::read(&path) {
+            match tokio::fs::read(&path).await {
                 Ok(bytes) => Resolved {
                     source: path.display().to_string(),
                     bytes: Arc::new(bytes),
@@ -419,7 +419,7 @@ impl PluginRegistry {
             .as_ref()
             .map(|d| d.join(format!("{sha}.wasm")));
         if let Some(path) = &cached
-            && let Ok(bytes) = std::fs::read(path)
+            && let Ok(bytes) = tokio::fs::read(path).await
             && sha256_hex(&bytes) == sha
         {
             return Ok(bytes);
