@@ -3,6 +3,7 @@
 //! place the host function is entered.
 
 pub mod http;
+pub mod kube;
 pub mod libvirt;
 pub mod log;
 
@@ -18,6 +19,9 @@ pub struct Grants {
     /// libvirt on hypervisors over SSH: which ones, and the Secret with the SSH key.
     #[serde(default)]
     pub libvirt: Option<libvirt::LibvirtGrant>,
+    /// Kubernetes objects of some kinds in one namespace.
+    #[serde(default)]
+    pub kube: Option<kube::KubeGrant>,
 }
 
 /// Everything a call into one provider instance can use: who it is (for logs) and its grants,
@@ -30,6 +34,7 @@ pub struct CallContext {
     pub plugin: String,
     pub http: http::HttpCapability,
     pub libvirt: libvirt::LibvirtCapability,
+    pub kube: kube::KubeCapability,
 }
 
 impl CallContext {
@@ -40,12 +45,19 @@ impl CallContext {
             plugin: plugin.to_string(),
             http: http::HttpCapability::new(grants.http.as_ref())?,
             libvirt: libvirt::LibvirtCapability::new(grants.libvirt.as_ref())?,
+            kube: kube::KubeCapability::new(provider, grants.kube.as_ref())?,
         })
     }
 
     /// The same context with libvirt calls served by `hub` (the process's connections).
     pub fn with_libvirt_hub(mut self, hub: std::sync::Arc<libvirt::LibvirtHub>) -> Self {
         self.libvirt = self.libvirt.with_hub(hub);
+        self
+    }
+
+    /// The same context with kube calls made by `client` (the operator's; `None`: no cluster).
+    pub fn with_kube_client(mut self, client: Option<::kube::Client>) -> Self {
+        self.kube = self.kube.with_client(client);
         self
     }
 }
@@ -61,4 +73,6 @@ pub enum GrantError {
     HttpClient(String),
     #[error("grants.libvirt.{0}")]
     Libvirt(String),
+    #[error("grants.kube.{0}")]
+    Kube(String),
 }

@@ -41,7 +41,10 @@ fn inspect_shows_version_exports_capabilities_and_digest() {
     assert_eq!(out["witVersion"], "0.1.0");
     assert_eq!(out["loads"], true);
     assert_eq!(out["describe"]["name"], "test");
-    assert_eq!(out["describe"]["capabilities"], json!(["log", "http"]));
+    assert_eq!(
+        out["describe"]["capabilities"],
+        json!(["log", "http", "kube"])
+    );
     assert_eq!(
         out["exports"],
         json!(["proxy-operator:provider/provider@0.1.0"])

@@ -221,6 +221,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 },
                 std::env::temp_dir(),
             ),
+            kube: Some(client.clone()),
         },
         &registry,
     )?;

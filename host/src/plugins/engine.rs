@@ -20,7 +20,7 @@ use crate::metrics::PluginMetrics;
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// How the engine is sized and what every call may use.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EngineOptions {
     /// Component instances the pooling allocator keeps ready; 0 selects on-demand allocation.
     /// Must cover the sum of the provider instances' concurrency bounds.
@@ -35,6 +35,23 @@ pub struct EngineOptions {
     pub cache_dir: Option<PathBuf>,
     /// The process's hypervisor connections and SSH material (the `libvirt` capability).
     pub libvirt: Arc<LibvirtHub>,
+    /// The operator's Kubernetes client (the `kube` capability); `None` without a cluster.
+    pub kube: Option<kube::Client>,
+}
+
+// By hand: `kube::Client` has no Debug.
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("pool_instances", &self.pool_instances)
+            .field("memory_limit", &self.memory_limit)
+            .field("cpu_budget", &self.cpu_budget)
+            .field("call_timeout", &self.call_timeout)
+            .field("cache_dir", &self.cache_dir)
+            .field("libvirt", &self.libvirt)
+            .field("kube", &self.kube.is_some())
+            .finish()
+    }
 }
 
 impl Default for EngineOptions {
@@ -46,6 +63,7 @@ impl Default for EngineOptions {
             call_timeout: Duration::from_secs(60),
             cache_dir: None,
             libvirt: LibvirtHub::unconfigured(),
+            kube: None,
         }
     }
 }

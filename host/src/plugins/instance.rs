@@ -103,7 +103,8 @@ impl ProviderInstance {
     ) -> Result<Self, GrantError> {
         let context = Arc::new(
             CallContext::new(name, &plugin.info.name, grants)?
-                .with_libvirt_hub(engine.options.libvirt.clone()),
+                .with_libvirt_hub(engine.options.libvirt.clone())
+                .with_kube_client(engine.options.kube.clone()),
         );
         Ok(ProviderInstance {
             name: name.to_string(),

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod health;
+mod kube_capability;
 mod kvm;
 mod leases;
 mod reload;

@@ -3,9 +3,10 @@
 //! misbehave on purpose so the sandbox can be tested with a real component.
 //!
 //! An endpoint of `memory:N` serves N synthetic instances without any HTTP: the benchmark uses it
-//! to measure the plugin call itself, and runs the same functions natively for the ratio.
+//! to measure the plugin call itself, and runs the same functions natively for the ratio. An
+//! endpoint of `kube:` keeps each instance in a ConfigMap through the host's `kube` capability.
 
-use proxy_operator_sdk::capabilities::{self, Level};
+use proxy_operator_sdk::capabilities::{self, Level, kube};
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, InstanceState, Owner, PluginInfo, Provider,
     ProviderError, export_provider,
@@ -58,11 +59,13 @@ fn endpoint_kind(config: &Config) -> Result<Endpoint<'_>, ProviderError> {
             ))
         })?;
         Ok(Endpoint::Memory(n))
+    } else if config.endpoint == "kube:" {
+        Ok(Endpoint::Kube)
     } else if config.endpoint.starts_with("http://") || config.endpoint.starts_with("https://") {
         Ok(Endpoint::Http(config.endpoint.trim_end_matches('/')))
     } else {
         Err(ProviderError::InvalidConfig(format!(
-            "config.endpoint: `{}` must start with http://, https:// or memory:",
+            "config.endpoint: `{}` must start with http://, https:// or memory:, or be kube:",
             config.endpoint
         )))
     }
@@ -71,6 +74,30 @@ fn endpoint_kind(config: &Config) -> Result<Endpoint<'_>, ProviderError> {
 enum Endpoint<'a> {
     Http(&'a str),
     Memory(usize),
+    Kube,
+}
+
+/// A kube capability error as the provider reports it.
+fn kube_error(e: kube::KubeError) -> ProviderError {
+    use kube::KubeError as E;
+    match e {
+        E::Denied(m) => ProviderError::Denied(m),
+        E::NotFound(m) => ProviderError::NotFound(m),
+        E::Unauthorized(m) => ProviderError::Unauthorized(m),
+        E::Invalid(m) => ProviderError::Permanent(m),
+        E::Conflict(m) | E::Transport(m) => proxy_operator_sdk::transient(m, None),
+    }
+}
+
+/// The instance kept in a ConfigMap's `data.instance`.
+fn from_configmap(object: &str) -> Result<StoredInstance, ProviderError> {
+    let object: serde_json::Value = serde_json::from_str(object).map_err(|e| {
+        ProviderError::Permanent(format!("the kube capability returned bad JSON: {e}"))
+    })?;
+    let data = object["data"]["instance"]
+        .as_str()
+        .ok_or_else(|| ProviderError::Permanent("ConfigMap without data.instance".into()))?;
+    parse(data.as_bytes())
 }
 
 /// A synthetic instance, as `memory:` endpoints serve them.
@@ -223,14 +250,14 @@ impl Provider for TestProvider {
             name: "test".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             description: "Test provider: instances in a loopback HTTP store".into(),
-            capabilities: vec![Capability::Log, Capability::Http],
+            capabilities: vec![Capability::Log, Capability::Http, Capability::Kube],
             config_schema: serde_json::json!({
                 "$schema": "https://json-schema.org/draft/2020-12/schema",
                 "type": "object",
                 "required": ["endpoint"],
                 "additionalProperties": false,
                 "properties": {
-                    "endpoint": {"type": "string", "description": "http(s)://host:port of the instance store, or memory:N"},
+                    "endpoint": {"type": "string", "description": "http(s)://host:port of the instance store, memory:N, or kube: (ConfigMaps)"},
                     "checkFailsWith": {"type": "string"}
                 }
             })
@@ -250,8 +277,49 @@ impl Provider for TestProvider {
         if let Some(url) = options.get("fetch").and_then(|v| v.as_str()) {
             return fetch(url);
         }
+        // Kube grant tests: apply or read an arbitrary object and report what the host said.
+        if let Some(object) = options.get("kubeApply") {
+            let applied = kube::apply(&object.to_string()).map_err(kube_error)?;
+            let mut instance = to_instance(synthetic(0));
+            instance.message = Some(applied);
+            return Ok(instance);
+        }
+        if let Some(target) = options.get("kubeGet") {
+            let field = |f: &str| target[f].as_str().unwrap_or_default().to_string();
+            let found = kube::get(&field("apiVersion"), &field("kind"), &field("name"))
+                .map_err(kube_error)?;
+            let mut instance = to_instance(synthetic(0));
+            instance.message = Some(found);
+            return Ok(instance);
+        }
         match endpoint_kind(&config)? {
             Endpoint::Memory(_) => Ok(to_instance(synthetic(0))),
+            Endpoint::Kube => {
+                let stored = StoredInstance {
+                    id: spec.name.clone(),
+                    name: spec.name.clone(),
+                    state: "running".into(),
+                    address: Some("127.0.0.1".into()),
+                    port: spec.port,
+                    zone: spec.zone.clone(),
+                    created_at: None,
+                    owner: Some(StoredOwner {
+                        namespace: spec.owner.namespace.clone(),
+                        name: spec.owner.name.clone(),
+                        uid: spec.owner.uid.clone(),
+                        operator_id: spec.owner.operator_id.clone(),
+                    }),
+                    message: None,
+                };
+                let object = serde_json::json!({
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": spec.name},
+                    "data": {"instance": serde_json::to_string(&stored).expect("serializable")},
+                });
+                let applied = kube::apply(&object.to_string()).map_err(kube_error)?;
+                Ok(to_instance(from_configmap(&applied)?))
+            }
             Endpoint::Http(base) => {
                 capabilities::log(Level::Info, "creating instance", &[("name", &spec.name)]);
                 let body = serde_json::json!({
@@ -283,6 +351,10 @@ impl Provider for TestProvider {
     fn get(config: Config, provider_id: String) -> Result<Instance, ProviderError> {
         match endpoint_kind(&config)? {
             Endpoint::Memory(n) => memory_get(n, &provider_id),
+            Endpoint::Kube => {
+                let object = kube::get("v1", "ConfigMap", &provider_id).map_err(kube_error)?;
+                Ok(to_instance(from_configmap(&object)?))
+            }
             Endpoint::Http(base) => {
                 let response = send("GET", &format!("{base}/instances/{provider_id}"), None)?;
                 match response.status {
@@ -296,6 +368,10 @@ impl Provider for TestProvider {
     fn delete(config: Config, provider_id: String) -> Result<(), ProviderError> {
         match endpoint_kind(&config)? {
             Endpoint::Memory(_) => Ok(()),
+            Endpoint::Kube => match kube::delete("v1", "ConfigMap", &provider_id) {
+                Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
+                Err(e) => Err(kube_error(e)),
+            },
             Endpoint::Http(base) => {
                 let response = send("DELETE", &format!("{base}/instances/{provider_id}"), None)?;
                 match response.status {
@@ -309,6 +385,11 @@ impl Provider for TestProvider {
     fn list(config: Config) -> Result<Vec<Instance>, ProviderError> {
         match endpoint_kind(&config)? {
             Endpoint::Memory(n) => Ok(memory_list(n)),
+            Endpoint::Kube => kube::list("v1", "ConfigMap", None)
+                .map_err(kube_error)?
+                .iter()
+                .map(|o| from_configmap(o).map(to_instance))
+                .collect(),
             Endpoint::Http(base) => {
                 let response = send("GET", &format!("{base}/instances"), None)?;
                 match response.status {
@@ -333,6 +414,20 @@ impl Provider for TestProvider {
             }]);
         }
         match endpoint_kind(&config)? {
+            Endpoint::Kube => {
+                let verdict = match kube::list("v1", "ConfigMap", None) {
+                    Ok(_) => ("Ok".to_string(), true, String::new()),
+                    Err(kube::KubeError::Denied(m)) => ("Forbidden".into(), false, m),
+                    Err(e) => ("Unreachable".into(), false, format!("{e:?}")),
+                };
+                Ok(vec![CheckTarget {
+                    target: "kube".into(),
+                    ok: verdict.1,
+                    reason: verdict.0,
+                    message: verdict.2,
+                    latency_ms: 0,
+                }])
+            }
             Endpoint::Memory(_) => Ok(vec![CheckTarget {
                 target: "memory".into(),
                 ok: true,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use wasmtime::component::Resource;
 
 use crate::capabilities::libvirt::{self as lv_cap, Hypervisor};
-use crate::capabilities::{http as http_cap, log as log_cap};
+use crate::capabilities::{http as http_cap, kube as kube_cap, log as log_cap};
 use crate::plugins::state::HostState;
 use crate::plugins::types;
 
@@ -188,32 +188,54 @@ impl http::Host for HostState {
     }
 }
 
-fn kube_denied() -> kube::KubeError {
-    kube::KubeError::Denied(
-        "the kube capability is not available in this operator version yet".into(),
-    )
+impl From<kube_cap::KubeError> for kube::KubeError {
+    fn from(e: kube_cap::KubeError) -> Self {
+        use kube_cap::KubeError as E;
+        match e {
+            E::Denied(m) => kube::KubeError::Denied(m),
+            E::NotFound(m) => kube::KubeError::NotFound(m),
+            E::Conflict(m) => kube::KubeError::Conflict(m),
+            E::Invalid(m) => kube::KubeError::Invalid(m),
+            E::Unauthorized(m) => kube::KubeError::Unauthorized(m),
+            E::Transport(m) => kube::KubeError::Transport(m),
+        }
+    }
 }
 
 impl kube::Host for HostState {
     async fn namespace(&mut self) -> String {
-        String::new()
+        self.context.kube.namespace()
     }
-    async fn get(&mut self, _: String, _: String, _: String) -> Result<String, kube::KubeError> {
-        Err(kube_denied())
+    async fn get(
+        &mut self,
+        api_version: String,
+        kind: String,
+        name: String,
+    ) -> Result<String, kube::KubeError> {
+        Ok(self.context.kube.get(&api_version, &kind, &name).await?)
     }
-    async fn apply(&mut self, _: String) -> Result<String, kube::KubeError> {
-        Err(kube_denied())
+    async fn apply(&mut self, object: String) -> Result<String, kube::KubeError> {
+        Ok(self.context.kube.apply(&object).await?)
     }
-    async fn delete(&mut self, _: String, _: String, _: String) -> Result<(), kube::KubeError> {
-        Err(kube_denied())
+    async fn delete(
+        &mut self,
+        api_version: String,
+        kind: String,
+        name: String,
+    ) -> Result<(), kube::KubeError> {
+        Ok(self.context.kube.delete(&api_version, &kind, &name).await?)
     }
     async fn list(
         &mut self,
-        _: String,
-        _: String,
-        _: Option<String>,
+        api_version: String,
+        kind: String,
+        label_selector: Option<String>,
     ) -> Result<Vec<String>, kube::KubeError> {
-        Err(kube_denied())
+        Ok(self
+            .context
+            .kube
+            .list(&api_version, &kind, label_selector.as_deref())
+            .await?)
     }
 }
 

@@ -1,0 +1,418 @@
+//! The `kube` capability: Kubernetes objects of the granted kinds, in the one granted namespace,
+//! through the operator's own client. Every object a plugin applies is labelled with its provider
+//! instance, and a plugin sees, changes and deletes only objects with that label: a namespace
+//! shared with people or other provider instances stays theirs. Secrets cannot be granted (a
+//! plugin never sees a secret).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::discovery::Scope;
+use serde::Deserialize;
+
+use crate::capabilities::GrantError;
+
+/// The label on every object a provider instance applies; its value is the instance's name.
+pub const PROVIDER_LABEL: &str = "proxy-operator.dev/provider";
+/// The standard label naming the tool that manages an object.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "proxy-operator";
+/// Largest object a plugin may apply (etcd's default request limit is 1.5 MiB).
+pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
+
+/// The `grants.kube` section of a provider instance.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubeGrant {
+    /// The namespace the plugin's objects live in.
+    pub namespace: String,
+    /// `apiVersion/Kind` of each kind it may use, e.g. `v1/Pod`, `v1/ConfigMap`, `apps/v1/Deployment`.
+    pub kinds: Vec<String>,
+}
+
+/// Why a kube call failed, as the WIT `kube-error` variant says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeError {
+    #[error("denied: {0}")]
+    Denied(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("invalid: {0}")]
+    Invalid(String),
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    #[error("transport: {0}")]
+    Transport(String),
+}
+
+type Result<T> = std::result::Result<T, KubeError>;
+
+/// The parsed grant of one provider instance, and the client its calls use.
+#[derive(Clone)]
+pub struct KubeCapability {
+    /// The provider instance: the value of [`PROVIDER_LABEL`] on its objects.
+    provider: String,
+    namespace: Option<String>,
+    /// `(apiVersion, kind)` granted.
+    kinds: Vec<(String, String)>,
+    client: Option<kube::Client>,
+    /// Kinds resolved through API discovery, shared by the calls of this provider instance.
+    resolved: Arc<Mutex<HashMap<(String, String), ApiResource>>>,
+}
+
+impl std::fmt::Debug for KubeCapability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeCapability")
+            .field("namespace", &self.namespace)
+            .field("kinds", &self.kinds)
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl KubeCapability {
+    /// Checks a grant; `None` grants nothing. Calls need a client (see [`Self::with_client`]).
+    pub fn new(provider: &str, grant: Option<&KubeGrant>) -> std::result::Result<Self, GrantError> {
+        let mut capability = KubeCapability {
+            provider: provider.to_string(),
+            namespace: None,
+            kinds: Vec::new(),
+            client: None,
+            resolved: Arc::default(),
+        };
+        let Some(grant) = grant else {
+            return Ok(capability);
+        };
+        let err = |message: String| GrantError::Kube(message);
+        if !crate::config::is_dns_label(&grant.namespace) {
+            return Err(err(format!(
+                "namespace: `{}` is not a namespace name (lowercase letters, digits and '-', at most 63)",
+                grant.namespace
+            )));
+        }
+        if grant.kinds.is_empty() {
+            return Err(err(
+                "kinds: empty; list the kinds the plugin may use, e.g. [v1/Pod, v1/ConfigMap]"
+                    .into(),
+            ));
+        }
+        for (index, entry) in grant.kinds.iter().enumerate() {
+            let Some((api_version, kind)) = entry.rsplit_once('/') else {
+                return Err(err(format!(
+                    "kinds[{index}]: `{entry}` is not apiVersion/Kind, e.g. v1/Pod or apps/v1/Deployment"
+                )));
+            };
+            let valid_version = !api_version.is_empty()
+                && api_version.split('/').count() <= 2
+                && !api_version.contains(char::is_whitespace);
+            if !valid_version
+                || kind.is_empty()
+                || !kind.starts_with(|c: char| c.is_ascii_uppercase())
+            {
+                return Err(err(format!(
+                    "kinds[{index}]: `{entry}` is not apiVersion/Kind, e.g. v1/Pod or apps/v1/Deployment"
+                )));
+            }
+            if api_version == "v1" && kind == "Secret" {
+                return Err(err(format!(
+                    "kinds[{index}]: Secrets cannot be granted: a plugin never sees a secret; let the host add credentials (grants.http.credentials)"
+                )));
+            }
+            capability
+                .kinds
+                .push((api_version.to_string(), kind.to_string()));
+        }
+        capability.namespace = Some(grant.namespace.clone());
+        Ok(capability)
+    }
+
+    /// The same capability with calls made by `client` (the operator's).
+    pub fn with_client(mut self, client: Option<kube::Client>) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// The granted namespace, or "" when none is granted.
+    pub fn namespace(&self) -> String {
+        self.namespace.clone().unwrap_or_default()
+    }
+
+    pub async fn get(&self, api_version: &str, kind: &str, name: &str) -> Result<String> {
+        let api = self.api(api_version, kind).await?;
+        let object = api
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error(e, kind, name))?;
+        match object {
+            Some(object) if self.owns(&object) => to_json(&object),
+            // Somebody else's object is not there for this plugin.
+            _ => Err(self.not_found(kind, name)),
+        }
+    }
+
+    /// Server-side apply; the object's namespace is the granted one, and the provider label is
+    /// added. An existing object without that label is refused, never taken over.
+    pub async fn apply(&self, object: &str) -> Result<String> {
+        if object.len() > MAX_OBJECT_BYTES {
+            return Err(KubeError::Invalid(format!(
+                "the object is {} bytes; at most {MAX_OBJECT_BYTES} are accepted",
+                object.len()
+            )));
+        }
+        let mut object: DynamicObject = serde_json::from_str(object).map_err(|e| {
+            KubeError::Invalid(format!("the object is not a Kubernetes object: {e}"))
+        })?;
+        let Some(types) = object.types.clone() else {
+            return Err(KubeError::Invalid(
+                "the object has no apiVersion and kind".into(),
+            ));
+        };
+        let Some(name) = object.metadata.name.clone() else {
+            return Err(KubeError::Invalid(
+                "the object has no metadata.name (generateName is not supported)".into(),
+            ));
+        };
+        let namespace = self.granted(&types.api_version, &types.kind)?.to_string();
+        match object.metadata.namespace.as_deref() {
+            None => object.metadata.namespace = Some(namespace.clone()),
+            Some(ns) if ns == namespace => {}
+            Some(other) => {
+                return Err(KubeError::Denied(format!(
+                    "{} {name}: namespace {other} is not granted; this provider instance may use namespace {namespace} only",
+                    types.kind
+                )));
+            }
+        }
+        let api = self.api(&types.api_version, &types.kind).await?;
+        if let Some(existing) = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| api_error(e, &types.kind, &name))?
+            && !self.owns(&existing)
+        {
+            return Err(KubeError::Denied(format!(
+                "{} {namespace}/{name} exists and is not managed by provider instance {}; pick another name",
+                types.kind, self.provider
+            )));
+        }
+        let labels = object.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(PROVIDER_LABEL.into(), self.provider.clone());
+        labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+        let params = PatchParams::apply(&format!("proxy-operator.{}", self.provider)).force();
+        let applied = api
+            .patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .map_err(|e| api_error(e, &types.kind, &name))?;
+        to_json(&applied)
+    }
+
+    pub async fn delete(&self, api_version: &str, kind: &str, name: &str) -> Result<()> {
+        let api = self.api(api_version, kind).await?;
+        match api
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error(e, kind, name))?
+        {
+            Some(object) if self.owns(&object) => {}
+            _ => return Err(self.not_found(kind, name)),
+        }
+        api.delete(name, &DeleteParams::background())
+            .await
+            .map(drop)
+            .map_err(|e| api_error(e, kind, name))
+    }
+
+    /// The provider instance's objects of a kind, optionally narrowed by a label selector.
+    pub async fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        selector: Option<&str>,
+    ) -> Result<Vec<String>> {
+        let api = self.api(api_version, kind).await?;
+        let own = format!("{PROVIDER_LABEL}={}", self.provider);
+        let selector = match selector.map(str::trim).filter(|s| !s.is_empty()) {
+            Some(extra) => format!("{own},{extra}"),
+            None => own,
+        };
+        let listed = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| api_error(e, kind, ""))?;
+        listed.items.iter().map(to_json).collect()
+    }
+
+    fn owns(&self, object: &DynamicObject) -> bool {
+        object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PROVIDER_LABEL))
+            .is_some_and(|v| *v == self.provider)
+    }
+
+    fn not_found(&self, kind: &str, name: &str) -> KubeError {
+        KubeError::NotFound(format!("{kind} {}/{name} not found", self.namespace()))
+    }
+
+    /// The granted namespace, if `apiVersion/kind` is granted.
+    fn granted(&self, api_version: &str, kind: &str) -> Result<&str> {
+        let Some(namespace) = &self.namespace else {
+            return Err(KubeError::Denied(
+                "no Kubernetes objects are granted; add grants.kube {namespace, kinds} to this provider instance".into(),
+            ));
+        };
+        if !self
+            .kinds
+            .iter()
+            .any(|(v, k)| v == api_version && k == kind)
+        {
+            return Err(KubeError::Denied(format!(
+                "{api_version}/{kind} is not in grants.kube.kinds ({})",
+                self.kinds
+                    .iter()
+                    .map(|(v, k)| format!("{v}/{k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(namespace)
+    }
+
+    /// The namespaced API of a granted kind.
+    async fn api(&self, api_version: &str, kind: &str) -> Result<Api<DynamicObject>> {
+        let namespace = self.granted(api_version, kind)?;
+        let key = (api_version.to_string(), kind.to_string());
+        let Some(client) = &self.client else {
+            return Err(KubeError::Denied(
+                "no Kubernetes cluster: this operator runs without one (e.g. `plugin run`)".into(),
+            ));
+        };
+        let cached = self
+            .resolved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let resource = match cached {
+            Some(resource) => resource,
+            None => {
+                let (group, version) = match api_version.split_once('/') {
+                    Some((group, version)) => (group, version),
+                    None => ("", api_version),
+                };
+                let gvk = GroupVersionKind::gvk(group, version, kind);
+                let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk)
+                    .await
+                    .map_err(|e| match e {
+                        kube::Error::Api(ae) if ae.code == 404 => KubeError::Invalid(format!(
+                            "the cluster has no kind {api_version}/{kind}"
+                        )),
+                        kube::Error::Discovery(_) => KubeError::Invalid(format!(
+                            "the cluster has no kind {api_version}/{kind}"
+                        )),
+                        other => api_error(other, kind, ""),
+                    })?;
+                if capabilities.scope != Scope::Namespaced {
+                    return Err(KubeError::Denied(format!(
+                        "{api_version}/{kind} is cluster-scoped; a plugin may use namespaced objects only"
+                    )));
+                }
+                self.resolved
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, resource.clone());
+                resource
+            }
+        };
+        Ok(Api::namespaced_with(client.clone(), namespace, &resource))
+    }
+}
+
+fn to_json(object: &DynamicObject) -> Result<String> {
+    serde_json::to_string(object).map_err(|e| KubeError::Transport(format!("encode: {e}")))
+}
+
+/// The WIT error for a client error: the API server's status code decides.
+fn api_error(error: kube::Error, kind: &str, name: &str) -> KubeError {
+    let what = if name.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} {name}")
+    };
+    match error {
+        kube::Error::Api(ae) => {
+            let message = format!("{what}: {}", ae.message);
+            match ae.code {
+                404 => KubeError::NotFound(message),
+                409 => KubeError::Conflict(message),
+                400 | 422 => KubeError::Invalid(message),
+                401 | 403 => KubeError::Unauthorized(format!(
+                    "{message}; the operator's ServiceAccount needs a Role for this kind in the namespace (see docs/plugin-authoring.md)"
+                )),
+                _ => KubeError::Transport(message),
+            }
+        }
+        other => KubeError::Transport(format!("{what}: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(namespace: &str, kinds: &[&str]) -> KubeGrant {
+        KubeGrant {
+            namespace: namespace.into(),
+            kinds: kinds.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn grants_name_the_field_that_is_wrong() {
+        let error = |g: KubeGrant| KubeCapability::new("p", Some(&g)).unwrap_err().to_string();
+        assert!(error(grant("Proxies", &["v1/Pod"])).contains("grants.kube.namespace"));
+        assert!(error(grant("proxies", &[])).contains("grants.kube.kinds: empty"));
+        assert!(error(grant("proxies", &["Pod"])).contains("kinds[0]: `Pod`"));
+        assert!(error(grant("proxies", &["v1/pod"])).contains("kinds[0]"));
+        assert!(
+            error(grant("proxies", &["v1/Pod", "v1/Secret"])).contains("kinds[1]: Secrets cannot")
+        );
+        let ok = KubeCapability::new(
+            "p",
+            Some(&grant("proxies", &["v1/Pod", "apps/v1/Deployment"])),
+        )
+        .unwrap();
+        assert_eq!(ok.namespace(), "proxies");
+        assert_eq!(
+            ok.kinds[1],
+            ("apps/v1".to_string(), "Deployment".to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn calls_outside_the_grant_are_denied_before_any_request() {
+        let none = KubeCapability::new("p", None).unwrap();
+        assert!(
+            matches!(none.get("v1", "Pod", "x").await, Err(KubeError::Denied(m)) if m.contains("grants.kube"))
+        );
+        let pods = KubeCapability::new("p", Some(&grant("proxies", &["v1/Pod"]))).unwrap();
+        assert!(
+            matches!(pods.get("v1", "ConfigMap", "x").await, Err(KubeError::Denied(m)) if m.contains("not in grants.kube.kinds (v1/Pod)"))
+        );
+        // Granted, but no cluster (no client).
+        assert!(
+            matches!(pods.list("v1", "Pod", None).await, Err(KubeError::Denied(m)) if m.contains("no Kubernetes cluster"))
+        );
+        let other_namespace =
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"kube-system"}}"#;
+        assert!(
+            matches!(pods.apply(other_namespace).await, Err(KubeError::Denied(m)) if m.contains("namespace kube-system is not granted"))
+        );
+        assert!(matches!(pods.apply("{}").await, Err(KubeError::Invalid(_))));
+    }
+}
