@@ -6,6 +6,7 @@
 mod common;
 mod health;
 mod kube_capability;
+mod kubernetes;
 mod kvm;
 mod leases;
 mod reload;

@@ -1,0 +1,171 @@
+//! The kubernetes provider component through the real runtime, its `kube` capability and the real
+//! API server: a Proxy's squid Pod and ConfigMap are made, read back, listed and removed. The test
+//! control plane has no kubelet, so the test writes the Pod status a kubelet would (phase, IP,
+//! readiness). The squid.conf the provider writes is run by real squid and used as a proxy.
+
+use std::time::Duration;
+
+use harness::process::{Check, Proc, Scratch, free_port, wait_for};
+use harness::{FileServer, TestNamespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use proxy_operator::capabilities::Grants;
+use proxy_operator::plugins::types::InstanceState;
+use proxy_operator::plugins::{EngineOptions, ProviderInstance, ProviderInstanceOptions};
+
+use super::common::{engine_with, plugin_bytes, spec, test_options};
+use super::control_plane;
+
+async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> ProviderInstance {
+    let (engine, _) = engine_with(EngineOptions {
+        kube: Some(ns.client()),
+        ..test_options()
+    })
+    .await;
+    let plugin = engine
+        .load("kubernetes.wasm", plugin_bytes("kubernetes"))
+        .await
+        .unwrap();
+    let grants: Grants = serde_json::from_value(serde_json::json!({
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap"]}
+    }))
+    .unwrap();
+    ProviderInstance::new(
+        engine,
+        "in-cluster",
+        plugin,
+        &config,
+        &grants,
+        ProviderInstanceOptions::default(),
+    )
+    .unwrap()
+}
+
+/// What the kubelet writes once the container is up and its readiness probe passes.
+async fn kubelet_reports_ready(pods: &Api<Pod>, name: &str, ip: &str) {
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-k8s-provider").await.unwrap();
+    let port = free_port().unwrap();
+    let provider = kubernetes_provider(
+        &ns,
+        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"]}),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
+    let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let mut want = spec("px-k8s-one", serde_json::json!({}));
+    want.port = port;
+
+    let created = provider.create(want.clone()).await.unwrap();
+    assert_eq!(created.provider_id, "px-k8s-one");
+    assert_eq!(created.state, InstanceState::Provisioning);
+    assert_eq!(created.address, None);
+    let pod = pods.get("px-k8s-one").await.unwrap();
+    let annotations = pod.metadata.annotations.clone().unwrap();
+    assert_eq!(
+        annotations["proxy-operator.dev/owner-uid"],
+        "uid-px-k8s-one"
+    );
+    let pod_spec = pod.spec.clone().unwrap();
+    assert_eq!(
+        pod_spec.containers[0].image.as_deref(),
+        Some("registry.example/squid:6")
+    );
+    assert_eq!(
+        pod_spec.node_selector.unwrap()["topology.kubernetes.io/zone"],
+        "zone-a"
+    );
+    assert_eq!(pod_spec.automount_service_account_token, Some(false));
+    // Idempotent: the same instance again, no second Pod.
+    let again = provider.create(want.clone()).await.unwrap();
+    assert_eq!(again.provider_id, created.provider_id);
+
+    kubelet_reports_ready(&pods, "px-k8s-one", "127.0.0.1").await;
+    let running = provider.get("px-k8s-one").await.unwrap();
+    assert_eq!(running.state, InstanceState::Running);
+    assert_eq!(running.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(running.port, port);
+    assert_eq!(running.owner.unwrap().name, "proxy-px-k8s-one");
+    let listed = provider.list().await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|i| i.provider_id.as_str())
+            .collect::<Vec<_>>(),
+        ["px-k8s-one"]
+    );
+    assert!(provider.check().await.unwrap()[0].ok);
+
+    // The squid.conf in the ConfigMap, run by real squid: a crawler on loopback (in allowFrom)
+    // fetches through it; CONNECT to a port other than 443 is refused.
+    let conf = maps.get("px-k8s-one-squid").await.unwrap().data.unwrap()["squid.conf"].clone();
+    let scratch = Scratch::new("k8s-squid").unwrap();
+    let conf_path = scratch.path().join("squid.conf");
+    std::fs::write(&conf_path, &conf).unwrap();
+    let mut parse = std::process::Command::new("/usr/sbin/squid");
+    parse.args(["-k", "parse", "-f"]).arg(&conf_path);
+    let parsed = parse.output().expect("squid (Debian package squid)");
+    assert!(
+        parsed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let mut run = std::process::Command::new("/usr/sbin/squid");
+    run.args(["-N", "-f"]).arg(&conf_path);
+    let mut squid = Proc::spawn("squid", run, &scratch.path().join("squid.log")).unwrap();
+    wait_for(
+        "squid from the provider's config",
+        Duration::from_secs(30),
+        || async {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(_) => Check::Ready(()),
+                Err(e) => Check::NotYet(e.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", squid.log_tail(20)));
+    let files = FileServer::start().await.unwrap();
+    files.serve("/page", b"through squid".to_vec());
+    let client = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::http(format!("http://127.0.0.1:{port}")).unwrap())
+        .build()
+        .unwrap();
+    let page = client.get(files.url("/page")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.text().await.unwrap(), "through squid");
+    let refused = proxy_operator::health::probe(
+        "127.0.0.1",
+        port,
+        &files.addr().to_string(),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        refused,
+        Err(proxy_operator::health::ProbeFailure::Status(403))
+    );
+    squid.kill();
+
+    provider.delete("px-k8s-one").await.unwrap();
+    assert!(pods.get_opt("px-k8s-one").await.unwrap().is_none());
+    assert!(maps.get_opt("px-k8s-one-squid").await.unwrap().is_none());
+    provider
+        .delete("px-k8s-one")
+        .await
+        .expect("deleting again is fine");
+    assert!(provider.list().await.unwrap().is_empty());
+}

@@ -1,0 +1,211 @@
+//! The provider instance config (`providers[].config` of a `kubernetes` provider instance) and
+//! its checks beyond types; every message names the field and the fix.
+
+use std::collections::BTreeMap;
+
+use proxy_operator_sdk::ProviderError;
+use serde::Deserialize;
+
+/// Who may use the proxies when the config says nothing: the private ranges pods and nodes
+/// usually have. squid refuses everyone else, so a proxy is never open to the internet.
+pub const DEFAULT_ALLOW_FROM: [&str; 3] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"];
+
+/// The whole config of one `kubernetes` provider instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// The squid container image; pin a tag or digest.
+    pub image: String,
+    /// Client address ranges (CIDR) squid accepts.
+    #[serde(default = "default_allow_from")]
+    pub allow_from: Vec<String>,
+    /// Container resources.
+    #[serde(default)]
+    pub resources: Resources,
+    /// `nodeSelector` of the Pods, e.g. to put proxies on nodes with public egress.
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// Where the image's squid reads its config; the provider mounts its squid.conf there.
+    #[serde(default = "default_config_path")]
+    pub config_path: String,
+    /// Keep squid's access log, in `/var/log/squid/access.log` of the Pod (an emptyDir). Off by
+    /// default: a crawler's proxy logs every request.
+    #[serde(default)]
+    pub access_log: bool,
+}
+
+fn default_allow_from() -> Vec<String> {
+    DEFAULT_ALLOW_FROM.iter().map(|s| s.to_string()).collect()
+}
+
+fn default_config_path() -> String {
+    "/etc/squid/squid.conf".into()
+}
+
+/// Requests and limits of the squid container (Kubernetes quantities).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Resources {
+    #[serde(default = "default_cpu")]
+    pub cpu: String,
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    #[serde(default = "default_memory_limit")]
+    pub memory_limit: String,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            cpu: default_cpu(),
+            memory: default_memory(),
+            memory_limit: default_memory_limit(),
+        }
+    }
+}
+
+fn default_cpu() -> String {
+    "50m".into()
+}
+fn default_memory() -> String {
+    "64Mi".into()
+}
+fn default_memory_limit() -> String {
+    "256Mi".into()
+}
+
+/// The JSON Schema `describe` reports.
+pub const SCHEMA: &str = include_str!("config.schema.json");
+
+fn invalid(message: String) -> ProviderError {
+    ProviderError::InvalidConfig(message)
+}
+
+/// Checks what the types cannot.
+pub fn validate(config: &Config) -> Result<(), ProviderError> {
+    if config.image.trim().is_empty() || config.image.contains(char::is_whitespace) {
+        return Err(invalid(format!(
+            "config.image: `{}` is not an image reference; e.g. docker.io/ubuntu/squid:6.10-24.10_beta (pin a tag or digest)",
+            config.image
+        )));
+    }
+    if config.allow_from.is_empty() {
+        return Err(invalid(
+            "config.allowFrom: empty, so squid would refuse every client; list the CIDRs of your crawlers, e.g. [10.0.0.0/8]".into(),
+        ));
+    }
+    for (index, cidr) in config.allow_from.iter().enumerate() {
+        if !is_cidr(cidr) {
+            return Err(invalid(format!(
+                "config.allowFrom[{index}]: `{cidr}` is not an address range like 10.0.0.0/8 or fd00::/8"
+            )));
+        }
+        if cidr.ends_with("/0") {
+            return Err(invalid(format!(
+                "config.allowFrom[{index}]: `{cidr}` lets anyone use the proxy; list your crawlers' ranges"
+            )));
+        }
+    }
+    for (field, value) in [
+        ("cpu", &config.resources.cpu),
+        ("memory", &config.resources.memory),
+        ("memoryLimit", &config.resources.memory_limit),
+    ] {
+        if !is_quantity(value) {
+            return Err(invalid(format!(
+                "config.resources.{field}: `{value}` is not a Kubernetes quantity like 50m, 64Mi or 1"
+            )));
+        }
+    }
+    if !config.config_path.starts_with('/') || config.config_path.ends_with('/') {
+        return Err(invalid(format!(
+            "config.configPath: `{}` must be an absolute file path, e.g. /etc/squid/squid.conf",
+            config.config_path
+        )));
+    }
+    Ok(())
+}
+
+/// `a.b.c.d/n` or an IPv6 prefix.
+pub fn is_cidr(value: &str) -> bool {
+    let Some((address, bits)) = value.split_once('/') else {
+        return false;
+    };
+    let Ok(bits) = bits.parse::<u8>() else {
+        return false;
+    };
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => bits <= 32,
+        Ok(std::net::IpAddr::V6(_)) => bits <= 128,
+        Err(_) => false,
+    }
+}
+
+/// A plain Kubernetes quantity: digits with an optional fraction and suffix.
+fn is_quantity(value: &str) -> bool {
+    let number_end = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, suffix) = value.split_at(number_end);
+    !number.is_empty()
+        && number.parse::<f64>().is_ok()
+        && matches!(
+            suffix,
+            "" | "m" | "k" | "M" | "G" | "T" | "Ki" | "Mi" | "Gi" | "Ti"
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: serde_json::Value) -> Config {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_private_ranges_and_small_resources() {
+        let c = config(serde_json::json!({"image": "squid:6"}));
+        assert_eq!(c.allow_from, DEFAULT_ALLOW_FROM);
+        assert_eq!(c.resources.memory_limit, "256Mi");
+        assert_eq!(c.config_path, "/etc/squid/squid.conf");
+        validate(&c).unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_fix() {
+        let error = |json: serde_json::Value| match validate(&config(json)) {
+            Err(ProviderError::InvalidConfig(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(error(serde_json::json!({"image": " "})).starts_with("config.image:"));
+        assert!(
+            error(serde_json::json!({"image": "s", "allowFrom": []}))
+                .starts_with("config.allowFrom: empty")
+        );
+        assert!(
+            error(serde_json::json!({"image": "s", "allowFrom": ["10.0.0.0/8", "10.0.0.0"]}))
+                .starts_with("config.allowFrom[1]:")
+        );
+        assert!(
+            error(serde_json::json!({"image": "s", "allowFrom": ["0.0.0.0/0"]}))
+                .contains("lets anyone use the proxy")
+        );
+        assert!(
+            error(serde_json::json!({"image": "s", "resources": {"memory": "lots"}}))
+                .starts_with("config.resources.memory:")
+        );
+        assert!(
+            error(serde_json::json!({"image": "s", "configPath": "squid.conf"}))
+                .starts_with("config.configPath:")
+        );
+    }
+
+    #[test]
+    fn cidrs_and_quantities() {
+        assert!(is_cidr("fd00::/8") && is_cidr("192.168.0.0/16"));
+        assert!(!is_cidr("10.0.0.0/33") && !is_cidr("example.com/8"));
+        assert!(is_quantity("0.5") && is_quantity("128Mi") && is_quantity("100m"));
+        assert!(!is_quantity("Mi") && !is_quantity("1 Gi"));
+    }
+}

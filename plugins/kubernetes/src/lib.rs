@@ -1,0 +1,151 @@
+//! The `kubernetes` provider: a proxy is a squid Pod, with its squid.conf in a ConfigMap, in the
+//! namespace the host grants (`grants.kube`). The Pod is named after the instance, so create is
+//! idempotent; the Proxy's identity is in the Pod's annotations, which `get` and `list` read back
+//! for the garbage collector. The Pod's IP is the proxy's address: crawlers in the cluster (the
+//! ranges in `config.allowFrom`) use it directly.
+//!
+//! Everything that decides something is a plain function in a module (tested natively); this file
+//! only sequences the kube calls.
+
+pub mod config;
+pub mod objects;
+
+use proxy_operator_sdk::capabilities::{self, Level, kube};
+use proxy_operator_sdk::{
+    Capability, CheckTarget, Instance, InstanceSpec, PluginInfo, Provider, ProviderError,
+    export_provider, transient,
+};
+
+use crate::config::Config;
+
+/// The provider type in the providers config.
+pub const PROVIDER_TYPE: &str = "kubernetes";
+
+/// The `kubernetes` provider.
+pub struct KubernetesProvider;
+
+fn kube_error(call: &str, e: kube::KubeError) -> ProviderError {
+    use kube::KubeError as E;
+    match e {
+        E::Denied(m) => ProviderError::Denied(format!("{call}: {m}")),
+        E::NotFound(m) => ProviderError::NotFound(format!("{call}: {m}")),
+        E::Unauthorized(m) => ProviderError::Unauthorized(format!("{call}: {m}")),
+        E::Invalid(m) => ProviderError::Permanent(format!("{call}: {m}")),
+        E::Conflict(m) | E::Transport(m) => transient(format!("{call}: {m}"), None),
+    }
+}
+
+fn parse_object(json: &str) -> Result<serde_json::Value, ProviderError> {
+    serde_json::from_str(json).map_err(|e| {
+        ProviderError::Permanent(format!("the kube capability returned bad JSON: {e}"))
+    })
+}
+
+/// The Pod named `name`, `None` when there is none of ours.
+fn find_pod(name: &str) -> Result<Option<serde_json::Value>, ProviderError> {
+    match kube::get("v1", "Pod", name) {
+        Ok(pod) => parse_object(&pod).map(Some),
+        Err(kube::KubeError::NotFound(_)) => Ok(None),
+        Err(e) => Err(kube_error(&format!("get Pod {name}"), e)),
+    }
+}
+
+/// Deletes an object; already gone is fine.
+fn delete_object(kind: &str, name: &str) -> Result<(), ProviderError> {
+    match kube::delete("v1", kind, name) {
+        Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
+        Err(e) => Err(kube_error(&format!("delete {kind} {name}"), e)),
+    }
+}
+
+impl Provider for KubernetesProvider {
+    type Config = Config;
+
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: PROVIDER_TYPE.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "A squid Pod per Proxy in the cluster".into(),
+            capabilities: vec![Capability::Log, Capability::Kube],
+            config_schema: config::SCHEMA.to_string(),
+        }
+    }
+
+    fn validate(config: &Config) -> Result<(), ProviderError> {
+        config::validate(config)
+    }
+
+    fn create(config: Config, spec: InstanceSpec) -> Result<Instance, ProviderError> {
+        config::validate(&config)?;
+        // A Pod's spec cannot be changed in place: an existing one is the instance.
+        if let Some(pod) = find_pod(&spec.name)? {
+            return Ok(objects::instance(&pod));
+        }
+        if !spec.user_data.is_empty() {
+            capabilities::log(
+                Level::Info,
+                "cloud-init is not used by the kubernetes provider (squid runs from its image)",
+                &[("pod", &spec.name)],
+            );
+        }
+        let configmap = objects::configmap(&config, &spec);
+        kube::apply(&configmap.to_string()).map_err(|e| {
+            kube_error(
+                &format!("apply ConfigMap {}", objects::configmap_name(&spec.name)),
+                e,
+            )
+        })?;
+        let pod = kube::apply(&objects::pod(&config, &spec).to_string())
+            .map_err(|e| kube_error(&format!("apply Pod {}", spec.name), e))?;
+        capabilities::log(
+            Level::Info,
+            "created squid pod",
+            &[("pod", &spec.name), ("namespace", &kube::namespace())],
+        );
+        Ok(objects::instance(&parse_object(&pod)?))
+    }
+
+    fn get(_config: Config, provider_id: String) -> Result<Instance, ProviderError> {
+        match find_pod(&provider_id)? {
+            Some(pod) => Ok(objects::instance(&pod)),
+            None => Err(ProviderError::NotFound(format!(
+                "Pod {}/{provider_id} not found",
+                kube::namespace()
+            ))),
+        }
+    }
+
+    fn delete(_config: Config, provider_id: String) -> Result<(), ProviderError> {
+        delete_object("Pod", &provider_id)?;
+        delete_object("ConfigMap", &objects::configmap_name(&provider_id))
+    }
+
+    fn list(_config: Config) -> Result<Vec<Instance>, ProviderError> {
+        let pods = kube::list("v1", "Pod", Some(objects::COMPONENT_SELECTOR))
+            .map_err(|e| kube_error("list Pods", e))?;
+        pods.iter()
+            .map(|pod| parse_object(pod).map(|p| objects::instance(&p)))
+            .filter(|i| i.as_ref().map_or(true, |i| i.owner.is_some()))
+            .collect()
+    }
+
+    fn check(_config: Config) -> Result<Vec<CheckTarget>, ProviderError> {
+        let namespace = kube::namespace();
+        let (ok, reason, message) = match kube::list("v1", "Pod", Some(objects::COMPONENT_SELECTOR))
+        {
+            Ok(_) => (true, "Ok", String::new()),
+            Err(kube::KubeError::Denied(m)) => (false, "Forbidden", m),
+            Err(kube::KubeError::Unauthorized(m)) => (false, "Unauthorized", m),
+            Err(e) => (false, "Unreachable", format!("{e:?}")),
+        };
+        Ok(vec![CheckTarget {
+            target: format!("namespace {namespace}"),
+            ok,
+            reason: reason.into(),
+            message,
+            latency_ms: 0,
+        }])
+    }
+}
+
+export_provider!(KubernetesProvider);

@@ -1,0 +1,366 @@
+//! The Kubernetes objects of one proxy (a ConfigMap with its squid.conf and the squid Pod) and
+//! the instance read back from a Pod. Plain functions over JSON, tested natively.
+
+use proxy_operator_sdk::{Instance, InstanceSpec, InstanceState, Owner};
+use serde_json::{Value, json};
+
+use crate::config::Config;
+
+/// On every Pod and ConfigMap of a proxy: which Proxy instance it belongs to.
+pub const PROXY_LABEL: &str = "proxy-operator.dev/proxy";
+/// Selects the squid Pods of this provider (the host adds the provider instance's own label).
+pub const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=egress-proxy";
+/// Owner identity, as annotations (no length or character limits, unlike labels).
+pub const OWNER_NAMESPACE: &str = "proxy-operator.dev/owner-namespace";
+pub const OWNER_NAME: &str = "proxy-operator.dev/owner-name";
+pub const OWNER_UID: &str = "proxy-operator.dev/owner-uid";
+pub const OPERATOR_ID: &str = "proxy-operator.dev/operator-id";
+/// The node label a Proxy's zone selects.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The ConfigMap holding a proxy's squid.conf.
+pub fn configmap_name(pod: &str) -> String {
+    format!("{pod}-squid")
+}
+
+/// Where the access log goes when `config.accessLog` is on (an emptyDir of the Pod).
+pub const LOG_DIR: &str = "/var/log/squid";
+
+/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to port 443 (squid's
+/// own safe default), no cache, no headers that would tell a site about the crawler behind the
+/// proxy. squid's own log goes to stderr (opened before squid drops root, so `kubectl logs`
+/// shows it); the access log cannot go to stdout, because squid opens it as its unprivileged
+/// user, who may not open the container's stdout (real squid refuses with "Cannot open
+/// '/dev/stdout' for writing").
+pub fn squid_conf(config: &Config, spec: &InstanceSpec) -> String {
+    let owner = &spec.owner;
+    let access_log = if config.access_log {
+        format!("access_log daemon:{LOG_DIR}/access.log squid")
+    } else {
+        "access_log none".to_string()
+    };
+    format!(
+        "# proxy-operator: squid for Proxy {}/{} (uid {})\n\
+         http_port {port}\n\
+         acl crawlers src {allow}\n\
+         acl SSL_ports port 443\n\
+         acl Safe_ports port 80 443 1025-65535\n\
+         acl CONNECT method CONNECT\n\
+         http_access deny !Safe_ports\n\
+         http_access deny CONNECT !SSL_ports\n\
+         http_access allow crawlers\n\
+         http_access deny all\n\
+         cache deny all\n\
+         cache_mem 8 MB\n\
+         max_filedescriptors 1024\n\
+         {access_log}\n\
+         cache_log /dev/stderr\n\
+         logfile_rotate 0\n\
+         pid_filename none\n\
+         coredump_dir /tmp\n\
+         shutdown_lifetime 1 seconds\n\
+         via off\n\
+         forwarded_for delete\n",
+        owner.namespace,
+        owner.name,
+        owner.uid,
+        port = spec.port,
+        allow = config.allow_from.join(" "),
+    )
+}
+
+pub fn configmap(config: &Config, spec: &InstanceSpec) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(&spec.name),
+            "labels": {PROXY_LABEL: spec.name},
+        },
+        "data": {"squid.conf": squid_conf(config, spec)},
+    })
+}
+
+/// The squid Pod. Its name is the instance name, so create is idempotent.
+pub fn pod(config: &Config, spec: &InstanceSpec) -> Value {
+    let mut labels = serde_json::Map::new();
+    for (key, value) in &spec.labels {
+        labels.insert(key.clone(), json!(value));
+    }
+    labels.insert(PROXY_LABEL.into(), json!(spec.name));
+    labels.insert("app.kubernetes.io/name".into(), json!("squid"));
+    labels.insert("app.kubernetes.io/component".into(), json!("egress-proxy"));
+    let mut node_selector: serde_json::Map<String, Value> = config
+        .node_selector
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    if let Some(zone) = &spec.zone {
+        node_selector.insert(ZONE_LABEL.into(), json!(zone));
+    }
+    let port = spec.port;
+    let mut mounts = vec![json!({
+        "name": "squid-conf",
+        "mountPath": config.config_path,
+        "subPath": "squid.conf",
+        "readOnly": true,
+    })];
+    let mut volumes =
+        vec![json!({"name": "squid-conf", "configMap": {"name": configmap_name(&spec.name)}})];
+    if config.access_log {
+        mounts.push(json!({"name": "squid-logs", "mountPath": LOG_DIR}));
+        volumes.push(json!({"name": "squid-logs", "emptyDir": {"sizeLimit": "256Mi"}}));
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": spec.name,
+            "labels": labels,
+            "annotations": {
+                OWNER_NAMESPACE: spec.owner.namespace,
+                OWNER_NAME: spec.owner.name,
+                OWNER_UID: spec.owner.uid,
+                OPERATOR_ID: spec.owner.operator_id,
+            },
+        },
+        "spec": {
+            "restartPolicy": "Always",
+            // squid needs no Kubernetes API access and no service environment variables.
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "nodeSelector": node_selector,
+            "containers": [{
+                "name": "squid",
+                "image": config.image,
+                "ports": [{"name": "proxy", "containerPort": port, "protocol": "TCP"}],
+                "volumeMounts": mounts,
+                "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
+                "livenessProbe": {
+                    "tcpSocket": {"port": port},
+                    "initialDelaySeconds": 15,
+                    "periodSeconds": 20,
+                },
+                "resources": {
+                    "requests": {"cpu": config.resources.cpu, "memory": config.resources.memory},
+                    "limits": {"memory": config.resources.memory_limit},
+                },
+            }],
+            "volumes": volumes,
+        },
+    })
+}
+
+/// The instance a Pod is; its owner is `None` for a Pod without the owner annotations.
+pub fn instance(pod: &Value) -> Instance {
+    let metadata = &pod["metadata"];
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    let annotation = |key: &str| text(&metadata["annotations"][key]);
+    let owner = match (
+        annotation(OWNER_NAMESPACE),
+        annotation(OWNER_NAME),
+        annotation(OWNER_UID),
+        annotation(OPERATOR_ID),
+    ) {
+        (Some(namespace), Some(name), Some(uid), Some(operator_id)) => Some(Owner {
+            namespace,
+            name,
+            uid,
+            operator_id,
+        }),
+        _ => None,
+    };
+    let status = &pod["status"];
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    let state = if !metadata["deletionTimestamp"].is_null() {
+        InstanceState::Stopping
+    } else {
+        match status["phase"].as_str() {
+            None | Some("Pending") => InstanceState::Provisioning,
+            Some("Running") if ready => InstanceState::Running,
+            Some("Running") => InstanceState::Provisioning,
+            Some("Succeeded") => InstanceState::Stopped,
+            Some("Failed") => InstanceState::Failed,
+            Some(_) => InstanceState::Unknown,
+        }
+    };
+    let port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(3128);
+    Instance {
+        provider_id: text(&metadata["name"]).unwrap_or_default(),
+        name: text(&metadata["name"]).unwrap_or_default(),
+        state,
+        address: text(&status["podIP"]).filter(|a| !a.is_empty()),
+        port,
+        zone: text(&pod["spec"]["nodeSelector"][ZONE_LABEL]),
+        created_at: metadata["creationTimestamp"]
+            .as_str()
+            .and_then(unix_seconds),
+        owner,
+        message: why_not_running(status),
+    }
+}
+
+/// What keeps a Pod from running, from its container's waiting or terminated state and the
+/// scheduler's condition (`ImagePullBackOff: …`, `Unschedulable: …`).
+fn why_not_running(status: &Value) -> Option<String> {
+    let container = &status["containerStatuses"][0]["state"];
+    for state in ["waiting", "terminated"] {
+        if let Some(reason) = container[state]["reason"].as_str() {
+            let message = container[state]["message"].as_str().unwrap_or_default();
+            return Some(
+                format!("{reason}: {message}")
+                    .trim_end_matches(": ")
+                    .to_string(),
+            );
+        }
+    }
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c["reason"].as_str().unwrap_or("Unschedulable"),
+                c["message"].as_str().unwrap_or_default()
+            )
+        })
+}
+
+/// Seconds since the epoch of a Kubernetes timestamp (`2026-11-30T19:30:00Z`, always UTC).
+/// By hand: a date library for one fixed format would be most of the plugin's size.
+pub fn unix_seconds(timestamp: &str) -> Option<i64> {
+    let b = timestamp.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| timestamp.get(range)?.parse::<i64>().ok();
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> InstanceSpec {
+        InstanceSpec {
+            name: "px-0123abcd".into(),
+            owner: Owner {
+                namespace: "crawlers".into(),
+                name: "proxy-a".into(),
+                uid: "5f6c".into(),
+                operator_id: "op".into(),
+            },
+            zone: Some("zone-a".into()),
+            image: None,
+            machine_type: None,
+            user_data: Vec::new(),
+            vendor_data: Vec::new(),
+            install_guest_agent: true,
+            port: 3128,
+            labels: vec![("team".into(), "crawl".into())],
+            options: "{}".into(),
+        }
+    }
+
+    fn config() -> Config {
+        serde_json::from_value(json!({"image": "squid:6", "nodeSelector": {"egress": "public"}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_pod_carries_identity_zone_and_the_config_mount() {
+        let pod = pod(&config(), &spec());
+        assert_eq!(pod["metadata"]["name"], "px-0123abcd");
+        assert_eq!(pod["metadata"]["labels"]["team"], "crawl");
+        assert_eq!(pod["metadata"]["annotations"][OWNER_UID], "5f6c");
+        assert_eq!(pod["spec"]["nodeSelector"][ZONE_LABEL], "zone-a");
+        assert_eq!(pod["spec"]["nodeSelector"]["egress"], "public");
+        assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(
+            container["volumeMounts"][0]["mountPath"],
+            "/etc/squid/squid.conf"
+        );
+        assert_eq!(
+            pod["spec"]["volumes"][0]["configMap"]["name"],
+            "px-0123abcd-squid"
+        );
+    }
+
+    #[test]
+    fn squid_conf_admits_only_the_allowed_ranges() {
+        let conf = squid_conf(&config(), &spec());
+        assert!(conf.contains("http_port 3128\n"));
+        assert!(conf.contains("acl crawlers src 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16\n"));
+        assert!(conf.contains("http_access allow crawlers\nhttp_access deny all\n"));
+        assert!(conf.contains("max_filedescriptors 1024"));
+        assert!(conf.contains("access_log none\n"));
+        let mut logging = config();
+        logging.access_log = true;
+        assert!(
+            squid_conf(&logging, &spec())
+                .contains("access_log daemon:/var/log/squid/access.log squid\n")
+        );
+        let pod = pod(&logging, &spec());
+        assert_eq!(
+            pod["spec"]["containers"][0]["volumeMounts"][1]["mountPath"],
+            "/var/log/squid"
+        );
+        assert!(pod["spec"]["volumes"][1]["emptyDir"].is_object());
+    }
+
+    #[test]
+    fn a_pod_reads_back_as_an_instance() {
+        let mut pod = pod(&config(), &spec());
+        pod["metadata"]["creationTimestamp"] = json!("2026-11-30T19:30:00Z");
+        let pending = instance(&pod);
+        assert_eq!(pending.state, InstanceState::Provisioning);
+        assert_eq!(pending.address, None);
+        assert_eq!(pending.owner.as_ref().unwrap().name, "proxy-a");
+        assert_eq!(pending.zone.as_deref(), Some("zone-a"));
+        assert_eq!(pending.created_at, Some(1_796_067_000));
+        pod["status"] = json!({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"squid:6\""}}}]});
+        assert_eq!(
+            instance(&pod).message.as_deref(),
+            Some("ImagePullBackOff: Back-off pulling image \"squid:6\"")
+        );
+        pod["status"] = json!({"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "True"}]});
+        let running = instance(&pod);
+        assert_eq!(running.state, InstanceState::Running);
+        assert_eq!(running.address.as_deref(), Some("10.1.2.3"));
+        pod["metadata"]["deletionTimestamp"] = json!("2026-11-30T19:31:00Z");
+        assert_eq!(instance(&pod).state, InstanceState::Stopping);
+        pod["metadata"]["annotations"] = json!({});
+        assert!(instance(&pod).owner.is_none());
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(unix_seconds("2000-03-01T00:00:00Z"), Some(951_868_800));
+        assert_eq!(unix_seconds("2026-11-30T19:30:00Z"), Some(1_796_067_000));
+        assert_eq!(unix_seconds("2026-11-30 19:30:00"), None);
+    }
+}
