@@ -13,8 +13,8 @@ use proxy_operator::capabilities::Grants;
 use proxy_operator::plugins::types::InstanceState;
 use proxy_operator::plugins::{EngineOptions, ProviderInstance, ProviderInstanceOptions};
 
-use super::common::{engine_with, plugin_bytes, spec, test_options};
-use super::control_plane;
+use super::common::{engine_with, plugin_bytes, plugins_dir, spec, test_options};
+use super::{control_plane, phase, proxy_yaml, wait_for as wait_for_proxy};
 
 async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> ProviderInstance {
     let (engine, _) = engine_with(EngineOptions {
@@ -112,7 +112,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     // The squid.conf in the ConfigMap, run by real squid: a crawler on loopback (in allowFrom)
     // fetches through it; CONNECT to a port other than 443 is refused.
     let conf = maps.get("px-k8s-one-squid").await.unwrap().data.unwrap()["squid.conf"].clone();
-    let scratch = Scratch::new("k8s-squid").unwrap();
+    let scratch = Scratch::new("k8s-squid-parse").unwrap();
     let conf_path = scratch.path().join("squid.conf");
     std::fs::write(&conf_path, &conf).unwrap();
     let mut parse = std::process::Command::new("/usr/sbin/squid");
@@ -123,21 +123,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         "{}",
         String::from_utf8_lossy(&parsed.stderr)
     );
-    let mut run = std::process::Command::new("/usr/sbin/squid");
-    run.args(["-N", "-f"]).arg(&conf_path);
-    let mut squid = Proc::spawn("squid", run, &scratch.path().join("squid.log")).unwrap();
-    wait_for(
-        "squid from the provider's config",
-        Duration::from_secs(30),
-        || async {
-            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                Ok(_) => Check::Ready(()),
-                Err(e) => Check::NotYet(e.to_string()),
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {}", squid.log_tail(20)));
+    let (mut squid, _scratch) = run_squid(&conf, port).await;
     let files = FileServer::start().await.unwrap();
     files.serve("/page", b"through squid".to_vec());
     let client = reqwest::Client::builder()
@@ -168,4 +154,156 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         .await
         .expect("deleting again is fine");
     assert!(provider.list().await.unwrap().is_empty());
+}
+
+/// Runs real squid with `conf` until dropped; returns when it accepts connections on `port`.
+async fn run_squid(conf: &str, port: u16) -> (Proc, Scratch) {
+    let scratch = Scratch::new("k8s-squid").unwrap();
+    let conf_path = scratch.path().join("squid.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut run = std::process::Command::new("/usr/sbin/squid");
+    run.args(["-N", "-f"]).arg(&conf_path);
+    let squid = Proc::spawn("squid", run, &scratch.path().join("squid.log")).unwrap();
+    wait_for(
+        "squid from the provider's config",
+        Duration::from_secs(30),
+        || async {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(_) => Check::Ready(()),
+                Err(e) => Check::NotYet(e.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", squid.log_tail(20)));
+    (squid, scratch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squid_conf() {
+    use proxy_operator::api::{Phase, Proxy};
+    use proxy_operator::config::{Providers, ProvidersConfig};
+    use proxy_operator::controller::{self, Context};
+    use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
+    use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-k8s-e2e").await.unwrap();
+    let target = FileServer::start().await.unwrap();
+    let port = free_port().unwrap();
+    let (engine, _) = engine_with(EngineOptions {
+        kube: Some(ns.client()),
+        ..test_options()
+    })
+    .await;
+    let config = ProvidersConfig::parse(&format!(
+        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}]}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap]}}}}\n",
+        target.addr().port(),
+        ns.name()
+    ))
+    .unwrap();
+    let providers = Providers::build(
+        &engine,
+        &plugins_dir(),
+        &config,
+        std::path::Path::new("test"),
+    )
+    .await
+    .unwrap();
+    let providers = proxy_operator::config::ProviderSet::new(providers);
+    let ctx = std::sync::Arc::new(Context::new(
+        ns.client(),
+        providers.clone(),
+        "test-operator",
+    ));
+    let namespace = ns.name().to_string();
+    let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
+    let registry = prometheus::Registry::new();
+    let leases = std::sync::Arc::new(LeaseStore::new(
+        LeaseOptions::default(),
+        LeaseMetrics::register(&registry).unwrap(),
+        None,
+    ));
+    leases.restore(Default::default());
+    let health = HealthEngine::new(
+        ns.client(),
+        providers,
+        leases.clone(),
+        HealthOptions {
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_secs(2),
+            target: target.addr().to_string(),
+            ..HealthOptions::default()
+        },
+        ProbeMetrics::register(&registry).unwrap(),
+    );
+    let (_suspects_tx, suspects) = tokio::sync::mpsc::channel(1);
+    let health = tokio::spawn(health.run(Some(ns.name().to_string()), suspects));
+
+    let yaml = proxy_yaml(ns.name(), "in-cluster-1", "in-cluster", "")
+        .replace(
+            "placement: {zone: zone-a}",
+            "placement: {zone: zone-a}\n  port: PORT",
+        )
+        .replace("PORT", &port.to_string());
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: Api<Proxy> = ns.api();
+    let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
+    let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let provisioning = wait_for_proxy(&proxies, "in-cluster-1", "the Pod made", |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.provider_id.is_some())
+    })
+    .await
+    .unwrap();
+    let pod_name = provisioning.status.unwrap().provider_id.unwrap();
+    // The kubelet's part: the container runs (real squid, from the ConfigMap) and is ready.
+    let conf = maps
+        .get(&format!("{pod_name}-squid"))
+        .await
+        .unwrap()
+        .data
+        .unwrap()["squid.conf"]
+        .clone();
+    let (_squid, _scratch) = run_squid(&conf, port).await;
+    kubelet_reports_ready(&pods, &pod_name, "127.0.0.1").await;
+
+    let ready = wait_for_proxy(&proxies, "in-cluster-1", "Ready and Healthy", |p| {
+        phase(p) == Some(Phase::Ready)
+            && p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Healthy" && c.status == "True")
+            })
+    })
+    .await
+    .unwrap();
+    let status = ready.status.unwrap();
+    assert_eq!(status.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(status.port, Some(port));
+
+    cp.kubectl_run(
+        &[
+            "delete",
+            "proxy",
+            "in-cluster-1",
+            "-n",
+            ns.name(),
+            "--wait=true",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(pods.get_opt(&pod_name).await.unwrap().is_none());
+    assert!(
+        maps.get_opt(&format!("{pod_name}-squid"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    health.abort();
+    controller.abort();
 }

@@ -28,6 +28,9 @@ pub struct Config {
     /// Where the image's squid reads its config; the provider mounts its squid.conf there.
     #[serde(default = "default_config_path")]
     pub config_path: String,
+    /// Ports crawlers may `CONNECT` to (HTTPS); squid's safe default is 443 only.
+    #[serde(default = "default_connect_ports")]
+    pub connect_ports: Vec<u16>,
     /// Keep squid's access log, in `/var/log/squid/access.log` of the Pod (an emptyDir). Off by
     /// default: a crawler's proxy logs every request.
     #[serde(default)]
@@ -36,6 +39,10 @@ pub struct Config {
 
 fn default_allow_from() -> Vec<String> {
     DEFAULT_ALLOW_FROM.iter().map(|s| s.to_string()).collect()
+}
+
+fn default_connect_ports() -> Vec<u16> {
+    vec![443]
 }
 
 fn default_config_path() -> String {
@@ -106,6 +113,16 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
             )));
         }
     }
+    if config.connect_ports.is_empty() {
+        return Err(invalid(
+            "config.connectPorts: empty, so no HTTPS site could be reached; e.g. [443]".into(),
+        ));
+    }
+    if let Some(index) = config.connect_ports.iter().position(|p| *p == 0) {
+        return Err(invalid(format!(
+            "config.connectPorts[{index}]: 0 is not a port; use 1-65535"
+        )));
+    }
     for (field, value) in [
         ("cpu", &config.resources.cpu),
         ("memory", &config.resources.memory),
@@ -169,6 +186,7 @@ mod tests {
         assert_eq!(c.allow_from, DEFAULT_ALLOW_FROM);
         assert_eq!(c.resources.memory_limit, "256Mi");
         assert_eq!(c.config_path, "/etc/squid/squid.conf");
+        assert_eq!(c.connect_ports, [443]);
         validate(&c).unwrap();
     }
 
@@ -198,6 +216,10 @@ mod tests {
         assert!(
             error(serde_json::json!({"image": "s", "configPath": "squid.conf"}))
                 .starts_with("config.configPath:")
+        );
+        assert!(
+            error(serde_json::json!({"image": "s", "connectPorts": [443, 0]}))
+                .starts_with("config.connectPorts[1]:")
         );
     }
 

@@ -26,14 +26,20 @@ pub fn configmap_name(pod: &str) -> String {
 /// Where the access log goes when `config.accessLog` is on (an emptyDir of the Pod).
 pub const LOG_DIR: &str = "/var/log/squid";
 
-/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to port 443 (squid's
-/// own safe default), no cache, no headers that would tell a site about the crawler behind the
+/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to `connect_ports`
+/// (squid's own safe default is 443), no cache, no headers that would tell a site about the crawler behind the
 /// proxy. squid's own log goes to stderr (opened before squid drops root, so `kubectl logs`
 /// shows it); the access log cannot go to stdout, because squid opens it as its unprivileged
 /// user, who may not open the container's stdout (real squid refuses with "Cannot open
 /// '/dev/stdout' for writing").
 pub fn squid_conf(config: &Config, spec: &InstanceSpec) -> String {
     let owner = &spec.owner;
+    let connect_ports = config
+        .connect_ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
     let access_log = if config.access_log {
         format!("access_log daemon:{LOG_DIR}/access.log squid")
     } else {
@@ -43,8 +49,8 @@ pub fn squid_conf(config: &Config, spec: &InstanceSpec) -> String {
         "# proxy-operator: squid for Proxy {}/{} (uid {})\n\
          http_port {port}\n\
          acl crawlers src {allow}\n\
-         acl SSL_ports port 443\n\
-         acl Safe_ports port 80 443 1025-65535\n\
+         acl SSL_ports port {connect_ports}\n\
+         acl Safe_ports port 80 443 1025-65535 {connect_ports}\n\
          acl CONNECT method CONNECT\n\
          http_access deny !Safe_ports\n\
          http_access deny CONNECT !SSL_ports\n\
@@ -317,6 +323,10 @@ mod tests {
         assert!(conf.contains("http_access allow crawlers\nhttp_access deny all\n"));
         assert!(conf.contains("max_filedescriptors 1024"));
         assert!(conf.contains("access_log none\n"));
+        assert!(conf.contains("acl SSL_ports port 443\n"));
+        let mut ports = config();
+        ports.connect_ports = vec![443, 8443];
+        assert!(squid_conf(&ports, &spec()).contains("acl SSL_ports port 443 8443\n"));
         let mut logging = config();
         logging.access_log = true;
         assert!(
