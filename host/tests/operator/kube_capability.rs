@@ -11,7 +11,7 @@ use proxy_operator::plugins::{
 };
 
 use super::common::{engine_with, load_test_plugin, spec, test_options};
-use super::control_plane;
+use super::{control_plane, listed_ids, operator_account};
 
 async fn kube_provider(
     client: kube::Client,
@@ -77,14 +77,7 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
     );
     let got = provider.get("px-one").await.unwrap();
     assert_eq!(got.owner.unwrap().uid, "uid-px-one");
-    let listed = provider.list().await.unwrap();
-    assert_eq!(
-        listed
-            .iter()
-            .map(|i| i.provider_id.as_str())
-            .collect::<Vec<_>>(),
-        ["px-one"]
-    );
+    assert_eq!(listed_ids(&provider).await, ["px-one"]);
     let checked = provider.check().await.unwrap();
     assert!(checked[0].ok, "{checked:?}");
 
@@ -93,8 +86,11 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
     foreign.metadata.name = Some("someone-elses".into());
     foreign.data = Some([("owner".to_string(), "a person".to_string())].into());
     maps.create(&PostParams::default(), &foreign).await.unwrap();
-    let listed = provider.list().await.unwrap();
-    assert_eq!(listed.len(), 1, "only its own objects are listed");
+    assert_eq!(
+        listed_ids(&provider).await,
+        ["px-one"],
+        "only its own objects are listed"
+    );
     let read = provider
         .create(spec(
             "x",
@@ -192,14 +188,7 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
 async fn the_operator_account_needs_the_sample_role_in_the_granted_namespace() {
     let cp = control_plane().await;
     let ns = cp.namespace("px-kube-rbac").await.unwrap();
-    let service_account = cp.client_as(
-        "system:serviceaccount:proxy-operator:proxy-operator",
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:proxy-operator",
-            "system:authenticated",
-        ],
-    );
+    let service_account = operator_account(cp);
     let grant = serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap"]}});
     let provider = kube_provider(service_account, "rbac-store", grant)
         .await

@@ -14,7 +14,7 @@ use proxy_operator::plugins::types::InstanceState;
 use proxy_operator::plugins::{EngineOptions, ProviderInstance, ProviderInstanceOptions};
 
 use super::common::{engine_with, plugin_bytes, plugins_dir, spec, test_options};
-use super::{control_plane, phase, proxy_yaml, wait_for as wait_for_proxy};
+use super::{control_plane, listed_ids, phase, proxy_yaml, wait_for as wait_for_proxy};
 
 async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> ProviderInstance {
     let (engine, _) = engine_with(EngineOptions {
@@ -99,14 +99,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     assert_eq!(running.address.as_deref(), Some("127.0.0.1"));
     assert_eq!(running.port, port);
     assert_eq!(running.owner.unwrap().name, "proxy-px-k8s-one");
-    let listed = provider.list().await.unwrap();
-    assert_eq!(
-        listed
-            .iter()
-            .map(|i| i.provider_id.as_str())
-            .collect::<Vec<_>>(),
-        ["px-k8s-one"]
-    );
+    assert_eq!(listed_ids(&provider).await, ["px-k8s-one"]);
     assert!(provider.check().await.unwrap()[0].ok);
 
     // The squid.conf in the ConfigMap, run by real squid: a crawler on loopback (in allowFrom)
@@ -153,7 +146,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         .delete("px-k8s-one")
         .await
         .expect("deleting again is fine");
-    assert!(provider.list().await.unwrap().is_empty());
+    assert!(listed_ids(&provider).await.is_empty());
 }
 
 /// Runs real squid with `conf` until dropped; returns when it accepts connections on `port`.

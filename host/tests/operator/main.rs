@@ -549,14 +549,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     let cp = control_plane().await;
     let ns = cp.namespace("px-rbac").await.unwrap();
     let store = InstanceStore::start().await;
-    let service_account = cp.client_as(
-        "system:serviceaccount:proxy-operator:proxy-operator",
-        &[
-            "system:serviceaccounts",
-            "system:serviceaccounts:proxy-operator",
-            "system:authenticated",
-        ],
-    );
+    let service_account = operator_account(cp);
     // The account cannot do what the role does not grant.
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(service_account.clone(), ns.name());
@@ -638,6 +631,30 @@ async fn providers_for(text: &str) -> Providers {
     )
     .await
     .unwrap()
+}
+
+/// A client with the identity of the operator's ServiceAccount (`deploy/rbac.yaml`): RBAC applies
+/// to it as in a cluster.
+fn operator_account(cp: &ControlPlane) -> kube::Client {
+    cp.client_as(
+        "system:serviceaccount:proxy-operator:proxy-operator",
+        &[
+            "system:serviceaccounts",
+            "system:serviceaccounts:proxy-operator",
+            "system:authenticated",
+        ],
+    )
+}
+
+/// The provider ids a provider instance's `list` answers.
+async fn listed_ids(provider: &proxy_operator::plugins::ProviderInstance) -> Vec<String> {
+    provider
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.provider_id)
+        .collect()
 }
 
 fn store_provider(name: &str, store: &InstanceStore) -> String {
