@@ -3,6 +3,7 @@
 //! plugin never sees them.
 
 mod allow;
+mod gcp_token;
 mod resolver;
 
 use std::sync::Arc;
@@ -50,8 +51,9 @@ pub struct CredentialGrant {
     pub value_from: SecretSource,
 }
 
-/// Where a credential's secret comes from: exactly one of `env` or `file`. Read on every request,
-/// so a rotated file (a mounted Secret) is picked up.
+/// Where a credential's secret comes from: exactly one of `env`, `file` or
+/// `gcpServiceAccountKey`. Read on every request, so a rotated file (a mounted Secret) is picked
+/// up; service-account tokens are minted and renewed by the host.
 #[derive(Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SecretSource {
@@ -61,29 +63,39 @@ pub struct SecretSource {
     /// A file, e.g. a mounted Secret key.
     #[serde(default)]
     pub file: Option<std::path::PathBuf>,
+    /// A Google service-account key file (JSON): the value is an OAuth access token the host
+    /// mints from it (scope cloud-platform) and renews before it expires.
+    #[serde(default)]
+    pub gcp_service_account_key: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for SecretSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Where it comes from, never the value.
-        match (&self.env, &self.file) {
-            (Some(name), _) => write!(f, "env:{name}"),
-            (None, Some(path)) => write!(f, "file:{}", path.display()),
-            (None, None) => write!(f, "unset"),
+        match (&self.env, &self.file, &self.gcp_service_account_key) {
+            (Some(name), _, _) => write!(f, "env:{name}"),
+            (None, Some(path), _) => write!(f, "file:{}", path.display()),
+            (None, None, Some(path)) => write!(f, "gcpServiceAccountKey:{}", path.display()),
+            (None, None, None) => write!(f, "unset"),
         }
     }
 }
 
 impl SecretSource {
     fn check(&self) -> Result<(), String> {
-        match (&self.env, &self.file) {
-            (Some(_), None) | (None, Some(_)) => Ok(()),
-            _ => Err(
-                "valueFrom: set exactly one of `env` (a variable name) or `file` (a path)".into(),
-            ),
+        let set = [
+            self.env.is_some(),
+            self.file.is_some(),
+            self.gcp_service_account_key.is_some(),
+        ];
+        if set.iter().filter(|s| **s).count() == 1 {
+            Ok(())
+        } else {
+            Err("valueFrom: set exactly one of `env` (a variable name), `file` (a path) or `gcpServiceAccountKey` (a key file path)".into())
         }
     }
 
+    /// The secret of an `env` or `file` source (tokens come from [`Credential::tokens`]).
     fn read(&self) -> Result<String, String> {
         match (&self.env, &self.file) {
             (Some(name), _) => {
@@ -136,6 +148,8 @@ struct Credential {
     header: reqwest::header::HeaderName,
     prefix: String,
     source: SecretSource,
+    /// Set for `gcpServiceAccountKey`: the tokens minted from it.
+    tokens: Option<gcp_token::GcpTokens>,
 }
 
 /// The parsed grant of one provider instance, with its own client.
@@ -186,11 +200,19 @@ impl HttpCapability {
                 }
                 let header = reqwest::header::HeaderName::from_bytes(c.header.as_bytes())
                     .map_err(|_| err(format!("header `{}` is not a valid header name", c.header)))?;
+                let tokens = match &c.value_from.gcp_service_account_key {
+                    Some(path) => Some(
+                        gcp_token::GcpTokens::new(path)
+                            .map_err(|e| err(format!("valueFrom.gcpServiceAccountKey: {e}")))?,
+                    ),
+                    None => None,
+                };
                 Ok(Credential {
                     pattern,
                     header,
                     prefix: c.prefix.clone(),
                     source: c.value_from.clone(),
+                    tokens,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -266,7 +288,7 @@ impl HttpCapability {
         let target = allow::Target::from_url(&parsed).map_err(HttpError::InvalidRequest)?;
         let injected = self.credentials_for(&target);
         let mut headers = reqwest::header::HeaderMap::new();
-        insert_credentials(&mut headers, &injected, context)?;
+        insert_credentials(&mut headers, &injected, context).await?;
         let response =
             tokio::time::timeout(self.timeout, client.get(parsed).headers(headers).send())
                 .await
@@ -317,7 +339,7 @@ impl HttpCapability {
             })?;
             headers.append(name, value);
         }
-        insert_credentials(&mut headers, &injected, context)?;
+        insert_credentials(&mut headers, &injected, context).await?;
 
         let timeout = request
             .timeout
@@ -416,13 +438,17 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// Adds the grant's credentials for a request (read now, so a rotated Secret file is picked up).
-fn insert_credentials(
+async fn insert_credentials(
     headers: &mut reqwest::header::HeaderMap,
     injected: &[&Credential],
     context: &CallContext,
 ) -> Result<(), HttpError> {
     for credential in injected {
-        let secret = credential.source.read().map_err(|e| {
+        let secret = match &credential.tokens {
+            Some(tokens) => tokens.token().await,
+            None => credential.source.read(),
+        };
+        let secret = secret.map_err(|e| {
             tracing::warn!(
                 provider = %context.provider,
                 header = %credential.header,

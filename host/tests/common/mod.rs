@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_gcp;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod gcp;
 mod health;
 mod kube_capability;
 mod kubernetes;

@@ -1,0 +1,233 @@
+//! The gcp provider component through the real runtime and the host's `http` capability against
+//! a fake of Google's token endpoint and Compute Engine API (nothing real can run here; the fake
+//! follows the documented shapes and checks the JWT signature and the bearer token). The host
+//! mints the OAuth token from the service-account key; the plugin only makes REST calls.
+
+use proxy_operator::api::{Phase, Proxy};
+use proxy_operator::capabilities::Grants;
+use proxy_operator::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::plugins::{ProviderInstance, ProviderInstanceOptions};
+
+use super::common::fake_gcp::{FakeGcp, PROJECT};
+use super::common::{engine_with, plugin_bytes, plugins_dir, spec, test_options};
+use super::{control_plane, phase, proxy_yaml, wait_for};
+
+const ZONES: [&str; 2] = ["europe-west1-b", "europe-west1-c"];
+
+/// The providers-config entry of a gcp provider instance against `fake`, its key in `key_file`.
+fn entry(fake: &FakeGcp, key_file: &std::path::Path) -> serde_json::Value {
+    serde_json::json!({
+        "config": {"project": PROJECT, "zones": ZONES, "apiBase": fake.url()},
+        "grants": {"http": {
+            "allow": [fake.url()],
+            "credentials": [{
+                "url": fake.url(),
+                "header": "Authorization",
+                "prefix": "Bearer ",
+                "valueFrom": {"gcpServiceAccountKey": key_file},
+            }],
+        }},
+    })
+}
+
+async fn gcp_provider(entry: &serde_json::Value) -> ProviderInstance {
+    let (engine, _) = engine_with(test_options()).await;
+    let plugin = engine.load("gcp.wasm", plugin_bytes("gcp")).await.unwrap();
+    let grants: Grants = serde_json::from_value(entry["grants"].clone()).unwrap();
+    ProviderInstance::new(
+        engine,
+        "gcp-eu",
+        plugin,
+        &entry["config"],
+        &grants,
+        ProviderInstanceOptions::default(),
+    )
+    .unwrap()
+}
+
+fn refused<T: std::fmt::Debug>(
+    result: Result<T, proxy_operator::plugins::CallError>,
+) -> ProviderError {
+    match result {
+        Err(e) => e.provider_error().cloned().unwrap_or_else(|| panic!("{e}")),
+        Ok(value) => panic!("succeeded: {value:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_is_made_with_a_token_the_host_mints_and_found_listed_and_deleted() {
+    let fake = FakeGcp::start(&ZONES).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key.json");
+    std::fs::write(&key_file, fake.key_file_json()).unwrap();
+    let provider = gcp_provider(&entry(&fake, &key_file)).await;
+
+    let checked = provider.check().await.unwrap();
+    assert_eq!(checked.len(), 2);
+    assert!(checked.iter().all(|t| t.ok), "{checked:?}");
+
+    let mut want = spec("px-gcp-one", serde_json::json!({}));
+    want.zone = Some("europe-west1-c".into());
+    let created = provider.create(want.clone()).await.unwrap();
+    assert_eq!(created.provider_id, "europe-west1-c/px-gcp-one");
+    assert_eq!(created.state, InstanceState::Provisioning);
+    let vm = fake.with(|s| s.instances["europe-west1-c/px-gcp-one"].clone());
+    assert_eq!(vm["labels"]["proxy-operator-managed"], "true");
+    assert_eq!(
+        vm["machineType"],
+        "zones/europe-west1-c/machineTypes/e2-small"
+    );
+    let items = vm["metadata"]["items"].as_array().unwrap();
+    let user_data = items.iter().find(|i| i["key"] == "user-data").unwrap();
+    assert_eq!(
+        user_data["value"], "#cloud-config\n",
+        "cloud-init byte for byte"
+    );
+
+    // STAGING, then RUNNING with its external IP.
+    let mut got = provider.get("europe-west1-c/px-gcp-one").await.unwrap();
+    while got.state != InstanceState::Running {
+        assert_eq!(got.state, InstanceState::Provisioning);
+        got = provider.get("europe-west1-c/px-gcp-one").await.unwrap();
+    }
+    assert_eq!(got.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(got.owner.unwrap().uid, "uid-px-gcp-one");
+    assert_eq!(got.created_at, Some(1_796_066_553));
+    // Create again: the same VM, no second insert.
+    let again = provider.create(want.clone()).await.unwrap();
+    assert_eq!(again.provider_id, created.provider_id);
+    assert_eq!(fake.with(|s| s.instances.len()), 1);
+    let listed: Vec<String> = provider
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.provider_id)
+        .collect();
+    assert_eq!(listed, ["europe-west1-c/px-gcp-one"]);
+
+    // Quota, and a zone the provider does not have.
+    fake.with(|s| s.quota_exceeded = true);
+    let mut anywhere = spec("px-gcp-two", serde_json::json!({}));
+    anywhere.zone = None;
+    match refused(provider.create(anywhere).await) {
+        ProviderError::Quota(m) => assert!(m.contains("quotaExceeded"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let mut elsewhere = spec("px-gcp-three", serde_json::json!({}));
+    elsewhere.zone = Some("us-central1-a".into());
+    match refused(provider.create(elsewhere).await) {
+        ProviderError::Permanent(m) => {
+            assert!(m.contains("not one of this provider's zones"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    provider.delete("europe-west1-c/px-gcp-one").await.unwrap();
+    assert!(fake.with(|s| s.instances.is_empty()));
+    provider
+        .delete("europe-west1-c/px-gcp-one")
+        .await
+        .expect("deleting again is fine");
+    assert!(matches!(
+        refused(provider.get("europe-west1-c/px-gcp-one").await),
+        ProviderError::NotFound(_)
+    ));
+
+    // One token for all of it (cached by the host), on every request.
+    fake.with(|s| {
+        assert_eq!(s.token_requests, 1);
+        assert!(
+            s.authorizations.iter().all(|a| a == "Bearer ya29.fake-1"),
+            "{:?}",
+            s.authorizations
+        );
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_google_does_not_know_is_reported_and_no_request_goes_out_unsigned() {
+    let fake = FakeGcp::start(&ZONES).await;
+    let other = FakeGcp::start(&ZONES).await;
+    let dir = tempfile::tempdir().unwrap();
+    // A well-formed key of another account, pointing at this fake's token endpoint.
+    let key_file = dir.path().join("key.json");
+    let mut key: serde_json::Value = serde_json::from_str(&other.key_file_json()).unwrap();
+    key["token_uri"] = format!("{}/token", fake.url()).into();
+    std::fs::write(&key_file, key.to_string()).unwrap();
+    let provider = gcp_provider(&entry(&fake, &key_file)).await;
+    let checked = provider.check().await.unwrap();
+    assert!(!checked[0].ok);
+    assert!(
+        checked[0].message.contains("refused the service account"),
+        "{checked:?}"
+    );
+    assert!(
+        !checked[0].message.contains("PRIVATE KEY"),
+        "the key never appears in a message"
+    );
+    assert!(
+        fake.with(|s| s.authorizations.is_empty()),
+        "nothing reached the API without a token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_vm() {
+    use proxy_operator::config::{Providers, ProvidersConfig};
+    use proxy_operator::controller::{self, Context};
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gcp").await.unwrap();
+    let fake = FakeGcp::start(&ZONES).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key.json");
+    std::fs::write(&key_file, fake.key_file_json()).unwrap();
+    let mut entry = entry(&fake, &key_file);
+    entry["name"] = "gcp-eu".into();
+    entry["type"] = "gcp".into();
+    let config =
+        ProvidersConfig::parse(&serde_json::json!({"providers": [entry]}).to_string()).unwrap();
+    let (engine, _) = engine_with(test_options()).await;
+    let providers = Providers::build(
+        &engine,
+        &plugins_dir(),
+        &config,
+        std::path::Path::new("test"),
+    )
+    .await
+    .unwrap();
+    let ctx = std::sync::Arc::new(Context::new(ns.client(), providers, "test-operator"));
+    let namespace = ns.name().to_string();
+    let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
+
+    let yaml =
+        proxy_yaml(ns.name(), "vm-1", "gcp-eu", "").replace("zone: zone-a", "zone: europe-west1-b");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: kube::Api<Proxy> = ns.api();
+    let ready = wait_for(&proxies, "vm-1", "Ready", |p| {
+        phase(p) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap();
+    let status = ready.status.unwrap();
+    assert_eq!(status.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(status.zone.as_deref(), Some("europe-west1-b"));
+    let id = status.provider_id.unwrap();
+    assert!(id.starts_with("europe-west1-b/"), "{id}");
+    assert!(fake.with(|s| s.instances.contains_key(&id)));
+
+    cp.kubectl_run(
+        &["delete", "proxy", "vm-1", "-n", ns.name(), "--wait=true"],
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        fake.with(|s| s.instances.is_empty()),
+        "the VM is deleted with its Proxy"
+    );
+    controller.abort();
+}

@@ -1,0 +1,327 @@
+//! Compute Engine REST shapes: the insert body of a proxy VM, the instance read back from a
+//! resource, and Google's error bodies mapped to provider errors. Plain functions over JSON,
+//! tested natively.
+
+use proxy_operator_sdk::{Instance, InstanceSpec, InstanceState, Owner, ProviderError, transient};
+use serde_json::{Value, json};
+
+use crate::config::Config;
+
+/// On every VM: what `list` filters on.
+pub const MANAGED_LABEL: &str = "proxy-operator-managed";
+pub const OWNER_UID_LABEL: &str = "proxy-operator-owner-uid";
+/// The metadata item with the whole owner identity (labels are too short for it).
+pub const OWNER_ITEM: &str = "proxy-operator-owner";
+pub const PORT_ITEM: &str = "proxy-operator-port";
+
+/// `<zone>/<name>`: what `get` and `delete` need to find the VM.
+pub fn provider_id(zone: &str, name: &str) -> String {
+    format!("{zone}/{name}")
+}
+
+pub fn parse_provider_id(id: &str) -> Result<(&str, &str), ProviderError> {
+    id.split_once('/')
+        .filter(|(zone, name)| !zone.is_empty() && !name.is_empty() && !name.contains('/'))
+        .ok_or_else(|| {
+            ProviderError::Permanent(format!(
+                "provider id `{id}` is not <zone>/<instance>; it was not made by the gcp provider"
+            ))
+        })
+}
+
+/// A label value: lowercase letters, digits, `_` and `-`, at most 63.
+pub fn label_value(value: &str) -> String {
+    value
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect()
+}
+
+/// The `instances.insert` body of a proxy VM.
+pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str) -> Value {
+    let machine_type = spec.machine_type.as_deref().unwrap_or(&config.machine_type);
+    let image = spec.image.as_deref().unwrap_or(&config.image);
+    let owner = json!({
+        "namespace": spec.owner.namespace,
+        "name": spec.owner.name,
+        "uid": spec.owner.uid,
+        "operatorId": spec.owner.operator_id,
+    });
+    let mut items = vec![
+        json!({"key": OWNER_ITEM, "value": owner.to_string()}),
+        json!({"key": PORT_ITEM, "value": spec.port.to_string()}),
+    ];
+    // cloud-init on Google's images reads `user-data` (and `vendor-data`) from the metadata server.
+    if !spec.user_data.is_empty() {
+        items.push(json!({"key": "user-data", "value": String::from_utf8_lossy(&spec.user_data)}));
+    }
+    if !spec.vendor_data.is_empty() {
+        items.push(
+            json!({"key": "vendor-data", "value": String::from_utf8_lossy(&spec.vendor_data)}),
+        );
+    }
+    let mut labels = serde_json::Map::new();
+    for (key, value) in &spec.labels {
+        labels.insert(label_value(key), json!(label_value(value)));
+    }
+    labels.insert(MANAGED_LABEL.into(), json!("true"));
+    labels.insert(OWNER_UID_LABEL.into(), json!(label_value(&spec.owner.uid)));
+    let mut nic = json!({
+        "network": config.network,
+        "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}],
+    });
+    if let Some(subnetwork) = &config.subnetwork {
+        nic["subnetwork"] = json!(subnetwork);
+    }
+    let mut body = json!({
+        "name": spec.name,
+        "machineType": format!("zones/{zone}/machineTypes/{machine_type}"),
+        "labels": labels,
+        "metadata": {"items": items},
+        "tags": {"items": config.network_tags},
+        "disks": [{
+            "boot": true,
+            "autoDelete": true,
+            "initializeParams": {"sourceImage": image, "diskSizeGb": config.disk_gib.to_string()},
+        }],
+        "networkInterfaces": [nic],
+    });
+    if config.spot {
+        body["scheduling"] = json!({
+            "provisioningModel": "SPOT",
+            "instanceTerminationAction": "DELETE",
+        });
+    }
+    body
+}
+
+/// The instance a VM resource is; its owner is `None` for VMs without the owner metadata.
+pub fn instance(zone: &str, vm: &Value) -> Instance {
+    let name = vm["name"].as_str().unwrap_or_default().to_string();
+    let item = |key: &str| {
+        vm["metadata"]["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|i| i["key"] == key)
+            .and_then(|i| i["value"].as_str())
+            .map(str::to_string)
+    };
+    let owner = item(OWNER_ITEM)
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .and_then(|o| {
+            Some(Owner {
+                namespace: o["namespace"].as_str()?.into(),
+                name: o["name"].as_str()?.into(),
+                uid: o["uid"].as_str()?.into(),
+                operator_id: o["operatorId"].as_str()?.into(),
+            })
+        });
+    let state = match vm["status"].as_str() {
+        Some("PROVISIONING") | Some("STAGING") | Some("REPAIRING") => InstanceState::Provisioning,
+        Some("RUNNING") => InstanceState::Running,
+        Some("STOPPING") | Some("SUSPENDING") => InstanceState::Stopping,
+        Some("STOPPED") | Some("SUSPENDED") | Some("TERMINATED") => InstanceState::Stopped,
+        _ => InstanceState::Unknown,
+    };
+    let nic = &vm["networkInterfaces"][0];
+    let address = nic["accessConfigs"][0]["natIP"]
+        .as_str()
+        .or_else(|| nic["networkIP"].as_str())
+        .map(str::to_string);
+    Instance {
+        provider_id: provider_id(zone, &name),
+        name,
+        state,
+        address,
+        port: item(PORT_ITEM).and_then(|p| p.parse().ok()).unwrap_or(3128),
+        zone: Some(zone.to_string()),
+        created_at: vm["creationTimestamp"].as_str().and_then(unix_seconds),
+        owner,
+        message: vm["statusMessage"].as_str().map(str::to_string),
+    }
+}
+
+/// A Google API error answer as a provider error: the `reason` of its first error decides.
+pub fn api_error(what: &str, status: u16, body: &[u8]) -> ProviderError {
+    let parsed: Value = serde_json::from_slice(body).unwrap_or_default();
+    let message = parsed["error"]["message"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned());
+    let reason = parsed["error"]["errors"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    let message = format!("{what}: HTTP {status} {reason}: {message}");
+    match (status, reason) {
+        (_, "quotaExceeded" | "rateLimitExceeded" | "ZONE_RESOURCE_POOL_EXHAUSTED") | (429, _) => {
+            ProviderError::Quota(message)
+        }
+        (404, _) => ProviderError::NotFound(message),
+        (401, _) | (403, _) => ProviderError::Unauthorized(message),
+        (408, _) | (500..=599, _) => transient(message, None),
+        _ => ProviderError::Permanent(message),
+    }
+}
+
+/// Seconds since the epoch of an RFC 3339 timestamp as Compute writes them
+/// (`2026-11-30T11:22:33.123-08:00`). By hand: one format, a date crate would double the plugin.
+pub fn unix_seconds(timestamp: &str) -> Option<i64> {
+    let b = timestamp.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
+        return None;
+    }
+    let number = |s: &str| s.parse::<i64>().ok();
+    let (year, month, day) = (
+        number(&timestamp[0..4])?,
+        number(&timestamp[5..7])?,
+        number(&timestamp[8..10])?,
+    );
+    let (hour, minute, second) = (
+        number(&timestamp[11..13])?,
+        number(&timestamp[14..16])?,
+        number(&timestamp[17..19])?,
+    );
+    let mut rest = &timestamp[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        rest = fraction.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    let offset = match rest {
+        "Z" => 0,
+        _ if rest.len() == 6 && (rest.starts_with('+') || rest.starts_with('-')) => {
+            let sign = if rest.starts_with('-') { -1 } else { 1 };
+            sign * (number(&rest[1..3])? * 3600 + number(&rest[4..6])? * 60)
+        }
+        _ => return None,
+    };
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> InstanceSpec {
+        InstanceSpec {
+            name: "px-0123abcd".into(),
+            owner: Owner {
+                namespace: "crawlers".into(),
+                name: "proxy-a".into(),
+                uid: "5f6c0000-aaaa".into(),
+                operator_id: "Prod/Operator".into(),
+            },
+            zone: None,
+            image: None,
+            machine_type: Some("e2-medium".into()),
+            user_data: b"#cloud-config\npackages: [squid]\n".to_vec(),
+            vendor_data: Vec::new(),
+            install_guest_agent: true,
+            port: 3128,
+            labels: vec![("Team".into(), "Crawl Ops".into())],
+            options: "{}".into(),
+        }
+    }
+
+    fn config() -> Config {
+        serde_json::from_value(
+            json!({"project": "crawl-proxies", "zones": ["europe-west1-b"], "spot": true}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_insert_body_carries_identity_cloud_init_and_labels() {
+        let body = insert_body(&config(), &spec(), "europe-west1-b");
+        assert_eq!(
+            body["machineType"],
+            "zones/europe-west1-b/machineTypes/e2-medium"
+        );
+        assert_eq!(body["labels"][MANAGED_LABEL], "true");
+        assert_eq!(body["labels"]["team"], "crawl-ops");
+        assert_eq!(body["metadata"]["items"][2]["key"], "user-data");
+        assert_eq!(
+            body["metadata"]["items"][2]["value"],
+            "#cloud-config\npackages: [squid]\n"
+        );
+        assert_eq!(body["scheduling"]["provisioningModel"], "SPOT");
+        assert_eq!(
+            body["networkInterfaces"][0]["accessConfigs"][0]["type"],
+            "ONE_TO_ONE_NAT"
+        );
+        // Read back, the owner is whole (the label alone would have lost "Prod/Operator").
+        let mut vm = body.clone();
+        vm["status"] = json!("RUNNING");
+        vm["networkInterfaces"][0]["accessConfigs"][0]["natIP"] = json!("203.0.113.9");
+        vm["creationTimestamp"] = json!("2026-11-30T11:22:33.123-08:00");
+        let instance = instance("europe-west1-b", &vm);
+        assert_eq!(instance.provider_id, "europe-west1-b/px-0123abcd");
+        assert_eq!(instance.state, InstanceState::Running);
+        assert_eq!(instance.address.as_deref(), Some("203.0.113.9"));
+        assert_eq!(instance.owner.unwrap().operator_id, "Prod/Operator");
+        assert_eq!(instance.created_at, Some(1_796_066_553));
+    }
+
+    #[test]
+    fn google_errors_map_by_reason() {
+        let body = |code: u16, reason: &str| {
+            json!({"error": {"code": code, "message": "m", "errors": [{"reason": reason}]}})
+                .to_string()
+                .into_bytes()
+        };
+        assert!(matches!(
+            api_error("insert", 403, &body(403, "quotaExceeded")),
+            ProviderError::Quota(_)
+        ));
+        assert!(matches!(
+            api_error("get", 404, &body(404, "notFound")),
+            ProviderError::NotFound(_)
+        ));
+        assert!(matches!(
+            api_error("get", 401, &body(401, "required")),
+            ProviderError::Unauthorized(_)
+        ));
+        assert!(matches!(
+            api_error("get", 503, b"oops"),
+            ProviderError::Transient(_)
+        ));
+        assert!(matches!(
+            api_error("insert", 400, &body(400, "invalid")),
+            ProviderError::Permanent(_)
+        ));
+        match api_error("insert", 403, &body(403, "quotaExceeded")) {
+            ProviderError::Quota(m) => assert_eq!(m, "insert: HTTP 403 quotaExceeded: m"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn timestamps_and_ids() {
+        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(unix_seconds("1970-01-01T00:00:00.5+01:00"), Some(-3600));
+        assert_eq!(unix_seconds("2026-11-30T19:30:00Z"), Some(1_796_067_000));
+        assert_eq!(unix_seconds("2026-11-30"), None);
+        assert_eq!(
+            parse_provider_id("europe-west1-b/px-1").unwrap(),
+            ("europe-west1-b", "px-1")
+        );
+        assert!(parse_provider_id("px-1").is_err());
+        assert_eq!(label_value("Prod/Operator"), "prod-operator");
+    }
+}
