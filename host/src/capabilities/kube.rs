@@ -2,7 +2,7 @@
 //! through the operator's own client. Every object a plugin applies is labelled with its provider
 //! instance, and a plugin sees, changes and deletes only objects with that label: a namespace
 //! shared with people or other provider instances stays theirs. Secrets cannot be granted (a
-//! plugin never sees a secret).
+//! plugin never sees a secret), and a Pod a plugin makes gets no host access and no API token.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -187,6 +187,12 @@ impl KubeCapability {
                 )));
             }
         }
+        if let Some(problem) = pod_spec_problem(&object.data) {
+            return Err(KubeError::Denied(format!(
+                "{} {name}: {problem}; a plugin's Pods get no host access and no API credentials",
+                types.kind
+            )));
+        }
         let api = self.api(&types.api_version, &types.kind).await?;
         if let Some(existing) = api
             .get_opt(&name)
@@ -333,6 +339,62 @@ impl KubeCapability {
     }
 }
 
+/// What the host refuses in any Pod a plugin makes (a Pod, or the Pod template of a workload):
+/// the node's namespaces, files and ports, privileged containers, added capabilities, and a
+/// ServiceAccount token. So granting `v1/Pod` never grants the node or the API. `None`: fine.
+fn pod_spec_problem(data: &serde_json::Value) -> Option<String> {
+    let spec = [
+        &data["spec"]["template"]["spec"],
+        &data["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        &data["spec"],
+    ]
+    .into_iter()
+    .find(|s| s["containers"].is_array())?;
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        if spec[field] == true {
+            return Some(format!("spec.{field} is not allowed"));
+        }
+    }
+    if spec["automountServiceAccountToken"] != false {
+        return Some("spec.automountServiceAccountToken must be false".into());
+    }
+    if let Some(volume) = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| !v["hostPath"].is_null())
+    {
+        return Some(format!(
+            "volume {} is a hostPath",
+            volume["name"].as_str().unwrap_or("?")
+        ));
+    }
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for container in spec[list].as_array().into_iter().flatten() {
+            let name = container["name"].as_str().unwrap_or("?");
+            let security = &container["securityContext"];
+            if security["privileged"] == true {
+                return Some(format!("container {name} is privileged"));
+            }
+            if security["capabilities"]["add"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+            {
+                return Some(format!("container {name} adds capabilities"));
+            }
+            if container["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| !p["hostPort"].is_null())
+            {
+                return Some(format!("container {name} uses a hostPort"));
+            }
+        }
+    }
+    None
+}
+
 fn to_json(object: &DynamicObject) -> Result<String> {
     serde_json::to_string(object).map_err(|e| KubeError::Transport(format!("encode: {e}")))
 }
@@ -391,6 +453,53 @@ mod tests {
         assert_eq!(
             ok.kinds[1],
             ("apps/v1".to_string(), "Deployment".to_string())
+        );
+    }
+
+    #[test]
+    fn pods_never_get_the_node_or_the_api() {
+        let pod = |spec: serde_json::Value| serde_json::json!({ "spec": spec });
+        let fine = serde_json::json!({
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "squid", "ports": [{"containerPort": 3128}]}],
+            "volumes": [{"name": "conf", "configMap": {"name": "c"}}],
+        });
+        assert_eq!(pod_spec_problem(&pod(fine.clone())), None);
+        let with = |patch: serde_json::Value| {
+            let mut spec = fine.clone();
+            for (k, v) in patch.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            pod_spec_problem(&pod(spec)).unwrap_or_default()
+        };
+        assert!(with(serde_json::json!({"hostNetwork": true})).contains("hostNetwork"));
+        assert!(
+            with(serde_json::json!({"automountServiceAccountToken": true})).contains("automount")
+        );
+        assert!(
+            with(serde_json::json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}))
+                .contains("volume root is a hostPath")
+        );
+        assert!(
+            with(serde_json::json!({"containers": [{"name": "x", "securityContext": {"privileged": true}}]}))
+                .contains("container x is privileged")
+        );
+        assert!(
+            with(serde_json::json!({"initContainers": [{"name": "i", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}))
+                .contains("container i adds capabilities")
+        );
+        assert!(
+            with(serde_json::json!({"containers": [{"name": "x", "ports": [{"containerPort": 80, "hostPort": 80}]}]}))
+                .contains("hostPort")
+        );
+        // The Pod template of a workload is held to the same rules.
+        let deployment =
+            serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "x"}]}}}});
+        assert!(pod_spec_problem(&deployment).unwrap().contains("automount"));
+        // Not a Pod at all.
+        assert_eq!(
+            pod_spec_problem(&serde_json::json!({"data": {"a": "b"}})),
+            None
         );
     }
 

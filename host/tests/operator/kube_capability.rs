@@ -52,7 +52,7 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
     let cp = control_plane().await;
     let ns = cp.namespace("px-kube-cap").await.unwrap();
     let other = cp.namespace("px-kube-other").await.unwrap();
-    let grant = serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "rbac.authorization.k8s.io/v1/ClusterRole"]}});
+    let grant = serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "v1/Pod", "rbac.authorization.k8s.io/v1/ClusterRole"]}});
     let provider = kube_provider(ns.client(), "kube-store", grant.clone())
         .await
         .unwrap();
@@ -128,8 +128,16 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
             "is not granted",
         ),
         (
-            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}}),
             "not in grants.kube.kinds",
+        ),
+        (
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a"}, "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "busybox"}],
+                "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+            }}),
+            "volume root is a hostPath",
         ),
         (
             serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "a"}}),
@@ -151,6 +159,11 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
     }
     let other_maps: Api<ConfigMap> = Api::namespaced(ns.client(), other.name());
     assert!(other_maps.get_opt("a").await.unwrap().is_none());
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ns.client(), ns.name());
+    assert!(
+        pods.get_opt("a").await.unwrap().is_none(),
+        "no Pod with the node's disk"
+    );
 
     provider.delete("px-one").await.unwrap();
     assert!(maps.get_opt("px-one").await.unwrap().is_none());
