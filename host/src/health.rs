@@ -328,8 +328,9 @@ impl HealthEngine {
             .into_iter()
             .map(|proxy| {
                 let address = provisioned(&proxy).expect("filtered above").0;
-                let due = verdict_of(&mut self.verdicts, &proxy, &self.options)
-                    .exit_ip_due(address, &self.options);
+                let due = self.options.exit_ip_url.is_some()
+                    && verdict_of(&mut self.verdicts, &proxy, &self.options)
+                        .exit_ip_due(address, &self.options);
                 (proxy, due)
             })
             .collect();

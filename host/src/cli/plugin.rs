@@ -162,6 +162,8 @@ pub async fn run(
     function: &RunFunction,
 ) -> anyhow::Result<serde_json::Value> {
     let instance = instance(file, instance_file, ssh).await?;
+    // As the operator does before it binds a config: a plugin may rely on a validated config.
+    instance.validate_config().await?;
     Ok(match function {
         RunFunction::Create { spec } => {
             let spec: InstanceSpec = read_yaml(spec, "instance spec file")?;

@@ -54,6 +54,8 @@ pub struct FakeGcp {
 struct Shared {
     state: Arc<Mutex<GcpState>>,
     public_key: Vec<u8>,
+    /// `http://127.0.0.1:PORT`, the start of every link it answers with.
+    base: String,
     token_uri: String,
 }
 
@@ -77,6 +79,7 @@ impl FakeGcp {
         let shared = Arc::new(Shared {
             state: state.clone(),
             public_key: public_key.clone(),
+            base: format!("http://{addr}"),
             token_uri: format!("http://{addr}/token"),
         });
         let base = "/compute/v1/projects/{project}/zones/{zone}";
@@ -295,13 +298,7 @@ async fn insert(
     if let Some(e) = refused(&shared, &headers, &project, &zone) {
         return e;
     }
-    let base = format!(
-        "http://{}",
-        headers
-            .get("host")
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or_default()
-    );
+    let base = shared.base.clone();
     let Some(name) = body["name"].as_str().map(str::to_string) else {
         return error(
             400,
@@ -408,13 +405,7 @@ async fn delete(
     if let Some(e) = refused(&shared, &headers, &project, &zone) {
         return e;
     }
-    let base = format!(
-        "http://{}",
-        headers
-            .get("host")
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or_default()
-    );
+    let base = shared.base.clone();
     let mut state = shared.state.lock().unwrap();
     match state.instances.remove(&format!("{zone}/{name}")) {
         Some(instance) => {

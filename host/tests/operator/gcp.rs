@@ -4,13 +4,14 @@
 //! mints the OAuth token from the service-account key; the plugin only makes REST calls.
 
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::capabilities::Grants;
+use proxy_operator::plugins::ProviderInstance;
 use proxy_operator::plugins::types::{InstanceState, ProviderError};
-use proxy_operator::plugins::{ProviderInstance, ProviderInstanceOptions};
 
 use super::common::fake_gcp::{FakeGcp, PROJECT};
-use super::common::{engine_with, plugin_bytes, plugins_dir, spec, test_options};
-use super::{control_plane, phase, proxy_yaml, wait_for};
+use super::common::{spec, test_options};
+use super::{
+    Operator, bound_provider, control_plane, phase, providers_with, proxy_yaml, refused, wait_for,
+};
 
 const ZONES: [&str; 2] = ["europe-west1-b", "europe-west1-c"];
 
@@ -31,36 +32,29 @@ fn entry(fake: &FakeGcp, key_file: &std::path::Path) -> serde_json::Value {
 }
 
 async fn gcp_provider(entry: &serde_json::Value) -> ProviderInstance {
-    let (engine, _) = engine_with(test_options()).await;
-    let plugin = engine.load("gcp.wasm", plugin_bytes("gcp")).await.unwrap();
-    let grants: Grants = serde_json::from_value(entry["grants"].clone()).unwrap();
-    ProviderInstance::new(
-        engine,
+    bound_provider(
+        test_options(),
+        "gcp",
         "gcp-eu",
-        plugin,
         &entry["config"],
-        &grants,
-        ProviderInstanceOptions::default(),
+        entry["grants"].clone(),
     )
+    .await
     .unwrap()
 }
 
-fn refused<T: std::fmt::Debug>(
-    result: Result<T, proxy_operator::plugins::CallError>,
-) -> ProviderError {
-    match result {
-        Err(e) => e.provider_error().cloned().unwrap_or_else(|| panic!("{e}")),
-        Ok(value) => panic!("succeeded: {value:?}"),
-    }
+/// The fake's service-account key, written to a key file in `dir`.
+fn key_file(fake: &FakeGcp, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("key.json");
+    std::fs::write(&path, fake.key_file_json()).unwrap();
+    path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_is_made_with_a_token_the_host_mints_and_found_listed_and_deleted() {
     let fake = FakeGcp::start(&ZONES).await;
     let dir = tempfile::tempdir().unwrap();
-    let key_file = dir.path().join("key.json");
-    std::fs::write(&key_file, fake.key_file_json()).unwrap();
-    let provider = gcp_provider(&entry(&fake, &key_file)).await;
+    let provider = gcp_provider(&entry(&fake, &key_file(&fake, &dir))).await;
 
     let checked = provider.check().await.unwrap();
     assert_eq!(checked.len(), 2);
@@ -174,32 +168,19 @@ async fn a_key_google_does_not_know_is_reported_and_no_request_goes_out_unsigned
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_vm() {
-    use proxy_operator::config::{Providers, ProvidersConfig};
-    use proxy_operator::controller::{self, Context};
-
     let cp = control_plane().await;
     let ns = cp.namespace("px-gcp").await.unwrap();
     let fake = FakeGcp::start(&ZONES).await;
     let dir = tempfile::tempdir().unwrap();
-    let key_file = dir.path().join("key.json");
-    std::fs::write(&key_file, fake.key_file_json()).unwrap();
-    let mut entry = entry(&fake, &key_file);
+    let mut entry = entry(&fake, &key_file(&fake, &dir));
     entry["name"] = "gcp-eu".into();
     entry["type"] = "gcp".into();
-    let config =
-        ProvidersConfig::parse(&serde_json::json!({"providers": [entry]}).to_string()).unwrap();
-    let (engine, _) = engine_with(test_options()).await;
-    let providers = Providers::build(
-        &engine,
-        &plugins_dir(),
-        &config,
-        std::path::Path::new("test"),
+    let providers = providers_with(
+        test_options(),
+        &serde_json::json!({"providers": [entry]}).to_string(),
     )
-    .await
-    .unwrap();
-    let ctx = std::sync::Arc::new(Context::new(ns.client(), providers, "test-operator"));
-    let namespace = ns.name().to_string();
-    let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
+    .await;
+    let _operator = Operator::with_providers(ns.client(), &ns, providers);
 
     let yaml =
         proxy_yaml(ns.name(), "vm-1", "gcp-eu", "").replace("zone: zone-a", "zone: europe-west1-b");
@@ -229,5 +210,4 @@ async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_
         fake.with(|s| s.instances.is_empty()),
         "the VM is deleted with its Proxy"
     );
-    controller.abort();
 }

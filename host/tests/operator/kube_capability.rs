@@ -4,47 +4,30 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
-use proxy_operator::capabilities::Grants;
 use proxy_operator::plugins::types::ProviderError;
-use proxy_operator::plugins::{
-    CallError, EngineOptions, ProviderInstance, ProviderInstanceOptions,
-};
+use proxy_operator::plugins::{EngineOptions, ProviderInstance};
 
-use super::common::{engine_with, load_test_plugin, spec, test_options};
-use super::{control_plane, listed_ids, operator_account};
+use super::common::{spec, test_options};
+use super::{bound_provider, control_plane, listed_ids, operator_account, refused};
 
+/// The test provider keeping its instances as ConfigMaps, calling the API server as `client`.
 async fn kube_provider(
     client: kube::Client,
     name: &str,
     grants: serde_json::Value,
 ) -> Result<ProviderInstance, String> {
-    let (engine, _) = engine_with(EngineOptions {
+    let options = EngineOptions {
         kube: Some(client),
         ..test_options()
-    })
-    .await;
-    let plugin = load_test_plugin(&engine).await;
-    let grants: Grants = serde_json::from_value(grants).unwrap();
-    ProviderInstance::new(
-        engine,
+    };
+    bound_provider(
+        options,
+        "test",
         name,
-        plugin,
         &serde_json::json!({ "endpoint": "kube:" }),
-        &grants,
-        ProviderInstanceOptions::default(),
+        grants,
     )
-    .map_err(|e| e.to_string())
-}
-
-/// The provider error a call that must fail failed with.
-fn refused<T: std::fmt::Debug>(result: Result<T, CallError>) -> ProviderError {
-    match result {
-        Err(e) => e
-            .provider_error()
-            .cloned()
-            .unwrap_or_else(|| panic!("not a provider error: {e}")),
-        Ok(value) => panic!("succeeded: {value:?}"),
-    }
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

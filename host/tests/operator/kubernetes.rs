@@ -9,36 +9,26 @@ use harness::process::{Check, Proc, Scratch, free_port, wait_for};
 use harness::{FileServer, TestNamespace};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use proxy_operator::capabilities::Grants;
 use proxy_operator::plugins::types::InstanceState;
-use proxy_operator::plugins::{EngineOptions, ProviderInstance, ProviderInstanceOptions};
+use proxy_operator::plugins::{EngineOptions, ProviderInstance};
 
-use super::common::{engine_with, plugin_bytes, plugins_dir, spec, test_options};
-use super::{control_plane, listed_ids, phase, proxy_yaml, wait_for as wait_for_proxy};
+use super::common::{spec, test_options};
+use super::{
+    Operator, bound_provider, control_plane, listed_ids, phase, providers_with, proxy_yaml,
+    wait_for as wait_for_proxy,
+};
 
 async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> ProviderInstance {
-    let (engine, _) = engine_with(EngineOptions {
+    let options = EngineOptions {
         kube: Some(ns.client()),
         ..test_options()
-    })
-    .await;
-    let plugin = engine
-        .load("kubernetes.wasm", plugin_bytes("kubernetes"))
-        .await
-        .unwrap();
-    let grants: Grants = serde_json::from_value(serde_json::json!({
+    };
+    let grants = serde_json::json!({
         "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap"]}
-    }))
-    .unwrap();
-    ProviderInstance::new(
-        engine,
-        "in-cluster",
-        plugin,
-        &config,
-        &grants,
-        ProviderInstanceOptions::default(),
-    )
-    .unwrap()
+    });
+    bound_provider(options, "kubernetes", "in-cluster", &config, grants)
+        .await
+        .unwrap()
 }
 
 /// What the kubelet writes once the container is up and its readiness probe passes.
@@ -175,8 +165,6 @@ async fn run_squid(conf: &str, port: u16) -> (Proc, Scratch) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squid_conf() {
     use proxy_operator::api::{Phase, Proxy};
-    use proxy_operator::config::{Providers, ProvidersConfig};
-    use proxy_operator::controller::{self, Context};
     use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
     use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 
@@ -184,33 +172,20 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
     let ns = cp.namespace("px-k8s-e2e").await.unwrap();
     let target = FileServer::start().await.unwrap();
     let port = free_port().unwrap();
-    let (engine, _) = engine_with(EngineOptions {
-        kube: Some(ns.client()),
-        ..test_options()
-    })
-    .await;
-    let config = ProvidersConfig::parse(&format!(
+    let providers = providers_with(
+        EngineOptions {
+            kube: Some(ns.client()),
+            ..test_options()
+        },
+        &format!(
         "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}]}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap]}}}}\n",
         target.addr().port(),
-        ns.name()
-    ))
-    .unwrap();
-    let providers = Providers::build(
-        &engine,
-        &plugins_dir(),
-        &config,
-        std::path::Path::new("test"),
+        ns.name(),
+        ),
     )
-    .await
-    .unwrap();
+    .await;
     let providers = proxy_operator::config::ProviderSet::new(providers);
-    let ctx = std::sync::Arc::new(Context::new(
-        ns.client(),
-        providers.clone(),
-        "test-operator",
-    ));
-    let namespace = ns.name().to_string();
-    let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
+    let _operator = Operator::with_providers(ns.client(), &ns, providers.clone());
     let registry = prometheus::Registry::new();
     let leases = std::sync::Arc::new(LeaseStore::new(
         LeaseOptions::default(),
@@ -298,5 +273,4 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             .is_none()
     );
     health.abort();
-    controller.abort();
 }

@@ -88,6 +88,15 @@ impl Operator {
             store_provider(provider_name, store)
         ))
         .await;
+        Self::with_providers(client, ns, providers)
+    }
+
+    /// The controller of `ns` with these providers.
+    fn with_providers(
+        client: kube::Client,
+        ns: &TestNamespace,
+        providers: impl Into<proxy_operator::config::ProviderSet>,
+    ) -> Operator {
         let ctx = Arc::new(Context::new(client, providers, "test-operator"));
         let namespace = ns.name().to_string();
         Operator {
@@ -622,7 +631,12 @@ fn now_seconds() -> i64 {
 }
 
 async fn providers_for(text: &str) -> Providers {
-    let (engine, _) = engine_with(test_options()).await;
+    providers_with(test_options(), text).await
+}
+
+/// The providers of a providers config, on an engine with `options` (e.g. a kube client).
+async fn providers_with(options: proxy_operator::plugins::EngineOptions, text: &str) -> Providers {
+    let (engine, _) = engine_with(options).await;
     let config = ProvidersConfig::parse(text).unwrap();
     Providers::build(
         &engine,
@@ -645,6 +659,45 @@ fn operator_account(cp: &ControlPlane) -> kube::Client {
             "system:authenticated",
         ],
     )
+}
+
+/// One provider instance of the built plugin `plugin_type`, bound outside any providers config;
+/// `Err` is the grant error.
+async fn bound_provider(
+    options: proxy_operator::plugins::EngineOptions,
+    plugin_type: &str,
+    name: &str,
+    config: &serde_json::Value,
+    grants: serde_json::Value,
+) -> Result<proxy_operator::plugins::ProviderInstance, String> {
+    let (engine, _) = engine_with(options).await;
+    let plugin = engine
+        .load(&format!("{plugin_type}.wasm"), plugin_bytes(plugin_type))
+        .await
+        .unwrap();
+    let grants: proxy_operator::capabilities::Grants = serde_json::from_value(grants).unwrap();
+    proxy_operator::plugins::ProviderInstance::new(
+        engine,
+        name,
+        plugin,
+        config,
+        &grants,
+        proxy_operator::plugins::ProviderInstanceOptions::default(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The provider error a call that must fail failed with.
+fn refused<T: std::fmt::Debug>(
+    result: Result<T, proxy_operator::plugins::CallError>,
+) -> proxy_operator::plugins::types::ProviderError {
+    match result {
+        Err(e) => e
+            .provider_error()
+            .cloned()
+            .unwrap_or_else(|| panic!("not a provider error: {e}")),
+        Ok(value) => panic!("succeeded: {value:?}"),
+    }
 }
 
 /// The provider ids a provider instance's `list` answers.

@@ -144,7 +144,9 @@ pub fn instance(zone: &str, vm: &Value) -> Instance {
         address,
         port: item(PORT_ITEM).and_then(|p| p.parse().ok()).unwrap_or(3128),
         zone: Some(zone.to_string()),
-        created_at: vm["creationTimestamp"].as_str().and_then(unix_seconds),
+        created_at: vm["creationTimestamp"]
+            .as_str()
+            .and_then(proxy_operator_sdk::time::unix_seconds),
         owner,
         message: vm["statusMessage"].as_str().map(str::to_string),
     }
@@ -170,48 +172,6 @@ pub fn api_error(what: &str, status: u16, body: &[u8]) -> ProviderError {
         (408, _) | (500..=599, _) => transient(message, None),
         _ => ProviderError::Permanent(message),
     }
-}
-
-/// Seconds since the epoch of an RFC 3339 timestamp as Compute writes them
-/// (`2026-11-30T11:22:33.123-08:00`). By hand: one format, a date crate would double the plugin.
-pub fn unix_seconds(timestamp: &str) -> Option<i64> {
-    let b = timestamp.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
-        return None;
-    }
-    let number = |s: &str| s.parse::<i64>().ok();
-    let (year, month, day) = (
-        number(&timestamp[0..4])?,
-        number(&timestamp[5..7])?,
-        number(&timestamp[8..10])?,
-    );
-    let (hour, minute, second) = (
-        number(&timestamp[11..13])?,
-        number(&timestamp[14..16])?,
-        number(&timestamp[17..19])?,
-    );
-    let mut rest = &timestamp[19..];
-    if let Some(fraction) = rest.strip_prefix('.') {
-        rest = fraction.trim_start_matches(|c: char| c.is_ascii_digit());
-    }
-    let offset = match rest {
-        "Z" => 0,
-        _ if rest.len() == 6 && (rest.starts_with('+') || rest.starts_with('-')) => {
-            let sign = if rest.starts_with('-') { -1 } else { 1 };
-            sign * (number(&rest[1..3])? * 3600 + number(&rest[4..6])? * 60)
-        }
-        _ => return None,
-    };
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
 }
 
 #[cfg(test)]
@@ -312,11 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn timestamps_and_ids() {
-        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(unix_seconds("1970-01-01T00:00:00.5+01:00"), Some(-3600));
-        assert_eq!(unix_seconds("2026-11-30T19:30:00Z"), Some(1_796_067_000));
-        assert_eq!(unix_seconds("2026-11-30"), None);
+    fn provider_ids_and_labels() {
         assert_eq!(
             parse_provider_id("europe-west1-b/px-1").unwrap(),
             ("europe-west1-b", "px-1")

@@ -77,7 +77,7 @@ impl Provider for GcpProvider {
     }
 
     fn create(config: Config, spec: InstanceSpec) -> Result<Instance, ProviderError> {
-        config::validate(&config)?;
+        // The host ran validate-config on the config before binding it.
         let zone = match &spec.zone {
             Some(zone) if config.zones.contains(zone) => zone.clone(),
             Some(zone) => {

@@ -13,7 +13,7 @@ pub mod objects;
 use proxy_operator_sdk::capabilities::{self, Level, kube};
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, PluginInfo, Provider, ProviderError,
-    export_provider, transient,
+    export_provider,
 };
 
 use crate::config::Config;
@@ -23,17 +23,6 @@ pub const PROVIDER_TYPE: &str = "kubernetes";
 
 /// The `kubernetes` provider.
 pub struct KubernetesProvider;
-
-fn kube_error(call: &str, e: kube::KubeError) -> ProviderError {
-    use kube::KubeError as E;
-    match e {
-        E::Denied(m) => ProviderError::Denied(format!("{call}: {m}")),
-        E::NotFound(m) => ProviderError::NotFound(format!("{call}: {m}")),
-        E::Unauthorized(m) => ProviderError::Unauthorized(format!("{call}: {m}")),
-        E::Invalid(m) => ProviderError::Permanent(format!("{call}: {m}")),
-        E::Conflict(m) | E::Transport(m) => transient(format!("{call}: {m}"), None),
-    }
-}
 
 fn parse_object(json: &str) -> Result<serde_json::Value, ProviderError> {
     serde_json::from_str(json).map_err(|e| {
@@ -46,7 +35,7 @@ fn find_pod(name: &str) -> Result<Option<serde_json::Value>, ProviderError> {
     match kube::get("v1", "Pod", name) {
         Ok(pod) => parse_object(&pod).map(Some),
         Err(kube::KubeError::NotFound(_)) => Ok(None),
-        Err(e) => Err(kube_error(&format!("get Pod {name}"), e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -54,7 +43,7 @@ fn find_pod(name: &str) -> Result<Option<serde_json::Value>, ProviderError> {
 fn delete_object(kind: &str, name: &str) -> Result<(), ProviderError> {
     match kube::delete("v1", kind, name) {
         Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
-        Err(e) => Err(kube_error(&format!("delete {kind} {name}"), e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -76,8 +65,8 @@ impl Provider for KubernetesProvider {
     }
 
     fn create(config: Config, spec: InstanceSpec) -> Result<Instance, ProviderError> {
-        config::validate(&config)?;
-        // A Pod's spec cannot be changed in place: an existing one is the instance.
+        // The host ran validate-config on the config before binding it. A Pod's spec cannot be
+        // changed in place: an existing one is the instance.
         if let Some(pod) = find_pod(&spec.name)? {
             return Ok(objects::instance(&pod));
         }
@@ -89,14 +78,8 @@ impl Provider for KubernetesProvider {
             );
         }
         let configmap = objects::configmap(&config, &spec);
-        kube::apply(&configmap.to_string()).map_err(|e| {
-            kube_error(
-                &format!("apply ConfigMap {}", objects::configmap_name(&spec.name)),
-                e,
-            )
-        })?;
-        let pod = kube::apply(&objects::pod(&config, &spec).to_string())
-            .map_err(|e| kube_error(&format!("apply Pod {}", spec.name), e))?;
+        kube::apply(&configmap.to_string())?;
+        let pod = kube::apply(&objects::pod(&config, &spec).to_string())?;
         capabilities::log(
             Level::Info,
             "created squid pod",
@@ -121,8 +104,7 @@ impl Provider for KubernetesProvider {
     }
 
     fn list(_config: Config) -> Result<Vec<Instance>, ProviderError> {
-        let pods = kube::list("v1", "Pod", Some(objects::COMPONENT_SELECTOR))
-            .map_err(|e| kube_error("list Pods", e))?;
+        let pods = kube::list("v1", "Pod", Some(objects::COMPONENT_SELECTOR))?;
         pods.iter()
             .map(|pod| parse_object(pod).map(|p| objects::instance(&p)))
             .filter(|i| i.as_ref().map_or(true, |i| i.owner.is_some()))

@@ -207,7 +207,7 @@ pub fn instance(pod: &Value) -> Instance {
         zone: text(&pod["spec"]["nodeSelector"][ZONE_LABEL]),
         created_at: metadata["creationTimestamp"]
             .as_str()
-            .and_then(unix_seconds),
+            .and_then(proxy_operator_sdk::time::unix_seconds),
         owner,
         message: why_not_running(status),
     }
@@ -239,30 +239,6 @@ fn why_not_running(status: &Value) -> Option<String> {
                 c["message"].as_str().unwrap_or_default()
             )
         })
-}
-
-/// Seconds since the epoch of a Kubernetes timestamp (`2026-11-30T19:30:00Z`, always UTC).
-/// By hand: a date library for one fixed format would be most of the plugin's size.
-pub fn unix_seconds(timestamp: &str) -> Option<i64> {
-    let b = timestamp.as_bytes();
-    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
-        return None;
-    }
-    let number = |range: std::ops::Range<usize>| timestamp.get(range)?.parse::<i64>().ok();
-    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
-    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
 #[cfg(test)]
@@ -364,13 +340,5 @@ mod tests {
         assert_eq!(instance(&pod).state, InstanceState::Stopping);
         pod["metadata"]["annotations"] = json!({});
         assert!(instance(&pod).owner.is_none());
-    }
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(unix_seconds("2000-03-01T00:00:00Z"), Some(951_868_800));
-        assert_eq!(unix_seconds("2026-11-30T19:30:00Z"), Some(1_796_067_000));
-        assert_eq!(unix_seconds("2026-11-30 19:30:00"), None);
     }
 }

@@ -55,6 +55,21 @@ impl From<HttpError> for ProviderError {
     }
 }
 
+impl From<kube::KubeError> for ProviderError {
+    /// The usual classification: the grant's refusals stay `denied`; a conflict or a network
+    /// problem is worth retrying; what the API server rejects needs a changed object.
+    fn from(err: kube::KubeError) -> Self {
+        use kube::KubeError as E;
+        match err {
+            E::Denied(m) => ProviderError::Denied(m),
+            E::NotFound(m) => ProviderError::NotFound(m),
+            E::Unauthorized(m) => ProviderError::Unauthorized(m),
+            E::Invalid(m) => ProviderError::Permanent(m),
+            E::Conflict(m) | E::Transport(m) => transient(m, None),
+        }
+    }
+}
+
 /// Maps an HTTP status that is not a success to a provider error, the way most cloud APIs mean it.
 pub fn status_error(status: u16, body: &[u8]) -> ProviderError {
     let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();

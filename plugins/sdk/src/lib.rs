@@ -32,6 +32,7 @@ pub mod bindings {
 
 pub mod capabilities;
 mod config;
+pub mod time;
 
 pub use bindings::exports::proxy_operator::provider::provider::Guest as __Guest;
 pub use bindings::proxy_operator::provider::types::{

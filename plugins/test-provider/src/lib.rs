@@ -77,18 +77,6 @@ enum Endpoint<'a> {
     Kube,
 }
 
-/// A kube capability error as the provider reports it.
-fn kube_error(e: kube::KubeError) -> ProviderError {
-    use kube::KubeError as E;
-    match e {
-        E::Denied(m) => ProviderError::Denied(m),
-        E::NotFound(m) => ProviderError::NotFound(m),
-        E::Unauthorized(m) => ProviderError::Unauthorized(m),
-        E::Invalid(m) => ProviderError::Permanent(m),
-        E::Conflict(m) | E::Transport(m) => proxy_operator_sdk::transient(m, None),
-    }
-}
-
 /// The instance kept in a ConfigMap's `data.instance`.
 fn from_configmap(object: &str) -> Result<StoredInstance, ProviderError> {
     let object: serde_json::Value = serde_json::from_str(object).map_err(|e| {
@@ -279,15 +267,14 @@ impl Provider for TestProvider {
         }
         // Kube grant tests: apply or read an arbitrary object and report what the host said.
         if let Some(object) = options.get("kubeApply") {
-            let applied = kube::apply(&object.to_string()).map_err(kube_error)?;
+            let applied = kube::apply(&object.to_string())?;
             let mut instance = to_instance(synthetic(0));
             instance.message = Some(applied);
             return Ok(instance);
         }
         if let Some(target) = options.get("kubeGet") {
             let field = |f: &str| target[f].as_str().unwrap_or_default().to_string();
-            let found = kube::get(&field("apiVersion"), &field("kind"), &field("name"))
-                .map_err(kube_error)?;
+            let found = kube::get(&field("apiVersion"), &field("kind"), &field("name"))?;
             let mut instance = to_instance(synthetic(0));
             instance.message = Some(found);
             return Ok(instance);
@@ -317,7 +304,7 @@ impl Provider for TestProvider {
                     "metadata": {"name": spec.name},
                     "data": {"instance": serde_json::to_string(&stored).expect("serializable")},
                 });
-                let applied = kube::apply(&object.to_string()).map_err(kube_error)?;
+                let applied = kube::apply(&object.to_string())?;
                 Ok(to_instance(from_configmap(&applied)?))
             }
             Endpoint::Http(base) => {
@@ -352,7 +339,7 @@ impl Provider for TestProvider {
         match endpoint_kind(&config)? {
             Endpoint::Memory(n) => memory_get(n, &provider_id),
             Endpoint::Kube => {
-                let object = kube::get("v1", "ConfigMap", &provider_id).map_err(kube_error)?;
+                let object = kube::get("v1", "ConfigMap", &provider_id)?;
                 Ok(to_instance(from_configmap(&object)?))
             }
             Endpoint::Http(base) => {
@@ -370,7 +357,7 @@ impl Provider for TestProvider {
             Endpoint::Memory(_) => Ok(()),
             Endpoint::Kube => match kube::delete("v1", "ConfigMap", &provider_id) {
                 Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
-                Err(e) => Err(kube_error(e)),
+                Err(e) => Err(e.into()),
             },
             Endpoint::Http(base) => {
                 let response = send("DELETE", &format!("{base}/instances/{provider_id}"), None)?;
@@ -385,8 +372,7 @@ impl Provider for TestProvider {
     fn list(config: Config) -> Result<Vec<Instance>, ProviderError> {
         match endpoint_kind(&config)? {
             Endpoint::Memory(n) => Ok(memory_list(n)),
-            Endpoint::Kube => kube::list("v1", "ConfigMap", None)
-                .map_err(kube_error)?
+            Endpoint::Kube => kube::list("v1", "ConfigMap", None)?
                 .iter()
                 .map(|o| from_configmap(o).map(to_instance))
                 .collect(),
