@@ -4,11 +4,8 @@
 use std::collections::BTreeMap;
 
 use proxy_operator_sdk::ProviderError;
+use proxy_operator_sdk::squid::{self, SquidOptions};
 use serde::Deserialize;
-
-/// Who may use the proxies when the config says nothing: the private ranges pods and nodes
-/// usually have. squid refuses everyone else, so a proxy is never open to the internet.
-pub const DEFAULT_ALLOW_FROM: [&str; 3] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"];
 
 /// The whole config of one `kubernetes` provider instance.
 #[derive(Debug, Clone, Deserialize)]
@@ -17,7 +14,7 @@ pub struct Config {
     /// The squid container image; pin a tag or digest.
     pub image: String,
     /// Client address ranges (CIDR) squid accepts.
-    #[serde(default = "default_allow_from")]
+    #[serde(default = "squid::default_allow_from")]
     pub allow_from: Vec<String>,
     /// Container resources.
     #[serde(default)]
@@ -29,7 +26,7 @@ pub struct Config {
     #[serde(default = "default_config_path")]
     pub config_path: String,
     /// Ports crawlers may `CONNECT` to (HTTPS); squid's safe default is 443 only.
-    #[serde(default = "default_connect_ports")]
+    #[serde(default = "squid::default_connect_ports")]
     pub connect_ports: Vec<u16>,
     /// Keep squid's access log, in `/var/log/squid/access.log` of the Pod (an emptyDir). Off by
     /// default: a crawler's proxy logs every request.
@@ -37,16 +34,19 @@ pub struct Config {
     pub access_log: bool,
 }
 
-fn default_allow_from() -> Vec<String> {
-    DEFAULT_ALLOW_FROM.iter().map(|s| s.to_string()).collect()
-}
-
-fn default_connect_ports() -> Vec<u16> {
-    vec![443]
-}
-
 fn default_config_path() -> String {
     "/etc/squid/squid.conf".into()
+}
+
+impl Config {
+    /// The squid settings, as every provider has them.
+    pub fn squid(&self) -> SquidOptions {
+        SquidOptions {
+            allow_from: self.allow_from.clone(),
+            connect_ports: self.connect_ports.clone(),
+            access_log: self.access_log,
+        }
+    }
 }
 
 /// Requests and limits of the squid container (Kubernetes quantities).
@@ -96,33 +96,7 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
             config.image
         )));
     }
-    if config.allow_from.is_empty() {
-        return Err(invalid(
-            "config.allowFrom: empty, so squid would refuse every client; list the CIDRs of your crawlers, e.g. [10.0.0.0/8]".into(),
-        ));
-    }
-    for (index, cidr) in config.allow_from.iter().enumerate() {
-        if !is_cidr(cidr) {
-            return Err(invalid(format!(
-                "config.allowFrom[{index}]: `{cidr}` is not an address range like 10.0.0.0/8 or fd00::/8"
-            )));
-        }
-        if cidr.ends_with("/0") {
-            return Err(invalid(format!(
-                "config.allowFrom[{index}]: `{cidr}` lets anyone use the proxy; list your crawlers' ranges"
-            )));
-        }
-    }
-    if config.connect_ports.is_empty() {
-        return Err(invalid(
-            "config.connectPorts: empty, so no HTTPS site could be reached; e.g. [443]".into(),
-        ));
-    }
-    if let Some(index) = config.connect_ports.iter().position(|p| *p == 0) {
-        return Err(invalid(format!(
-            "config.connectPorts[{index}]: 0 is not a port; use 1-65535"
-        )));
-    }
+    config.squid().validate()?;
     for (field, value) in [
         ("cpu", &config.resources.cpu),
         ("memory", &config.resources.memory),
@@ -141,21 +115,6 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
         )));
     }
     Ok(())
-}
-
-/// `a.b.c.d/n` or an IPv6 prefix.
-pub fn is_cidr(value: &str) -> bool {
-    let Some((address, bits)) = value.split_once('/') else {
-        return false;
-    };
-    let Ok(bits) = bits.parse::<u8>() else {
-        return false;
-    };
-    match address.parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V4(_)) => bits <= 32,
-        Ok(std::net::IpAddr::V6(_)) => bits <= 128,
-        Err(_) => false,
-    }
 }
 
 /// A plain Kubernetes quantity: digits with an optional fraction and suffix.
@@ -183,7 +142,7 @@ mod tests {
     #[test]
     fn defaults_are_private_ranges_and_small_resources() {
         let c = config(serde_json::json!({"image": "squid:6"}));
-        assert_eq!(c.allow_from, DEFAULT_ALLOW_FROM);
+        assert_eq!(c.allow_from, squid::DEFAULT_ALLOW_FROM);
         assert_eq!(c.resources.memory_limit, "256Mi");
         assert_eq!(c.config_path, "/etc/squid/squid.conf");
         assert_eq!(c.connect_ports, [443]);
@@ -224,9 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn cidrs_and_quantities() {
-        assert!(is_cidr("fd00::/8") && is_cidr("192.168.0.0/16"));
-        assert!(!is_cidr("10.0.0.0/33") && !is_cidr("example.com/8"));
+    fn quantities() {
         assert!(is_quantity("0.5") && is_quantity("128Mi") && is_quantity("100m"));
         assert!(!is_quantity("Mi") && !is_quantity("1 Gi"));
     }

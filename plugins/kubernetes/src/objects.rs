@@ -1,6 +1,7 @@
 //! The Kubernetes objects of one proxy (a ConfigMap with its squid.conf and the squid Pod) and
 //! the instance read back from a Pod. Plain functions over JSON, tested natively.
 
+use proxy_operator_sdk::squid::{self, SquidHost};
 use proxy_operator_sdk::{Instance, InstanceSpec, InstanceState, Owner};
 use serde_json::{Value, json};
 
@@ -26,52 +27,16 @@ pub fn configmap_name(pod: &str) -> String {
 /// Where the access log goes when `config.accessLog` is on (an emptyDir of the Pod).
 pub const LOG_DIR: &str = "/var/log/squid";
 
-/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to `connect_ports`
-/// (squid's own safe default is 443), no cache, no headers that would tell a site about the crawler behind the
-/// proxy. squid's own log goes to stderr (opened before squid drops root, so `kubectl logs`
-/// shows it); the access log cannot go to stdout, because squid opens it as its unprivileged
-/// user, who may not open the container's stdout (real squid refuses with "Cannot open
-/// '/dev/stdout' for writing").
+/// squid.conf for one proxy (the SDK's, as every provider ships it). squid's own log goes to
+/// stderr (opened before squid drops root, so `kubectl logs` shows it); the access log cannot go
+/// to stdout, because squid opens it as its unprivileged user, who may not open the container's
+/// stdout (real squid refuses with "Cannot open '/dev/stdout' for writing").
 pub fn squid_conf(config: &Config, spec: &InstanceSpec) -> String {
-    let owner = &spec.owner;
-    let connect_ports = config
-        .connect_ports
-        .iter()
-        .map(u16::to_string)
-        .collect::<Vec<_>>()
-        .join(" ");
-    let access_log = if config.access_log {
-        format!("access_log daemon:{LOG_DIR}/access.log squid")
-    } else {
-        "access_log none".to_string()
-    };
-    format!(
-        "# proxy-operator: squid for Proxy {}/{} (uid {})\n\
-         http_port {port}\n\
-         acl crawlers src {allow}\n\
-         acl SSL_ports port {connect_ports}\n\
-         acl Safe_ports port 80 443 1025-65535 {connect_ports}\n\
-         acl CONNECT method CONNECT\n\
-         http_access deny !Safe_ports\n\
-         http_access deny CONNECT !SSL_ports\n\
-         http_access allow crawlers\n\
-         http_access deny all\n\
-         cache deny all\n\
-         cache_mem 8 MB\n\
-         max_filedescriptors 1024\n\
-         {access_log}\n\
-         cache_log /dev/stderr\n\
-         logfile_rotate 0\n\
-         pid_filename none\n\
-         coredump_dir /tmp\n\
-         shutdown_lifetime 1 seconds\n\
-         via off\n\
-         forwarded_for delete\n",
-        owner.namespace,
-        owner.name,
-        owner.uid,
-        port = spec.port,
-        allow = config.allow_from.join(" "),
+    squid::squid_conf(
+        &config.squid(),
+        &spec.owner,
+        spec.port,
+        SquidHost::Container { log_dir: LOG_DIR },
     )
 }
 

@@ -31,7 +31,10 @@ pub mod bindings {
 }
 
 pub mod capabilities;
+pub mod cloudinit;
 mod config;
+pub mod hash;
+pub mod squid;
 pub mod time;
 
 pub use bindings::exports::proxy_operator::provider::provider::Guest as __Guest;
