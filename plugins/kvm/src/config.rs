@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use proxy_operator_sdk::ProviderError;
+use proxy_operator_sdk::squid::{self, SquidOptions};
 use serde::Deserialize;
 
 /// The whole config of one `kvm` provider instance.
@@ -33,6 +34,33 @@ pub struct Config {
     /// Extra cloud-init vendor-data for every VM of this provider instance.
     #[serde(default)]
     pub vendor_data: Option<String>,
+    /// Configure squid in every VM (a vendor-data script); a Proxy opts out with
+    /// `providerOptions.managedSquid: false`.
+    #[serde(default = "default_true")]
+    pub managed_squid: bool,
+    /// Client address ranges (CIDR) the managed squid accepts: the crawlers' and the operator's.
+    #[serde(default = "squid::default_allow_from")]
+    pub allow_from: Vec<String>,
+    /// Ports crawlers may `CONNECT` to through the managed squid.
+    #[serde(default = "squid::default_connect_ports")]
+    pub connect_ports: Vec<u16>,
+    /// Keep the managed squid's access log in the VM.
+    #[serde(default)]
+    pub access_log: bool,
+    /// The managed squid's DNS servers; empty: the VM's own resolv.conf.
+    #[serde(default)]
+    pub dns_nameservers: Vec<String>,
+}
+
+impl Config {
+    /// The managed squid's settings, as every provider has them.
+    pub fn squid(&self) -> SquidOptions {
+        SquidOptions {
+            allow_from: self.allow_from.clone(),
+            connect_ports: self.connect_ports.clone(),
+            access_log: self.access_log,
+        }
+    }
 }
 
 /// The libvirt domain type.
@@ -66,12 +94,61 @@ pub struct HostConfig {
     /// The libvirt storage pool for base images, overlays and seed ISOs.
     #[serde(default = "default_pool")]
     pub pool: String,
-    /// A libvirt network to attach VMs to (exclusive with `bridge`).
+    /// A libvirt network (by name) or user-mode networking to attach VMs to (exclusive with
+    /// `bridge`).
     #[serde(default)]
-    pub network: Option<String>,
+    pub network: Option<Network>,
     /// A host bridge to attach VMs to (exclusive with `network`).
     #[serde(default)]
     pub bridge: Option<String>,
+}
+
+/// `hosts[].network`: a libvirt network's name, or `{mode: user, ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Network {
+    Named(String),
+    User(UserNetwork),
+}
+
+/// User-mode networking (passt) for hypervisors without a bridge: each VM's squid port is
+/// published on the hypervisor at `publishAddress` and a port of `portRange`, which is the
+/// address the operator probes and crawlers use.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UserNetwork {
+    /// Must be `user`.
+    pub mode: String,
+    /// The hypervisor's address the ports are published on (and reported as the proxy's).
+    pub publish_address: String,
+    /// `FIRST-LAST`, inclusive: the ports VMs are published on, one per VM.
+    pub port_range: String,
+}
+
+/// An inclusive port range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    /// Parses `FIRST-LAST` (1 ≤ FIRST ≤ LAST ≤ 65535).
+    pub fn parse(value: &str) -> Option<Self> {
+        let (first, last) = value.split_once('-')?;
+        let first: u16 = first.trim().parse().ok()?;
+        let last: u16 = last.trim().parse().ok()?;
+        (first >= 1 && first <= last).then_some(PortRange { first, last })
+    }
+
+    /// How many ports the range holds (never 0).
+    pub fn count(self) -> u32 {
+        u32::from(self.last) - u32::from(self.first) + 1
+    }
+
+    pub fn contains(self, port: u16) -> bool {
+        (self.first..=self.last).contains(&port)
+    }
 }
 
 /// How a VM's NIC is attached.
@@ -79,14 +156,35 @@ pub struct HostConfig {
 pub enum Nic<'a> {
     Network(&'a str),
     Bridge(&'a str),
+    /// passt, with the squid port published at `address:port` on the hypervisor.
+    User {
+        address: &'a str,
+        port: u16,
+    },
 }
 
 impl HostConfig {
+    /// The user-mode network of this host, when it has one.
+    pub fn user_network(&self) -> Option<(&str, PortRange)> {
+        match &self.network {
+            Some(Network::User(user)) => Some((
+                user.publish_address.as_str(),
+                PortRange::parse(&user.port_range)?,
+            )),
+            _ => None,
+        }
+    }
+
     /// The NIC attachment; `validate` made sure exactly one of network and bridge is set.
-    pub fn nic(&self) -> Nic<'_> {
+    /// `published_port` is the port chosen for a VM on a user-mode network.
+    pub fn nic(&self, published_port: Option<u16>) -> Nic<'_> {
         match (&self.network, &self.bridge) {
             (_, Some(bridge)) => Nic::Bridge(bridge),
-            (Some(network), None) => Nic::Network(network),
+            (Some(Network::Named(network)), None) => Nic::Network(network),
+            (Some(Network::User(user)), None) => Nic::User {
+                address: &user.publish_address,
+                port: published_port.unwrap_or_default(),
+            },
             (None, None) => Nic::Network("default"),
         }
     }
@@ -102,6 +200,27 @@ pub struct ImageConfig {
     pub firmware: Firmware,
     #[serde(default)]
     pub format: ImageFormat,
+    /// Direct kernel boot, for images without a bootloader: the kernel to boot.
+    #[serde(default)]
+    pub kernel: Option<BootFile>,
+    /// The initrd of a direct kernel boot.
+    #[serde(default)]
+    pub initrd: Option<BootFile>,
+    /// The kernel command line of a direct kernel boot; default [`DEFAULT_CMDLINE`].
+    #[serde(default)]
+    pub cmdline: Option<String>,
+}
+
+/// The kernel command line of a direct kernel boot when the image gives none: the root disk is
+/// the first virtio disk, the console the serial port.
+pub const DEFAULT_CMDLINE: &str = "root=/dev/vda rw console=ttyS0";
+
+/// A file of a direct kernel boot, imported into the pool like the image and checked the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BootFile {
+    pub url: String,
+    pub sha256: String,
 }
 
 /// The firmware a VM boots with.
@@ -269,30 +388,7 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
                 host.pool
             )));
         }
-        match (&host.network, &host.bridge) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(format!(
-                    "{path}: both network and bridge are set; keep exactly one of them"
-                )));
-            }
-            (None, None) => {
-                return Err(invalid(format!(
-                    "{path}: neither network nor bridge is set; add network (a libvirt network, e.g. default) or bridge (a host bridge, e.g. br0)"
-                )));
-            }
-            (Some(value), None) | (None, Some(value)) => {
-                let field = if host.network.is_some() {
-                    "network"
-                } else {
-                    "bridge"
-                };
-                if value.is_empty() || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(invalid(format!(
-                        "{path}.{field}: {value:?} is not a valid {field} name (non-empty, no spaces); fix it"
-                    )));
-                }
-            }
-        }
+        validate_nic(&path, host)?;
     }
     for (key, image) in &config.images {
         if !is_label(key) {
@@ -310,6 +406,15 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
             return Err(invalid(format!(
                 "config.images.{key}.sha256: {:?} is not 64 hex digits; give the image's sha256 (sha256sum FILE)",
                 image.sha256
+            )));
+        }
+        validate_kernel_boot(key, image)?;
+    }
+    config.squid().validate()?;
+    for (index, server) in config.dns_nameservers.iter().enumerate() {
+        if server.parse::<std::net::IpAddr>().is_err() {
+            return Err(invalid(format!(
+                "config.dnsNameservers[{index}]: {server:?} is not an IP address; list DNS server addresses, e.g. [1.1.1.1]"
             )));
         }
     }
@@ -356,6 +461,87 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
     Ok(())
 }
 
+/// Exactly one of `network` and `bridge`, each well formed.
+fn validate_nic(path: &str, host: &HostConfig) -> Result<(), ProviderError> {
+    let name_ok =
+        |v: &str| !v.is_empty() && !v.chars().any(|c| c.is_whitespace() || c.is_control());
+    match (&host.network, &host.bridge) {
+        (Some(_), Some(_)) => Err(invalid(format!(
+            "{path}: both network and bridge are set; keep exactly one of them"
+        ))),
+        (None, None) => Err(invalid(format!(
+            "{path}: neither network nor bridge is set; add network (a libvirt network, e.g. default, or {{mode: user, publishAddress, portRange}}) or bridge (a host bridge, e.g. br0)"
+        ))),
+        (Some(Network::Named(value)), None) if !name_ok(value) => Err(invalid(format!(
+            "{path}.network: {value:?} is not a valid network name (non-empty, no spaces); fix it"
+        ))),
+        (None, Some(value)) if !name_ok(value) => Err(invalid(format!(
+            "{path}.bridge: {value:?} is not a valid bridge name (non-empty, no spaces); fix it"
+        ))),
+        (Some(Network::User(user)), None) => {
+            if user.mode != "user" {
+                return Err(invalid(format!(
+                    "{path}.network.mode: {:?} is not a network mode; the only mode is user (or give network a libvirt network's name)",
+                    user.mode
+                )));
+            }
+            if user.publish_address.parse::<std::net::IpAddr>().is_err() {
+                return Err(invalid(format!(
+                    "{path}.network.publishAddress: {:?} is not an IP address; give the hypervisor's address that the operator and the crawlers reach, e.g. 192.168.1.10",
+                    user.publish_address
+                )));
+            }
+            if PortRange::parse(&user.port_range).is_none() {
+                return Err(invalid(format!(
+                    "{path}.network.portRange: {:?} is not FIRST-LAST with 1 <= FIRST <= LAST <= 65535; e.g. 20000-20099",
+                    user.port_range
+                )));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `kernel`, `initrd` and `cmdline` of an image: the last two only with a kernel.
+fn validate_kernel_boot(key: &str, image: &ImageConfig) -> Result<(), ProviderError> {
+    if image.kernel.is_none() {
+        for (field, set) in [
+            ("initrd", image.initrd.is_some()),
+            ("cmdline", image.cmdline.is_some()),
+        ] {
+            if set {
+                return Err(invalid(format!(
+                    "config.images.{key}.{field}: set without config.images.{key}.kernel; add the kernel (url, sha256) or remove {field}"
+                )));
+            }
+        }
+    }
+    for (field, file) in [("kernel", &image.kernel), ("initrd", &image.initrd)] {
+        let Some(file) = file else { continue };
+        if !is_http_url(&file.url) {
+            return Err(invalid(format!(
+                "config.images.{key}.{field}.url: {:?} is not an https:// or http:// URL; give the file's download URL",
+                file.url
+            )));
+        }
+        if !is_sha256(&file.sha256) {
+            return Err(invalid(format!(
+                "config.images.{key}.{field}.sha256: {:?} is not 64 hex digits; give the file's sha256 (sha256sum FILE)",
+                file.sha256
+            )));
+        }
+    }
+    if let Some(cmdline) = &image.cmdline
+        && (cmdline.len() > 4096 || cmdline.chars().any(char::is_control))
+    {
+        return Err(invalid(format!(
+            "config.images.{key}.cmdline: at most 4096 characters on one line; shorten it"
+        )));
+    }
+    Ok(())
+}
+
 /// The JSON Schema (draft 2020-12) of [`Config`]. Kept as a file rather than built with
 /// `json!`: a literal costs the component a fraction of the code the macro expands to.
 pub const SCHEMA: &str = include_str!("config.schema.json");
@@ -381,8 +567,8 @@ mod tests {
         assert_eq!(c.domain_type, DomainType::Kvm);
         assert!(c.install_guest_agent);
         assert_eq!(c.hosts[1].pool, "default");
-        assert_eq!(c.hosts[0].nic(), Nic::Network("default"));
-        assert_eq!(c.hosts[1].nic(), Nic::Bridge("br0"));
+        assert_eq!(c.hosts[0].nic(None), Nic::Network("default"));
+        assert_eq!(c.hosts[1].nic(None), Nic::Bridge("br0"));
         let img = &c.images["debian-12"];
         assert_eq!(img.firmware, Firmware::Uefi);
         assert_eq!(img.format, ImageFormat::Qcow2);
@@ -451,6 +637,103 @@ mod tests {
         assert!(
             invalid_message(&c).starts_with("config.hosts[0]: neither network nor bridge is set")
         );
+    }
+
+    #[test]
+    fn user_mode_network_parses_and_is_checked() {
+        let c = parse_config::<Config>(
+            r#"{"hosts":[{"name":"hv1","network":{"mode":"user","publishAddress":"127.0.0.1","portRange":"20000-20009"}}]}"#,
+        )
+        .unwrap();
+        validate(&c).unwrap();
+        assert_eq!(
+            c.hosts[0].user_network(),
+            Some((
+                "127.0.0.1",
+                PortRange {
+                    first: 20000,
+                    last: 20009
+                }
+            ))
+        );
+        assert_eq!(
+            c.hosts[0].nic(Some(20003)),
+            Nic::User {
+                address: "127.0.0.1",
+                port: 20003
+            }
+        );
+        let bad = |network: &str| {
+            let json = format!(r#"{{"hosts":[{{"name":"hv1","network":{network}}}]}}"#);
+            invalid_message(&parse_config::<Config>(&json).unwrap())
+        };
+        assert!(
+            bad(r#"{"mode":"nat","publishAddress":"127.0.0.1","portRange":"1-2"}"#)
+                .starts_with("config.hosts[0].network.mode: \"nat\"")
+        );
+        assert!(
+            bad(r#"{"mode":"user","publishAddress":"hv1.lan","portRange":"1-2"}"#)
+                .starts_with("config.hosts[0].network.publishAddress:")
+        );
+        for range in ["2-1", "0-5", "20000", "1-70000", "a-b"] {
+            let m = bad(&format!(
+                r#"{{"mode":"user","publishAddress":"127.0.0.1","portRange":"{range}"}}"#
+            ));
+            assert!(
+                m.starts_with("config.hosts[0].network.portRange:"),
+                "{range}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn port_ranges() {
+        let r = PortRange::parse("20000-20002").unwrap();
+        assert_eq!(r.count(), 3);
+        assert!(r.contains(20000) && r.contains(20002) && !r.contains(20003));
+        assert_eq!(PortRange::parse("7-7").unwrap().count(), 1);
+    }
+
+    #[test]
+    fn kernel_boot_fields_are_checked() {
+        let mut c = sample();
+        let digest = "a".repeat(64);
+        let image = c.images.get_mut("debian-12").unwrap();
+        image.cmdline = Some("console=ttyS0".into());
+        assert!(invalid_message(&c).starts_with(
+            "config.images.debian-12.cmdline: set without config.images.debian-12.kernel"
+        ));
+        let image = c.images.get_mut("debian-12").unwrap();
+        image.kernel = Some(BootFile {
+            url: "http://127.0.0.1/vmlinuz".into(),
+            sha256: digest.clone(),
+        });
+        image.initrd = Some(BootFile {
+            url: "http://127.0.0.1/initrd".into(),
+            sha256: "x".into(),
+        });
+        assert!(invalid_message(&c).starts_with("config.images.debian-12.initrd.sha256:"));
+        c.images
+            .get_mut("debian-12")
+            .unwrap()
+            .initrd
+            .as_mut()
+            .unwrap()
+            .sha256 = digest;
+        validate(&c).unwrap();
+    }
+
+    #[test]
+    fn managed_squid_settings_are_checked() {
+        let c = sample();
+        assert!(c.managed_squid);
+        assert_eq!(c.squid().connect_ports, [443]);
+        let mut open = sample();
+        open.allow_from = vec!["0.0.0.0/0".into()];
+        assert!(invalid_message(&open).starts_with("config.allowFrom[0]:"));
+        let mut dns = sample();
+        dns.dns_nameservers = vec!["dns.lan".into()];
+        assert!(invalid_message(&dns).starts_with("config.dnsNameservers[0]:"));
     }
 
     #[test]
@@ -536,12 +819,17 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "accessLog",
+                "allowFrom",
+                "connectPorts",
                 "defaultImage",
                 "defaults",
+                "dnsNameservers",
                 "domainType",
                 "hosts",
                 "images",
                 "installGuestAgent",
+                "managedSquid",
                 "vendorData"
             ]
         );

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod names;
 pub mod outcome;
+pub mod ports;
 pub mod seed;
 pub mod spec;
 pub mod xml;
@@ -21,16 +22,17 @@ mod testing;
 
 use proxy_operator_sdk::capabilities::libvirt::{DomainInfo, Hypervisor, ImageSource, VolumeInfo};
 use proxy_operator_sdk::capabilities::{self, Level};
+use proxy_operator_sdk::squid::{self, SquidHost};
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, InstanceState, Owner, PluginInfo, Provider,
-    ProviderError, export_provider,
+    ProviderError, export_provider, transient,
 };
 
 use crate::config::{Config, HostConfig};
 use crate::names::{METADATA_URI, ProviderId};
 use crate::outcome::{is_not_found, libvirt_error, open_error};
-use crate::spec::{ImageChoice, Size};
-use crate::xml::{DomainSpec, OwnerMeta};
+use crate::spec::{BootVolume, ImageChoice, Size};
+use crate::xml::{Boot, DomainSpec, OwnerMeta};
 
 /// The provider type in the providers config.
 pub const PROVIDER_TYPE: &str = "kvm";
@@ -106,6 +108,104 @@ impl<'a> Host<'a> {
             .map_err(|e| libvirt_error(&self.context("import-image", &image.base_volume), e))
     }
 
+    /// A direct-kernel-boot file, imported like the base image on first use.
+    fn ensure_boot_file(&self, file: &BootVolume) -> Result<VolumeInfo, ProviderError> {
+        if let Some(volume) = self.find_volume(&file.volume)? {
+            return Ok(volume);
+        }
+        let source = ImageSource {
+            url: file.url.clone(),
+            sha256: file.sha256.clone(),
+            format: "raw".into(),
+        };
+        self.hv
+            .import_image(self.pool(), &file.volume, &source)
+            .map_err(|e| libvirt_error(&self.context("import-image", &file.volume), e))
+    }
+
+    /// The kernel and initrd paths of a direct kernel boot (imported on first use).
+    fn ensure_kernel_boot(
+        &self,
+        image: &ImageChoice,
+    ) -> Result<Option<(String, Option<String>)>, ProviderError> {
+        let Some(boot) = &image.kernel_boot else {
+            return Ok(None);
+        };
+        let kernel = self.ensure_boot_file(&boot.kernel)?.path;
+        let initrd = match &boot.initrd {
+            Some(initrd) => Some(self.ensure_boot_file(initrd)?.path),
+            None => None,
+        };
+        Ok(Some((kernel, initrd)))
+    }
+
+    /// The published ports of the host's VMs (from their metadata), and whether each runs.
+    fn published_ports(&self) -> Result<Vec<(String, u16, bool)>, ProviderError> {
+        let domains = self
+            .hv
+            .list_domains(Some(METADATA_URI))
+            .map_err(|e| libvirt_error(&format!("{}: list-domains", self.config.name), e))?;
+        Ok(domains
+            .into_iter()
+            .filter_map(|d| {
+                let port = d
+                    .metadata
+                    .as_deref()
+                    .and_then(xml::parse_owner)?
+                    .publish_port?;
+                Some((d.name, port, outcome::is_up(d.state)))
+            })
+            .collect())
+    }
+
+    /// A free port of the host's user-mode network for a new VM; `None` on other networks.
+    fn allocate_port(&self, owner_uid: &str) -> Result<Option<u16>, ProviderError> {
+        let Some((_, range)) = self.config.user_network() else {
+            return Ok(None);
+        };
+        let used = self
+            .published_ports()?
+            .into_iter()
+            .map(|(_, p, _)| p)
+            .collect();
+        match ports::choose(range, &used, owner_uid) {
+            Some(port) => Ok(Some(port)),
+            None => Err(ProviderError::Quota(ports::exhausted_message(
+                &self.config.name,
+                range,
+            ))),
+        }
+    }
+
+    /// After defining `domain` with `port`: gives the port up (undefines the domain, a transient
+    /// error retries the create) when another VM claims it too, see [`ports::must_yield`].
+    fn settle_port(&self, domain: &str, port: u16) -> Result<(), ProviderError> {
+        let published = self.published_ports()?;
+        let claims: Vec<ports::Claim<'_>> = published
+            .iter()
+            .map(|(name, port, running)| ports::Claim {
+                domain: name,
+                port: *port,
+                running: *running,
+            })
+            .collect();
+        if !ports::must_yield(domain, port, &claims) {
+            return Ok(());
+        }
+        match self.hv.undefine_domain(domain) {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(libvirt_error(&self.context("undefine-domain", domain), e)),
+        }
+        Err(transient(
+            format!(
+                "{}: port {port} was chosen by another VM at the same time; choosing again",
+                self.config.name
+            ),
+            Some(1000),
+        ))
+    }
+
     /// The VM's qcow2 overlay over `base`; reused when it exists.
     fn ensure_overlay(
         &self,
@@ -154,7 +254,7 @@ impl<'a> Host<'a> {
     fn instance(&self, info: DomainInfo, with_address: bool) -> Instance {
         let meta = info.metadata.as_deref().and_then(xml::parse_owner);
         let up = outcome::is_up(info.state);
-        let address = if with_address && up {
+        let guest_address = if with_address && up {
             self.hv
                 .domain_addresses(&info.name)
                 .ok()
@@ -164,16 +264,38 @@ impl<'a> Host<'a> {
         };
         // `list` does not ask for addresses (one round trip per VM); it reports a running VM as
         // running.
-        let (state, message) =
-            outcome::instance_state(info.state, address.is_some() || !with_address);
+        let (state, mut message) =
+            outcome::instance_state(info.state, guest_address.is_some() || !with_address);
+        if with_address && up && guest_address.is_none() {
+            let age = meta
+                .as_ref()
+                .and_then(|m| m.created_at)
+                .zip(now_unix())
+                .map(|(c, n)| n - c);
+            message = Some(outcome::waiting_for_address(&info.name, age));
+        }
+        let squid_port = meta
+            .as_ref()
+            .and_then(|m| m.port)
+            .unwrap_or(spec::DEFAULT_PORT);
+        // On a user-mode network the guest's own address is reachable only by the hypervisor:
+        // the proxy is at the published port, once the guest is up.
+        let published = self
+            .config
+            .user_network()
+            .zip(meta.as_ref().and_then(|m| m.publish_port));
+        let (address, port) = match published {
+            Some(((publish_address, _), publish_port)) => (
+                guest_address.map(|_| publish_address.to_string()),
+                publish_port,
+            ),
+            None => (guest_address, squid_port),
+        };
         Instance {
             provider_id: names::provider_id(&self.config.name, &info.name),
             state,
             address,
-            port: meta
-                .as_ref()
-                .and_then(|m| m.port)
-                .unwrap_or(spec::DEFAULT_PORT),
+            port,
             zone: self.config.zone.clone(),
             created_at: meta.as_ref().and_then(|m| m.created_at),
             owner: meta.map(|m| Owner {
@@ -220,8 +342,24 @@ fn plan<'a>(config: &'a Config, spec: &InstanceSpec) -> Result<Plan<'a>, Provide
     let host = spec::choose_host(config, spec.zone.as_deref(), &spec.owner.uid)?;
     let image = spec::resolve_image(config, spec.image.as_deref(), &spec.options)?;
     let size = spec::parse_machine_type(spec.machine_type.as_deref(), &config.defaults)?;
+    let port = spec::port(spec.port);
+    let squid_setup = if spec::managed_squid(config, &spec.options)? {
+        let conf = squid::squid_conf(
+            &config.squid(),
+            &spec.owner,
+            port,
+            SquidHost::Vm {
+                hostname: &spec.name,
+                dns_nameservers: &config.dns_nameservers,
+            },
+        );
+        Some(squid::vm_setup_script(&conf, &spec.name))
+    } else {
+        None
+    };
     let vendor_data = seed::vendor_data(
         config.install_guest_agent || spec.install_guest_agent,
+        squid_setup.as_deref(),
         config.vendor_data.as_deref(),
         &spec.vendor_data,
     );
@@ -229,7 +367,7 @@ fn plan<'a>(config: &'a Config, spec: &InstanceSpec) -> Result<Plan<'a>, Provide
         host,
         image,
         size,
-        port: spec::port(spec.port),
+        port,
         seed_files: seed::seed_files(&spec.name, &spec.user_data, vendor_data),
     })
 }
@@ -290,16 +428,27 @@ impl Provider for KvmProvider {
             &[("host", &plan.host.name), ("domain", domain)],
         );
         let base = host.ensure_base(&plan.image)?;
+        let kernel_boot = host.ensure_kernel_boot(&plan.image)?;
         let root = host.ensure_overlay(domain, &base, &plan.image, &plan.size)?;
         let iso = seed::build_iso(&plan.seed_files)?;
         let seed = host.ensure_seed(domain, &iso)?;
+        let publish_port = host.allocate_port(&spec.owner.uid)?;
         let owner = OwnerMeta {
             namespace: spec.owner.namespace.clone(),
             name: spec.owner.name.clone(),
             uid: spec.owner.uid.clone(),
             operator_id: spec.owner.operator_id.clone(),
             port: Some(plan.port),
+            publish_port,
             created_at: now_unix(),
+        };
+        let boot = match (&kernel_boot, &plan.image.kernel_boot) {
+            (Some((kernel, initrd)), Some(choice)) => Boot::Kernel {
+                kernel_path: kernel,
+                initrd_path: initrd.as_deref(),
+                cmdline: &choice.cmdline,
+            },
+            _ => Boot::Disk,
         };
         let xml = xml::domain_xml(&DomainSpec {
             domain_type: config.domain_type,
@@ -309,19 +458,25 @@ impl Provider for KvmProvider {
             firmware: plan.image.firmware,
             root_path: &root.path,
             seed_path: &seed.path,
-            nic: plan.host.nic(),
+            nic: plan.host.nic(publish_port),
+            boot,
+            guest_port: plan.port,
             owner: &owner,
         });
         host.hv
             .define_domain(&xml)
             .map_err(|e| libvirt_error(&host.context("define-domain", domain), e))?;
-        host.start(domain)?;
+        if let Some(port) = publish_port {
+            host.settle_port(domain, port)?;
+        }
+        host.start(domain)
+            .map_err(|e| outcome::start_error(&plan.host.name, e))?;
         Ok(Instance {
             provider_id: names::provider_id(&plan.host.name, domain),
             name: domain.to_string(),
             state: InstanceState::Provisioning,
             address: None,
-            port: plan.port,
+            port: publish_port.unwrap_or(plan.port),
             zone: plan.host.zone.clone(),
             created_at: owner.created_at,
             owner: Some(spec.owner),
@@ -530,6 +685,7 @@ mod tests {
     fn plan_resolves_everything_before_any_call() {
         let mut config = sample();
         config.install_guest_agent = false;
+        config.managed_squid = false;
         let spec = instance_spec();
         let plan = plan(&config, &spec).unwrap();
         assert_eq!(plan.host.name, "hv2");
@@ -556,6 +712,7 @@ mod tests {
     fn guest_agent_is_on_when_config_or_spec_says_so() {
         let mut config = sample();
         config.install_guest_agent = false;
+        config.managed_squid = false;
         let mut spec = instance_spec();
         spec.install_guest_agent = true;
         let plan_spec = plan(&config, &spec).unwrap();
@@ -576,6 +733,40 @@ mod tests {
         );
         assert!(vendor.contains("#cloud-config\ntimezone: UTC\n"));
         assert!(vendor.contains("qemu-guest-agent"));
+    }
+
+    #[test]
+    fn the_managed_squid_rides_in_the_vendor_data_unless_the_proxy_opts_out() {
+        let mut config = sample();
+        config.install_guest_agent = false;
+        config.allow_from = vec!["192.0.2.1/32".into()];
+        config.connect_ports = vec![443, 8443];
+        let mut spec = instance_spec();
+        spec.port = 3129;
+        let plan_managed = plan(&config, &spec).unwrap();
+        assert_eq!(plan_managed.seed_files[2].0, "vendor-data");
+        let vendor = String::from_utf8(plan_managed.seed_files[2].1.clone()).unwrap();
+        assert!(
+            vendor.starts_with("#!/bin/sh\n# proxy-operator: the managed squid"),
+            "{vendor}"
+        );
+        for line in [
+            "http_port 3129",
+            "acl crawlers src 192.0.2.1/32",
+            "acl SSL_ports port 443 8443",
+            "visible_hostname px-0123456789abcdef",
+        ] {
+            assert!(
+                vendor.lines().any(|l| l == line),
+                "{line:?} missing in\n{vendor}"
+            );
+        }
+        // The user's cloud-init is untouched.
+        assert_eq!(plan_managed.seed_files[1].1, spec.user_data);
+
+        spec.options = r#"{"managedSquid": false}"#.into();
+        let plan_own = plan(&config, &spec).unwrap();
+        assert_eq!(plan_own.seed_files.len(), 2, "no vendor-data left");
     }
 
     #[test]

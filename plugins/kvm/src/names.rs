@@ -78,14 +78,14 @@ pub fn base_volume_for_digest(sha256: &str, format: ImageFormat) -> String {
     format!("base-{}.{}", prefix.to_ascii_lowercase(), format.as_str())
 }
 
-/// 64-bit FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes
-        .iter()
-        .fold(OFFSET, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(PRIME))
+/// A direct-kernel-boot file (`what`: `kernel` or `initrd`) of image `key`, named by its digest
+/// like the base image.
+pub fn boot_file_volume(key: &str, what: &str, sha256: &str) -> String {
+    let digest: String = sha256.chars().take(12).collect();
+    format!("base-{key}-{what}-{}", digest.to_ascii_lowercase())
 }
+
+pub use proxy_operator_sdk::hash::fnv1a;
 
 #[cfg(test)]
 mod tests {
@@ -150,13 +150,5 @@ mod tests {
         check_domain_name("px-0123456789abcdef").unwrap();
         let m = permanent(check_domain_name("../px"));
         assert!(m.starts_with("spec.name: \"../px\""), "{m}");
-    }
-
-    #[test]
-    fn fnv1a_matches_reference_vectors() {
-        // From the FNV reference test suite.
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
     }
 }

@@ -85,6 +85,35 @@ pub fn instance_state(state: DomainState, has_address: bool) -> (InstanceState, 
     }
 }
 
+/// How long a running VM may go without an address before its message says what to check.
+pub const ADDRESS_PATIENCE_SECS: i64 = 300;
+
+/// The message of a running VM whose guest agent reports no address yet, `age` seconds after it
+/// was made: after [`ADDRESS_PATIENCE_SECS`] it says what usually causes it.
+pub fn waiting_for_address(domain: &str, age: Option<i64>) -> String {
+    match age {
+        Some(age) if age >= ADDRESS_PATIENCE_SECS => format!(
+            "running for {age} s and the guest agent has reported no IPv4 address: check that the image runs qemu-guest-agent (installGuestAgent: true installs it at first boot, which needs a package mirror) and gets an address on its network (DHCP); the boot log is on the serial console (virsh console {domain})"
+        ),
+        _ => "running; waiting for the guest agent to report an IPv4 address".into(),
+    }
+}
+
+/// A failed `start-domain`, with what to do when libvirt could not start passt (user-mode
+/// networks) on the hypervisor.
+pub fn start_error(host: &str, err: ProviderError) -> ProviderError {
+    match err {
+        ProviderError::Permanent(m) | ProviderError::InvalidConfig(m)
+            if m.to_ascii_lowercase().contains("passt") =>
+        {
+            ProviderError::Permanent(format!(
+                "{m}; user-mode networking needs passt on host {host} (Debian/Ubuntu: apt-get install passt; Fedora: dnf install passt), or attach the host's VMs to a network or bridge instead"
+            ))
+        }
+        other => other,
+    }
+}
+
 /// Whether the domain is up, so asking for its addresses makes sense.
 pub fn is_up(state: DomainState) -> bool {
     matches!(state, DomainState::Running | DomainState::Blocked)
@@ -317,5 +346,43 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1024), "1.0 KiB");
         assert_eq!(human_bytes(u64::MAX), "16777216.0 TiB");
+    }
+
+    #[test]
+    fn a_vm_without_an_address_says_what_to_check_after_a_while() {
+        let early = waiting_for_address("px-1", Some(ADDRESS_PATIENCE_SECS - 1));
+        assert_eq!(
+            early,
+            "running; waiting for the guest agent to report an IPv4 address"
+        );
+        assert_eq!(waiting_for_address("px-1", None), early);
+        let late = waiting_for_address("px-1", Some(ADDRESS_PATIENCE_SECS + 12));
+        assert!(
+            late.starts_with("running for 312 s and the guest agent has reported no IPv4 address"),
+            "{late}"
+        );
+        assert!(
+            late.contains("qemu-guest-agent") && late.contains("virsh console px-1"),
+            "{late}"
+        );
+    }
+
+    #[test]
+    fn missing_passt_says_how_to_install_it() {
+        let e = start_error(
+            "hv1",
+            ProviderError::Permanent("hv1: start-domain px-1: libvirt: Cannot find 'passt' in path: No such file or directory".into()),
+        );
+        match e {
+            ProviderError::Permanent(m) => {
+                assert!(
+                    m.contains("apt-get install passt") && m.contains("host hv1"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let other = start_error("hv1", ProviderError::Permanent("no memory".into()));
+        assert!(matches!(other, ProviderError::Permanent(m) if m == "no memory"));
     }
 }

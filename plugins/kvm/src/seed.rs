@@ -4,7 +4,7 @@
 
 use proxy_operator_sdk::ProviderError;
 
-use crate::names::fnv1a;
+use proxy_operator_sdk::cloudinit;
 
 /// The volume id NoCloud looks for.
 pub const VOLUME_ID: &str = "cidata";
@@ -49,148 +49,27 @@ pub fn meta_data(domain: &str) -> String {
     format!("instance-id: {domain}\nlocal-hostname: {domain}\n")
 }
 
-/// vendor-data from its parts, in order: the guest agent script (when `guest_agent`), the
-/// provider config's `vendorData`, the Proxy's `vendorData`. Empty parts are skipped; no part
-/// means no vendor-data file; one part is used as it is; more become a MIME multipart.
+/// vendor-data from its parts, in order: the guest agent script (when `guest_agent`), the managed
+/// squid's setup script, the provider config's `vendorData`, the Proxy's `vendorData`. Empty parts
+/// are skipped; no part means no vendor-data file; one part is used as it is; more become a MIME
+/// multipart.
 pub fn vendor_data(
     guest_agent: bool,
+    squid_setup: Option<&str>,
     config_vendor_data: Option<&str>,
     spec_vendor_data: &[u8],
 ) -> Option<Vec<u8>> {
-    let mut parts: Vec<&[u8]> = Vec::new();
-    if guest_agent {
-        parts.push(GUEST_AGENT_SCRIPT.as_bytes());
-    }
-    if let Some(extra) = config_vendor_data.filter(|v| !v.is_empty()) {
-        parts.push(extra.as_bytes());
-    }
-    if !spec_vendor_data.is_empty() {
-        parts.push(spec_vendor_data);
-    }
-    match parts.as_slice() {
-        [] => None,
-        [one] => Some(one.to_vec()),
-        many => Some(multipart(many)),
-    }
-}
-
-/// The MIME type cloud-init gives a part starting like `data` (its own "starts with" table).
-pub fn part_content_type(data: &[u8]) -> &'static str {
-    let first_line = data.split(|b| *b == b'\n').next().unwrap_or_default();
-    let first_line = first_line.strip_suffix(b"\r").unwrap_or(first_line);
-    const TABLE: &[(&[u8], &str)] = &[
-        (b"#cloud-config-archive", "text/cloud-config-archive"),
-        (b"#cloud-config-jsonp", "text/cloud-config-jsonp"),
-        (b"#cloud-config", "text/cloud-config"),
-        (b"#cloud-boothook", "text/cloud-boothook"),
-        (b"#include-once", "text/x-include-once-url"),
-        (b"#include", "text/x-include-url"),
-        (b"#part-handler", "text/part-handler"),
-        (b"#upstart-job", "text/upstart-job"),
-        (b"## template: jinja", "text/jinja2"),
-        (b"#!", "text/x-shellscript"),
-    ];
-    TABLE
-        .iter()
-        .find(|(prefix, _)| first_line.starts_with(prefix))
-        .map_or("text/plain", |(_, mime)| mime)
-}
-
-/// Builds a `multipart/mixed` message of `parts`, each typed by [`part_content_type`]. Text parts
-/// go as 8bit, anything that is not UTF-8 (e.g. gzip) as base64. A part that is already a MIME
-/// entity (starts with `Content-Type:`) is nested as it is. The boundary is derived from the
-/// content and never occurs in it, so the same parts give the same bytes.
-pub fn multipart(parts: &[&[u8]]) -> Vec<u8> {
-    let mut seed = 0u64;
-    for part in parts {
-        seed ^= fnv1a(part);
-    }
-    let mut boundary = format!("==proxy-operator-kvm-{seed:016x}==");
-    let mut n = 0u32;
-    while parts.iter().any(|p| contains(p, boundary.as_bytes())) {
-        n += 1;
-        boundary = format!("==proxy-operator-kvm-{seed:016x}-{n}==");
-    }
-    let mut out = Vec::new();
-    out.extend_from_slice(
-        format!("Content-Type: multipart/mixed; boundary=\"{boundary}\"\nMIME-Version: 1.0\n\n")
-            .as_bytes(),
-    );
-    for (i, part) in parts.iter().enumerate() {
-        out.extend_from_slice(format!("--{boundary}\n").as_bytes());
-        if is_mime_entity(part) {
-            out.extend_from_slice(part);
-        } else {
-            let filename = format!("part-{:03}", i + 1);
-            match std::str::from_utf8(part) {
-                Ok(text) => {
-                    out.extend_from_slice(
-                        format!(
-                            "Content-Type: {}; charset=\"utf-8\"\nMIME-Version: 1.0\nContent-Transfer-Encoding: 8bit\nContent-Disposition: attachment; filename=\"{filename}\"\n\n",
-                            part_content_type(part)
-                        )
-                        .as_bytes(),
-                    );
-                    out.extend_from_slice(text.as_bytes());
-                }
-                Err(_) => {
-                    let mime = if part.starts_with(&[0x1f, 0x8b]) {
-                        "application/x-gzip"
-                    } else {
-                        "application/octet-stream"
-                    };
-                    out.extend_from_slice(
-                        format!(
-                            "Content-Type: {mime}\nMIME-Version: 1.0\nContent-Transfer-Encoding: base64\nContent-Disposition: attachment; filename=\"{filename}\"\n\n"
-                        )
-                        .as_bytes(),
-                    );
-                    out.extend_from_slice(base64_lines(part).as_bytes());
-                }
-            }
-        }
-        out.push(b'\n');
-    }
-    out.extend_from_slice(format!("--{boundary}--\n").as_bytes());
-    out
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn is_mime_entity(part: &[u8]) -> bool {
-    part.len() >= 13 && part[..13].eq_ignore_ascii_case(b"content-type:")
-}
-
-/// Base64 (RFC 4648, with padding) in 76-character lines.
-pub fn base64_lines(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len() * 4 / 3 + data.len() / 57 + 4);
-    for (i, chunk) in data.chunks(3).enumerate() {
-        if i > 0 && i % 19 == 0 {
-            out.push('\n');
-        }
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(ALPHABET[(n >> 18) as usize & 63] as char);
-        out.push(ALPHABET[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 {
-            ALPHABET[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if chunk.len() > 2 {
-            ALPHABET[n as usize & 63] as char
-        } else {
-            '='
-        });
-    }
-    out
+    let agent: &[u8] = if guest_agent {
+        GUEST_AGENT_SCRIPT.as_bytes()
+    } else {
+        b""
+    };
+    cloudinit::combine(&[
+        agent,
+        squid_setup.unwrap_or_default().as_bytes(),
+        config_vendor_data.unwrap_or_default().as_bytes(),
+        spec_vendor_data,
+    ])
 }
 
 /// The files of the seed, in the order they are laid out.
@@ -235,19 +114,19 @@ mod tests {
 
     #[test]
     fn vendor_data_parts() {
-        assert_eq!(vendor_data(false, None, b""), None);
-        assert_eq!(vendor_data(false, Some(""), b""), None);
+        assert_eq!(vendor_data(false, None, None, b""), None);
+        assert_eq!(vendor_data(false, None, Some(""), b""), None);
         assert_eq!(
-            vendor_data(true, None, b"").unwrap(),
+            vendor_data(true, None, None, b"").unwrap(),
             GUEST_AGENT_SCRIPT.as_bytes()
         );
         // One part that is not the agent script is used byte for byte.
         assert_eq!(
-            vendor_data(false, None, b"#cloud-config\nruncmd: [x]\n").unwrap(),
+            vendor_data(false, None, None, b"#cloud-config\nruncmd: [x]\n").unwrap(),
             b"#cloud-config\nruncmd: [x]\n"
         );
         assert_eq!(
-            vendor_data(false, Some("#!/bin/sh\necho hi\n"), b"").unwrap(),
+            vendor_data(false, None, Some("#!/bin/sh\necho hi\n"), b"").unwrap(),
             b"#!/bin/sh\necho hi\n"
         );
     }
@@ -255,7 +134,7 @@ mod tests {
     #[test]
     fn several_parts_become_a_multipart() {
         let spec = b"#cloud-config\npackages: [squid]\n";
-        let out = vendor_data(true, Some("#!/bin/bash\necho config\n"), spec).unwrap();
+        let out = vendor_data(true, None, Some("#!/bin/bash\necho config\n"), spec).unwrap();
         let text = String::from_utf8(out.clone()).unwrap();
         let first_line = text.lines().next().unwrap();
         let boundary = first_line
@@ -278,66 +157,9 @@ mod tests {
         )));
         // Deterministic.
         assert_eq!(
-            vendor_data(true, Some("#!/bin/bash\necho config\n"), spec).unwrap(),
+            vendor_data(true, None, Some("#!/bin/bash\necho config\n"), spec).unwrap(),
             out
         );
-    }
-
-    #[test]
-    fn boundary_never_occurs_in_a_part() {
-        let a: &[u8] = b"#!/bin/sh\n";
-        let seed = fnv1a(a) ^ fnv1a(b"x");
-        let trap = format!("#!/bin/sh\n# ==proxy-operator-kvm-{seed:016x}==\n");
-        let parts: [&[u8]; 2] = [trap.as_bytes(), b"x"];
-        let seed = fnv1a(parts[0]) ^ fnv1a(parts[1]);
-        let trap2 = format!("# ==proxy-operator-kvm-{seed:016x}==\n");
-        let with_trap = [trap.as_bytes(), trap2.as_bytes()];
-        let out = String::from_utf8(multipart(&with_trap)).unwrap();
-        let boundary = out.split('"').nth(1).unwrap();
-        assert!(!trap.contains(boundary) && !trap2.contains(boundary));
-    }
-
-    #[test]
-    fn binary_and_mime_parts() {
-        let gzip: &[u8] = &[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe];
-        let mime: &[u8] = b"Content-Type: multipart/mixed; boundary=\"inner\"\n\n--inner\nContent-Type: text/cloud-config\n\n#cloud-config\n--inner--\n";
-        let out = String::from_utf8(multipart(&[gzip, mime])).unwrap();
-        assert!(out.contains("Content-Type: application/x-gzip\nMIME-Version: 1.0\nContent-Transfer-Encoding: base64\n"));
-        assert!(out.contains("\n\nH4sIAP/+\n"));
-        assert!(
-            out.contains(&format!("--\n{}", std::str::from_utf8(mime).unwrap()))
-                || out.contains(std::str::from_utf8(mime).unwrap())
-        );
-    }
-
-    #[test]
-    fn content_types() {
-        assert_eq!(part_content_type(b"#!/bin/sh\n"), "text/x-shellscript");
-        assert_eq!(part_content_type(b"#cloud-config\r\n"), "text/cloud-config");
-        assert_eq!(
-            part_content_type(b"#cloud-config-archive\n"),
-            "text/cloud-config-archive"
-        );
-        assert_eq!(
-            part_content_type(b"#cloud-boothook\n"),
-            "text/cloud-boothook"
-        );
-        assert_eq!(
-            part_content_type(b"#include\nhttp://x\n"),
-            "text/x-include-url"
-        );
-        assert_eq!(part_content_type(b"hello"), "text/plain");
-    }
-
-    #[test]
-    fn base64_vectors() {
-        assert_eq!(base64_lines(b""), "");
-        assert_eq!(base64_lines(b"f"), "Zg==");
-        assert_eq!(base64_lines(b"fo"), "Zm8=");
-        assert_eq!(base64_lines(b"foobar"), "Zm9vYmFy");
-        let long = base64_lines(&[0u8; 60]);
-        assert_eq!(long.lines().next().unwrap().len(), 76);
-        assert_eq!(long.len(), 80 + 1);
     }
 
     #[test]
@@ -355,7 +177,10 @@ mod tests {
         assert_eq!(files[2], ("vendor-data", b"#!/bin/sh\n".to_vec()));
         let iso = build_iso(&files).unwrap();
         assert_eq!(iso.len() % 2048, 0);
-        assert!(contains(&iso, user), "user-data is stored unchanged");
+        assert!(
+            iso.windows(user.len()).any(|w| w == user),
+            "user-data is stored unchanged"
+        );
         assert_eq!(&iso[16 * 2048 + 1..16 * 2048 + 6], b"CD001");
         assert_eq!(&iso[16 * 2048 + 40..16 * 2048 + 46], b"cidata");
 

@@ -1,10 +1,14 @@
 //! What a Proxy asks for, resolved against the config: the host, the image, the size.
 
 use proxy_operator_sdk::ProviderError;
+use proxy_operator_sdk::squid;
 
-use crate::config::{Config, Defaults, Firmware, HostConfig, ImageFormat, MEMORY_MIB, VCPUS};
+use crate::config::{
+    Config, DEFAULT_CMDLINE, Defaults, Firmware, HostConfig, ImageConfig, ImageFormat, MEMORY_MIB,
+    VCPUS,
+};
 use crate::config::{is_http_url, is_sha256};
-use crate::names::{base_volume_for_digest, base_volume_for_key, fnv1a};
+use crate::names::{base_volume_for_digest, base_volume_for_key, boot_file_volume, fnv1a};
 
 /// The port squid listens on when the spec gives none.
 pub const DEFAULT_PORT: u16 = 3128;
@@ -57,6 +61,41 @@ pub struct ImageChoice {
     pub sha256: String,
     pub format: ImageFormat,
     pub firmware: Firmware,
+    /// Direct kernel boot, when the image has a kernel.
+    pub kernel_boot: Option<KernelBoot>,
+}
+
+/// A file imported into the pool beside the base image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootVolume {
+    pub volume: String,
+    pub url: String,
+    /// Lowercase hex.
+    pub sha256: String,
+}
+
+/// The kernel, initrd and command line of a direct kernel boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelBoot {
+    pub kernel: BootVolume,
+    pub initrd: Option<BootVolume>,
+    pub cmdline: String,
+}
+
+fn kernel_boot(key: &str, image: &ImageConfig) -> Option<KernelBoot> {
+    let volume = |what: &str, file: &crate::config::BootFile| BootVolume {
+        volume: boot_file_volume(key, what, &file.sha256),
+        url: file.url.clone(),
+        sha256: file.sha256.to_ascii_lowercase(),
+    };
+    Some(KernelBoot {
+        kernel: volume("kernel", image.kernel.as_ref()?),
+        initrd: image.initrd.as_ref().map(|f| volume("initrd", f)),
+        cmdline: image
+            .cmdline
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CMDLINE.to_string()),
+    })
 }
 
 /// Resolves `spec.placement.image` (empty: `config.defaultImage`) to a configured image, or to a
@@ -95,6 +134,7 @@ pub fn resolve_image(
         sha256: found.sha256.to_ascii_lowercase(),
         format: found.format,
         firmware: found.firmware,
+        kernel_boot: kernel_boot(key, found),
     })
 }
 
@@ -144,7 +184,13 @@ fn resolve_url_image(url: &str, options: &str) -> Result<ImageChoice, ProviderEr
         sha256,
         format,
         firmware,
+        kernel_boot: None,
     })
+}
+
+/// Whether the provider configures squid in this Proxy's VM, see [`squid::managed`].
+pub fn managed_squid(config: &Config, options: &str) -> Result<bool, ProviderError> {
+    squid::managed(config.managed_squid, options)
 }
 
 /// A VM's size.
@@ -345,5 +391,44 @@ mod tests {
     fn ports() {
         assert_eq!(port(0), 3128);
         assert_eq!(port(8080), 8080);
+    }
+
+    #[test]
+    fn kernel_boot_comes_with_the_image() {
+        let mut c = sample();
+        assert_eq!(resolve_image(&c, None, "").unwrap().kernel_boot, None);
+        let kernel = "ab".repeat(32);
+        let image = c.images.get_mut("debian-12").unwrap();
+        image.kernel = Some(crate::config::BootFile {
+            url: "http://127.0.0.1:1/vmlinuz".into(),
+            sha256: kernel.to_ascii_uppercase(),
+        });
+        let boot = resolve_image(&c, Some("debian-12"), "")
+            .unwrap()
+            .kernel_boot
+            .unwrap();
+        assert_eq!(boot.kernel.volume, "base-debian-12-kernel-abababababab");
+        assert_eq!(boot.kernel.sha256, kernel, "digests are lowercased");
+        assert_eq!(boot.initrd, None);
+        assert_eq!(boot.cmdline, DEFAULT_CMDLINE);
+        c.images.get_mut("debian-12").unwrap().cmdline = Some("console=ttyS0 quiet".into());
+        let boot = resolve_image(&c, None, "").unwrap().kernel_boot.unwrap();
+        assert_eq!(boot.cmdline, "console=ttyS0 quiet");
+    }
+
+    #[test]
+    fn managed_squid_is_the_configs_unless_the_proxy_opts_out() {
+        let mut c = sample();
+        assert!(managed_squid(&c, "").unwrap());
+        assert!(managed_squid(&c, "{}").unwrap());
+        assert!(!managed_squid(&c, r#"{"managedSquid": false}"#).unwrap());
+        c.managed_squid = false;
+        assert!(!managed_squid(&c, "{}").unwrap());
+        assert!(managed_squid(&c, r#"{"managedSquid": true}"#).unwrap());
+        assert!(
+            permanent(managed_squid(&c, r#"{"managedSquid": "no"}"#))
+                .starts_with("spec.providerOptions.managedSquid: \"no\" is not true or false")
+        );
+        assert!(permanent(managed_squid(&c, "[")).starts_with("spec.providerOptions must be"));
     }
 }

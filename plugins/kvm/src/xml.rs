@@ -85,6 +85,8 @@ pub struct OwnerMeta {
     pub operator_id: String,
     /// The port squid listens on.
     pub port: Option<u16>,
+    /// The hypervisor port squid is published on (user-mode networks).
+    pub publish_port: Option<u16>,
     /// Seconds since the Unix epoch.
     pub created_at: Option<i64>,
 }
@@ -102,6 +104,9 @@ pub fn owner_element(owner: &OwnerMeta) -> String {
     );
     if let Some(port) = owner.port {
         let _ = write!(out, " port=\"{port}\"");
+    }
+    if let Some(port) = owner.publish_port {
+        let _ = write!(out, " publish-port=\"{port}\"");
     }
     if let Some(created_at) = owner.created_at {
         let _ = write!(out, " created-at=\"{created_at}\"");
@@ -127,6 +132,7 @@ pub fn parse_owner(xml: &str) -> Option<OwnerMeta> {
         uid: get("uid")?,
         operator_id: get("operator-id")?,
         port: get("port").and_then(|p| p.trim().parse().ok()),
+        publish_port: get("publish-port").and_then(|p| p.trim().parse().ok()),
         created_at: get("created-at").and_then(|t| t.trim().parse().ok()),
     })
 }
@@ -202,7 +208,23 @@ pub struct DomainSpec<'a> {
     /// Path of the seed ISO (from `volume-info`).
     pub seed_path: &'a str,
     pub nic: Nic<'a>,
+    pub boot: Boot<'a>,
+    /// The port squid listens on in the guest (the target of a user-mode port forward).
+    pub guest_port: u16,
     pub owner: &'a OwnerMeta,
+}
+
+/// How the VM boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boot<'a> {
+    /// From the root disk's bootloader.
+    Disk,
+    /// Direct kernel boot with files from the pool.
+    Kernel {
+        kernel_path: &'a str,
+        initrd_path: Option<&'a str>,
+        cmdline: &'a str,
+    },
 }
 
 /// The domain XML of a proxy VM: q35, UEFI (libvirt picks the firmware) or BIOS, a virtio
@@ -224,8 +246,32 @@ pub fn domain_xml(d: &DomainSpec<'_>) -> String {
         Firmware::Bios => x.push_str("  <os>\n"),
     }
     x.push_str("    <type arch='x86_64' machine='q35'>hvm</type>\n");
-    x.push_str("    <boot dev='hd'/>\n  </os>\n");
-    x.push_str("  <features>\n    <acpi/>\n    <apic/>\n  </features>\n");
+    match d.boot {
+        Boot::Disk => x.push_str("    <boot dev='hd'/>\n"),
+        Boot::Kernel {
+            kernel_path,
+            initrd_path,
+            cmdline,
+        } => {
+            // Secure boot would have the firmware refuse a kernel it is handed directly.
+            if d.firmware == Firmware::Uefi {
+                x.push_str("    <firmware>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n");
+            }
+            let _ = writeln!(x, "    <kernel>{}</kernel>", escape(kernel_path));
+            if let Some(initrd) = initrd_path {
+                let _ = writeln!(x, "    <initrd>{}</initrd>", escape(initrd));
+            }
+            let _ = writeln!(x, "    <cmdline>{}</cmdline>", escape(cmdline));
+        }
+    }
+    x.push_str("  </os>\n");
+    x.push_str("  <features>\n    <acpi/>\n    <apic/>\n");
+    if d.domain_type == DomainType::Qemu {
+        // TCG's translation cache defaults to 1 GiB of host memory per VM; 128 MiB is plenty for
+        // a proxy.
+        x.push_str("    <tcg>\n      <tb-cache unit='MiB'>128</tb-cache>\n    </tcg>\n");
+    }
+    x.push_str("  </features>\n");
     if d.domain_type == DomainType::Kvm {
         x.push_str("  <cpu mode='host-passthrough' check='none'/>\n");
     }
@@ -255,6 +301,14 @@ pub fn domain_xml(d: &DomainSpec<'_>) -> String {
                 x,
                 "    <interface type='bridge'>\n      <source bridge='{}'/>\n      <model type='virtio'/>\n    </interface>",
                 escape(bridge)
+            );
+        }
+        Nic::User { address, port } => {
+            let _ = writeln!(
+                x,
+                "    <interface type='user'>\n      <backend type='passt'/>\n      <portForward proto='tcp' address='{}'>\n        <range start='{port}' to='{}'/>\n      </portForward>\n      <model type='virtio'/>\n    </interface>",
+                escape(address),
+                d.guest_port
             );
         }
     }
@@ -300,6 +354,7 @@ mod tests {
             uid: o.uid,
             operator_id: o.operator_id,
             port: Some(8080),
+            publish_port: None,
             created_at: Some(1_700_000_123),
         }
     }
@@ -370,6 +425,8 @@ mod tests {
             root_path: "/var/lib/libvirt/images/px-0123456789abcdef-root.qcow2",
             seed_path: "/var/lib/libvirt/images/it's & <seed>.iso",
             nic,
+            boot: Boot::Disk,
+            guest_port: 3128,
             owner,
         }
     }
@@ -420,6 +477,48 @@ mod tests {
             "TCG cannot pass the host CPU through"
         );
         assert!(xml.contains("<interface type='bridge'>\n      <source bridge='br0'/>"));
+    }
+
+    #[test]
+    fn direct_kernel_boot_on_a_user_mode_network() {
+        let mut o = owner();
+        o.publish_port = Some(20001);
+        let mut s = spec(
+            &o,
+            Firmware::Uefi,
+            Nic::User {
+                address: "127.0.0.1",
+                port: 20001,
+            },
+        );
+        s.domain_type = DomainType::Qemu;
+        s.boot = Boot::Kernel {
+            kernel_path: "/pool/base-k-kernel-0123",
+            initrd_path: Some("/pool/base-k-initrd-4567"),
+            cmdline: "root=/dev/vda rw console=ttyS0 a<b",
+        };
+        let xml = domain_xml(&s);
+        for needle in [
+            "<os firmware='efi'>\n    <type arch='x86_64' machine='q35'>hvm</type>\n    <firmware>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n    <kernel>/pool/base-k-kernel-0123</kernel>\n    <initrd>/pool/base-k-initrd-4567</initrd>\n    <cmdline>root=/dev/vda rw console=ttyS0 a&lt;b</cmdline>\n  </os>",
+            "<tcg>\n      <tb-cache unit='MiB'>128</tb-cache>\n    </tcg>",
+            "<interface type='user'>\n      <backend type='passt'/>\n      <portForward proto='tcp' address='127.0.0.1'>\n        <range start='20001' to='3128'/>\n      </portForward>",
+            "publish-port=\"20001\"",
+        ] {
+            assert!(xml.contains(needle), "missing {needle:?} in\n{xml}");
+        }
+        assert!(
+            !xml.contains("<boot dev="),
+            "a direct boot has no boot device"
+        );
+        let start = xml.find("<metadata>").unwrap();
+        let end = xml.find("</metadata>").unwrap();
+        assert_eq!(
+            parse_owner(&xml[start..end]).unwrap().publish_port,
+            Some(20001)
+        );
+        // BIOS needs no firmware features; disk boot keeps its boot device.
+        s.firmware = Firmware::Bios;
+        assert!(!domain_xml(&s).contains("<firmware>"));
     }
 
     #[test]
