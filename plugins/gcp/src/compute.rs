@@ -2,6 +2,7 @@
 //! resource, and Google's error bodies mapped to provider errors. Plain functions over JSON,
 //! tested natively.
 
+use proxy_operator_sdk::squid::{self, SquidHost};
 use proxy_operator_sdk::{Instance, InstanceSpec, InstanceState, Owner, ProviderError, transient};
 use serde_json::{Value, json};
 
@@ -45,8 +46,12 @@ pub fn label_value(value: &str) -> String {
         .collect()
 }
 
-/// The `instances.insert` body of a proxy VM.
-pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str) -> Value {
+/// The metadata item Google's guest environment runs as root at every boot.
+pub const STARTUP_SCRIPT_ITEM: &str = "startup-script";
+
+/// The `instances.insert` body of a proxy VM. `managed_squid`: configure squid with a startup
+/// script (Google's images run it at every boot, whatever the user-data does).
+pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str, managed_squid: bool) -> Value {
     let machine_type = spec.machine_type.as_deref().unwrap_or(&config.machine_type);
     let image = spec.image.as_deref().unwrap_or(&config.image);
     let owner = json!({
@@ -66,6 +71,20 @@ pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str) -> Value {
     if !spec.vendor_data.is_empty() {
         items.push(
             json!({"key": "vendor-data", "value": String::from_utf8_lossy(&spec.vendor_data)}),
+        );
+    }
+    if managed_squid {
+        let conf = squid::squid_conf(
+            &config.squid(),
+            &spec.owner,
+            spec.port,
+            SquidHost::Vm {
+                hostname: &spec.name,
+                dns_nameservers: &[],
+            },
+        );
+        items.push(
+            json!({"key": STARTUP_SCRIPT_ITEM, "value": squid::vm_setup_script(&conf, &spec.name)}),
         );
     }
     let mut labels = serde_json::Map::new();
@@ -208,7 +227,7 @@ mod tests {
 
     #[test]
     fn the_insert_body_carries_identity_cloud_init_and_labels() {
-        let body = insert_body(&config(), &spec(), "europe-west1-b");
+        let body = insert_body(&config(), &spec(), "europe-west1-b", true);
         assert_eq!(
             body["machineType"],
             "zones/europe-west1-b/machineTypes/e2-medium"
@@ -220,6 +239,17 @@ mod tests {
             body["metadata"]["items"][2]["value"],
             "#cloud-config\npackages: [squid]\n"
         );
+        // The managed squid: a startup script writing squid.conf for the spec's port.
+        let startup = &body["metadata"]["items"][3];
+        assert_eq!(startup["key"], STARTUP_SCRIPT_ITEM);
+        let script = startup["value"].as_str().unwrap();
+        assert!(script.starts_with("#!/bin/sh\n"), "{script}");
+        assert!(
+            script.contains("\nhttp_port 3128\n")
+                && script.contains("visible_hostname px-0123abcd")
+        );
+        let unmanaged = insert_body(&config(), &spec(), "europe-west1-b", false);
+        assert_eq!(unmanaged["metadata"]["items"].as_array().unwrap().len(), 3);
         assert_eq!(body["scheduling"]["provisioningModel"], "SPOT");
         assert_eq!(
             body["networkInterfaces"][0]["accessConfigs"][0]["type"],

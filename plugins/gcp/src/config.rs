@@ -2,6 +2,7 @@
 //! checks beyond types; every message names the field and the fix.
 
 use proxy_operator_sdk::ProviderError;
+use proxy_operator_sdk::squid::{self, SquidOptions};
 use serde::Deserialize;
 
 /// The Compute Engine API; tests point `apiBase` at a fake.
@@ -36,6 +37,34 @@ pub struct Config {
     pub spot: bool,
     #[serde(default = "default_api_base")]
     pub api_base: String,
+    /// Configure squid on every VM (a startup script); a Proxy opts out with
+    /// `providerOptions.managedSquid: false`.
+    #[serde(default = "default_true")]
+    pub managed_squid: bool,
+    /// Client address ranges (CIDR) the managed squid accepts: the crawlers' and the operator's.
+    #[serde(default = "squid::default_allow_from")]
+    pub allow_from: Vec<String>,
+    /// Ports crawlers may `CONNECT` to through the managed squid.
+    #[serde(default = "squid::default_connect_ports")]
+    pub connect_ports: Vec<u16>,
+    /// Keep the managed squid's access log on the VM.
+    #[serde(default)]
+    pub access_log: bool,
+}
+
+impl Config {
+    /// The managed squid's settings, as every provider has them.
+    pub fn squid(&self) -> SquidOptions {
+        SquidOptions {
+            allow_from: self.allow_from.clone(),
+            connect_ports: self.connect_ports.clone(),
+            access_log: self.access_log,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_machine_type() -> String {
@@ -75,6 +104,7 @@ pub fn is_gce_name(value: &str, max: usize) -> bool {
 }
 
 pub fn validate(config: &Config) -> Result<(), ProviderError> {
+    config.squid().validate()?;
     // Project ids: 6-30 characters, lowercase letters, digits and hyphens.
     if config.project.len() < 6 || !is_gce_name(&config.project, 30) {
         return Err(invalid(format!(

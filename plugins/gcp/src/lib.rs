@@ -97,7 +97,9 @@ impl Provider for GcpProvider {
         if let Some(existing) = find(&config, &zone, &spec.name)? {
             return Ok(existing);
         }
-        let body = compute::insert_body(&config, &spec, &zone);
+        let managed_squid =
+            proxy_operator_sdk::squid::managed(config.managed_squid, &spec.options)?;
+        let body = compute::insert_body(&config, &spec, &zone, managed_squid);
         let what = format!("insert instance {zone}/{}", spec.name);
         let response = call(
             "POST",
