@@ -6,9 +6,11 @@ PLUGINS_DIR := target/plugins
 # crate name -> provider type (the file name the host looks for)
 PLUGIN_CRATES := test-provider:test test-provider-next:test-next kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp
 
-.PHONY: help plugins build run test lint fmt bench dev-cluster
+.PHONY: help fixtures toolchain plugins build run test lint fmt bench dev dev-cluster
 
 help:
+	@echo "make dev          the real thing on this machine: a kvm proxy VM boots, is leased and serves a request"
+	@echo "                  (installs what it needs; DEV_ONCE=1 does it once and exits, as CI does)"
 	@echo "make plugins      build every provider component into $(PLUGINS_DIR)/<type>.wasm"
 	@echo "make build        build the operator and the plugins"
 	@echo "make run          run the operator against \$$KUBECONFIG with deploy/samples/providers-config.yaml"
@@ -17,7 +19,14 @@ help:
 	@echo "make bench        run the benchmarks"
 	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator"
 
-plugins:
+# Debian packages, kube-apiserver/etcd/kubectl and the guest image (idempotent; needs root).
+fixtures:
+	.ci/install-fixtures.sh
+
+toolchain:
+	@rustup target list --installed | grep -qx $(PLUGIN_TARGET) || rustup target add $(PLUGIN_TARGET)
+
+plugins: toolchain
 	$(CARGO) build --profile plugin --target $(PLUGIN_TARGET) $(foreach p,$(PLUGIN_CRATES),-p $(word 1,$(subst :, ,$(p))))
 	@mkdir -p $(PLUGINS_DIR)
 	@$(foreach p,$(PLUGIN_CRATES),cp $(PLUGIN_OUT)/$(subst -,_,$(word 1,$(subst :, ,$(p)))).wasm $(PLUGINS_DIR)/$(word 2,$(subst :, ,$(p))).wasm;)
@@ -36,8 +45,20 @@ run: plugins
 		--providers-config deploy/samples/providers-config.yaml --plugins-dir $(PLUGINS_DIR) \
 		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
 
-test: plugins examples lint
+# Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
+test: fixtures plugins examples lint
 	$(CARGO) test --workspace
+	DEV_ONCE=1 $(MAKE) --no-print-directory dev-run
+
+# The operator's main job, for real: control plane, a local hypervisor, the operator with the
+# built plugins, a kvm Proxy that boots, becomes Ready and is leased (tests/harness/src/bin/dev.rs).
+dev: fixtures plugins
+	$(MAKE) --no-print-directory dev-run
+
+.PHONY: dev-run
+dev-run:
+	$(CARGO) build --bin proxy-operator --bin dev
+	target/debug/dev
 
 lint:
 	$(CARGO) fmt --all --check

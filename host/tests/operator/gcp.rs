@@ -77,6 +77,13 @@ async fn a_vm_is_made_with_a_token_the_host_mints_and_found_listed_and_deleted()
         user_data["value"], "#cloud-config\n",
         "cloud-init byte for byte"
     );
+    // The managed squid rides in the startup script; real squid accepts its squid.conf.
+    let script = items
+        .iter()
+        .find(|i| i["key"] == "startup-script")
+        .and_then(|i| i["value"].as_str())
+        .expect("the managed squid's startup script");
+    squid_accepts_the_scripts_conf(script);
 
     // STAGING, then RUNNING with its external IP.
     let mut got = provider.get("europe-west1-c/px-gcp-one").await.unwrap();
@@ -209,5 +216,27 @@ async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_
     assert!(
         fake.with(|s| s.instances.is_empty()),
         "the VM is deleted with its Proxy"
+    );
+}
+
+/// Cuts the squid.conf out of a managed squid setup script (a quoted heredoc) and has real
+/// squid parse it.
+fn squid_accepts_the_scripts_conf(script: &str) {
+    let open = "<<'PROXY_OPERATOR_SQUID_CONF'\n";
+    let start = script.find(open).expect("a squid.conf heredoc") + open.len();
+    let end = start + script[start..].find("\nPROXY_OPERATOR_SQUID_CONF\n").unwrap() + 1;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("squid.conf");
+    std::fs::write(&conf, &script[start..end]).unwrap();
+    let parsed = std::process::Command::new("/usr/sbin/squid")
+        .args(["-k", "parse", "-f"])
+        .arg(&conf)
+        .output()
+        .expect("squid (Debian package squid)");
+    assert!(
+        parsed.status.success(),
+        "squid -k parse refused:\n{}\n{}",
+        &script[start..end],
+        String::from_utf8_lossy(&parsed.stderr)
     );
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,9 +37,17 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     Ok((status, body.to_owned()))
 }
 
+/// What a path serves: bytes in memory, or a file streamed from disk (guest images are too big
+/// to hold in memory).
+#[derive(Clone)]
+enum Body {
+    Bytes(Arc<Vec<u8>>),
+    File(PathBuf),
+}
+
 #[derive(Default)]
 struct Files {
-    bodies: HashMap<String, Arc<Vec<u8>>>,
+    bodies: HashMap<String, Body>,
     hits: HashMap<String, usize>,
 }
 
@@ -78,7 +87,16 @@ impl FileServer {
             .lock()
             .unwrap()
             .bodies
-            .insert(path.to_owned(), Arc::new(body.into()));
+            .insert(path.to_owned(), Body::Bytes(Arc::new(body.into())));
+    }
+
+    /// Serves the file at `file` at `path`, read from disk at each request.
+    pub fn serve_file(&self, path: &str, file: impl Into<PathBuf>) {
+        self.files
+            .lock()
+            .unwrap()
+            .bodies
+            .insert(path.to_owned(), Body::File(file.into()));
     }
 
     /// Stops serving `path` (404 from now on).
@@ -135,19 +153,35 @@ async fn serve(stream: TcpStream, files: Arc<Mutex<Files>>) -> Result<()> {
     let mut stream = reader.into_inner();
     let (status, body) = match (method.as_str(), body) {
         ("GET" | "HEAD", Some(body)) => ("200 OK", body),
-        ("GET" | "HEAD", None) => ("404 Not Found", Arc::new(b"not found\n".to_vec())),
+        ("GET" | "HEAD", None) => (
+            "404 Not Found",
+            Body::Bytes(Arc::new(b"not found\n".to_vec())),
+        ),
         _ => (
             "405 Method Not Allowed",
-            Arc::new(b"method not allowed\n".to_vec()),
+            Body::Bytes(Arc::new(b"method not allowed\n".to_vec())),
         ),
     };
+    let (length, file) = match body {
+        Body::Bytes(bytes) => (bytes.len() as u64, Err(bytes)),
+        Body::File(path) => {
+            let file = tokio::fs::File::open(&path)
+                .await
+                .with_context(|| format!("open {}", path.display()))?;
+            (file.metadata().await?.len(), Ok(file))
+        }
+    };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
-        body.len()
+        "HTTP/1.1 {status}\r\nContent-Length: {length}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).await?;
     if method != "HEAD" {
-        stream.write_all(&body).await?;
+        match file {
+            Ok(mut file) => {
+                tokio::io::copy(&mut file, &mut stream).await?;
+            }
+            Err(bytes) => stream.write_all(&bytes).await?,
+        }
     }
     stream.shutdown().await?;
     Ok(())

@@ -8,6 +8,7 @@
 //! | [`Sshd`] | sshd with generated ed25519 host and client keys | ~0.05 s |
 //! | [`Libvirtd`] | private libvirtd + virtlogd, QEMU (TCG), a `dir` pool | ~0.7 s |
 //! | [`FileServer`] | HTTP file server that counts requests | instant |
+//! | [`EgressGuard`] | iptables rules rejecting whatever QEMU/passt send off loopback | ~20 ms |
 //!
 //! Add it as a dev-dependency: `proxy-operator-harness = { path = "../tests/harness" }`
 //! and `use harness::...`. Run `.ci/install-fixtures.sh` once per machine. A
@@ -60,13 +61,16 @@
 pub mod bins;
 pub mod bootdisk;
 pub mod control_plane;
+pub mod guard;
 pub mod http;
 pub mod libvirtd;
 pub mod process;
 pub mod squid;
 pub mod sshd;
+pub mod stack;
 
 pub use control_plane::{ADMIN_USER, ControlPlane, TestNamespace};
+pub use guard::EgressGuard;
 pub use http::FileServer;
 pub use libvirtd::Libvirtd;
 pub use squid::Squid;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::bins::debian_binary;
+use crate::guard::EgressGuard;
 use crate::process::{Check, ExitHook, Proc, Scratch, at_exit, run_output, wait_for};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -42,6 +43,8 @@ const PRIVATE_DIRS: [(&str, &str); 4] = [
 /// directory. QEMU guests must be `type='qemu'` (TCG): `/dev/kvm` does not work
 /// here. Stopped on drop (guests are killed first).
 pub struct Libvirtd {
+    /// Held for as long as guests may run in the machine's network namespace.
+    _guard: Option<std::sync::Arc<EgressGuard>>,
     libvirtd: Option<Proc>,
     virtlogd: Option<Proc>,
     socket: PathBuf,
@@ -56,6 +59,21 @@ impl Libvirtd {
     /// and starts the `harness` pool. ~1 s warm (the first start on a machine
     /// also probes QEMU, ~9 s).
     pub async fn start() -> Result<Libvirtd> {
+        Self::start_with(None).await
+    }
+
+    /// Like [`Libvirtd::start`], but in the machine's network namespace, for guests on user-mode
+    /// networks (passt needs an interface with a route to copy, which the private namespace
+    /// lacks). `guard` rejects everything the guests' processes send off loopback; it is checked
+    /// before libvirtd starts and held as long as this instance lives.
+    pub async fn start_in_host_network(guard: std::sync::Arc<EgressGuard>) -> Result<Libvirtd> {
+        guard.check()?;
+        debian_binary("/usr/bin/passt", "passt");
+        Self::start_with(Some(guard)).await
+    }
+
+    async fn start_with(guard: Option<std::sync::Arc<EgressGuard>>) -> Result<Libvirtd> {
+        let private_network = guard.is_none();
         let libvirtd_bin = debian_binary("/usr/sbin/libvirtd", "libvirt-daemon");
         let virtlogd_bin = debian_binary("/usr/sbin/virtlogd", "libvirt-daemon-log");
         debian_binary("/usr/bin/virsh", "libvirt-clients");
@@ -123,7 +141,7 @@ auth_unix_rw = \"none\"
 
         let mut cmd = Command::new(virtlogd_bin);
         cmd.arg("--pid-file").arg(run.join("virtlogd.pid"));
-        private_mounts(&mut cmd, binds.clone());
+        private_mounts(&mut cmd, binds.clone(), private_network);
         let mut virtlogd = Proc::spawn("virtlogd", cmd, &dir.join("virtlogd.log"))?;
         let virtlogd_sock = run.join("virtlogd-sock");
         wait_for("virtlogd socket", START_TIMEOUT, || {
@@ -144,10 +162,11 @@ auth_unix_rw = \"none\"
             .arg(&conf)
             .arg("--pid-file")
             .arg(run.join("libvirtd.pid"));
-        private_mounts(&mut cmd, binds);
+        private_mounts(&mut cmd, binds, private_network);
         let libvirtd = Proc::spawn("libvirtd", cmd, &dir.join("libvirtd.log"))?;
 
         let mut lv = Libvirtd {
+            _guard: guard,
             libvirtd: Some(libvirtd),
             virtlogd: Some(virtlogd),
             socket: sock_dir.join("libvirt-sock"),
@@ -270,15 +289,20 @@ impl Drop for Libvirtd {
     }
 }
 
-/// Runs the command in new mount and network namespaces with `binds` (source, target)
-/// bind-mounted.
-fn private_mounts(cmd: &mut Command, binds: Vec<(CString, CString)>) {
+/// Runs the command in a new mount namespace (and, with `private_network`, a new network
+/// namespace) with `binds` (source, target) bind-mounted.
+fn private_mounts(cmd: &mut Command, binds: Vec<(CString, CString)>, private_network: bool) {
     // SAFETY: only async-signal-safe syscalls on data prepared before fork.
     unsafe {
         cmd.pre_exec(move || {
             // A network namespace of its own too: guests and libvirt networks can reach nothing
             // but each other, whatever a test VM tries to send.
-            if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) != 0 {
+            let flags = if private_network {
+                libc::CLONE_NEWNS | libc::CLONE_NEWNET
+            } else {
+                libc::CLONE_NEWNS
+            };
+            if libc::unshare(flags) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::mount(

@@ -209,7 +209,7 @@ fn chown_to_proxy(dir: &std::path::Path) -> Result<()> {
 }
 
 /// uid and gid of a local user.
-pub(crate) fn user_ids(name: &str) -> Result<(u32, u32)> {
+pub fn user_ids(name: &str) -> Result<(u32, u32)> {
     let cname = std::ffi::CString::new(name)?;
     // SAFETY: getpwnam returns a pointer to static storage or null; read at once.
     let pw = unsafe { libc::getpwnam(cname.as_ptr()) };

@@ -1,0 +1,552 @@
+//! The whole product on one machine, for real: a control plane, a hypervisor (sshd + libvirtd
+//! with QEMU under TCG, in the machine's network namespace behind the [`EgressGuard`]), the
+//! guest proxy image served over loopback HTTP, the operator binary with the built plugins, and a
+//! loopback site to reach through a proxy. `make dev` and the kvm end-to-end test both run it, so
+//! what a newcomer sees is what CI proves.
+//!
+//! A guest on the user-mode network reaches the machine's loopback at its gateway address (passt
+//! maps it), so the site and the health probe's CONNECT target are loopback servers that the
+//! guest's squid reaches as `<gateway>:<port>`; the operator and crawlers reach the guest's squid
+//! at `127.0.0.1:<published port>`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::guest_image::{GuestImage, guest_image};
+use crate::process::{Proc, Scratch, free_port};
+use crate::{ControlPlane, EgressGuard, FileServer, Libvirtd, Sshd};
+
+/// The namespace the operator runs in (its Secrets and lease table).
+pub const OPERATOR_NAMESPACE: &str = "proxy-operator";
+/// The namespace of the sample Proxy.
+pub const PROXY_NAMESPACE: &str = "crawlers";
+/// The sample Proxy.
+pub const PROXY_NAME: &str = "egress-1";
+/// The discovery API's bearer token.
+pub const TOKEN: &str = "dev-token";
+/// The provider instance of the sample.
+pub const PROVIDER: &str = "kvm-home";
+/// What the loopback site answers at [`SITE_PATH`].
+pub const SITE_BODY: &str = "hello from the loopback site, through a proxy VM\n";
+pub const SITE_PATH: &str = "/hello";
+/// The ports VMs are published on (the provider picks one per VM).
+pub const PORT_RANGE: (u16, u16) = (47100, 47119);
+
+/// What to run.
+pub struct StackOptions {
+    /// The `proxy-operator` binary.
+    pub operator_bin: PathBuf,
+    /// The built provider components (`kvm.wasm`).
+    pub plugins_dir: PathBuf,
+    /// `uefi` (the provider's default) or `bios`.
+    pub firmware: &'static str,
+}
+
+/// Prints each phase with the time since the start, and keeps them for a summary.
+pub struct Phases {
+    start: Instant,
+    last: Instant,
+    seen: std::sync::Mutex<Vec<(String, f64, f64)>>,
+}
+
+impl Phases {
+    pub fn new() -> Phases {
+        let now = Instant::now();
+        Phases {
+            start: now,
+            last: now,
+            seen: Default::default(),
+        }
+    }
+
+    /// Records and prints `what` (`[  12.3 s] what (+4.5 s)`).
+    pub fn done(&mut self, what: &str) {
+        let now = Instant::now();
+        let total = now.duration_since(self.start).as_secs_f64();
+        let step = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        eprintln!("[{total:7.1} s] {what} (+{step:.1} s)");
+        self.seen
+            .lock()
+            .unwrap()
+            .push((what.to_string(), step, total));
+    }
+
+    /// Every phase so far: (what, seconds it took, seconds since the start).
+    pub fn all(&self) -> Vec<(String, f64, f64)> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Seconds since the start.
+    pub fn elapsed(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases::new()
+    }
+}
+
+/// The address a guest behind passt uses for the machine's loopback: the default gateway, which
+/// passt maps to the machine's 127.0.0.1.
+pub fn guest_view_of_loopback() -> Result<Ipv4Addr> {
+    let routes = std::fs::read_to_string("/proc/net/route").context("read /proc/net/route")?;
+    routes
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && f[1] == "00000000").then(|| u32::from_str_radix(f[2], 16).ok())?
+        })
+        .map(|gw| Ipv4Addr::from(gw.swap_bytes()))
+        .find(|gw| !gw.is_unspecified())
+        .context(
+            "no IPv4 default route: passt (user-mode networking) copies the machine's default route; without one it cannot start",
+        )
+}
+
+/// The running stack; everything stops on drop (VMs first, with libvirtd).
+pub struct Stack {
+    pub cp: ControlPlane,
+    pub libvirtd: Libvirtd,
+    pub sshd: Sshd,
+    pub files: FileServer,
+    pub image: GuestImage,
+    pub operator: Proc,
+    pub metrics: SocketAddr,
+    pub discovery: SocketAddr,
+    /// The loopback site as the guest sees it (`<gateway>:<port>`).
+    pub site_for_guest: SocketAddr,
+    pub kubeconfig: PathBuf,
+    pub scratch: Scratch,
+    http: reqwest::Client,
+}
+
+impl Stack {
+    /// Starts everything up to a ready operator with the kvm provider; `phases` gets a line per
+    /// step.
+    pub async fn start(options: &StackOptions, phases: &mut Phases) -> Result<Stack> {
+        for (what, path) in [
+            (
+                "the proxy-operator binary (cargo build -p proxy-operator)",
+                &options.operator_bin,
+            ),
+            (
+                "the kvm component (make plugins)",
+                &options.plugins_dir.join("kvm.wasm"),
+            ),
+        ] {
+            if !path.exists() {
+                bail!("{what} is missing at {}", path.display());
+            }
+        }
+        let image = guest_image();
+        let gateway = guest_view_of_loopback()?;
+        let guard = Arc::new(EgressGuard::install()?);
+        phases.done("egress guard installed (QEMU and passt reach loopback only)");
+        let (cp, libvirtd, sshd, files) = tokio::join!(
+            ControlPlane::start(),
+            Libvirtd::start_in_host_network(guard),
+            Sshd::start(),
+            FileServer::start(),
+        );
+        let (cp, libvirtd, sshd, files) = (
+            cp.context("control plane")?,
+            libvirtd.context("libvirtd")?,
+            sshd.context("sshd")?,
+            files.context("file server")?,
+        );
+        phases.done("control plane (etcd + kube-apiserver), sshd and libvirtd started");
+
+        files.serve_file("/proxyvm/root.qcow2", &image.root);
+        files.serve_file("/proxyvm/vmlinuz", &image.kernel);
+        files.serve_file("/proxyvm/initrd.img", &image.initrd);
+        files.serve(SITE_PATH, SITE_BODY);
+        let site_for_guest = SocketAddr::from((gateway, files.addr().port()));
+
+        let scratch = Scratch::new("stack")?;
+        let dir = scratch.path().to_owned();
+        let kubeconfig = dir.join("kubeconfig");
+        cp.write_kubeconfig(&kubeconfig)?;
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let crds = repo.join("deploy/crds");
+        cp.kubectl_run(&["apply", "-f", &crds.display().to_string()], None)
+            .await?;
+        for ns in [OPERATOR_NAMESPACE, PROXY_NAMESPACE] {
+            cp.kubectl_run(&["create", "namespace", ns], None).await?;
+        }
+        cp.kubectl_run(
+            &[
+                "-n",
+                OPERATOR_NAMESPACE,
+                "create",
+                "secret",
+                "generic",
+                "kvm-ssh",
+                &format!(
+                    "--from-file=ssh-privatekey={}",
+                    sshd.client_key_path().display()
+                ),
+                &format!(
+                    "--from-file=known_hosts={}",
+                    sshd.known_hosts_path().display()
+                ),
+            ],
+            None,
+        )
+        .await?;
+        phases.done("CRDs, namespaces and the kvm-ssh Secret applied");
+
+        let config_path = dir.join("providers-config.yaml");
+        std::fs::write(
+            &config_path,
+            providers_config(options, &image, &libvirtd, &sshd, &files, gateway),
+        )?;
+        let (metrics, discovery): (SocketAddr, SocketAddr) = (
+            ([127, 0, 0, 1], free_port()?).into(),
+            ([127, 0, 0, 1], free_port()?).into(),
+        );
+        let mut cmd = std::process::Command::new(&options.operator_bin);
+        cmd.arg("run")
+            .arg("--providers-config")
+            .arg(&config_path)
+            .arg("--plugins-dir")
+            .arg(&options.plugins_dir)
+            .args(["--metrics-addr", &metrics.to_string()])
+            .args(["--discovery-addr", &discovery.to_string()])
+            .args(["--health-interval", "2s", "--health-timeout", "3s"])
+            .args(["--health-success-threshold", "1"])
+            .args(["--health-target", &site_for_guest.to_string()])
+            .args(["--lease-cooldown", "30s"])
+            .args(["--gc-min-age", "1m"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
+            .env("DISCOVERY_TOKEN", TOKEN)
+            .env("PLUGIN_CACHE_DIR", dir.join("plugin-cache"))
+            .env(
+                "LOG_LEVEL",
+                std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            );
+        let operator = Proc::spawn("proxy-operator", cmd, &dir.join("operator.log"))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let mut stack = Stack {
+            cp,
+            libvirtd,
+            sshd,
+            files,
+            image,
+            operator,
+            metrics,
+            discovery,
+            site_for_guest,
+            kubeconfig,
+            scratch,
+            http,
+        };
+        stack.wait_operator_ready().await?;
+        phases.done("operator ready (kvm provider loaded)");
+        Ok(stack)
+    }
+
+    async fn wait_operator_ready(&mut self) -> Result<()> {
+        let url = format!("http://{}/readyz", self.metrics);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(r) = self.http.get(&url).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if let Some(status) = self.operator.try_exited() {
+                bail!(
+                    "the operator exited ({status}):\n{}",
+                    self.operator.log_tail(40)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the operator is not ready after 90 s:\n{}",
+                    self.operator.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The Proxy API (crawl.example.com/v1alpha1) in [`PROXY_NAMESPACE`].
+    pub fn proxies(&self) -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "Proxy"),
+            "proxies",
+        );
+        Api::namespaced_with(self.cp.client(), PROXY_NAMESPACE, &resource)
+    }
+
+    /// Applies the sample Proxy: the kvm provider, no cloud-init at all.
+    pub async fn apply_proxy(&self) -> Result<()> {
+        self.cp
+            .kubectl_run(&["apply", "-f", "-"], Some(&sample_proxy()))
+            .await?;
+        Ok(())
+    }
+
+    /// The Proxy's status, `None` when it is gone.
+    pub async fn proxy_status(&self) -> Result<Option<Value>> {
+        Ok(self
+            .proxies()
+            .get_opt(PROXY_NAME)
+            .await?
+            .map(|p| p.data.get("status").cloned().unwrap_or(Value::Null)))
+    }
+
+    /// Waits until the Proxy is `Ready`, printing each step the VM goes through; fails with the
+    /// Proxy's conditions (and the operator's log) after `timeout`.
+    pub async fn wait_ready(&mut self, phases: &mut Phases, timeout: Duration) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        let mut said = std::collections::BTreeSet::new();
+        let mut say = |phases: &mut Phases, key: &'static str, what: String| {
+            if said.insert(key) {
+                phases.done(&what);
+            }
+        };
+        loop {
+            let status = self.proxy_status().await?.unwrap_or(Value::Null);
+            let text = |k: &str| status.get(k).and_then(Value::as_str).map(str::to_string);
+            if let Some(id) = text("providerID") {
+                say(
+                    phases,
+                    "defined",
+                    format!("VM {id} defined and started (image, overlay and seed in the pool)"),
+                );
+            }
+            if let Some(address) = text("address") {
+                let port = status
+                    .get("port")
+                    .and_then(Value::as_u64)
+                    .unwrap_or_default();
+                say(
+                    phases,
+                    "address",
+                    format!("guest agent answered: the proxy is at {address}:{port}"),
+                );
+            }
+            if text("phase").as_deref() == Some("Ready") {
+                say(
+                    phases,
+                    "ready",
+                    "Ready: a real CONNECT through the guest's squid passed".into(),
+                );
+                return Ok(status);
+            }
+            if text("phase").as_deref() == Some("Failed") {
+                bail!("the Proxy failed: {}", conditions(&status));
+            }
+            if let Some(exited) = self.operator.try_exited() {
+                bail!(
+                    "the operator exited ({exited}):\n{}",
+                    self.operator.log_tail(40)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the Proxy is not Ready after {timeout:?}: {}\noperator log:\n{}",
+                    conditions(&status),
+                    self.operator.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A discovery API call with the token.
+    pub async fn discovery(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value)> {
+        let mut request = self
+            .http
+            .request(method, format!("http://{}{path}", self.discovery))
+            .bearer_auth(TOKEN);
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let text = response.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// Leases the sample Proxy; returns the lease (`id`, `proxyUrl`, ...).
+    pub async fn lease(&self) -> Result<Value> {
+        let (status, lease) = self
+            .discovery(
+                reqwest::Method::POST,
+                "/v1/leases",
+                Some(json!({"proxy": format!("{PROXY_NAMESPACE}/{PROXY_NAME}")})),
+            )
+            .await?;
+        if status != 201 {
+            bail!("POST /v1/leases answered {status}: {lease}");
+        }
+        Ok(lease)
+    }
+
+    /// GETs the loopback site through `proxy_url`; returns the status and body.
+    pub async fn get_through(&self, proxy_url: &str) -> Result<(u16, String)> {
+        let client = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::http(proxy_url)?)
+            .timeout(Duration::from_secs(20))
+            .build()?;
+        let url = self.site_url();
+        let response = client
+            .get(&url)
+            .send()
+            .await
+            .with_context(|| format!("GET {url} through {proxy_url}"))?;
+        Ok((response.status().as_u16(), response.text().await?))
+    }
+
+    /// The site's URL as a crawler asks for it through the proxy.
+    pub fn site_url(&self) -> String {
+        format!("http://{}{SITE_PATH}", self.site_for_guest)
+    }
+
+    /// Deletes the sample Proxy and waits until it is gone (its VM deleted by the operator).
+    pub async fn delete_proxy(&self, timeout: Duration) -> Result<()> {
+        let api = self.proxies();
+        if api.get_opt(PROXY_NAME).await?.is_none() {
+            return Ok(());
+        }
+        api.delete(PROXY_NAME, &DeleteParams::default()).await?;
+        let deadline = Instant::now() + timeout;
+        while api.get_opt(PROXY_NAME).await?.is_some() {
+            if Instant::now() > deadline {
+                bail!(
+                    "the Proxy is still there after {timeout:?}:\n{}",
+                    self.operator.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok(())
+    }
+
+    /// `export KUBECONFIG=...` and the rest of what a person can try.
+    pub fn instructions(&self, lease_hint: &str) -> String {
+        format!(
+            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}'\n  curl -s -x {lease_hint} {site}\n\nThe operator's log: {log}\nPress Ctrl-C to stop everything (the VM is removed).\n",
+            kubeconfig = self.kubeconfig.display(),
+            discovery = self.discovery,
+            site = self.site_url(),
+            log = self.operator.log_path().display(),
+        )
+    }
+}
+
+/// The Proxy's conditions, one per line, for error messages.
+pub fn conditions(status: &Value) -> String {
+    let mut out = format!(
+        "phase {}",
+        status.get("phase").and_then(Value::as_str).unwrap_or("-")
+    );
+    for c in status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "\n  {} {} {}: {}",
+            c["type"].as_str().unwrap_or_default(),
+            c["status"].as_str().unwrap_or_default(),
+            c["reason"].as_str().unwrap_or_default(),
+            c["message"].as_str().unwrap_or_default()
+        ));
+    }
+    if let Some(e) = status.get("lastError").and_then(Value::as_str) {
+        out.push_str(&format!("\n  lastError: {e}"));
+    }
+    out
+}
+
+/// The sample Proxy: no cloud-init, the provider's managed squid does it all.
+pub fn sample_proxy() -> String {
+    format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {PROXY_NAME}\n  namespace: {PROXY_NAMESPACE}\nspec:\n  provider: {PROVIDER}\n"
+    )
+}
+
+/// The providers config: one kvm hypervisor on loopback, the guest image with direct kernel
+/// boot, a user-mode network publishing squid on loopback ports, squid admitting the gateway
+/// (where the operator's and the crawlers' connections come from, through passt).
+fn providers_config(
+    options: &StackOptions,
+    image: &GuestImage,
+    libvirtd: &Libvirtd,
+    sshd: &Sshd,
+    files: &FileServer,
+    gateway: Ipv4Addr,
+) -> String {
+    format!(
+        r#"# Written by the proxy-operator dev stack (tests/harness/src/stack.rs).
+providers:
+  - name: {PROVIDER}
+    type: kvm
+    config:
+      domainType: qemu            # TCG: /dev/kvm does not work on this machine
+      hosts:
+        - name: hv1
+          pool: {pool}
+          network: {{mode: user, publishAddress: 127.0.0.1, portRange: "{first}-{last}"}}
+      images:
+        proxyvm:
+          url: "{root_url}"
+          sha256: "{root_sha}"
+          firmware: {firmware}
+          kernel: {{url: "{kernel_url}", sha256: "{kernel_sha}"}}
+          initrd: {{url: "{initrd_url}", sha256: "{initrd_sha}"}}
+          cmdline: "root=/dev/vda rw console=ttyS0 net.ifnames=0"
+      defaultImage: proxyvm
+      defaults: {{memoryMib: 512, vcpus: 1, diskGib: 3}}
+      # Through passt, connections from the machine's loopback arrive from the gateway.
+      allowFrom: ["{gateway}/32"]
+      connectPorts: [443, {site_port}]
+      # The guest has no DNS here (the egress guard drops it); squid must not wait for one.
+      dnsNameservers: ["127.0.0.1"]
+    grants:
+      http: {{allow: ["http://{files}"]}}
+      libvirt:
+        hosts: [{{name: hv1, address: 127.0.0.1, port: {ssh_port}, user: {user}, socket: "{socket}"}}]
+"#,
+        pool = libvirtd.pool_name(),
+        first = PORT_RANGE.0,
+        last = PORT_RANGE.1,
+        root_url = files.url("/proxyvm/root.qcow2"),
+        root_sha = image.root_sha256,
+        firmware = options.firmware,
+        kernel_url = files.url("/proxyvm/vmlinuz"),
+        kernel_sha = image.kernel_sha256,
+        initrd_url = files.url("/proxyvm/initrd.img"),
+        initrd_sha = image.initrd_sha256,
+        site_port = files.addr().port(),
+        files = files.addr(),
+        ssh_port = sshd.port(),
+        user = sshd.user(),
+        socket = libvirtd.socket().display(),
+    )
+}
