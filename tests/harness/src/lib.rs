@@ -8,6 +8,7 @@
 //! | [`Sshd`] | sshd with generated ed25519 host and client keys | ~0.05 s |
 //! | [`Libvirtd`] | private libvirtd + virtlogd, QEMU (TCG), a `dir` pool | ~0.7 s |
 //! | [`FileServer`] | HTTP file server that counts requests | instant |
+//! | [`guest_image()`] | the proxy VM image (Debian, cloud-init, squid, guest agent) built by `tests/fixtures/guest-image/build.sh` | instant (cached; build ~4 min) |
 //!
 //! Add it as a dev-dependency: `proxy-operator-harness = { path = "../tests/harness" }`
 //! and `use harness::...`. Run `.ci/install-fixtures.sh` once per machine. A
@@ -60,6 +61,7 @@
 pub mod bins;
 pub mod bootdisk;
 pub mod control_plane;
+pub mod guest_image;
 pub mod http;
 pub mod libvirtd;
 pub mod process;
@@ -67,6 +69,7 @@ pub mod squid;
 pub mod sshd;
 
 pub use control_plane::{ADMIN_USER, ControlPlane, TestNamespace};
+pub use guest_image::{GuestImage, guest_image};
 pub use http::FileServer;
 pub use libvirtd::Libvirtd;
 pub use squid::Squid;

@@ -2,6 +2,7 @@
 //! One test binary, so the control plane is shared between the kube tests.
 
 mod file_server;
+mod guest_image;
 mod kube_api;
 mod libvirt;
 mod squid;
