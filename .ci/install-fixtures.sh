@@ -3,6 +3,8 @@
 #   - Debian packages: squid, sshd, libvirt + QEMU (from bookworm-backports), ...
 #   - kube-apiserver, kubectl and etcd built from Go modules into a cache
 #     (tests/fixtures/k8s/build.sh).
+#   - the proxy VM guest image, from Debian packages, into the same cache
+#     (tests/fixtures/guest-image/build.sh).
 # Idempotent; a few hundred milliseconds when everything is present.
 # Needs root for apt (run as root or through sudo).
 set -euo pipefail
@@ -27,8 +29,12 @@ backports_pkgs=(
 # genisoimage, libarchive-tools, xorriso: readers that check the NoCloud seed ISO (plugins/seed-iso).
 # busybox-static, syslinux, syslinux-common, mtools, dosfstools: the bootable test disk a kvm
 # provider VM really boots under TCG (tests/harness/src/bootdisk.rs).
+# debootstrap, e2fsprogs, passt, ovmf, iptables: the proxy VM guest image
+# (tests/fixtures/guest-image/build.sh), booted with passt user networking (BIOS or UEFI)
+# behind an iptables egress guard (tests/harness/src/guest_image.rs).
 plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
-    busybox-static syslinux syslinux-common mtools dosfstools)
+    busybox-static syslinux syslinux-common mtools dosfstools
+    debootstrap e2fsprogs passt ovmf iptables)
 
 # Prints the packages of "$@" that are not installed.
 missing() {
@@ -124,4 +130,10 @@ step "kube-apiserver, kubectl, etcd (tests/fixtures/k8s/build.sh)"
 bin="$("$repo/tests/fixtures/k8s/build.sh" | tail -n1)"
 step_done
 
-log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin"
+# debootstrap needs root; ~4 min cold on 2 cores, cached by the script's hash.
+step "proxy VM guest image (tests/fixtures/guest-image/build.sh)"
+guest_image="$(as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
+    "$repo/tests/fixtures/guest-image/build.sh" | tail -n1)"
+step_done
+
+log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; guest image: $guest_image"

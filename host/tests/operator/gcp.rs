@@ -224,7 +224,11 @@ async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_
 fn squid_accepts_the_scripts_conf(script: &str) {
     let open = "<<'PROXY_OPERATOR_SQUID_CONF'\n";
     let start = script.find(open).expect("a squid.conf heredoc") + open.len();
-    let end = start + script[start..].find("\nPROXY_OPERATOR_SQUID_CONF\n").unwrap() + 1;
+    let end = start
+        + script[start..]
+            .find("\nPROXY_OPERATOR_SQUID_CONF\n")
+            .unwrap()
+        + 1;
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("squid.conf");
     std::fs::write(&conf, &script[start..end]).unwrap();

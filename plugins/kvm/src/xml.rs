@@ -255,7 +255,7 @@ pub fn domain_xml(d: &DomainSpec<'_>) -> String {
         } => {
             // Secure boot would have the firmware refuse a kernel it is handed directly.
             if d.firmware == Firmware::Uefi {
-                x.push_str("    <firmware>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n");
+                x.push_str("    <firmware>\n      <feature enabled='no' name='enrolled-keys'/>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n");
             }
             let _ = writeln!(x, "    <kernel>{}</kernel>", escape(kernel_path));
             if let Some(initrd) = initrd_path {
@@ -499,7 +499,7 @@ mod tests {
         };
         let xml = domain_xml(&s);
         for needle in [
-            "<os firmware='efi'>\n    <type arch='x86_64' machine='q35'>hvm</type>\n    <firmware>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n    <kernel>/pool/base-k-kernel-0123</kernel>\n    <initrd>/pool/base-k-initrd-4567</initrd>\n    <cmdline>root=/dev/vda rw console=ttyS0 a&lt;b</cmdline>\n  </os>",
+            "<os firmware='efi'>\n    <type arch='x86_64' machine='q35'>hvm</type>\n    <firmware>\n      <feature enabled='no' name='enrolled-keys'/>\n      <feature enabled='no' name='secure-boot'/>\n    </firmware>\n    <kernel>/pool/base-k-kernel-0123</kernel>\n    <initrd>/pool/base-k-initrd-4567</initrd>\n    <cmdline>root=/dev/vda rw console=ttyS0 a&lt;b</cmdline>\n  </os>",
             "<tcg>\n      <tb-cache unit='MiB'>128</tb-cache>\n    </tcg>",
             "<interface type='user'>\n      <backend type='passt'/>\n      <portForward proto='tcp' address='127.0.0.1'>\n        <range start='20001' to='3128'/>\n      </portForward>",
             "publish-port=\"20001\"",

@@ -9,6 +9,7 @@
 //! | [`Libvirtd`] | private libvirtd + virtlogd, QEMU (TCG), a `dir` pool | ~0.7 s |
 //! | [`FileServer`] | HTTP file server that counts requests | instant |
 //! | [`EgressGuard`] | iptables rules rejecting whatever QEMU/passt send off loopback | ~20 ms |
+//! | [`guest_image()`] | the proxy VM image (Debian, cloud-init, squid, guest agent) built by `tests/fixtures/guest-image/build.sh` | instant (cached; build ~4 min) |
 //!
 //! Add it as a dev-dependency: `proxy-operator-harness = { path = "../tests/harness" }`
 //! and `use harness::...`. Run `.ci/install-fixtures.sh` once per machine. A
@@ -62,6 +63,7 @@ pub mod bins;
 pub mod bootdisk;
 pub mod control_plane;
 pub mod guard;
+pub mod guest_image;
 pub mod http;
 pub mod libvirtd;
 pub mod process;
@@ -71,6 +73,7 @@ pub mod stack;
 
 pub use control_plane::{ADMIN_USER, ControlPlane, TestNamespace};
 pub use guard::EgressGuard;
+pub use guest_image::{GuestImage, guest_image};
 pub use http::FileServer;
 pub use libvirtd::Libvirtd;
 pub use squid::Squid;
