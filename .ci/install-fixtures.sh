@@ -31,7 +31,7 @@ backports_pkgs=(
 # provider VM really boots under TCG (tests/harness/src/bootdisk.rs).
 # debootstrap, e2fsprogs, passt, ovmf, iptables: the proxy VM guest image
 # (tests/fixtures/guest-image/build.sh), booted with passt user networking (BIOS or UEFI)
-# behind an iptables egress guard (tests/harness/src/guest_image.rs).
+# behind an iptables egress guard (tests/harness/src/guard.rs).
 plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
     debootstrap e2fsprogs passt ovmf iptables)
@@ -126,14 +126,26 @@ else
 fi
 step_done
 
+# The guest image (debootstrap: mostly downloads and dpkg, ~4 min cold) builds beside the Go
+# build (CPU-bound, ~10 min cold); both are cached by the hash of their inputs. debootstrap needs
+# root.
+step "proxy VM guest image (tests/fixtures/guest-image/build.sh), in the background"
+image_out="$(mktemp)"
+as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
+    "$repo/tests/fixtures/guest-image/build.sh" >"$image_out" &
+image_pid=$!
+
 step "kube-apiserver, kubectl, etcd (tests/fixtures/k8s/build.sh)"
 bin="$("$repo/tests/fixtures/k8s/build.sh" | tail -n1)"
 step_done
 
-# debootstrap needs root; ~4 min cold on 2 cores, cached by the script's hash.
-step "proxy VM guest image (tests/fixtures/guest-image/build.sh)"
-guest_image="$(as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
-    "$repo/tests/fixtures/guest-image/build.sh" | tail -n1)"
+step "waiting for the guest image"
+if ! wait "$image_pid"; then
+    log "building the guest image failed (its output is above)"
+    exit 1
+fi
+guest_image="$(tail -n1 "$image_out")"
+rm -f "$image_out"
 step_done
 
 log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; guest image: $guest_image"

@@ -36,7 +36,7 @@ else
   exit 1
 fi
 if command -v systemctl >/dev/null 2>&1; then
-  systemctl enable qemu-guest-agent >/dev/null 2>&1 || true
+  systemctl is-enabled --quiet qemu-guest-agent 2>/dev/null || systemctl enable qemu-guest-agent >/dev/null 2>&1 || true
   systemctl start qemu-guest-agent
 elif command -v rc-service >/dev/null 2>&1; then
   rc-update add qemu-guest-agent default >/dev/null 2>&1 || true

@@ -228,7 +228,9 @@ pub enum Boot<'a> {
 }
 
 /// The domain XML of a proxy VM: q35, UEFI (libvirt picks the firmware) or BIOS, a virtio
-/// overlay disk, the seed ISO as a read-only SATA CD-ROM, one virtio NIC, a serial console and the
+/// overlay disk, the seed ISO as a read-only virtio disk (cloud kernels, such as Debian's
+/// `linux-image-cloud-amd64`, have no SATA CD-ROM driver; NoCloud finds the seed by its label on
+/// any block device), one virtio NIC, a serial console and the
 /// guest agent channel, and the owner identity in `<metadata>`.
 pub fn domain_xml(d: &DomainSpec<'_>) -> String {
     let mut x = String::with_capacity(2048);
@@ -285,7 +287,7 @@ pub fn domain_xml(d: &DomainSpec<'_>) -> String {
     );
     let _ = writeln!(
         x,
-        "    <disk type='file' device='cdrom'>\n      <driver name='qemu' type='raw'/>\n      <source file='{}'/>\n      <target dev='sda' bus='sata'/>\n      <readonly/>\n    </disk>",
+        "    <disk type='file' device='disk'>\n      <driver name='qemu' type='raw'/>\n      <source file='{}'/>\n      <target dev='vdb' bus='virtio'/>\n      <readonly/>\n    </disk>",
         escape(d.seed_path)
     );
     match d.nic {
@@ -444,7 +446,7 @@ mod tests {
             "<type arch='x86_64' machine='q35'>hvm</type>",
             "<source file='/var/lib/libvirt/images/px-0123456789abcdef-root.qcow2'/>",
             "<source file='/var/lib/libvirt/images/it&apos;s &amp; &lt;seed&gt;.iso'/>",
-            "<target dev='sda' bus='sata'/>\n      <readonly/>",
+            "<target dev='vdb' bus='virtio'/>\n      <readonly/>",
             "<interface type='network'>\n      <source network='default'/>\n      <model type='virtio'/>",
             "<serial type='pty'/>",
             "<console type='pty'/>",

@@ -239,7 +239,8 @@ cat > /etc/squid/squid.conf <<'{delimiter}'
 {squid_conf}{delimiter}
 grep -qs '[[:space:]]{hostname}$' /etc/hosts || echo '127.0.1.1 {hostname}' >> /etc/hosts
 if command -v systemctl >/dev/null 2>&1; then
-  systemctl enable squid >/dev/null 2>&1 || true
+  # enable reloads systemd, which takes seconds on a slow VM: only when needed.
+  systemctl is-enabled --quiet squid 2>/dev/null || systemctl enable squid >/dev/null 2>&1 || true
   systemctl restart --no-block squid
 elif command -v rc-service >/dev/null 2>&1; then
   rc-update add squid default >/dev/null 2>&1 || true

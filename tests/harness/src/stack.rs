@@ -341,12 +341,17 @@ impl Stack {
                     format!("guest agent answered: the proxy is at {address}:{port}"),
                 );
             }
-            if text("phase").as_deref() == Some("Ready") {
-                say(
-                    phases,
-                    "ready",
-                    "Ready: a real CONNECT through the guest's squid passed".into(),
-                );
+            // `Ready` before the first probe means only "running"; the health engine's
+            // `Healthy` condition says a real CONNECT passed.
+            let healthy = status
+                .get("conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Healthy")
+                .map(|c| c["status"] == "True");
+            if text("phase").as_deref() == Some("Ready") && healthy == Some(true) {
+                say(phases, "ready", "Ready: a real CONNECT through the guest's squid passed".into());
                 return Ok(status);
             }
             if text("phase").as_deref() == Some("Failed") {
@@ -391,19 +396,27 @@ impl Stack {
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
-    /// Leases the sample Proxy; returns the lease (`id`, `proxyUrl`, ...).
+    /// Leases the sample Proxy; returns the lease (`id`, `proxyUrl`, ...). A `503` (the
+    /// discovery pool takes up to one health round to follow the status) is retried after its
+    /// `Retry-After`, as a crawler does, for up to 30 s.
     pub async fn lease(&self) -> Result<Value> {
-        let (status, lease) = self
-            .discovery(
-                reqwest::Method::POST,
-                "/v1/leases",
-                Some(json!({"proxy": format!("{PROXY_NAMESPACE}/{PROXY_NAME}")})),
-            )
-            .await?;
-        if status != 201 {
-            bail!("POST /v1/leases answered {status}: {lease}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, lease) = self
+                .discovery(
+                    reqwest::Method::POST,
+                    "/v1/leases",
+                    Some(json!({"proxy": format!("{PROXY_NAMESPACE}/{PROXY_NAME}")})),
+                )
+                .await?;
+            match status {
+                201 => return Ok(lease),
+                503 if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
+                _ => bail!("POST /v1/leases answered {status}: {lease}"),
+            }
         }
-        Ok(lease)
     }
 
     /// GETs the loopback site through `proxy_url`; returns the status and body.
