@@ -1,4 +1,5 @@
-//! Subcommands of the operator binary.
+//! Subcommands of the operator binary, and its log set-up.
 
+pub mod logging;
 pub mod plugin;
 pub mod run;

@@ -474,7 +474,7 @@ impl HealthEngine {
             ),
             None => {}
         }
-        conditions::readiness(&mut status, generation);
+        conditions::readiness(&mut status, generation, !self.options.interval.is_zero());
         let exit_ip = verdict.exit_ip.as_ref().map(|e| e.ip.clone());
         let verdict_changed = exit_ip != observed.exit_ip
             || status.phase != observed.phase

@@ -6,7 +6,7 @@ pub mod metrics;
 pub mod persist;
 pub mod store;
 
-pub use api::{Discovery, router};
+pub use api::{Discovery, router, serve};
 pub use metrics::LeaseMetrics;
 pub use persist::LeasePersistence;
 pub use store::{LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey, Snapshot};

@@ -80,16 +80,20 @@ enum PluginCommand {
     },
 }
 
-fn init_logging(cli: &Cli) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Logs to stderr, coloured only when stderr is a terminal (log files and container logs get
+/// plain text). A `--log-level` that is not a filter is refused, not replaced by `info`.
+fn init_logging(cli: &Cli) -> Result<(), String> {
+    use std::io::IsTerminal;
+    let filter = proxy_operator::cli::logging::filter(&cli.log_level)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }
 
 fn write_crds(out: Option<&std::path::Path>) -> anyhow::Result<()> {
@@ -117,7 +121,10 @@ fn write_crds(out: Option<&std::path::Path>) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli);
+    if let Err(e) = init_logging(&cli) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match &cli.command {
         Command::Run(args) => {
             return match proxy_operator::cli::run::run((**args).clone()).await {

@@ -75,7 +75,8 @@ async fn serve(options: LeaseOptions, pool: Vec<PoolEntry>) -> Api {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = leases::router(Arc::new(Discovery::new(store.clone(), TOKEN)));
-    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // The operator's own server (`leases::serve`, as `proxy-operator run` serves the API).
+    let server = tokio::spawn(leases::serve(listener, app));
     let expiry = tokio::spawn(leases::persist::expire_leases(store.clone()));
     Api {
         addr,
@@ -565,6 +566,161 @@ async fn the_openapi_document_is_served_and_covers_every_route() {
     assert!(answered.len() >= 12, "scan found {answered:?}");
     let answered: HashSet<&str> = answered.iter().map(String::as_str).collect();
     assert_eq!(answered, documented);
+}
+
+/// Whether the OpenAPI document lists `status` (or a `default`) for `method path`.
+fn documented(doc: &Value, path: &str, method: &str, status: StatusCode) -> bool {
+    let responses = &doc["paths"][path][method]["responses"];
+    responses.get(status.as_str()).is_some() || responses.get("default").is_some()
+}
+
+/// The corners of the contract: every answer, even to a request the router never sees whole, is
+/// a problem listed in the OpenAPI document, and the document says what the server checks.
+#[tokio::test]
+async fn every_refusal_is_a_documented_problem() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+    let doc: Value = serde_json::from_str(leases::api::OPENAPI).unwrap();
+    let id_pattern = doc["components"]["parameters"]["LeaseId"]["schema"]["pattern"]
+        .as_str()
+        .expect("the lease id has a pattern");
+    assert_eq!(id_pattern, "^[0-9a-f]{32}$");
+    let proxy_pattern =
+        doc["components"]["schemas"]["LeaseRequest"]["properties"]["proxy"]["pattern"]
+            .as_str()
+            .expect("proxy has a pattern");
+    assert_eq!(proxy_pattern, "^[^/]+/[^/]+$");
+
+    // (what, method, path, documented as: path and operation, status, problem)
+    type Case<'a> = (
+        &'a str,
+        reqwest::Method,
+        &'a str,
+        (&'a str, &'a str),
+        StatusCode,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "id not UTF-8 (release)",
+            reqwest::Method::DELETE,
+            "/v1/leases/%ff",
+            ("/v1/leases/{id}", "delete"),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+        ),
+        (
+            "id not UTF-8 (report)",
+            reqwest::Method::POST,
+            "/v1/leases/%ff/report",
+            ("/v1/leases/{id}/report", "post"),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+        ),
+        (
+            "unknown path",
+            reqwest::Method::GET,
+            "/v1/nothing",
+            // The fallbacks answer for any path: every operation's `default` covers them.
+            ("/v1/leases", "post"),
+            StatusCode::NOT_FOUND,
+            "not-found",
+        ),
+        (
+            "unknown method",
+            reqwest::Method::PUT,
+            "/v1/leases",
+            ("/v1/leases", "post"),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+        ),
+    ];
+    for (what, method, path, (template, operation), status, kind) in cases {
+        let reply = api
+            .send(
+                method.clone(),
+                path,
+                (method == reqwest::Method::POST).then(|| "{\"outcome\":\"success\"}".into()),
+            )
+            .await;
+        reply.assert_problem(status, kind);
+        if status == StatusCode::BAD_REQUEST {
+            let detail = reply.body["detail"].as_str().unwrap();
+            assert!(detail.starts_with("id: "), "{what}: {detail}");
+        }
+        assert!(
+            documented(&doc, template, operation, status),
+            "{what}: {status} not documented for {operation} {template}"
+        );
+    }
+
+    // Any other id that is not a lease is still released idempotently.
+    assert_eq!(
+        api.release("not-a-lease").await.status,
+        StatusCode::NO_CONTENT
+    );
+
+    // Too many headers: a problem too, not hyper's empty 431.
+    let mut request = api
+        .http
+        .post(format!("http://{}/v1/leases", api.addr))
+        .bearer_auth(TOKEN);
+    for i in 0..500 {
+        request = request.header(format!("x-filler-{i}"), "1");
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap_or(Value::Null);
+    assert_eq!(body["type"], "urn:proxy-operator:problem:headers-too-large");
+    assert!(documented(
+        &doc,
+        "/v1/leases",
+        "post",
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    ));
+
+    // Every operation has a `default` problem, for the fallback answers.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            assert_eq!(
+                operation["responses"]["default"]["$ref"], "#/components/responses/Problem",
+                "{method} {path}"
+            );
+        }
+    }
+
+    // One rule for optional fields: `null` is the same as absent, for every one of them.
+    let granted = api
+        .grant(json!({
+            "provider": null, "zone": null, "selector": null, "proxy": null, "ttlSeconds": null
+        }))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let id = granted.body["id"].as_str().unwrap();
+    assert!(
+        id.len() == 32
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        "lease ids match the documented pattern: {id}"
+    );
+    for (field, schema) in doc["components"]["schemas"]["LeaseRequest"]["properties"]
+        .as_object()
+        .unwrap()
+    {
+        let types = schema["type"].as_array();
+        assert!(
+            types.is_some_and(|t| t.contains(&json!("null"))),
+            "{field}: the document says whether null is allowed: {schema}"
+        );
+    }
+    assert_eq!(api.release(id).await.status, StatusCode::NO_CONTENT);
 }
 
 #[tokio::test]

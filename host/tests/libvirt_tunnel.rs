@@ -263,6 +263,39 @@ async fn missing_remote_socket_is_a_transient_channel_refusal() {
     );
 }
 
+/// An sshd that forbids forwarding refuses the channel with the same code as a missing socket
+/// (OpenSSH logs `request … denied`, the client sees only `ConnectFailed`), so the error names the
+/// sshd options to check. `AllowTcpForwarding no` forbids stream-local channels too.
+#[tokio::test]
+async fn sshd_forbidding_forwarding_is_reported_with_the_option_to_check() {
+    let local = tempfile::tempdir().unwrap();
+    // A socket that exists, so the refusal is sshd's own.
+    let remote = local.path().join("libvirt-sock");
+    let _listener = tokio::net::UnixListener::bind(&remote).unwrap();
+    for option in ["AllowTcpForwarding no", "AllowStreamLocalForwarding no"] {
+        let sshd = Sshd::start_with(option).await.unwrap();
+        let err = Tunnel::open(
+            &target(&sshd),
+            &material(&sshd),
+            remote.to_str().unwrap(),
+            local.path(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, TunnelError::ChannelRefused { .. }),
+            "{option}: {err:?}"
+        );
+        let message = err.to_string();
+        for part in ["AllowTcpForwarding", "AllowStreamLocalForwarding", "sshd"] {
+            assert!(
+                message.contains(part),
+                "{option}: `{message}` should name {part}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn closed_port_is_a_transient_connect_error() {
     // A port sshd listened on a moment ago: nothing there now.

@@ -175,3 +175,62 @@ async fn run_calls_each_function_against_real_capabilities() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("not found"));
 }
+
+/// The operator's logs when stderr is a file or a pipe (a container's log, `2> file`): plain text,
+/// no ANSI colour codes.
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .args(["run", "--providers-config", "/nonexistent/providers.yaml"])
+        .env("LOG_LEVEL", "info")
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("running proxy-operator");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ERROR"), "an error was logged: {stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escape codes in a pipe: {stderr:?}"
+    );
+}
+
+/// A `LOG_LEVEL` that is not a log filter is refused at start, naming the variable, rather than
+/// silently replaced by `info`.
+#[test]
+fn an_invalid_log_level_is_refused_naming_the_variable() {
+    for bad in ["info,proxy_operator=loud", "warning", "debug,[{"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["crds"])
+            .env("LOG_LEVEL", bad)
+            .output()
+            .expect("running proxy-operator");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "{bad}: accepted; stderr: {stderr}"
+        );
+        assert!(
+            stderr.contains("LOG_LEVEL") && stderr.contains(bad),
+            "{bad}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{bad}: nothing done");
+    }
+    // Good ones still work.
+    for good in [
+        "info",
+        "warn,proxy_operator=debug",
+        "proxy_operator::gc=trace",
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["crds"])
+            .env("LOG_LEVEL", good)
+            .output()
+            .expect("running proxy-operator");
+        assert!(
+            output.status.success(),
+            "{good}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::kubernetes_formats)]
 pub struct ProviderHealthSpec {
     /// The provider type (plugin) serving this provider instance.
     #[serde(default)]
@@ -30,6 +31,7 @@ pub struct ProviderHealthSpec {
 /// Result of the latest check.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::kubernetes_formats)]
 pub struct ProviderHealthStatus {
     /// `Ready`, with a reason from a fixed set (see docs/architecture.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::api::kubernetes_formats)]
 pub struct ProxySpec {
     /// The provider instance that makes this proxy: a `name` from the operator's providers config
     /// (e.g. `kvm-home`). Immutable: to move a proxy, create a new one.
@@ -36,12 +37,16 @@ pub struct ProxySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
 
-    /// cloud-init user-data, passed to the provider byte for byte.
+    /// cloud-init user-data, passed to the provider byte for byte. At most 262144 characters
+    /// (256 KiB), so a Proxy always fits in etcd's 1.5 MiB request limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
     pub cloud_init: Option<String>,
 
-    /// cloud-init vendor-data, merged by cloud-init with the provider's own.
+    /// cloud-init vendor-data, merged by cloud-init with the provider's own. At most 262144
+    /// characters (256 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
     pub vendor_data: Option<String>,
 
     /// Install the QEMU guest agent (VM providers use it to learn the address). Default true.
@@ -118,6 +123,7 @@ pub enum Phase {
 /// What the operator observed.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::kubernetes_formats)]
 pub struct ProxyStatus {
     /// Lifecycle phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]

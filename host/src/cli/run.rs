@@ -305,7 +305,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let ctx = Arc::new(
         Context::new(client.clone(), providers.clone(), &args.operator_id)
-            .with_metrics(ReconcileMetrics::register(&registry)?),
+            .with_metrics(ReconcileMetrics::register(&registry)?)
+            .with_health_probing(!args.health_interval.is_zero()),
     );
     let probe_metrics = ProbeMetrics::register(&registry)?;
     let (health_options, persist_interval) = (args.health_options(), args.lease_persist_interval);
@@ -496,11 +497,10 @@ async fn serve_discovery(
         .await
         .with_context(|| format!("binding --discovery-addr {addr}"))?;
     tracing::info!(%addr, "serving the discovery API");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, leases::router(discovery)).await {
-            tracing::error!("discovery API server failed: {e}");
-        }
-    }))
+    Ok(tokio::spawn(leases::serve(
+        listener,
+        leases::router(discovery),
+    )))
 }
 
 #[cfg(test)]

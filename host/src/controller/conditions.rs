@@ -53,8 +53,9 @@ pub fn not_provisioned(
 
 /// Phase and `Ready` of a provisioned proxy, from its `Healthy` condition (written by the health
 /// engine): `Unhealthy` when probes fail, `Ready` otherwise. The reconciler and the health engine
-/// both use this, so they never disagree on what a verdict means.
-pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>) {
+/// both use this, so they never disagree on what a verdict means. `probing`: whether health
+/// probes run at all (`--health-interval 0s` turns them off), so the message says which.
+pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>, probing: bool) {
     use crate::api::Phase;
     let healthy = status
         .conditions
@@ -68,6 +69,13 @@ pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>) 
             true,
             "Healthy",
             "provisioned and passing health probes".to_string(),
+        ),
+        _ if !probing => (
+            Phase::Ready,
+            true,
+            "InstanceRunning",
+            "provisioned; health probing is off (--health-interval 0s), so it counts as healthy"
+                .to_string(),
         ),
         _ => (
             Phase::Ready,
@@ -85,4 +93,35 @@ pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>) 
         &message,
         generation,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Phase, ProxyStatus};
+
+    fn ready_message(status: &ProxyStatus) -> &str {
+        &status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap()
+            .message
+    }
+
+    /// Without a `Healthy` verdict, the message says whether one is still to come.
+    #[test]
+    fn ready_says_whether_health_probing_is_on() {
+        let mut probed = ProxyStatus::default();
+        readiness(&mut probed, Some(1), true);
+        assert_eq!(probed.phase, Some(Phase::Ready));
+        assert!(ready_message(&probed).contains("not yet judged by health probes"));
+
+        let mut unprobed = ProxyStatus::default();
+        readiness(&mut unprobed, Some(1), false);
+        assert_eq!(unprobed.phase, Some(Phase::Ready));
+        let message = ready_message(&unprobed);
+        assert!(message.contains("health probing is off"), "{message}");
+        assert!(!message.contains("not yet judged"), "{message}");
+    }
 }

@@ -40,6 +40,9 @@ pub struct Context {
     /// Identifies this operator installation on the instances it makes.
     pub operator_id: String,
     pub metrics: Option<ReconcileMetrics>,
+    /// Whether the health engine probes proxies (`--health-interval` not `0s`): decides what the
+    /// `Ready` condition of an unprobed proxy says.
+    pub health_probing: bool,
 }
 
 impl Context {
@@ -51,7 +54,14 @@ impl Context {
             recorder,
             operator_id: operator_id.to_string(),
             metrics: None,
+            health_probing: true,
         }
+    }
+
+    /// Whether health probes run (`false` for `--health-interval 0s`).
+    pub fn with_health_probing(mut self, probing: bool) -> Self {
+        self.health_probing = probing;
+        self
     }
 
     /// Counts and times every reconcile.
@@ -116,17 +126,54 @@ async fn reconcile(
     let started = std::time::Instant::now();
     let namespace = proxy.namespace().unwrap_or_default();
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
-    let result = finalizer(&api, FINALIZER, proxy, |event| async {
-        match event {
-            Finalizer::Apply(proxy) => apply(&proxy, &api, &ctx).await,
-            Finalizer::Cleanup(proxy) => cleanup(&proxy, &api, &ctx).await,
-        }
-    })
-    .await;
+    let result = match live_for_cleanup(&api, proxy).await {
+        Ok(Some(proxy)) => finalizer(&api, FINALIZER, proxy, |event| async {
+            match event {
+                Finalizer::Apply(proxy) => apply(&proxy, &api, &ctx).await,
+                Finalizer::Cleanup(proxy) => cleanup(&proxy, &api, &ctx).await,
+            }
+        })
+        .await
+        .or_else(finalizer_already_gone),
+        Ok(None) => Ok(Action::await_change()),
+        Err(e) => Err(kube::runtime::finalizer::Error::CleanupFailed(e.into())),
+    };
     if let Some(metrics) = &ctx.metrics {
         metrics.observe(started.elapsed(), result.is_ok());
     }
     result
+}
+
+/// The Proxy to reconcile. For a Proxy being deleted, the live object rather than the cached one:
+/// the cleanup's own status write wakes the controller again, and the cache may still show the
+/// finalizer that cleanup has just removed. Without this, every deletion called the provider's
+/// `delete` twice. `None`: nothing left to clean up (gone, or our finalizer already removed).
+async fn live_for_cleanup(
+    api: &Api<Proxy>,
+    cached: Arc<Proxy>,
+) -> Result<Option<Arc<Proxy>>, kube::Error> {
+    if cached.meta().deletion_timestamp.is_none() {
+        return Ok(Some(cached));
+    }
+    let Some(live) = api.get_opt(&cached.name_any()).await? else {
+        return Ok(None);
+    };
+    let ours = live.uid() == cached.uid() && live.finalizers().iter().any(|f| f == FINALIZER);
+    Ok(ours.then(|| Arc::new(live)))
+}
+
+/// Removing the finalizer of a Proxy that is already gone is success: the deletion finished.
+fn finalizer_already_gone(
+    error: kube::runtime::finalizer::Error<Error>,
+) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
+    match error {
+        kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status))
+            if status.is_not_found() =>
+        {
+            Ok(Action::await_change())
+        }
+        other => Err(other),
+    }
 }
 
 async fn event(ctx: &Context, proxy: &Proxy, type_: EventType, reason: &str, note: String) {
@@ -273,9 +320,9 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
         let mut known = providers.configured_names();
         known.sort();
         let message = format!(
-            "no provider instance `{}` in the providers config (configured: {}); fix spec.provider or add it to the providers config",
-            proxy.spec.provider,
-            known.join(", ")
+            "no provider instance `{provider}` in the providers config (configured: {}); add `{provider}` to the providers config, or recreate the Proxy with another spec.provider (it is immutable)",
+            known.join(", "),
+            provider = proxy.spec.provider,
         );
         if status.phase != Some(Phase::Pending) || status.last_error.as_deref() != Some(&message) {
             event(
@@ -372,7 +419,7 @@ async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action,
                 &message,
                 generation,
             );
-            conditions::readiness(&mut status, generation);
+            conditions::readiness(&mut status, generation, ctx.health_probing);
             RESYNC
         }
         _ => {

@@ -17,10 +17,22 @@ pub enum ProbeFailure {
     Connect(String),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
-    #[error("the proxy answered CONNECT with HTTP {0}")]
+    #[error("the proxy answered CONNECT with HTTP {0}{hint}", hint = status_hint(*.0))]
     Status(u16),
     #[error("the proxy's answer is not HTTP: {0}")]
     Protocol(String),
+}
+
+/// What usually causes a refusal, for the statuses where that is known.
+fn status_hint(code: u16) -> &'static str {
+    match code {
+        // squid's `http_access deny`, as every provider configures it.
+        403 => {
+            ": the proxy refused the request; usually the operator's address is not in the \
+             provider's `allowFrom`, or the port of --health-target is not in its `connectPorts`"
+        }
+        _ => "",
+    }
 }
 
 impl ProbeFailure {
@@ -173,7 +185,59 @@ fn parse_exit_ip(body: &[u8]) -> Option<std::net::IpAddr> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_exit_ip;
+    use super::*;
+
+    /// A proxy that answers every CONNECT with `status_line`.
+    async fn answering(status_line: &'static str) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(format!("{status_line}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await;
+            }
+        });
+        addr
+    }
+
+    /// A 403 to CONNECT is the proxy's access rules, nearly always: say which ones.
+    #[tokio::test]
+    async fn a_refused_connect_says_what_usually_causes_it() {
+        let addr = answering("HTTP/1.1 403 Forbidden").await;
+        let failure = probe(
+            "127.0.0.1",
+            addr.port(),
+            "www.example.com:443",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(failure, ProbeFailure::Status(403));
+        let message = failure.to_string();
+        for part in ["HTTP 403", "allowFrom", "connectPorts", "--health-target"] {
+            assert!(
+                message.contains(part),
+                "`{message}` should mention `{part}`"
+            );
+        }
+        // Other statuses keep the plain message.
+        let addr = answering("HTTP/1.1 502 Bad Gateway").await;
+        let failure = probe(
+            "127.0.0.1",
+            addr.port(),
+            "www.example.com:443",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            failure.to_string(),
+            "the proxy answered CONNECT with HTTP 502"
+        );
+    }
 
     #[test]
     fn exit_ip_answers_of_common_services_are_understood() {

@@ -11,10 +11,12 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tower::ServiceExt;
 
 use super::store::{
     EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, Outcome, ProxyKey,
@@ -22,6 +24,14 @@ use super::store::{
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Most header fields a request may carry; more is a `headers-too-large` problem. A crawler
+/// sends a handful.
+pub const MAX_HEADERS: usize = 100;
+/// Header fields the HTTP layer (hyper) parses before it refuses a request itself, with an empty
+/// 431 that is no problem document: well above [`MAX_HEADERS`], so the refusal is ours. (hyper's
+/// default is 100, which made every request over it an empty 431.) Each parse reserves room for
+/// this many fields (64 bytes each), so it stays small.
+const TRANSPORT_MAX_HEADERS: usize = 1024;
 /// The OpenAPI document of this API, committed under docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
@@ -57,6 +67,15 @@ impl Problem {
             "bad-request",
             "The request is not valid",
             detail,
+        )
+    }
+
+    fn headers_too_large(count: usize) -> Self {
+        Problem::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers-too-large",
+            "Too many header fields",
+            format!("the request has {count} header fields; at most {MAX_HEADERS} are accepted"),
         )
     }
 
@@ -176,13 +195,13 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for JsonBody<
     }
 }
 
+/// Every field is optional, and `null` is the same as absent for each of them.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct GrantBody {
     provider: Option<String>,
     zone: Option<String>,
-    #[serde(default)]
-    selector: BTreeMap<String, String>,
+    selector: Option<BTreeMap<String, String>>,
     /// `namespace/name` of a particular proxy.
     proxy: Option<String>,
     ttl_seconds: Option<u64>,
@@ -270,6 +289,37 @@ pub fn router(discovery: Arc<Discovery>) -> Router {
         .with_state(discovery)
 }
 
+/// Serves `router` (the discovery API's) on `listener` until the task is dropped. Like
+/// `axum::serve`, with the header limits above: every answer to a request that reaches the
+/// operator, including one with too many header fields, is a problem document.
+pub async fn serve(mut listener: tokio::net::TcpListener, router: Router) {
+    loop {
+        let (stream, _) = axum::serve::Listener::accept(&mut listener).await;
+        let router = router.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let router = router.clone();
+                async move {
+                    let count = request.headers().len();
+                    if count > MAX_HEADERS {
+                        return Ok(Problem::headers_too_large(count).into_response());
+                    }
+                    router.oneshot(request).await
+                }
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.max_headers(TRANSPORT_MAX_HEADERS);
+            if let Err(e) = http
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades()
+                .await
+            {
+                tracing::trace!("discovery API connection: {e}");
+            }
+        });
+    }
+}
+
 /// Proof that a request carries the discovery token. An extractor rather than a middleware
 /// layer: it runs before the body is read, and costs no boxed service per request (the grant
 /// path is benchmarked against a bare handler).
@@ -305,6 +355,31 @@ impl FromRequestParts<Arc<Discovery>> for Authorized {
     }
 }
 
+/// The `{id}` of a lease path. Grants make 32 lowercase hex characters; any other id is simply
+/// not a lease (release: 204, report: 404), except one that does not decode to UTF-8 (`%ff`),
+/// which is a `bad-request` problem naming `id` rather than the router's plain-text 400.
+struct LeaseId(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(LeaseId(id)),
+            Err(rejection) => {
+                // Only the raw path is left to show: the id did not decode.
+                let raw = parts.uri.path().trim_start_matches("/v1/leases/");
+                Err(Problem::bad_request(format!(
+                    "id: `{}` is not a lease id (32 hex characters, as POST /v1/leases returns \
+                     it): {}",
+                    raw.split('/').next().unwrap_or_default(),
+                    rejection.body_text()
+                )))
+            }
+        }
+    }
+}
+
 fn parse_proxy(value: &str) -> Result<ProxyKey, Problem> {
     match value.split_once('/') {
         Some((namespace, name))
@@ -334,7 +409,7 @@ async fn grant(
     let request = LeaseRequest {
         provider: body.provider,
         zone: body.zone,
-        selector: body.selector,
+        selector: body.selector.unwrap_or_default(),
         proxy: body.proxy.as_deref().map(parse_proxy).transpose()?,
         ttl: body.ttl_seconds.map(Duration::from_secs),
     };
@@ -414,7 +489,7 @@ fn proxy_url(address: &str, port: u16) -> String {
 async fn report(
     State(discovery): State<Arc<Discovery>>,
     _: Authorized,
-    Path(id): Path<String>,
+    LeaseId(id): LeaseId,
     JsonBody(body): JsonBody<ReportBody>,
 ) -> Result<Response, Problem> {
     let outcome = body.outcome.ok_or_else(|| {
@@ -439,7 +514,7 @@ async fn report(
 async fn release(
     State(discovery): State<Arc<Discovery>>,
     _: Authorized,
-    Path(id): Path<String>,
+    LeaseId(id): LeaseId,
 ) -> Result<StatusCode, Problem> {
     discovery
         .store

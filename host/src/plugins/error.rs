@@ -67,7 +67,9 @@ pub enum CallError {
         error: ProviderError,
     },
     #[error(
-        "plugin `{plugin}` used more than its CPU budget of {budget:?} in `{function}` and was stopped"
+        "plugin `{plugin}` used more than its CPU budget of {} in `{function}` and was stopped; \
+         raise it with --plugin-cpu-budget-ms (PLUGIN_CPU_BUDGET_MS) if the plugin needs more",
+        human_duration(*budget)
     )]
     CpuDeadline {
         plugin: String,
@@ -75,14 +77,21 @@ pub enum CallError {
         budget: Duration,
     },
     #[error(
-        "plugin `{plugin}` exceeded its memory limit of {limit} bytes in `{function}` and was stopped"
+        "plugin `{plugin}` exceeded its memory limit of {} in `{function}` and was stopped; \
+         raise it with --plugin-memory-limit-mib (PLUGIN_MEMORY_LIMIT_MIB) if the plugin needs more",
+        human_bytes(*limit)
     )]
     OutOfMemory {
         plugin: String,
         function: &'static str,
         limit: usize,
     },
-    #[error("plugin `{plugin}` did not finish `{function}` within {timeout:?} and was abandoned")]
+    #[error(
+        "plugin `{plugin}` did not finish `{function}` within {} and was abandoned; raise the \
+         limit with --plugin-call-timeout-seconds (PLUGIN_CALL_TIMEOUT_SECONDS) if the provider's \
+         API is that slow",
+        human_duration(*timeout)
+    )]
     Timeout {
         plugin: String,
         function: &'static str,
@@ -100,6 +109,27 @@ pub enum CallError {
         function: &'static str,
         reason: String,
     },
+}
+
+/// `500 ms`, `2 s`, `1.5 s`: a limit as a person writes it.
+fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{} s", d.as_secs_f64())
+    }
+}
+
+/// `128 MiB`, `640 KiB`, `1000 bytes`: the largest unit that divides the size.
+fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b.is_multiple_of(1 << 10) => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
 }
 
 impl CallError {
@@ -120,6 +150,84 @@ impl CallError {
         match self {
             CallError::Provider { error, .. } => Some(error),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox limit names itself in human units and the flag (and its variable) that raises it.
+    #[test]
+    fn limit_errors_name_the_limit_and_the_flag_that_raises_it() {
+        let cases = [
+            (
+                CallError::CpuDeadline {
+                    plugin: "kvm".into(),
+                    function: "create",
+                    budget: Duration::from_millis(2000),
+                },
+                [
+                    "CPU budget of 2 s",
+                    "--plugin-cpu-budget-ms",
+                    "PLUGIN_CPU_BUDGET_MS",
+                ],
+            ),
+            (
+                CallError::CpuDeadline {
+                    plugin: "kvm".into(),
+                    function: "create",
+                    budget: Duration::from_millis(500),
+                },
+                [
+                    "CPU budget of 500 ms",
+                    "--plugin-cpu-budget-ms",
+                    "PLUGIN_CPU_BUDGET_MS",
+                ],
+            ),
+            (
+                CallError::OutOfMemory {
+                    plugin: "kvm".into(),
+                    function: "list",
+                    limit: 128 << 20,
+                },
+                [
+                    "memory limit of 128 MiB",
+                    "--plugin-memory-limit-mib",
+                    "PLUGIN_MEMORY_LIMIT_MIB",
+                ],
+            ),
+            (
+                CallError::Timeout {
+                    plugin: "gcp".into(),
+                    function: "delete",
+                    timeout: Duration::from_secs(60),
+                },
+                [
+                    "within 60 s",
+                    "--plugin-call-timeout-seconds",
+                    "PLUGIN_CALL_TIMEOUT_SECONDS",
+                ],
+            ),
+            (
+                CallError::Timeout {
+                    plugin: "gcp".into(),
+                    function: "delete",
+                    timeout: Duration::from_millis(1500),
+                },
+                [
+                    "within 1.5 s",
+                    "--plugin-call-timeout-seconds",
+                    "PLUGIN_CALL_TIMEOUT_SECONDS",
+                ],
+            ),
+        ];
+        for (error, expected) in cases {
+            let message = error.to_string();
+            for part in expected {
+                assert!(message.contains(part), "`{message}` should say `{part}`");
+            }
         }
     }
 }

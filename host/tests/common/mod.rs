@@ -118,6 +118,8 @@ pub fn spec(name: &str, options: serde_json::Value) -> InstanceSpec {
 pub struct StoreState {
     pub instances: Mutex<HashMap<String, serde_json::Value>>,
     pub requests: AtomicUsize,
+    /// `DELETE /instances/{id}` requests, found or not.
+    pub deletes: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
     /// Delay of every instance request, to hold calls open.
@@ -287,6 +289,7 @@ async fn put(
 
 async fn delete(State(state): State<Arc<StoreState>>, Path(id): Path<String>) -> StatusCode {
     let _guard = InFlight::enter(&state);
+    state.deletes.fetch_add(1, Ordering::SeqCst);
     pause(&state).await;
     match state.instances.lock().unwrap().remove(&id) {
         Some(_) => StatusCode::NO_CONTENT,

@@ -238,6 +238,87 @@ async fn a_proxy_applied_with_kubectl_becomes_ready_and_deleting_it_deletes_the_
     );
 }
 
+/// A deletion is cleaned up once: the status write that marks the Proxy `Deleting` triggers a
+/// second reconcile, which used to see the stale object (finalizer still there) and call the
+/// provider's `delete` again, publish `Deleted` again and fail on the finalizer with NotFound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_deletion_calls_the_providers_delete_once() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-delete-once").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    const ROUNDS: usize = 5;
+    for round in 0..ROUNDS {
+        let name = format!("once-{round}");
+        apply_ready(cp, &ns, &api, &name).await;
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+        wait_for(&api, &name, "gone", |p| p.is_none()).await;
+    }
+    // A second cleanup would come right after the first: give it the time to happen.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        store.state.deletes.load(Ordering::SeqCst),
+        ROUNDS,
+        "one provider delete per deleted Proxy"
+    );
+    assert!(store.ids().is_empty(), "{:?}", store.ids());
+    let events = cp
+        .kubectl_run(
+            &["get", "events.events.k8s.io", "-n", ns.name(), "-o", "json"],
+            None,
+        )
+        .await
+        .unwrap();
+    let events: serde_json::Value = serde_json::from_str(&events).unwrap();
+    let deleted: Vec<&serde_json::Value> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "Deleted")
+        .collect();
+    assert_eq!(deleted.len(), ROUNDS, "{deleted:#?}");
+    for event in deleted {
+        assert!(
+            event["series"].is_null(),
+            "`Deleted` published more than once: {event:#}"
+        );
+    }
+}
+
+/// With `--health-interval 0s` nothing will ever probe the proxy: `Ready` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_probing_off_ready_says_so() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-noprobe").await.unwrap();
+    let store = InstanceStore::start().await;
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let ctx =
+        Arc::new(Context::new(ns.client(), providers, "test-operator").with_health_probing(false));
+    let namespace = ns.name().to_string();
+    let _operator = Operator {
+        task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
+    };
+    let api: Api<Proxy> = ns.api();
+    let proxy = apply_ready(cp, &ns, &api, "unprobed").await;
+    let ready = proxy
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "True");
+    assert!(
+        ready
+            .message
+            .contains("health probing is off (--health-interval 0s)"),
+        "{}",
+        ready.message
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_apiserver_rejects_invalid_proxies_with_a_readable_message() {
     let cp = control_plane().await;
@@ -306,6 +387,46 @@ async fn the_apiserver_rejects_invalid_proxies_with_a_readable_message() {
     );
 }
 
+/// cloudInit and vendorData are bounded in the CRD (256 KiB each, docs/architecture.md), so the
+/// API server refuses a larger value naming the field, instead of etcd refusing the whole
+/// request without saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_cloud_init_is_refused_naming_the_field() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-big").await.unwrap();
+    let api: Api<Proxy> = ns.api();
+    const LIMIT: usize = 256 * 1024;
+    let proxy = |name: &str, field: &str, len: usize| -> Proxy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {"name": name},
+            "spec": {"provider": "store", field: "#".repeat(len)},
+        }))
+        .unwrap()
+    };
+    let create = kube::api::PostParams::default();
+    for (field, len) in [
+        ("cloudInit", 2 << 20),
+        ("cloudInit", LIMIT + 1),
+        ("vendorData", LIMIT + 1),
+    ] {
+        let err = api
+            .create(&create, &proxy("big", field, len))
+            .await
+            .expect_err("too large");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("spec.{field}")) && message.contains("262144"),
+            "{field} of {len}: {message}"
+        );
+    }
+    // At the limit, both at once: accepted.
+    let mut at_limit = proxy("at-limit", "cloudInit", LIMIT);
+    at_limit.spec.vendor_data = Some("#".repeat(LIMIT));
+    api.create(&create, &at_limit).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_provider_is_reported_in_the_status() {
     let cp = control_plane().await;
@@ -327,12 +448,19 @@ async fn an_unknown_provider_is_reported_in_the_status() {
     .unwrap();
     let status = proxy.status.unwrap();
     assert_eq!(status.phase, Some(Phase::Pending));
+    let message = status.last_error.unwrap();
     assert!(
-        status
-            .last_error
-            .unwrap()
-            .contains("no provider instance `nowhere` in the providers config (configured: store)")
+        message
+            .contains("no provider instance `nowhere` in the providers config (configured: store)"),
+        "{message}"
     );
+    // spec.provider is immutable: the advice must be what works.
+    assert!(
+        message.contains("add `nowhere` to the providers config")
+            && message.contains("recreate the Proxy"),
+        "{message}"
+    );
+    assert!(!message.contains("fix spec.provider"), "{message}");
     // A Proxy whose provider is not configured can still be deleted.
     api.delete("lost", &DeleteParams::default()).await.unwrap();
     wait_for(&api, "lost", "gone", |p| p.is_none()).await;
@@ -717,6 +845,43 @@ fn store_provider(name: &str, store: &InstanceStore) -> String {
         store.url(),
         store.addr
     )
+}
+
+/// `make run` with the sample providers config: the memory store's synthetic instance is made by
+/// no operator, so the GC never takes it for an orphan (it used to log `gc: orphaned instance
+/// mem-0` on every pass of an empty cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_finds_no_orphans_with_the_sample_providers_config() {
+    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    let cp = control_plane().await;
+    let sample = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/samples/providers-config.yaml"
+    );
+    let providers = providers_for(&std::fs::read_to_string(sample).unwrap()).await;
+    let registry = prometheus::Registry::new();
+    let options = GcOptions {
+        interval: Duration::from_secs(60),
+        min_age: Duration::from_secs(900),
+        dry_run: true,
+        namespace: None,
+        allow_namespaced: false,
+        parallelism: 4,
+    };
+    // The operator's default --operator-id, as `make run` uses it.
+    let reports = pass(
+        &cp.client(),
+        &providers,
+        "proxy-operator",
+        &options,
+        &GcMetrics::register(&registry).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(!reports.is_empty());
+    for (provider, report) in reports {
+        assert!(report.found.is_empty(), "{provider}: {report:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,7 +88,9 @@ fn from_configmap(object: &str) -> Result<StoredInstance, ProviderError> {
     parse(data.as_bytes())
 }
 
-/// A synthetic instance, as `memory:` endpoints serve them.
+/// A synthetic instance, as `memory:` endpoints serve them. It was made by no operator, so it
+/// carries no owner identity: the orphan GC leaves it alone (with an owner it took every synthetic
+/// instance for the orphan of a Proxy that never existed).
 pub fn synthetic(index: usize) -> StoredInstance {
     StoredInstance {
         id: format!("mem-{index}"),
@@ -98,12 +100,7 @@ pub fn synthetic(index: usize) -> StoredInstance {
         port: 3128,
         zone: Some("zone-a".into()),
         created_at: Some(1_700_000_000 + index as i64),
-        owner: Some(StoredOwner {
-            namespace: "crawlers".into(),
-            name: format!("proxy-{index}"),
-            uid: format!("00000000-0000-0000-0000-{index:012}"),
-            operator_id: "proxy-operator".into(),
-        }),
+        owner: None,
         message: None,
     }
 }

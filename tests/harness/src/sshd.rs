@@ -76,6 +76,12 @@ impl Sshd {
     /// Generates keys, writes the config and starts `sshd -D -e`; waits for the
     /// SSH banner.
     pub async fn start() -> Result<Sshd> {
+        Self::start_with("").await
+    }
+
+    /// Like [`Sshd::start`], with `overrides` (sshd_config lines, e.g. `AllowTcpForwarding no`)
+    /// placed first: sshd takes the first value of each keyword, so they win over the defaults.
+    pub async fn start_with(overrides: &str) -> Result<Sshd> {
         let sshd = debian_binary("/usr/sbin/sshd", "openssh-server");
         let scratch = Scratch::new("sshd")?;
         let dir = scratch.path().to_owned();
@@ -93,6 +99,7 @@ impl Sshd {
             &conf,
             format!(
                 "# proxy-operator test harness
+{overrides}
 ListenAddress 127.0.0.1:{port}
 HostKey {host_key}
 AuthorizedKeysFile {authorized}

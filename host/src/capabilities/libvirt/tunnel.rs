@@ -113,8 +113,13 @@ pub enum TunnelError {
     /// The private key in the Secret cannot be used.
     #[error("ssh private key unusable: {reason}")]
     KeyUnparseable { reason: String },
-    /// The server would not open a channel to the remote socket.
-    #[error("ssh to {host}: channel to {socket} refused: {failure:?}")]
+    /// The server would not open a channel to the remote socket. OpenSSH answers `ConnectFailed`
+    /// both when nothing listens there and when its config forbids the channel, so the message
+    /// names both causes and the sshd options to check.
+    #[error(
+        "ssh to {host}: channel to {socket} refused: {failure:?}{}",
+        channel_refused_hint(failure, socket)
+    )]
     ChannelRefused {
         host: String,
         socket: String,
@@ -128,6 +133,23 @@ pub enum TunnelError {
     },
     #[error("local socket path {path} is longer than {MAX_SOCKET_PATH} bytes")]
     SocketPathTooLong { path: PathBuf },
+}
+
+/// What to check when sshd refuses the channel to the libvirt socket.
+fn channel_refused_hint(failure: &ChannelOpenFailure, socket: &str) -> String {
+    const SSHD: &str = "sshd on the hypervisor must allow forwarding to a Unix socket: \
+        `AllowTcpForwarding yes` (or `local`; `no` forbids Unix-socket channels too) and \
+        `AllowStreamLocalForwarding yes` (or `local`), no `DisableForwarding yes`, and no \
+        `restrict` or `no-port-forwarding` on the key in authorized_keys; its log says \
+        `request … denied` when this is the cause";
+    match failure {
+        ChannelOpenFailure::ConnectFailed => format!(
+            "; either nothing listens on {socket} (libvirtd down or elsewhere: set `socket` in \
+             the grant), or {SSHD}"
+        ),
+        ChannelOpenFailure::AdministrativelyProhibited => format!("; {SSHD}"),
+        _ => String::new(),
+    }
 }
 
 impl TunnelError {

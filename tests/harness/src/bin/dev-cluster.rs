@@ -2,10 +2,15 @@
 //!
 //!     cargo run -p proxy-operator-harness --bin dev-cluster -- [--kubeconfig PATH]
 //!
-//! Writes an admin kubeconfig (default `./target/dev-cluster.kubeconfig`),
-//! prints how to use it, and stops everything on Ctrl-C (or SIGTERM).
+//! Writes an admin kubeconfig (default `target/dev-cluster-<pid>.kubeconfig`, one per run, so two
+//! runs on one checkout never share one), prints how to use it, and stops everything on Ctrl-C
+//! (or SIGTERM), removing the kubeconfig only if it is still the one this run wrote.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use harness::ControlPlane;
@@ -13,7 +18,8 @@ use harness::ControlPlane;
 const USAGE: &str = "usage: dev-cluster [--kubeconfig PATH]
 
 Starts etcd + kube-apiserver on free 127.0.0.1 ports (RBAC on, admin user in
-system:masters), writes a kubeconfig and runs until Ctrl-C.
+system:masters), writes a kubeconfig (default target/dev-cluster-<pid>.kubeconfig)
+and runs until Ctrl-C.
 Binaries: $PROXY_OPERATOR_K8S_BIN or the cache filled by tests/fixtures/k8s/build.sh.";
 
 #[tokio::main]
@@ -36,14 +42,23 @@ async fn main() -> Result<()> {
         }
     }
     let kubeconfig = match kubeconfig {
-        Some(p) => p,
+        Some(p) => normalised(&p)?,
         None => default_kubeconfig()?,
     };
-    let kubeconfig = std::path::absolute(&kubeconfig)?;
+    // Held until exit: a second run told to use the same file is refused instead of taking it.
+    let claim = claim(&kubeconfig)?;
 
     eprintln!("starting etcd + kube-apiserver ...");
-    let cp = ControlPlane::start().await?;
-    cp.write_kubeconfig(&kubeconfig)?;
+    let cp = match ControlPlane::start().await {
+        Ok(cp) => cp,
+        Err(e) => {
+            // Nothing written yet: the empty file is ours to remove.
+            let _ = std::fs::remove_file(&kubeconfig);
+            return Err(e);
+        }
+    };
+    let written = std::fs::read(cp.kubeconfig())?;
+    claim.write(&written)?;
     let kubectl = cp.bin_dir().join("kubectl");
     println!(
         "
@@ -75,17 +90,100 @@ collection. Ctrl-C stops the cluster (its data is discarded).",
     eprintln!("\nstopping ...");
     cp.stop().await;
     drop(cp);
-    let _ = std::fs::remove_file(&kubeconfig);
-    eprintln!("stopped; removed {}", kubeconfig.display());
+    // Only what this run wrote: someone may have replaced the file since.
+    if std::fs::read(&kubeconfig).is_ok_and(|now| now == written) {
+        let _ = std::fs::remove_file(&kubeconfig);
+        eprintln!("stopped; removed {}", kubeconfig.display());
+    } else {
+        eprintln!(
+            "stopped; {} was changed by someone else, left alone",
+            kubeconfig.display()
+        );
+    }
+    drop(claim);
     Ok(())
 }
 
-/// `<workspace>/target/dev-cluster.kubeconfig` (the workspace of this crate).
+/// `<target>/dev-cluster-<pid>.kubeconfig`, where `<target>` is `$CARGO_TARGET_DIR` or the
+/// workspace's `target/`. Files of runs that are gone (killed before they could clean up) are
+/// removed on the way.
 fn default_kubeconfig() -> Result<PathBuf> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
     std::fs::create_dir_all(&target)?;
-    Ok(target.join("dev-cluster.kubeconfig"))
+    let target = target.canonicalize()?;
+    for entry in std::fs::read_dir(&target)?.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("dev-cluster-"))
+            .and_then(|n| n.strip_suffix(".kubeconfig"))
+            .and_then(|n| n.parse::<libc::pid_t>().ok());
+        // kill(pid, 0) fails with ESRCH when no such process exists.
+        if let Some(pid) = pid
+            && unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(target.join(format!("dev-cluster-{}.kubeconfig", std::process::id())))
+}
+
+/// `path` absolute and without `.` or `..`, as it is printed: its directory resolved (it must
+/// exist), the file name kept.
+fn normalised(path: &Path) -> Result<PathBuf> {
+    let absolute = std::path::absolute(path)?;
+    let (Some(dir), Some(name)) = (absolute.parent(), absolute.file_name()) else {
+        bail!("--kubeconfig {}: not a file path", path.display());
+    };
+    let dir = dir.canonicalize().with_context(|| {
+        format!(
+            "--kubeconfig {}: directory {}",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    Ok(dir.join(name))
+}
+
+/// The kubeconfig file, locked (`flock`) for as long as this run lives.
+struct Claim(File);
+
+/// Opens and locks `path`; refuses when another dev-cluster holds it.
+fn claim(path: &Path) -> Result<Claim> {
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            bail!(
+                "another dev-cluster is running with {}; stop it, or give this one its own file \
+                 with --kubeconfig PATH (without the flag each run gets its own)",
+                path.display()
+            );
+        }
+        // The holder may have removed the file between our open and our lock: lock the file
+        // that is at the path now.
+        let same = std::fs::metadata(path)
+            .is_ok_and(|m| m.ino() == file.metadata().map(|f| f.ino()).unwrap_or(0));
+        if same {
+            return Ok(Claim(file));
+        }
+    }
+}
+
+impl Claim {
+    fn write(&self, bytes: &[u8]) -> Result<()> {
+        let mut file = &self.0;
+        file.set_len(0)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        Ok(())
+    }
 }
