@@ -454,3 +454,71 @@ async fn a_guest_really_boots_from_the_providers_own_domain_xml() {
     assert!(matches!(got.state, InstanceState::Stopped), "{got:?}");
     kvm.delete("hv1/px-kvm-boot").await.unwrap();
 }
+
+/// The published port of a user-mode domain, from its XML.
+async fn published_port(fx: &Fixture, domain: &str) -> u16 {
+    let xml = fx.virsh(&["dumpxml", domain]).await;
+    let start = xml.find("<range start='").expect("a port forward") + "<range start='".len();
+    xml[start..start + xml[start..].find('\'').unwrap()]
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_mode_vms_get_ports_of_their_own_read_back_from_the_domains() {
+    let fx = Fixture::start().await;
+    let mut config = fx.config(&sha256(&fx.image));
+    config["hosts"] = serde_json::json!([{
+        "name": "hv1", "pool": fx.libvirtd.pool_name(),
+        "network": {"mode": "user", "publishAddress": "127.0.0.1", "portRange": "47200-47201"},
+    }]);
+    let kvm = fx.instance(config.clone(), &["hv1"]).await;
+    kvm.validate_config().await.unwrap();
+
+    // This libvirtd's private network namespace has no routable interface for passt to copy,
+    // as on a hypervisor without passt's prerequisites: the domain is defined, starting it
+    // fails, and the error says what user-mode networking needs.
+    for name in ["px-user-a", "px-user-b"] {
+        match provider_error(kvm.create(spec(name, serde_json::json!({}))).await) {
+            ProviderError::Permanent(m) => {
+                assert!(
+                    m.contains("passt") && m.contains("apt-get install passt"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let (a, b) = (
+        published_port(&fx, "px-user-a").await,
+        published_port(&fx, "px-user-b").await,
+    );
+    assert_ne!(a, b, "no two VMs on a host share a port");
+    for port in [a, b] {
+        assert!((47200..=47201).contains(&port), "{port}");
+    }
+
+    // The range is full: a third Proxy waits with a quota error naming it, and nothing of it is
+    // left in the pool.
+    match provider_error(kvm.create(spec("px-user-c", serde_json::json!({}))).await) {
+        ProviderError::Quota(m) => assert!(m.contains("47200-47201 (2 ports)"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!fx.volume_path("px-user-c-root.qcow2").exists());
+
+    // A new provider instance (as after an operator restart) reads the choices back: a retried
+    // create keeps its port, and a deleted VM's port goes to the next Proxy.
+    let restarted = fx.instance(config, &["hv1"]).await;
+    let _ = restarted
+        .create(spec("px-user-a", serde_json::json!({})))
+        .await;
+    assert_eq!(published_port(&fx, "px-user-a").await, a);
+    restarted.delete("hv1/px-user-a").await.unwrap();
+    let _ = restarted
+        .create(spec("px-user-c", serde_json::json!({})))
+        .await;
+    assert_eq!(published_port(&fx, "px-user-c").await, a);
+    for id in ["hv1/px-user-b", "hv1/px-user-c"] {
+        restarted.delete(id).await.unwrap();
+    }
+}

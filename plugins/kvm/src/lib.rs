@@ -427,12 +427,13 @@ impl Provider for KvmProvider {
             "creating domain",
             &[("host", &plan.host.name), ("domain", domain)],
         );
+        // First, so that a full port range leaves nothing behind.
+        let publish_port = host.allocate_port(&spec.owner.uid)?;
         let base = host.ensure_base(&plan.image)?;
         let kernel_boot = host.ensure_kernel_boot(&plan.image)?;
         let root = host.ensure_overlay(domain, &base, &plan.image, &plan.size)?;
         let iso = seed::build_iso(&plan.seed_files)?;
         let seed = host.ensure_seed(domain, &iso)?;
-        let publish_port = host.allocate_port(&spec.owner.uid)?;
         let owner = OwnerMeta {
             namespace: spec.owner.namespace.clone(),
             name: spec.owner.name.clone(),

@@ -351,7 +351,11 @@ impl Stack {
                 .find(|c| c["type"] == "Healthy")
                 .map(|c| c["status"] == "True");
             if text("phase").as_deref() == Some("Ready") && healthy == Some(true) {
-                say(phases, "ready", "Ready: a real CONNECT through the guest's squid passed".into());
+                say(
+                    phases,
+                    "ready",
+                    "Ready: a real CONNECT through the guest's squid passed".into(),
+                );
                 return Ok(status);
             }
             if text("phase").as_deref() == Some("Failed") {
