@@ -47,7 +47,7 @@ run: plugins
 
 # Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
 test: fixtures plugins examples lint
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 	DEV_ONCE=1 $(MAKE) --no-print-directory dev-run
 
 # The operator's main job, for real: control plane, a local hypervisor, the operator with the
