@@ -469,7 +469,7 @@ async fn user_mode_vms_get_ports_of_their_own_read_back_from_the_domains() {
     let fx = Fixture::start().await;
     let mut config = fx.config(&sha256(&fx.image));
     config["hosts"] = serde_json::json!([{
-        "name": "hv1", "pool": fx.libvirtd.pool_name(),
+        "name": "hv1", "zone": "zone-a", "pool": fx.libvirtd.pool_name(),
         "network": {"mode": "user", "publishAddress": "127.0.0.1", "portRange": "47200-47201"},
     }]);
     let kvm = fx.instance(config.clone(), &["hv1"]).await;
