@@ -48,7 +48,9 @@ run: plugins
 # Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
 test: fixtures plugins examples lint
 	$(CARGO) test --workspace --no-fail-fast
-	DEV_ONCE=1 $(MAKE) --no-print-directory dev-run
+	@# cargo test built both binaries for the integration tests; `cargo build --bin` would build
+	@# them again with another feature set (minutes on a cold tree).
+	DEV_ONCE=1 target/debug/dev
 
 # The operator's main job, for real: control plane, a local hypervisor, the operator with the
 # built plugins, a kvm Proxy that boots, becomes Ready and is leased (tests/harness/src/bin/dev.rs).
