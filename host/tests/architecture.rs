@@ -1,0 +1,436 @@
+//! The shape of `host/src`, checked: no import cycles between its files, no function over
+//! ~100 lines and no file over ~600 lines of code (tests aside), except where a one-line reason
+//! below says why a longer one reads better. `cargo test -p proxy-operator --test architecture`
+//! prints what it measured.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
+
+const MAX_FUNCTION_LINES: usize = 100;
+const MAX_FILE_CODE_LINES: usize = 600;
+
+/// Functions allowed to be longer, each with the reason (file, function name, reason).
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[];
+
+/// Files allowed to be longer, each with the reason.
+const LONG_FILES: &[(&str, &str)] = &[];
+
+/// One Rust source file of the library, as a module path (`plugins/load.rs` → `plugins::load`).
+struct SourceFile {
+    module: Vec<String>,
+    relative: String,
+    text: String,
+}
+
+fn source_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn library_files() -> Vec<SourceFile> {
+    let root = source_root();
+    let mut files = Vec::new();
+    let mut pending = vec![root.clone()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read host/src") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let relative = path.strip_prefix(&root).unwrap().to_string_lossy().to_string();
+            // main.rs is the binary crate: it sees the library through `proxy_operator::`.
+            if relative == "main.rs" {
+                continue;
+            }
+            let module = if relative == "lib.rs" {
+                Vec::new()
+            } else {
+                relative.trim_end_matches(".rs").split('/').map(str::to_string).collect()
+            };
+            let text = std::fs::read_to_string(&path).expect("read source file");
+            files.push(SourceFile { module, relative, text });
+        }
+    }
+    files.sort_by(|a, b| a.relative.cmp(&b.relative));
+    files
+}
+
+/// Every `crate::…` / `super::…` path a file names outside its `#[cfg(test)]` items, as absolute
+/// module paths.
+struct PathCollector<'m> {
+    /// The module the visitor is in (the file's, plus inline modules).
+    module: Vec<String>,
+    /// Every file's module, to tell `hub::LibvirtHub` (a child module) from `std::…`.
+    modules: &'m BTreeSet<Vec<String>>,
+    found: Vec<Vec<String>>,
+}
+
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.parse_args::<syn::Meta>().is_ok_and(|m| m.path().is_ident("test"))
+    })
+}
+
+impl PathCollector<'_> {
+    fn absolute(&self, segments: &[String]) -> Option<Vec<String>> {
+        let first = segments.first()?;
+        let mut base = match first.as_str() {
+            "crate" => Vec::new(),
+            "super" | "self" => self.module.clone(),
+            child if self.modules.contains(&[self.module.clone(), vec![child.into()]].concat()) => {
+                return Some([self.module.clone(), segments.to_vec()].concat());
+            }
+            _ => return None,
+        };
+        let mut rest = &segments[1..];
+        if first == "super" {
+            base.pop();
+        }
+        while rest.first().is_some_and(|s| s == "super") {
+            base.pop();
+            rest = &rest[1..];
+        }
+        base.extend(rest.iter().cloned());
+        Some(base)
+    }
+
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => self.record_use(prefix, Some(n.ident.to_string())),
+            syn::UseTree::Rename(r) => self.record_use(prefix, Some(r.ident.to_string())),
+            syn::UseTree::Glob(_) => self.record_use(prefix, None),
+            syn::UseTree::Group(g) => {
+                for item in &g.items {
+                    self.use_tree(prefix, item);
+                }
+            }
+        }
+    }
+
+    fn record_use(&mut self, prefix: &[String], last: Option<String>) {
+        let mut segments = prefix.to_vec();
+        if let Some(last) = last.filter(|l| l != "self") {
+            segments.push(last);
+        }
+        if let Some(path) = self.absolute(&segments) {
+            self.found.push(path);
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for PathCollector<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs: &[syn::Attribute] = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            _ => &[],
+        };
+        if is_cfg_test(attrs) {
+            return;
+        }
+        syn::visit::visit_item(self, item);
+    }
+
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        if m.content.is_some() {
+            self.module.push(m.ident.to_string());
+            syn::visit::visit_item_mod(self, m);
+            self.module.pop();
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &u.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        if let Some(p) = self.absolute(&segments) {
+            self.found.push(p);
+        }
+        syn::visit::visit_path(self, path);
+    }
+}
+
+/// The names a file re-exports (`pub use load::LoadedPlugin;` in `plugins.rs`), each with the
+/// absolute path it stands for, so a use of `crate::plugins::LoadedPlugin` counts as a use of
+/// `plugins/load.rs`, not of the module root that only re-exports it.
+fn re_exports(
+    source: &SourceFile,
+    syntax: &syn::File,
+    modules: &BTreeSet<Vec<String>>,
+) -> BTreeMap<String, Vec<String>> {
+    fn walk(
+        base: &[String],
+        prefix: &mut Vec<String>,
+        tree: &syn::UseTree,
+        out: &mut Vec<(String, Vec<String>)>,
+    ) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                walk(base, prefix, &p.tree, out);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                let mut path = prefix.clone();
+                path.push(n.ident.to_string());
+                out.push((n.ident.to_string(), path));
+            }
+            syn::UseTree::Rename(r) => {
+                let mut path = prefix.clone();
+                path.push(r.ident.to_string());
+                out.push((r.rename.to_string(), path));
+            }
+            syn::UseTree::Group(g) => {
+                for item in &g.items {
+                    walk(base, prefix, item, out);
+                }
+            }
+            syn::UseTree::Glob(_) => {}
+        }
+    }
+    let mut found = BTreeMap::new();
+    for item in &syntax.items {
+        let syn::Item::Use(u) = item else { continue };
+        if !matches!(u.vis, syn::Visibility::Public(_)) {
+            continue;
+        }
+        let mut out = Vec::new();
+        walk(&source.module, &mut Vec::new(), &u.tree, &mut out);
+        for (name, path) in out {
+            let absolute = match path[0].as_str() {
+                "crate" => path[1..].to_vec(),
+                "self" => [source.module.clone(), path[1..].to_vec()].concat(),
+                child if modules.contains(&[source.module.clone(), vec![child.into()]].concat()) => {
+                    [source.module.clone(), path].concat()
+                }
+                _ => continue,
+            };
+            found.insert(name, absolute);
+        }
+    }
+    found
+}
+
+/// The file a module path lives in: the longest prefix that is a file, following re-exports.
+fn file_of(
+    path: &[String],
+    files: &BTreeMap<Vec<String>, String>,
+    exports: &BTreeMap<String, BTreeMap<String, Vec<String>>>,
+) -> Option<String> {
+    let n = (0..=path.len()).rev().find(|n| files.contains_key(&path[..*n]))?;
+    let file = files[&path[..n]].clone();
+    if let Some(target) = path.get(n).and_then(|name| exports[&file].get(name)) {
+        if target.as_slice() != path {
+            return file_of(target, files, exports);
+        }
+    }
+    Some(file)
+}
+
+/// file → files it names (self excluded).
+fn import_graph(sources: &[SourceFile]) -> BTreeMap<String, BTreeSet<String>> {
+    let files: BTreeMap<Vec<String>, String> =
+        sources.iter().map(|s| (s.module.clone(), s.relative.clone())).collect();
+    let modules: BTreeSet<Vec<String>> = files.keys().cloned().collect();
+    let parsed: Vec<syn::File> = sources
+        .iter()
+        .map(|s| {
+            syn::parse_file(&s.text).unwrap_or_else(|e| panic!("{}: does not parse: {e}", s.relative))
+        })
+        .collect();
+    let exports: BTreeMap<String, BTreeMap<String, Vec<String>>> = sources
+        .iter()
+        .zip(&parsed)
+        .map(|(s, syntax)| (s.relative.clone(), re_exports(s, syntax, &modules)))
+        .collect();
+    let mut graph = BTreeMap::new();
+    for (source, syntax) in sources.iter().zip(&parsed) {
+        let mut collector = PathCollector {
+            module: source.module.clone(),
+            modules: &modules,
+            found: Vec::new(),
+        };
+        collector.visit_file(syntax);
+        let targets: BTreeSet<String> = collector
+            .found
+            .iter()
+            .filter_map(|p| file_of(p, &files, &exports))
+            .filter(|t| t != &source.relative)
+            .collect();
+        graph.insert(source.relative.clone(), targets);
+    }
+    graph
+}
+
+/// Strongly connected components with more than one file (Tarjan).
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Tarjan<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        on_stack: BTreeSet<&'g str>,
+        next: usize,
+        found: Vec<Vec<String>>,
+    }
+    impl<'g> Tarjan<'g> {
+        fn connect(&mut self, v: &'g str) {
+            self.index.insert(v, self.next);
+            self.low.insert(v, self.next);
+            self.next += 1;
+            self.stack.push(v);
+            self.on_stack.insert(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                let w = w.as_str();
+                if !self.index.contains_key(w) {
+                    self.connect(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.on_stack.contains(w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack.remove(w);
+                    component.push(w.to_string());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut tarjan = Tarjan {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        next: 0,
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !tarjan.index.contains_key(v.as_str()) {
+            tarjan.connect(v);
+        }
+    }
+    tarjan.found
+}
+
+#[test]
+fn no_import_cycles_between_files() {
+    let sources = library_files();
+    let mut graph = import_graph(&sources);
+    graph.values_mut().for_each(|targets| targets.retain(|t| t != "lib.rs"));
+    let found = cycles(&graph);
+    let report: Vec<String> = found
+        .iter()
+        .map(|c| {
+            let edges: Vec<String> = c
+                .iter()
+                .flat_map(|a| {
+                    graph[a].iter().filter(|b| c.contains(b)).map(move |b| format!("{a} → {b}"))
+                })
+                .collect();
+            edges.join(", ")
+        })
+        .collect();
+    assert!(report.is_empty(), "import cycles in host/src:\n  {}", report.join("\n  "));
+}
+
+/// Lines of code of a file before its `#[cfg(test)]` module, without blank and comment lines.
+fn code_lines(text: &str) -> usize {
+    text.lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .filter(|l| {
+            let t = l.trim();
+            !t.is_empty() && !t.starts_with("//")
+        })
+        .count()
+}
+
+/// (name, line count) of every function, measured from its `fn` line to the closing brace at
+/// the same indentation (the code is rustfmt-formatted), before the file's tests.
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> =
+        text.lines().take_while(|l| l.trim() != "#[cfg(test)]").collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let signature = trimmed
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("pub ")
+            .trim_start_matches("const ")
+            .trim_start_matches("async ")
+            .trim_start_matches("unsafe ");
+        let Some(rest) = signature.strip_prefix("fn ") else { continue };
+        let name: String =
+            rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        // A trait method without a body ends with `;` before any `{`.
+        let Some(open) = lines[i..].iter().position(|l| l.ends_with('{') || l.ends_with(';') || l.ends_with('}'))
+        else {
+            continue;
+        };
+        if lines[i + open].ends_with(';') {
+            continue;
+        }
+        if lines[i + open].ends_with('}') && open == 0 {
+            found.push((name, 1));
+            continue;
+        }
+        let closing = " ".repeat(indent) + "}";
+        if let Some(end) = lines[i..].iter().position(|l| l.trim_end() == closing) {
+            found.push((name, end + 1));
+        }
+    }
+    found
+}
+
+#[test]
+fn functions_and_files_stay_small() {
+    let mut problems = Vec::new();
+    for source in library_files() {
+        let lines = code_lines(&source.text);
+        if lines > MAX_FILE_CODE_LINES && !LONG_FILES.iter().any(|(f, _)| *f == source.relative)
+        {
+            problems.push(format!("{}: {lines} lines of code", source.relative));
+        }
+        for (name, length) in function_lengths(&source.text) {
+            let allowed = LONG_FUNCTIONS
+                .iter()
+                .any(|(f, n, _)| *f == source.relative && *n == name);
+            if length > MAX_FUNCTION_LINES && !allowed {
+                problems.push(format!("{}: fn {name}: {length} lines", source.relative));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "over {MAX_FUNCTION_LINES} lines a function or {MAX_FILE_CODE_LINES} a file:\n  {}",
+        problems.join("\n  ")
+    );
+}
