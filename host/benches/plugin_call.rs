@@ -52,7 +52,7 @@ fn calls(c: &mut Criterion) {
             "bench",
             plugin,
             &serde_json::from_str(MEMORY_CONFIG).unwrap(),
-            &Grants::default(),
+            &Grants::default().validate().unwrap(),
             ProviderInstanceOptions::default(),
         )
         .unwrap(),

@@ -14,8 +14,8 @@ use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::api::Proxy;
-use crate::config::{ProviderSet, Providers};
 use crate::plugins::types::Instance;
+use crate::providers::{ProviderSet, Providers};
 
 /// How the collector behaves.
 #[derive(Debug, Clone)]

@@ -18,9 +18,9 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use tokio::sync::{Notify, mpsc};
 
 use crate::api::{Phase, Proxy, ProxyStatus};
-use crate::config::ProviderSet;
 use crate::controller::conditions;
 use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
+use crate::providers::ProviderSet;
 
 pub use probe::{ProbeFailure, exit_ip, probe};
 

@@ -3,15 +3,19 @@
 
 pub mod bindings;
 mod cache;
+mod call;
 mod engine;
 mod error;
 mod instance;
 mod load;
+mod metrics;
 mod state;
 pub mod types;
 
+pub use bindings::{SUPPORTED_WIT_VERSIONS, WitVersion};
 pub use engine::{AllocatorKind, EngineOptions, PluginEngine};
 pub use error::{CallError, LoadError};
 pub use instance::{ProviderInstance, ProviderInstanceOptions};
-pub use load::{ComponentSummary, LoadedPlugin, SUPPORTED_WIT_VERSIONS, inspect_component};
+pub use load::{ComponentSummary, LoadedPlugin, inspect_component};
+pub use metrics::PluginMetrics;
 pub use state::HostState;

@@ -17,9 +17,9 @@ use kube::{Client, ResourceExt};
 use prometheus::{GaugeVec, Opts, Registry};
 
 use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
-use crate::config::{ProviderSet, Providers};
 use crate::controller::conditions;
 use crate::plugins::ProviderInstance;
+use crate::providers::{ProviderSet, Providers};
 
 const FIELD_MANAGER: &str = "proxy-operator";
 /// Label marking the ProviderHealth objects of one operator installation.

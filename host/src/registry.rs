@@ -4,8 +4,10 @@
 //! off the async runtime, then swap the whole provider set at once. Calls in flight keep the
 //! instance (and plugin version) they started with. A bad update keeps what served before.
 
+mod assembly;
+mod sources;
+
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,27 +18,17 @@ use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use prometheus::{IntCounterVec, Opts, Registry};
-use sha2::{Digest, Sha256};
 
-use crate::config::{
-    NotLoaded, ProviderEntry, ProviderSet, Providers, ProvidersConfig, bind_entry,
-};
+pub use assembly::Change;
+use assembly::{Assembly, Mode};
+pub use sources::{MAX_PLUGIN_BYTES, PluginFiles, RegistryOptions, decode_configmap};
+use sources::{Sources, Unresolved};
+
+use crate::config::{ConfigError, ProviderEntry, ProvidersConfig};
+use crate::digest::{sha256_hex, short};
 use crate::events;
 use crate::plugins::{LoadedPlugin, PluginEngine, ProviderInstance};
-
-/// Largest component accepted from any source (decompressed).
-pub const MAX_PLUGIN_BYTES: u64 = 256 << 20;
-
-/// Where plugins come from.
-#[derive(Clone, Debug)]
-pub struct RegistryOptions {
-    /// Built-in plugins, `<type>.wasm`.
-    pub plugins_dir: PathBuf,
-    /// The watched plugins ConfigMap (namespace, name), binaryData `<type>.wasm[.gz]`.
-    pub configmap: Option<(String, String)>,
-    /// Where URL plugins are kept after download (by digest); none: kept in memory only.
-    pub download_dir: Option<PathBuf>,
-}
+use crate::providers::{ProviderSet, Providers, bind_entry};
 
 /// Counts plugins that could not be (re)loaded.
 #[derive(Clone)]
@@ -64,25 +56,6 @@ impl RegistryMetrics {
     }
 }
 
-/// What a refresh did to one provider instance's plugin, for logs, events and tests.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Change {
-    /// Now served by this plugin (new or changed).
-    Loaded {
-        provider: String,
-        plugin_type: String,
-        sha256: String,
-        source: String,
-    },
-    /// The update was refused; the previous plugin (if any) keeps serving.
-    Refused {
-        provider: String,
-        plugin_type: String,
-        reason: String,
-        from_configmap: bool,
-    },
-}
-
 struct State {
     config: ProvidersConfig,
     config_text: String,
@@ -97,30 +70,80 @@ struct State {
 /// The plugin registry. Share it with `Arc`.
 pub struct PluginRegistry {
     engine: Arc<PluginEngine>,
-    options: RegistryOptions,
+    sources: Sources,
     providers: ProviderSet,
     state: tokio::sync::Mutex<State>,
     metrics: RegistryMetrics,
-    http: reqwest::Client,
     config_file: PathBuf,
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-fn short(sha: &str) -> &str {
-    &sha[..12.min(sha.len())]
-}
-
-/// Where an entry's component comes from, and its bytes.
-struct Resolved {
-    source: String,
-    bytes: Arc<Vec<u8>>,
-    from_configmap: bool,
+/// The providers of a config bound from the plugins directory alone, exactly as the operator
+/// binds them at start without a plugins ConfigMap (pins checked, schema, `validate-config`).
+pub async fn load_providers(
+    engine: &Arc<PluginEngine>,
+    plugins_dir: &Path,
+    config: &ProvidersConfig,
+    config_file: &Path,
+) -> Result<Providers, ConfigError> {
+    let err = |message: String| ConfigError {
+        file: config_file.display().to_string(),
+        message,
+    };
+    let options = RegistryOptions {
+        plugins_dir: plugins_dir.to_path_buf(),
+        configmap: None,
+        download_dir: None,
+    };
+    let metrics = RegistryMetrics::unregistered().map_err(|e| err(e.to_string()))?;
+    let registry = PluginRegistry::new(
+        engine.clone(),
+        options,
+        config.clone(),
+        String::new(),
+        BTreeMap::new(),
+        config_file,
+        metrics,
+    )
+    .map_err(|e| err(e.to_string()))?;
+    let mut state = registry.state.lock().await;
+    let (providers, _) = registry
+        .assemble(&mut state, config, Mode::Start { strict: true })
+        .await
+        .map_err(err)?;
+    Ok(providers)
 }
 
 impl PluginRegistry {
+    fn new(
+        engine: Arc<PluginEngine>,
+        options: RegistryOptions,
+        config: ProvidersConfig,
+        config_text: String,
+        configmap: PluginFiles,
+        config_file: &Path,
+        metrics: RegistryMetrics,
+    ) -> reqwest::Result<Self> {
+        Ok(PluginRegistry {
+            providers: ProviderSet::new(Providers::default()),
+            state: tokio::sync::Mutex::new(State {
+                config,
+                config_text,
+                configmap,
+                loaded: HashMap::new(),
+                serving: HashMap::new(),
+            }),
+            engine,
+            metrics,
+            sources: Sources {
+                options,
+                http: reqwest::Client::builder()
+                    .timeout(std::time::Duration::from_secs(300))
+                    .build()?,
+            },
+            config_file: config_file.to_path_buf(),
+        })
+    }
+
     /// Loads the providers config and every plugin it uses. With a plugins ConfigMap, its content
     /// is read first and a plugin missing everywhere is only `PluginNotLoaded` (it may be uploaded
     /// later); without one, a missing or broken plugin fails the start, as do config errors.
@@ -139,40 +162,23 @@ impl PluginRegistry {
         })?;
         let config = ProvidersConfig::parse(&config_text)
             .map_err(|e| anyhow::anyhow!("{}: {e}", config_file.display()))?;
-        let mut configmap = BTreeMap::new();
-        if let (Some((namespace, name)), Some(client)) = (&options.configmap, &client) {
-            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-            match api.get_opt(name).await {
-                Ok(Some(map)) => configmap = decode_configmap(&map).0,
-                Ok(None) => tracing::warn!(
-                    configmap = %format!("{namespace}/{name}"),
-                    "the plugins ConfigMap does not exist yet; built-in plugins only until it does"
-                ),
-                Err(e) => anyhow::bail!(
-                    "reading the plugins ConfigMap {namespace}/{name} (--plugins-configmap): {e}"
-                ),
+        let configmap = match (&options.configmap, &client) {
+            (Some((namespace, name)), Some(client)) => {
+                read_configmap(client, namespace, name).await?
             }
-        }
-        let registry = Arc::new(PluginRegistry {
-            providers: ProviderSet::new(Providers::default()),
-            state: tokio::sync::Mutex::new(State {
-                config,
-                config_text,
-                configmap,
-                loaded: HashMap::new(),
-                serving: HashMap::new(),
-            }),
+            _ => BTreeMap::new(),
+        };
+        let strict = options.configmap.is_none();
+        let registry = Arc::new(Self::new(
             engine,
-            metrics,
-            http: reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(300))
-                .build()?,
-            config_file: config_file.to_path_buf(),
             options,
-        });
-        let strict = registry.options.configmap.is_none();
+            config.clone(),
+            config_text,
+            configmap,
+            config_file,
+            metrics,
+        )?);
         let mut state = registry.state.lock().await;
-        let config = state.config.clone();
         let (providers, changes) = registry
             .assemble(&mut state, &config, Mode::Start { strict })
             .await
@@ -261,7 +267,7 @@ impl PluginRegistry {
                     from_configmap,
                 );
             };
-            let resolved = match self.resolve(state, entry).await {
+            let resolved = match self.sources.resolve(&state.configmap, entry).await {
                 Ok(resolved) => resolved,
                 Err(Unresolved::Missing(reason)) => {
                     if let Mode::Start { strict: true } = mode {
@@ -344,131 +350,6 @@ impl PluginRegistry {
         ))
     }
 
-    async fn resolve(&self, state: &State, entry: &ProviderEntry) -> Result<Resolved, Unresolved> {
-        let pin = entry.plugin.as_ref().and_then(|p| p.sha256.clone());
-        let resolved = if let Some(url) = entry.plugin.as_ref().and_then(|p| p.url.clone()) {
-            let sha = pin.clone().expect("checked by the config parser");
-            let bytes = self
-                .download(&url, &sha)
-                .await
-                .map_err(|e| Unresolved::Refused(e, false))?;
-            Resolved {
-                source: url,
-                bytes: Arc::new(bytes),
-                from_configmap: false,
-            }
-        } else if let Some(bytes) = state.configmap.get(&entry.provider_type) {
-            let (namespace, name) = self.options.configmap.clone().unwrap_or_default();
-            Resolved {
-                source: format!(
-                    "configmap {namespace}/{name} key {}.wasm",
-                    entry.provider_type
-                ),
-                bytes: Arc::new(bytes.clone()),
-                from_configmap: true,
-            }
-        } else {
-            let path = self
-                .options
-                .plugins_dir
-                .join(format!("{}.wasm", entry.provider_type));
-            match tokio::fs::read(&path).await {
-                Ok(bytes) => Resolved {
-                    source: path.display().to_string(),
-                    bytes: Arc::new(bytes),
-                    from_configmap: false,
-                },
-                Err(_) => {
-                    let mut places = vec![format!(
-                        "the plugins directory {}",
-                        self.options.plugins_dir.display()
-                    )];
-                    if let Some((namespace, name)) = &self.options.configmap {
-                        places.insert(0, format!("the plugins ConfigMap {namespace}/{name}"));
-                    }
-                    return Err(Unresolved::Missing(format!(
-                        "no plugin `{}` in {}; add `{}.wasm` or fix the type",
-                        entry.provider_type,
-                        places.join(" or "),
-                        entry.provider_type
-                    )));
-                }
-            }
-        };
-        if let Some(pin) = pin {
-            let found = sha256_hex(&resolved.bytes);
-            if found != pin {
-                return Err(Unresolved::Refused(
-                    format!(
-                        "{} has sha256 {found}, but plugin.sha256 pins {pin}; refusing to load it",
-                        resolved.source
-                    ),
-                    resolved.from_configmap,
-                ));
-            }
-        }
-        Ok(resolved)
-    }
-
-    /// A URL plugin: from the download directory if it is there with the right digest, else
-    /// downloaded once, verified, and kept.
-    async fn download(&self, url: &str, sha: &str) -> Result<Vec<u8>, String> {
-        let cached = self
-            .options
-            .download_dir
-            .as_ref()
-            .map(|d| d.join(format!("{sha}.wasm")));
-        if let Some(path) = &cached
-            && let Ok(bytes) = tokio::fs::read(path).await
-            && sha256_hex(&bytes) == sha
-        {
-            return Ok(bytes);
-        }
-        let started = std::time::Instant::now();
-        tracing::info!(%url, "downloading plugin");
-        let mut response = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .and_then(|r| r.error_for_status())
-            .map_err(|e| format!("downloading {url}: {e}"))?;
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| format!("downloading {url}: {e}"))?
-        {
-            bytes.extend_from_slice(&chunk);
-            if bytes.len() as u64 > MAX_PLUGIN_BYTES {
-                return Err(format!(
-                    "downloading {url}: larger than {} MiB",
-                    MAX_PLUGIN_BYTES >> 20
-                ));
-            }
-        }
-        let found = sha256_hex(&bytes);
-        if found != sha {
-            return Err(format!(
-                "{url} has sha256 {found}, but plugin.sha256 pins {sha}; refusing to load it"
-            ));
-        }
-        tracing::info!(%url, bytes = bytes.len(), elapsed_ms = started.elapsed().as_millis() as u64, "downloaded plugin");
-        if let Some(path) = cached {
-            // Written whole then renamed: a crash never leaves a partial file under the digest.
-            let write = || -> std::io::Result<()> {
-                std::fs::create_dir_all(path.parent().expect("a file in a directory"))?;
-                let tmp = path.with_extension("part");
-                std::fs::write(&tmp, &bytes)?;
-                std::fs::rename(&tmp, &path)
-            };
-            if let Err(e) = write() {
-                tracing::warn!(path = %path.display(), "cannot keep the downloaded plugin: {e}");
-            }
-        }
-        Ok(bytes)
-    }
-
     /// Logs every change, and publishes events on the plugins ConfigMap for its own plugins.
     pub async fn report(&self, changes: &[Change], events: Option<(&Recorder, &ConfigMap)>) {
         for change in changes {
@@ -523,7 +404,7 @@ impl PluginRegistry {
         client: Client,
         leading: Arc<std::sync::atomic::AtomicBool>,
     ) {
-        let Some((namespace, name)) = self.options.configmap.clone() else {
+        let Some((namespace, name)) = self.sources.options.configmap.clone() else {
             return;
         };
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
@@ -587,72 +468,26 @@ impl PluginRegistry {
     }
 }
 
-/// The provider set being built by `assemble`.
-#[derive(Default)]
-struct Assembly {
-    instances: HashMap<String, Arc<ProviderInstance>>,
-    not_loaded: HashMap<String, NotLoaded>,
-    problems: HashMap<String, String>,
-    serving: HashMap<String, (ProviderEntry, Arc<ProviderInstance>)>,
-    changes: Vec<Change>,
-}
-
-impl Assembly {
-    fn serve(&mut self, entry: &ProviderEntry, instance: Arc<ProviderInstance>) {
-        self.serving
-            .insert(entry.name.clone(), (entry.clone(), instance.clone()));
-        self.instances.insert(entry.name.clone(), instance);
-    }
-
-    /// Records a refused plugin; `previous` (the same instance's last good binding) keeps serving.
-    fn refuse(
-        &mut self,
-        entry: &ProviderEntry,
-        previous: Option<(ProviderEntry, Arc<ProviderInstance>)>,
-        reason: String,
-        from_configmap: bool,
-    ) {
-        self.changes.push(Change::Refused {
-            provider: entry.name.clone(),
-            plugin_type: entry.provider_type.clone(),
-            reason: reason.clone(),
-            from_configmap,
-        });
-        match previous {
-            Some((old_entry, old)) => {
-                self.problems.insert(entry.name.clone(), reason);
-                self.serving
-                    .insert(entry.name.clone(), (old_entry, old.clone()));
-                self.instances.insert(entry.name.clone(), old);
-            }
-            None => {
-                self.not_loaded.insert(
-                    entry.name.clone(),
-                    NotLoaded {
-                        provider_type: entry.provider_type.clone(),
-                        reason,
-                    },
-                );
-            }
+/// The plugins ConfigMap's content at start; one that does not exist yet is empty.
+async fn read_configmap(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<PluginFiles> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(Some(map)) => Ok(decode_configmap(&map).0),
+        Ok(None) => {
+            tracing::warn!(
+                configmap = %format!("{namespace}/{name}"),
+                "the plugins ConfigMap does not exist yet; built-in plugins only until it does"
+            );
+            Ok(BTreeMap::new())
         }
+        Err(e) => anyhow::bail!(
+            "reading the plugins ConfigMap {namespace}/{name} (--plugins-configmap): {e}"
+        ),
     }
-}
-
-#[derive(Clone, Copy)]
-enum Mode {
-    /// At start; `strict` fails on a missing or broken plugin (no ConfigMap to bring it later).
-    Start { strict: bool },
-    /// Plugins changed: each instance keeps its previous plugin when the new one is refused.
-    Update,
-    /// The providers config changed: a config error refuses the new config as a whole.
-    ConfigReload,
-}
-
-enum Unresolved {
-    /// In no source.
-    Missing(String),
-    /// Found but refused (digest mismatch, download failed); bool: from the ConfigMap.
-    Refused(String, bool),
 }
 
 async fn publish(
@@ -671,59 +506,4 @@ async fn publish(
         note,
     )
     .await;
-}
-
-/// Plugin components by type.
-pub type PluginFiles = BTreeMap<String, Vec<u8>>;
-
-/// `<type>.wasm` and `<type>.wasm.gz` keys of `binaryData` (gzip decoded); what was skipped
-/// (key, why).
-pub fn decode_configmap(map: &ConfigMap) -> (PluginFiles, Vec<(String, String)>) {
-    let mut content = BTreeMap::new();
-    let mut skipped = Vec::new();
-    for (key, value) in map.binary_data.iter().flatten() {
-        let (plugin_type, gzipped) = if let Some(t) = key.strip_suffix(".wasm.gz") {
-            (t, true)
-        } else if let Some(t) = key.strip_suffix(".wasm") {
-            (t, false)
-        } else {
-            skipped.push((key.clone(), "not `<type>.wasm` or `<type>.wasm.gz`".into()));
-            continue;
-        };
-        if !crate::config::is_plugin_name(plugin_type) {
-            skipped.push((
-                key.clone(),
-                "the type must be lowercase letters, digits and `-`".into(),
-            ));
-            continue;
-        }
-        let bytes = if gzipped {
-            let mut out = Vec::new();
-            let decoder = flate2::read::GzDecoder::new(value.0.as_slice());
-            match decoder.take(MAX_PLUGIN_BYTES + 1).read_to_end(&mut out) {
-                Ok(_) if out.len() as u64 <= MAX_PLUGIN_BYTES => out,
-                Ok(_) => {
-                    skipped.push((key.clone(), "larger than 256 MiB decompressed".into()));
-                    continue;
-                }
-                Err(e) => {
-                    // Keep the (broken) bytes: loading them fails and is reported like any bad plugin.
-                    tracing::warn!(%key, "not valid gzip: {e}");
-                    value.0.clone()
-                }
-            }
-        } else {
-            value.0.clone()
-        };
-        content.insert(plugin_type.to_string(), bytes);
-    }
-    for key in map.data.iter().flatten().map(|(k, _)| k) {
-        if key.ends_with(".wasm") || key.ends_with(".wasm.gz") {
-            skipped.push((
-                key.clone(),
-                "plugins go in binaryData (kubectl create configmap --from-file does that)".into(),
-            ));
-        }
-    }
-    (content, skipped)
 }

@@ -42,7 +42,11 @@ fn library_files() -> Vec<SourceFile> {
             if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
-            let relative = path.strip_prefix(&root).unwrap().to_string_lossy().to_string();
+            let relative = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
             // main.rs is the binary crate: it sees the library through `proxy_operator::`.
             if relative == "main.rs" {
                 continue;
@@ -50,10 +54,18 @@ fn library_files() -> Vec<SourceFile> {
             let module = if relative == "lib.rs" {
                 Vec::new()
             } else {
-                relative.trim_end_matches(".rs").split('/').map(str::to_string).collect()
+                relative
+                    .trim_end_matches(".rs")
+                    .split('/')
+                    .map(str::to_string)
+                    .collect()
             };
             let text = std::fs::read_to_string(&path).expect("read source file");
-            files.push(SourceFile { module, relative, text });
+            files.push(SourceFile {
+                module,
+                relative,
+                text,
+            });
         }
     }
     files.sort_by(|a, b| a.relative.cmp(&b.relative));
@@ -73,7 +85,8 @@ struct PathCollector<'m> {
 fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         a.path().is_ident("cfg")
-            && a.parse_args::<syn::Meta>().is_ok_and(|m| m.path().is_ident("test"))
+            && a.parse_args::<syn::Meta>()
+                .is_ok_and(|m| m.path().is_ident("test"))
     })
 }
 
@@ -83,7 +96,11 @@ impl PathCollector<'_> {
         let mut base = match first.as_str() {
             "crate" => Vec::new(),
             "super" | "self" => self.module.clone(),
-            child if self.modules.contains(&[self.module.clone(), vec![child.into()]].concat()) => {
+            child
+                if self
+                    .modules
+                    .contains(&[self.module.clone(), vec![child.into()]].concat()) =>
+            {
                 return Some([self.module.clone(), segments.to_vec()].concat());
             }
             _ => return None,
@@ -156,6 +173,9 @@ impl<'ast> Visit<'ast> for PathCollector<'_> {
         self.use_tree(&mut Vec::new(), &u.tree);
     }
 
+    // `pub(super)` names a module to limit visibility, not a dependency.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
         if let Some(p) = self.absolute(&segments) {
@@ -173,16 +193,11 @@ fn re_exports(
     syntax: &syn::File,
     modules: &BTreeSet<Vec<String>>,
 ) -> BTreeMap<String, Vec<String>> {
-    fn walk(
-        base: &[String],
-        prefix: &mut Vec<String>,
-        tree: &syn::UseTree,
-        out: &mut Vec<(String, Vec<String>)>,
-    ) {
+    fn walk(prefix: &mut Vec<String>, tree: &syn::UseTree, out: &mut Vec<(String, Vec<String>)>) {
         match tree {
             syn::UseTree::Path(p) => {
                 prefix.push(p.ident.to_string());
-                walk(base, prefix, &p.tree, out);
+                walk(prefix, &p.tree, out);
                 prefix.pop();
             }
             syn::UseTree::Name(n) => {
@@ -197,7 +212,7 @@ fn re_exports(
             }
             syn::UseTree::Group(g) => {
                 for item in &g.items {
-                    walk(base, prefix, item, out);
+                    walk(prefix, item, out);
                 }
             }
             syn::UseTree::Glob(_) => {}
@@ -210,12 +225,14 @@ fn re_exports(
             continue;
         }
         let mut out = Vec::new();
-        walk(&source.module, &mut Vec::new(), &u.tree, &mut out);
+        walk(&mut Vec::new(), &u.tree, &mut out);
         for (name, path) in out {
             let absolute = match path[0].as_str() {
                 "crate" => path[1..].to_vec(),
                 "self" => [source.module.clone(), path[1..].to_vec()].concat(),
-                child if modules.contains(&[source.module.clone(), vec![child.into()]].concat()) => {
+                child
+                    if modules.contains(&[source.module.clone(), vec![child.into()]].concat()) =>
+                {
                     [source.module.clone(), path].concat()
                 }
                 _ => continue,
@@ -232,25 +249,30 @@ fn file_of(
     files: &BTreeMap<Vec<String>, String>,
     exports: &BTreeMap<String, BTreeMap<String, Vec<String>>>,
 ) -> Option<String> {
-    let n = (0..=path.len()).rev().find(|n| files.contains_key(&path[..*n]))?;
+    let n = (0..=path.len())
+        .rev()
+        .find(|n| files.contains_key(&path[..*n]))?;
     let file = files[&path[..n]].clone();
-    if let Some(target) = path.get(n).and_then(|name| exports[&file].get(name)) {
-        if target.as_slice() != path {
-            return file_of(target, files, exports);
-        }
+    if let Some(target) = path.get(n).and_then(|name| exports[&file].get(name))
+        && target.as_slice() != path
+    {
+        return file_of(target, files, exports);
     }
     Some(file)
 }
 
 /// file → files it names (self excluded).
 fn import_graph(sources: &[SourceFile]) -> BTreeMap<String, BTreeSet<String>> {
-    let files: BTreeMap<Vec<String>, String> =
-        sources.iter().map(|s| (s.module.clone(), s.relative.clone())).collect();
+    let files: BTreeMap<Vec<String>, String> = sources
+        .iter()
+        .map(|s| (s.module.clone(), s.relative.clone()))
+        .collect();
     let modules: BTreeSet<Vec<String>> = files.keys().cloned().collect();
     let parsed: Vec<syn::File> = sources
         .iter()
         .map(|s| {
-            syn::parse_file(&s.text).unwrap_or_else(|e| panic!("{}: does not parse: {e}", s.relative))
+            syn::parse_file(&s.text)
+                .unwrap_or_else(|e| panic!("{}: does not parse: {e}", s.relative))
         })
         .collect();
     let exports: BTreeMap<String, BTreeMap<String, Vec<String>>> = sources
@@ -343,7 +365,9 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 fn no_import_cycles_between_files() {
     let sources = library_files();
     let mut graph = import_graph(&sources);
-    graph.values_mut().for_each(|targets| targets.retain(|t| t != "lib.rs"));
+    graph
+        .values_mut()
+        .for_each(|targets| targets.retain(|t| t != "lib.rs"));
     let found = cycles(&graph);
     let report: Vec<String> = found
         .iter()
@@ -351,13 +375,20 @@ fn no_import_cycles_between_files() {
             let edges: Vec<String> = c
                 .iter()
                 .flat_map(|a| {
-                    graph[a].iter().filter(|b| c.contains(b)).map(move |b| format!("{a} → {b}"))
+                    graph[a]
+                        .iter()
+                        .filter(|b| c.contains(b))
+                        .map(move |b| format!("{a} → {b}"))
                 })
                 .collect();
             edges.join(", ")
         })
         .collect();
-    assert!(report.is_empty(), "import cycles in host/src:\n  {}", report.join("\n  "));
+    assert!(
+        report.is_empty(),
+        "import cycles in host/src:\n  {}",
+        report.join("\n  ")
+    );
 }
 
 /// Lines of code of a file before its `#[cfg(test)]` module, without blank and comment lines.
@@ -374,8 +405,10 @@ fn code_lines(text: &str) -> usize {
 /// (name, line count) of every function, measured from its `fn` line to the closing brace at
 /// the same indentation (the code is rustfmt-formatted), before the file's tests.
 fn function_lengths(text: &str) -> Vec<(String, usize)> {
-    let lines: Vec<&str> =
-        text.lines().take_while(|l| l.trim() != "#[cfg(test)]").collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .collect();
     let mut found = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
@@ -387,11 +420,17 @@ fn function_lengths(text: &str) -> Vec<(String, usize)> {
             .trim_start_matches("const ")
             .trim_start_matches("async ")
             .trim_start_matches("unsafe ");
-        let Some(rest) = signature.strip_prefix("fn ") else { continue };
-        let name: String =
-            rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let Some(rest) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
         // A trait method without a body ends with `;` before any `{`.
-        let Some(open) = lines[i..].iter().position(|l| l.ends_with('{') || l.ends_with(';') || l.ends_with('}'))
+        let Some(open) = lines[i..]
+            .iter()
+            .position(|l| l.ends_with('{') || l.ends_with(';') || l.ends_with('}'))
         else {
             continue;
         };
@@ -415,8 +454,7 @@ fn functions_and_files_stay_small() {
     let mut problems = Vec::new();
     for source in library_files() {
         let lines = code_lines(&source.text);
-        if lines > MAX_FILE_CODE_LINES && !LONG_FILES.iter().any(|(f, _)| *f == source.relative)
-        {
+        if lines > MAX_FILE_CODE_LINES && !LONG_FILES.iter().any(|(f, _)| *f == source.relative) {
             problems.push(format!("{}: {lines} lines of code", source.relative));
         }
         for (name, length) in function_lengths(&source.text) {

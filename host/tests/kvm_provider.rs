@@ -105,7 +105,7 @@ impl Fixture {
             "kvm-test",
             plugin,
             &config,
-            &grants,
+            &grants.validate().unwrap(),
             ProviderInstanceOptions::default(),
         )
         .unwrap()

@@ -14,7 +14,7 @@ use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
 use proxy_operator::capabilities::libvirt::{
     DomainState, Hypervisor, ImageSource, LibvirtError, LibvirtHub, MaterialSource,
 };
-use proxy_operator::capabilities::{CallContext, Grants};
+use proxy_operator::capabilities::{CallContext, Grants, HostResources};
 use sha2::{Digest, Sha256};
 
 const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
@@ -40,9 +40,16 @@ fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
 
 fn context(grants: &Grants, hub: Arc<LibvirtHub>) -> Arc<CallContext> {
     Arc::new(
-        CallContext::new("kvm-test", "kvm", grants)
-            .unwrap()
-            .with_libvirt_hub(hub),
+        CallContext::bind(
+            "kvm-test",
+            "kvm",
+            &grants.validate().unwrap(),
+            &HostResources {
+                libvirt: hub,
+                kube: None,
+            },
+        )
+        .unwrap(),
     )
 }
 

@@ -89,7 +89,7 @@ async fn validate_config_names_the_field() {
             "bad",
             plugin.clone(),
             &config,
-            &Grants::default(),
+            &Grants::default().validate().unwrap(),
             ProviderInstanceOptions::default(),
         )
         .unwrap();
@@ -244,7 +244,7 @@ async fn a_wildcard_grant_does_not_reach_loopback_through_dns() {
         "wild",
         plugin,
         &json!({"endpoint": "memory:1"}),
-        &grants,
+        &grants.validate().unwrap(),
         ProviderInstanceOptions::default(),
     )
     .unwrap();
@@ -289,7 +289,7 @@ async fn injected_credentials_reach_the_server_but_never_the_plugin() {
         "creds",
         plugin,
         &json!({ "endpoint": store.url() }),
-        &grants,
+        &grants.validate().unwrap(),
         ProviderInstanceOptions::default(),
     )
     .unwrap();
@@ -541,7 +541,8 @@ async fn calls_are_counted_by_plugin_function_and_error_kind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
-    use proxy_operator::config::{Providers, ProvidersConfig};
+    use proxy_operator::config::ProvidersConfig;
+    use proxy_operator::registry::load_providers;
     let (engine, _) = engine_with(test_options()).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("providers.yaml");
@@ -551,7 +552,7 @@ async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
         let file = file.clone();
         async move {
             let config = ProvidersConfig::load(&file).map_err(|e| e.to_string())?;
-            Providers::build(&engine, &plugins_dir(), &config, &file)
+            load_providers(&engine, &plugins_dir(), &config, &file)
                 .await
                 .map_err(|e| e.to_string())
         }
@@ -594,12 +595,13 @@ async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_providers_config_loads() {
-    use proxy_operator::config::{Providers, ProvidersConfig};
+    use proxy_operator::config::ProvidersConfig;
+    use proxy_operator::registry::load_providers;
     let (engine, _) = engine_with(test_options()).await;
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/samples/providers-config.yaml");
     let config = ProvidersConfig::load(&file).unwrap();
-    let providers = Providers::build(&engine, &plugins_dir(), &config, &file)
+    let providers = load_providers(&engine, &plugins_dir(), &config, &file)
         .await
         .unwrap();
     let instance = providers

@@ -77,7 +77,7 @@ async fn a_later_0_1_x_component_runs_through_the_0_1_0_bindings() {
         "next",
         plugin,
         &json!({}),
-        &Grants::default(),
+        &Grants::default().validate().unwrap(),
         ProviderInstanceOptions {
             max_concurrent_calls: 1,
         },

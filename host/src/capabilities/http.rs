@@ -10,102 +10,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde::Deserialize;
 
 pub use allow::{AllowPattern, is_public};
 
 use super::{CallContext, GrantError};
 
-const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
-const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub use super::grants::{CredentialGrant, HttpGrant, SecretSource};
+use super::grants::{SecretValue, ValidCredential, ValidHttpGrant};
 
-/// The `grants.http` section of a provider instance.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct HttpGrant {
-    /// `scheme://host[:port]` patterns; host may be `*` or `*.example.com`, port `*`.
-    /// Private and loopback addresses are reachable only when a pattern names the IP itself.
-    pub allow: Vec<String>,
-    #[serde(default)]
-    pub credentials: Vec<CredentialGrant>,
-    #[serde(default)]
-    pub max_request_bytes: Option<usize>,
-    #[serde(default)]
-    pub max_response_bytes: Option<usize>,
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
-/// A header the host adds to requests to matching URLs.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CredentialGrant {
-    /// A pattern like those in `allow`: requests matching it get the header.
-    pub url: String,
-    /// The header name, e.g. `Authorization`.
-    pub header: String,
-    /// Text put before the secret, e.g. `Bearer `.
-    #[serde(default)]
-    pub prefix: String,
-    pub value_from: SecretSource,
-}
-
-/// Where a credential's secret comes from: exactly one of `env`, `file` or
-/// `gcpServiceAccountKey`. Read on every request, so a rotated file (a mounted Secret) is picked
-/// up; service-account tokens are minted and renewed by the host.
-#[derive(Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct SecretSource {
-    /// An environment variable of the operator.
-    #[serde(default)]
-    pub env: Option<String>,
-    /// A file, e.g. a mounted Secret key.
-    #[serde(default)]
-    pub file: Option<std::path::PathBuf>,
-    /// A Google service-account key file (JSON): the value is an OAuth access token the host
-    /// mints from it (scope cloud-platform) and renews before it expires.
-    #[serde(default)]
-    pub gcp_service_account_key: Option<std::path::PathBuf>,
-}
-
-impl std::fmt::Debug for SecretSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Where it comes from, never the value.
-        match (&self.env, &self.file, &self.gcp_service_account_key) {
-            (Some(name), _, _) => write!(f, "env:{name}"),
-            (None, Some(path), _) => write!(f, "file:{}", path.display()),
-            (None, None, Some(path)) => write!(f, "gcpServiceAccountKey:{}", path.display()),
-            (None, None, None) => write!(f, "unset"),
+/// The secret of an `env` or `file` source (tokens come from [`Credential::tokens`]), read now so
+/// a rotated Secret file is picked up.
+fn read_secret(value: &SecretValue) -> Result<String, String> {
+    match value {
+        SecretValue::Env(name) => {
+            std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
         }
-    }
-}
-
-impl SecretSource {
-    fn check(&self) -> Result<(), String> {
-        let set = [
-            self.env.is_some(),
-            self.file.is_some(),
-            self.gcp_service_account_key.is_some(),
-        ];
-        if set.iter().filter(|s| **s).count() == 1 {
-            Ok(())
-        } else {
-            Err("valueFrom: set exactly one of `env` (a variable name), `file` (a path) or `gcpServiceAccountKey` (a key file path)".into())
-        }
-    }
-
-    /// The secret of an `env` or `file` source (tokens come from [`Credential::tokens`]).
-    fn read(&self) -> Result<String, String> {
-        match (&self.env, &self.file) {
-            (Some(name), _) => {
-                std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
-            }
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-                .map_err(|e| format!("cannot read {}: {e}", path.display())),
-            (None, None) => Err("no source configured".into()),
-        }
+        SecretValue::File(path) => std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+            .map_err(|e| format!("cannot read {}: {e}", path.display())),
+        SecretValue::GcpServiceAccountKey(_) => Err("no source configured".into()),
     }
 }
 
@@ -144,10 +67,7 @@ pub enum HttpError {
 
 #[derive(Debug)]
 struct Credential {
-    pattern: AllowPattern,
-    header: reqwest::header::HeaderName,
-    prefix: String,
-    source: SecretSource,
+    grant: ValidCredential,
     /// Set for `gcpServiceAccountKey`: the tokens minted from it.
     tokens: Option<gcp_token::GcpTokens>,
 }
@@ -164,54 +84,37 @@ pub struct HttpCapability {
 }
 
 impl HttpCapability {
-    /// Parses a grant; `None` grants nothing (every request is denied).
-    pub fn new(grant: Option<&HttpGrant>) -> Result<Self, GrantError> {
+    /// Binds a valid grant: its own client, and a token source per service-account key.
+    /// `None` grants nothing (every request is denied).
+    pub fn bind(grant: Option<&ValidHttpGrant>) -> Result<Self, GrantError> {
         let Some(grant) = grant else {
             return Ok(HttpCapability {
                 allow: Vec::new(),
                 credentials: Vec::new(),
                 max_request_bytes: 0,
                 max_response_bytes: 0,
-                timeout: DEFAULT_TIMEOUT,
+                timeout: Duration::from_secs(30),
                 client: None,
             });
         };
-        let allow = grant
-            .allow
-            .iter()
-            .enumerate()
-            .map(|(index, p)| {
-                AllowPattern::parse(p).map_err(|message| GrantError::HttpAllow { index, message })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let credentials = grant
             .credentials
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let err = |message: String| GrantError::HttpCredential { index, message };
-                let pattern = AllowPattern::parse(&c.url).map_err(|m| err(format!("url: {m}")))?;
-                c.value_from.check().map_err(err)?;
-                if !allow.iter().any(|a| a.covers(&pattern)) {
-                    return Err(err(format!(
-                        "url `{}` is not covered by grants.http.allow, so the credential could never be used",
-                        c.url
-                    )));
-                }
-                let header = reqwest::header::HeaderName::from_bytes(c.header.as_bytes())
-                    .map_err(|_| err(format!("header `{}` is not a valid header name", c.header)))?;
-                let tokens = match &c.value_from.gcp_service_account_key {
-                    Some(path) => Some(
-                        gcp_token::GcpTokens::new(path)
-                            .map_err(|e| err(format!("valueFrom.gcpServiceAccountKey: {e}")))?,
-                    ),
-                    None => None,
+                let tokens = match &c.value {
+                    SecretValue::GcpServiceAccountKey(path) => {
+                        Some(gcp_token::GcpTokens::new(path).map_err(|e| {
+                            GrantError::HttpCredential {
+                                index,
+                                message: format!("valueFrom.gcpServiceAccountKey: {e}"),
+                            }
+                        })?)
+                    }
+                    _ => None,
                 };
                 Ok(Credential {
-                    pattern,
-                    header,
-                    prefix: c.prefix.clone(),
-                    source: c.value_from.clone(),
+                    grant: c.clone(),
                     tokens,
                 })
             })
@@ -224,16 +127,11 @@ impl HttpCapability {
             .build()
             .map_err(|e| GrantError::HttpClient(e.to_string()))?;
         Ok(HttpCapability {
-            allow,
+            allow: grant.allow.clone(),
             credentials,
-            max_request_bytes: grant.max_request_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
-            max_response_bytes: grant
-                .max_response_bytes
-                .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES),
-            timeout: grant
-                .timeout_seconds
-                .map(Duration::from_secs)
-                .unwrap_or(DEFAULT_TIMEOUT),
+            max_request_bytes: grant.max_request_bytes,
+            max_response_bytes: grant.max_response_bytes,
+            timeout: grant.timeout,
             client: Some(client),
         })
     }
@@ -267,7 +165,7 @@ impl HttpCapability {
     fn credentials_for(&self, target: &allow::Target) -> Vec<&Credential> {
         self.credentials
             .iter()
-            .filter(|c| c.pattern.matches(target))
+            .filter(|c| c.grant.pattern.matches(target))
             .collect()
     }
 
@@ -331,7 +229,7 @@ impl HttpCapability {
                 HttpError::InvalidRequest(format!("header name `{name}` is not valid"))
             })?;
             // A plugin cannot set what the host injects (nor learn it by echo tricks).
-            if injected.iter().any(|c| c.header == name) {
+            if injected.iter().any(|c| c.grant.header == name) {
                 continue;
             }
             let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
@@ -446,29 +344,31 @@ async fn insert_credentials(
     for credential in injected {
         let secret = match &credential.tokens {
             Some(tokens) => tokens.token().await,
-            None => credential.source.read(),
+            None => read_secret(&credential.grant.value),
         };
         let secret = secret.map_err(|e| {
             tracing::warn!(
                 provider = %context.provider,
-                header = %credential.header,
+                header = %credential.grant.header,
                 "credential for an HTTP grant is unavailable: {e}"
             );
             HttpError::Transport(format!(
                 "the host could not read the credential for header {}: {e}",
-                credential.header
+                credential.grant.header
             ))
         })?;
-        let mut value =
-            reqwest::header::HeaderValue::from_str(&format!("{}{}", credential.prefix, secret))
-                .map_err(|_| {
-                    HttpError::Transport(format!(
-                        "the credential for header {} is not a valid header value",
-                        credential.header
-                    ))
-                })?;
+        let mut value = reqwest::header::HeaderValue::from_str(&format!(
+            "{}{}",
+            credential.grant.prefix, secret
+        ))
+        .map_err(|_| {
+            HttpError::Transport(format!(
+                "the credential for header {} is not a valid header value",
+                credential.grant.header
+            ))
+        })?;
         value.set_sensitive(true);
-        headers.insert(credential.header.clone(), value);
+        headers.insert(credential.grant.header.clone(), value);
     }
     Ok(())
 }

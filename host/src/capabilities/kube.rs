@@ -10,9 +10,6 @@ use std::sync::{Arc, Mutex};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
-use serde::Deserialize;
-
-use crate::capabilities::GrantError;
 
 /// The label on every object a provider instance applies; its value is the instance's name.
 pub const PROVIDER_LABEL: &str = "proxy-operator.dev/provider";
@@ -22,15 +19,8 @@ pub const MANAGED_BY: &str = "proxy-operator";
 /// Largest object a plugin may apply (etcd's default request limit is 1.5 MiB).
 pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
 
-/// The `grants.kube` section of a provider instance.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KubeGrant {
-    /// The namespace the plugin's objects live in.
-    pub namespace: String,
-    /// `apiVersion/Kind` of each kind it may use, e.g. `v1/Pod`, `v1/ConfigMap`, `apps/v1/Deployment`.
-    pub kinds: Vec<String>,
-}
+pub use super::grants::KubeGrant;
+use super::grants::ValidKubeGrant;
 
 /// Why a kube call failed, as the WIT `kube-error` variant says it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,65 +65,27 @@ impl std::fmt::Debug for KubeCapability {
 }
 
 impl KubeCapability {
-    /// Checks a grant; `None` grants nothing. Calls need a client (see [`Self::with_client`]).
-    pub fn new(provider: &str, grant: Option<&KubeGrant>) -> std::result::Result<Self, GrantError> {
-        let mut capability = KubeCapability {
+    /// Binds a valid grant to the client its calls use (the operator's; `None`: no cluster).
+    /// `None` grants nothing.
+    pub fn bind(
+        provider: &str,
+        grant: Option<&ValidKubeGrant>,
+        client: Option<kube::Client>,
+    ) -> Self {
+        KubeCapability {
             provider: provider.to_string(),
-            namespace: None,
-            kinds: Vec::new(),
-            client: None,
+            namespace: grant.map(|g| g.namespace.clone()),
+            kinds: grant
+                .map(|g| {
+                    g.kinds
+                        .iter()
+                        .map(|k| (k.api_version.clone(), k.kind.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            client,
             resolved: Arc::default(),
-        };
-        let Some(grant) = grant else {
-            return Ok(capability);
-        };
-        let err = |message: String| GrantError::Kube(message);
-        if !crate::config::is_dns_label(&grant.namespace) {
-            return Err(err(format!(
-                "namespace: `{}` is not a namespace name (lowercase letters, digits and '-', at most 63)",
-                grant.namespace
-            )));
         }
-        if grant.kinds.is_empty() {
-            return Err(err(
-                "kinds: empty; list the kinds the plugin may use, e.g. [v1/Pod, v1/ConfigMap]"
-                    .into(),
-            ));
-        }
-        for (index, entry) in grant.kinds.iter().enumerate() {
-            let Some((api_version, kind)) = entry.rsplit_once('/') else {
-                return Err(err(format!(
-                    "kinds[{index}]: `{entry}` is not apiVersion/Kind, e.g. v1/Pod or apps/v1/Deployment"
-                )));
-            };
-            let valid_version = !api_version.is_empty()
-                && api_version.split('/').count() <= 2
-                && !api_version.contains(char::is_whitespace);
-            if !valid_version
-                || kind.is_empty()
-                || !kind.starts_with(|c: char| c.is_ascii_uppercase())
-            {
-                return Err(err(format!(
-                    "kinds[{index}]: `{entry}` is not apiVersion/Kind, e.g. v1/Pod or apps/v1/Deployment"
-                )));
-            }
-            if api_version == "v1" && kind == "Secret" {
-                return Err(err(format!(
-                    "kinds[{index}]: Secrets cannot be granted: a plugin never sees a secret; let the host add credentials (grants.http.credentials)"
-                )));
-            }
-            capability
-                .kinds
-                .push((api_version.to_string(), kind.to_string()));
-        }
-        capability.namespace = Some(grant.namespace.clone());
-        Ok(capability)
-    }
-
-    /// The same capability with calls made by `client` (the operator's).
-    pub fn with_client(mut self, client: Option<kube::Client>) -> Self {
-        self.client = client;
-        self
     }
 
     /// The granted namespace, or "" when none is granted.
@@ -434,9 +386,13 @@ mod tests {
         }
     }
 
+    fn bound(grant: &KubeGrant) -> KubeCapability {
+        KubeCapability::bind("p", Some(&ValidKubeGrant::parse(grant).unwrap()), None)
+    }
+
     #[test]
     fn grants_name_the_field_that_is_wrong() {
-        let error = |g: KubeGrant| KubeCapability::new("p", Some(&g)).unwrap_err().to_string();
+        let error = |g: KubeGrant| ValidKubeGrant::parse(&g).unwrap_err().to_string();
         assert!(error(grant("Proxies", &["v1/Pod"])).contains("grants.kube.namespace"));
         assert!(error(grant("proxies", &[])).contains("grants.kube.kinds: empty"));
         assert!(error(grant("proxies", &["Pod"])).contains("kinds[0]: `Pod`"));
@@ -444,11 +400,7 @@ mod tests {
         assert!(
             error(grant("proxies", &["v1/Pod", "v1/Secret"])).contains("kinds[1]: Secrets cannot")
         );
-        let ok = KubeCapability::new(
-            "p",
-            Some(&grant("proxies", &["v1/Pod", "apps/v1/Deployment"])),
-        )
-        .unwrap();
+        let ok = bound(&grant("proxies", &["v1/Pod", "apps/v1/Deployment"]));
         assert_eq!(ok.namespace(), "proxies");
         assert_eq!(
             ok.kinds[1],
@@ -505,11 +457,11 @@ mod tests {
 
     #[tokio::test]
     async fn calls_outside_the_grant_are_denied_before_any_request() {
-        let none = KubeCapability::new("p", None).unwrap();
+        let none = KubeCapability::bind("p", None, None);
         assert!(
             matches!(none.get("v1", "Pod", "x").await, Err(KubeError::Denied(m)) if m.contains("grants.kube"))
         );
-        let pods = KubeCapability::new("p", Some(&grant("proxies", &["v1/Pod"]))).unwrap();
+        let pods = bound(&grant("proxies", &["v1/Pod"]));
         assert!(
             matches!(pods.get("v1", "ConfigMap", "x").await, Err(KubeError::Denied(m)) if m.contains("not in grants.kube.kinds (v1/Pod)"))
         );

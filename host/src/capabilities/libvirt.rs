@@ -10,54 +10,14 @@ pub mod tunnel;
 
 use std::sync::Arc;
 
-use serde::Deserialize;
-
 pub use hub::{LibvirtHub, MaterialSource};
 pub use import::ImageSource;
 pub use ops::{DomainInfo, DomainState, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo};
 
-use crate::capabilities::GrantError;
-
-/// The Secret holding the SSH key and known_hosts when the grant does not name one.
-pub const DEFAULT_SSH_SECRET: &str = "kvm-ssh";
-/// libvirtd's system socket on Debian, Ubuntu, Fedora and RHEL.
-pub const DEFAULT_REMOTE_SOCKET: &str = "/var/run/libvirt/libvirt-sock";
-
-/// The `grants.libvirt` section of a provider instance.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct LibvirtGrant {
-    /// The Secret in the operator's namespace with `ssh-privatekey` and `known_hosts`.
-    #[serde(default = "default_secret")]
-    pub ssh_secret: String,
-    /// The hypervisors this provider instance may reach.
-    pub hosts: Vec<HypervisorGrant>,
-}
-
-fn default_secret() -> String {
-    DEFAULT_SSH_SECRET.to_string()
-}
-
-/// One hypervisor: where sshd answers and which libvirt socket to forward to.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct HypervisorGrant {
-    /// The name the plugin (and its config) uses for the hypervisor.
-    pub name: String,
-    /// Host name or IP address of its sshd.
-    pub address: String,
-    #[serde(default = "default_ssh_port")]
-    pub port: u16,
-    /// The SSH user; it needs access to the libvirt socket (the `libvirt` group).
-    pub user: String,
-    /// The remote libvirt socket; default `/var/run/libvirt/libvirt-sock`.
-    #[serde(default)]
-    pub socket: Option<String>,
-}
-
-fn default_ssh_port() -> u16 {
-    22
-}
+use crate::capabilities::grants::ValidLibvirtGrant;
+pub use crate::capabilities::grants::{
+    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, HypervisorGrant, LibvirtGrant,
+};
 
 /// Why a libvirt call failed, as the WIT `libvirt-error` variant says it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,67 +51,14 @@ pub struct LibvirtCapability {
 }
 
 impl LibvirtCapability {
-    /// Checks a grant; `None` grants no hypervisor. Calls go through `hub` (see [`Self::with_hub`]).
-    pub fn new(grant: Option<&LibvirtGrant>) -> Result<Self, GrantError> {
-        let Some(grant) = grant else {
-            return Ok(LibvirtCapability {
-                secret: DEFAULT_SSH_SECRET.into(),
-                hosts: Vec::new(),
-                hub: LibvirtHub::unconfigured(),
-            });
-        };
-        let err = |message: String| GrantError::Libvirt(message);
-        if !is_dns_subdomain(&grant.ssh_secret) {
-            return Err(err(format!(
-                "sshSecret: `{}` is not a Secret name (lowercase letters, digits, '-' and '.')",
-                grant.ssh_secret
-            )));
+    /// Binds a valid grant to the process's connections and SSH material. `None` grants no
+    /// hypervisor.
+    pub fn bind(grant: Option<&ValidLibvirtGrant>, hub: Arc<LibvirtHub>) -> Self {
+        LibvirtCapability {
+            secret: grant.map_or_else(|| DEFAULT_SSH_SECRET.into(), |g| g.secret.clone()),
+            hosts: grant.map(|g| g.hosts.clone()).unwrap_or_default(),
+            hub,
         }
-        for (index, host) in grant.hosts.iter().enumerate() {
-            let at = format!("hosts[{index}]");
-            if !crate::config::is_dns_label(&host.name) {
-                return Err(err(format!(
-                    "{at}.name: `{}` is not a valid hypervisor name (lowercase letters, digits and '-', at most 63)",
-                    host.name
-                )));
-            }
-            if grant.hosts[..index].iter().any(|h| h.name == host.name) {
-                return Err(err(format!(
-                    "{at}.name: `{}` is listed twice; hypervisor names must be unique",
-                    host.name
-                )));
-            }
-            if host.address.trim().is_empty() || host.address.contains(['/', ' ', '@']) {
-                return Err(err(format!(
-                    "{at}.address: `{}` is not a host name or IP address",
-                    host.address
-                )));
-            }
-            if host.user.is_empty() || host.user.contains(['@', ' ', '/']) {
-                return Err(err(format!(
-                    "{at}.user: `{}` is not an SSH user name",
-                    host.user
-                )));
-            }
-            if let Some(socket) = &host.socket
-                && !socket.starts_with('/')
-            {
-                return Err(err(format!(
-                    "{at}.socket: `{socket}` must be an absolute path, e.g. {DEFAULT_REMOTE_SOCKET}"
-                )));
-            }
-        }
-        Ok(LibvirtCapability {
-            secret: grant.ssh_secret.clone(),
-            hosts: grant.hosts.clone(),
-            hub: LibvirtHub::unconfigured(),
-        })
-    }
-
-    /// The same grant, served by `hub` (the process's connections and SSH material).
-    pub fn with_hub(mut self, hub: Arc<LibvirtHub>) -> Self {
-        self.hub = hub;
-        self
     }
 
     /// A handle on hypervisor `name`, if the grant lists it. Nothing is connected yet.
@@ -199,18 +106,17 @@ pub struct Hypervisor {
     hub: Arc<LibvirtHub>,
 }
 
-/// A Kubernetes object name: RFC 1123 subdomain.
-fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(crate::config::is_dns_label)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn grant(yaml: &str) -> Result<LibvirtCapability, String> {
         let grant: LibvirtGrant = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
-        LibvirtCapability::new(Some(&grant)).map_err(|e| e.to_string())
+        let grant = ValidLibvirtGrant::parse(&grant).map_err(|e| e.to_string())?;
+        Ok(LibvirtCapability::bind(
+            Some(&grant),
+            LibvirtHub::unconfigured(),
+        ))
     }
 
     #[test]
@@ -244,7 +150,7 @@ mod tests {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("hv2") && m.contains("hv1"), "{m}"),
             other => panic!("{other:?}"),
         }
-        match LibvirtCapability::new(None).unwrap().open("hv1") {
+        match LibvirtCapability::bind(None, LibvirtHub::unconfigured()).open("hv1") {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("nothing is granted"), "{m}"),
             other => panic!("{other:?}"),
         }

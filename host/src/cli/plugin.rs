@@ -132,12 +132,16 @@ async fn instance(
         .name
         .clone()
         .unwrap_or_else(|| plugin.info.name.clone());
+    let grants = entry
+        .grants
+        .validate()
+        .with_context(|| format!("{}: grants", instance_file.display()))?;
     ProviderInstance::new(
         engine,
         &name,
         plugin,
         &entry.config,
-        &entry.grants,
+        &grants,
         ProviderInstanceOptions::default(),
     )
     .with_context(|| format!("{}: grants", instance_file.display()))

@@ -16,11 +16,11 @@ use sha2::{Digest, Sha256};
 
 use super::conditions;
 use crate::api::{Phase, Proxy, ProxyStatus};
-use crate::config::ProviderSet;
 use crate::events;
 use crate::metrics::ReconcileMetrics;
 use crate::plugins::types::{InstanceSpec, InstanceState, Owner, ProviderError};
 use crate::plugins::{CallError, ProviderInstance};
+use crate::providers::ProviderSet;
 
 /// The finalizer that keeps a Proxy until its instance is deleted.
 pub const FINALIZER: &str = "crawl.example.com/cleanup";

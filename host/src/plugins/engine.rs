@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::bindings::v0_1_0;
+use super::bindings;
 use super::cache::CompileCache;
+use super::metrics::PluginMetrics;
 use super::state::HostState;
-use crate::metrics::PluginMetrics;
 
 /// One epoch tick. 10 ms keeps the check cheap (measured +1–11 % in wasm-notes) while a runaway
 /// plugin is still stopped within a tick of its budget.
@@ -130,8 +130,7 @@ impl PluginEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("linking WASI: {e}"))?;
-        v0_1_0::ProviderPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
-            .map_err(|e| anyhow::anyhow!("linking the 0.1.0 host interfaces: {e}"))?;
+        bindings::add_to_linker(&mut linker)?;
 
         let cache = options.cache_dir.as_ref().and_then(|dir| {
             CompileCache::open(dir, &engine)

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use wasmtime::{Store, UpdateDeadline};
 
+use super::bindings;
+use super::call::{Call, CallFailure, Output};
 use super::engine::PluginEngine;
 use super::error::CallError;
-use super::load::{LoadedPlugin, PluginPre};
+use super::load::LoadedPlugin;
 use super::state::HostState;
-use super::types::{CheckTarget, Instance, InstanceSpec, PluginInfo, ProviderError};
-use crate::capabilities::{CallContext, GrantError, Grants};
+use super::types::{CheckTarget, Instance, InstanceSpec, ProviderError};
+use crate::capabilities::{CallContext, GrantError, HostResources, ValidGrants};
 
 /// Per-provider-instance settings.
 #[derive(Debug, Clone)]
@@ -27,38 +29,6 @@ impl Default for ProviderInstanceOptions {
             max_concurrent_calls: 8,
         }
     }
-}
-
-pub(crate) enum Call {
-    Describe,
-    ValidateConfig,
-    Create(Box<InstanceSpec>),
-    Get(String),
-    Delete(String),
-    List,
-    Check,
-}
-
-impl Call {
-    fn name(&self) -> &'static str {
-        match self {
-            Call::Describe => "describe",
-            Call::ValidateConfig => "validate-config",
-            Call::Create(_) => "create",
-            Call::Get(_) => "get",
-            Call::Delete(_) => "delete",
-            Call::List => "list",
-            Call::Check => "check",
-        }
-    }
-}
-
-pub(crate) enum Output {
-    Info(PluginInfo),
-    Unit(()),
-    Instance(Instance),
-    Instances(Vec<Instance>),
-    Checks(Vec<CheckTarget>),
 }
 
 /// One entry of the providers config, bound to its plugin.
@@ -92,20 +62,25 @@ macro_rules! expect_output {
 }
 
 impl ProviderInstance {
-    /// Binds a plugin to a provider instance's config and grants.
+    /// Binds a plugin to a provider instance's config, and its capabilities to the valid grants.
     pub fn new(
         engine: Arc<PluginEngine>,
         name: &str,
         plugin: Arc<LoadedPlugin>,
         config: &serde_json::Value,
-        grants: &Grants,
+        grants: &ValidGrants,
         options: ProviderInstanceOptions,
     ) -> Result<Self, GrantError> {
-        let context = Arc::new(
-            CallContext::new(name, &plugin.info.name, grants)?
-                .with_libvirt_hub(engine.options.libvirt.clone())
-                .with_kube_client(engine.options.kube.clone()),
-        );
+        let resources = HostResources {
+            libvirt: engine.options.libvirt.clone(),
+            kube: engine.options.kube.clone(),
+        };
+        let context = Arc::new(CallContext::bind(
+            name,
+            &plugin.info.name,
+            grants,
+            &resources,
+        )?);
         Ok(ProviderInstance {
             name: name.to_string(),
             plugin,
@@ -250,52 +225,12 @@ impl PluginEngine {
             Ok(UpdateDeadline::Yield(1))
         });
 
-        let outcome: wasmtime::Result<Result<Output, ProviderError>> = match &plugin.pre {
-            PluginPre::V0_1_0(pre) => {
-                let bindings = match pre.instantiate_async(&mut store).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        return Err(self.classify_failure(
-                            e,
-                            store.data(),
-                            plugin_name,
-                            function,
-                            true,
-                        ));
-                    }
-                };
-                let provider_api = bindings.proxy_operator_provider_provider();
-                match call {
-                    Call::Describe => provider_api
-                        .call_describe(&mut store)
-                        .await
-                        .map(|info| Ok(Output::Info(info.into()))),
-                    Call::ValidateConfig => provider_api
-                        .call_validate_config(&mut store, config)
-                        .await
-                        .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into)),
-                    Call::Create(spec) => provider_api
-                        .call_create(&mut store, config, &(*spec).into())
-                        .await
-                        .map(|r| r.map(|i| Output::Instance(i.into())).map_err(Into::into)),
-                    Call::Get(id) => provider_api
-                        .call_get(&mut store, config, &id)
-                        .await
-                        .map(|r| r.map(|i| Output::Instance(i.into())).map_err(Into::into)),
-                    Call::Delete(id) => provider_api
-                        .call_delete(&mut store, config, &id)
-                        .await
-                        .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into)),
-                    Call::List => provider_api.call_list(&mut store, config).await.map(|r| {
-                        r.map(|l| Output::Instances(l.into_iter().map(Into::into).collect()))
-                            .map_err(Into::into)
-                    }),
-                    Call::Check => provider_api.call_check(&mut store, config).await.map(|r| {
-                        r.map(|l| Output::Checks(l.into_iter().map(Into::into).collect()))
-                            .map_err(Into::into)
-                    }),
-                }
+        let outcome = match bindings::call(&mut store, &plugin.pre, config, call).await {
+            Ok(outcome) => Ok(outcome),
+            Err(CallFailure::Instantiate(e)) => {
+                return Err(self.classify_failure(e, store.data(), plugin_name, function, true));
             }
+            Err(CallFailure::Run(e)) => Err(e),
         };
         match outcome {
             Ok(Ok(output)) => Ok(output),

@@ -7,70 +7,14 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, types::ComponentItem};
 
-use super::bindings::v0_1_0;
+use super::bindings::{
+    self, PROVIDER_INTERFACE, PluginPre, SUPPORTED_WIT_VERSIONS, WitVersion, supported_wit_versions,
+};
+use super::call::{Call, Output};
 use super::engine::PluginEngine;
 use super::error::LoadError;
-use super::instance::{Call, Output};
-use super::state::HostState;
 use super::types::PluginInfo;
-use crate::capabilities::{CallContext, Grants};
-
-/// WIT versions of `proxy-operator:provider` this host has bindings for. The bindings of `X.Y.Z`
-/// also serve components built for a later patch version `X.Y.Z'` (`Z' > Z`) of the same
-/// `X.Y`, e.g. 0.1.1 through the 0.1.0 bindings: wasmtime matches `…@0.1.0` and `…@0.1.1` as
-/// semver-compatible names both for the host's imports and for the component's exports, and the
-/// bindings only use the functions they know. Any other major or minor version is refused.
-pub const SUPPORTED_WIT_VERSIONS: &[&str] = &["0.1.0"];
-
-/// `major.minor.patch` of a release version (build metadata ignored); `None` for a pre-release
-/// or anything that is not a version.
-fn release(version: &str) -> Option<(u64, u64, u64)> {
-    let version = version.split_once('+').map_or(version, |(v, _)| v);
-    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(Some(major)), Some(Some(minor)), Some(Some(patch)), None) => {
-            Some((major, minor, patch))
-        }
-        _ => None,
-    }
-}
-
-/// The bindings that serve a component built for WIT `version`: those of exactly that version,
-/// or else the newest bindings of the same `major.minor` at or below its patch version. 0.0.x
-/// and pre-releases match only exactly, as in wasmtime's name matching.
-pub(crate) fn bindings_for(version: &str) -> Option<&'static str> {
-    if let Some(exact) = SUPPORTED_WIT_VERSIONS.iter().find(|v| **v == version) {
-        return Some(exact);
-    }
-    let (major, minor, patch) = release(version)?;
-    if (major, minor) == (0, 0) {
-        return None;
-    }
-    SUPPORTED_WIT_VERSIONS
-        .iter()
-        .filter_map(|b| release(b).map(|r| (*b, r)))
-        .filter(|(_, (b_major, b_minor, b_patch))| {
-            (*b_major, *b_minor) == (major, minor) && *b_patch <= patch
-        })
-        .max_by_key(|(_, r)| *r)
-        .map(|(b, _)| b)
-}
-
-/// The supported versions for messages, e.g. `0.1.0 (and any later 0.1.x)`.
-pub(crate) fn supported_wit_versions() -> String {
-    SUPPORTED_WIT_VERSIONS
-        .iter()
-        .map(|v| match release(v) {
-            Some((major, minor, _)) if (major, minor) != (0, 0) => {
-                format!("{v} (and any later {major}.{minor}.x)")
-            }
-            _ => v.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-const PROVIDER_INTERFACE: &str = "proxy-operator:provider/provider@";
+use crate::capabilities::CallContext;
 
 /// A plugin ready to serve calls: a compiled, type-checked component.
 pub struct LoadedPlugin {
@@ -99,11 +43,6 @@ impl std::fmt::Debug for LoadedPlugin {
             .field("sha256", &self.sha256)
             .finish()
     }
-}
-
-/// The pre-instantiated component, by the WIT version of its bindings.
-pub(crate) enum PluginPre {
-    V0_1_0(v0_1_0::ProviderPluginPre<HostState>),
 }
 
 /// What a file is, as `plugin inspect` shows it.
@@ -237,7 +176,7 @@ impl PluginEngine {
                 supported: SUPPORTED_WIT_VERSIONS.join(", "),
             });
         };
-        let Some(bindings_version) = bindings_for(&version) else {
+        let Some(bindings_version) = WitVersion::for_component_version(&version) else {
             return Err(LoadError::UnsupportedVersion {
                 source_name,
                 found: version,
@@ -245,30 +184,21 @@ impl PluginEngine {
             });
         };
         // Checked against earlier bindings of the same major.minor: say so in a mismatch.
-        let through = if bindings_version == version {
+        let through = if bindings_version.as_str() == version {
             String::new()
         } else {
-            format!(" (checked with the host's {bindings_version} bindings)")
+            format!(
+                " (checked with the host's {} bindings)",
+                bindings_version.as_str()
+            )
         };
         let incompatible = |reason: String| LoadError::Incompatible {
             source_name: source_name.clone(),
             version: version.clone(),
             reason: format!("{reason}{through}"),
         };
-        let pre = match bindings_version {
-            "0.1.0" => {
-                let instance_pre = self
-                    .linker
-                    .instantiate_pre(&component)
-                    .map_err(|e| incompatible(format!("{e:#}")))?;
-                let pre = v0_1_0::ProviderPluginPre::new(instance_pre)
-                    .map_err(|e| incompatible(format!("{e:#}")))?;
-                PluginPre::V0_1_0(pre)
-            }
-            other => {
-                unreachable!("SUPPORTED_WIT_VERSIONS lists {other} but load has no arm for it")
-            }
-        };
+        let pre = bindings::for_component(&self.linker, &component, bindings_version)
+            .map_err(|e| incompatible(format!("{e:#}")))?;
 
         let mut plugin = LoadedPlugin {
             info: PluginInfo {
@@ -279,17 +209,14 @@ impl PluginEngine {
                 config_schema: String::new(),
             },
             wit_version: version,
-            bindings_version,
+            bindings_version: bindings_version.as_str(),
             sha256,
             size,
             source_name: source_name.clone(),
             from_cache,
             pre,
         };
-        let context = Arc::new(
-            CallContext::new("(loading)", &source_name, &Grants::default())
-                .expect("an empty grant is always valid"),
-        );
+        let context = Arc::new(CallContext::nothing_granted(&source_name));
         match self.invoke(&plugin, context, "", Call::Describe).await {
             Ok(Output::Info(info)) => plugin.info = info,
             Ok(_) => unreachable!("describe returns plugin info"),
@@ -314,31 +241,5 @@ impl PluginEngine {
             reason: format!("cannot read: {e}"),
         })?;
         self.load(&source_name, bytes).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{bindings_for, supported_wit_versions};
-
-    #[test]
-    fn a_later_patch_of_the_same_minor_uses_the_earlier_bindings() {
-        assert_eq!(bindings_for("0.1.0"), Some("0.1.0"));
-        assert_eq!(bindings_for("0.1.1"), Some("0.1.0"));
-        assert_eq!(bindings_for("0.1.17+build.5"), Some("0.1.0"));
-        for refused in [
-            "0.2.0",
-            "0.2.1",
-            "1.0.0",
-            "1.1.0",
-            "0.0.1",
-            "0.1.1-rc.1",
-            "0.1",
-            "0.1.x",
-            "",
-        ] {
-            assert_eq!(bindings_for(refused), None, "{refused}");
-        }
-        assert_eq!(supported_wit_versions(), "0.1.0 (and any later 0.1.x)");
     }
 }

@@ -85,7 +85,7 @@ pub fn instance_for(
         "test-store",
         plugin.clone(),
         &serde_json::json!({ "endpoint": store.url() }),
-        &grants,
+        &grants.validate().unwrap(),
         ProviderInstanceOptions {
             max_concurrent_calls,
         },

@@ -184,7 +184,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
         ),
     )
     .await;
-    let providers = proxy_operator::config::ProviderSet::new(providers);
+    let providers = proxy_operator::providers::ProviderSet::new(providers);
     let _operator = Operator::with_providers(ns.client(), &ns, providers.clone());
     let registry = prometheus::Registry::new();
     let leases = std::sync::Arc::new(LeaseStore::new(

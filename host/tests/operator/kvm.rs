@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams};
 use proxy_operator::api::Proxy;
 use proxy_operator::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use proxy_operator::config::{Providers, ProvidersConfig};
+use proxy_operator::config::ProvidersConfig;
 use proxy_operator::controller::{self, Context, instance_name};
 use proxy_operator::plugins::EngineOptions;
+use proxy_operator::registry::load_providers;
 use sha2::{Digest, Sha256};
 
 use super::{control_plane, wait_for};
@@ -66,7 +67,7 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
         user = sshd.user(),
         socket = libvirtd.socket().display(),
     );
-    let providers = Providers::build(
+    let providers = load_providers(
         &engine,
         &plugins_dir(),
         &ProvidersConfig::parse(&config).unwrap(),

@@ -20,8 +20,9 @@ use common::*;
 use harness::{ControlPlane, TestNamespace};
 use kube::api::{Api, DeleteParams};
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::config::{Providers, ProvidersConfig};
+use proxy_operator::config::ProvidersConfig;
 use proxy_operator::controller::{self, Context, instance_name};
+use proxy_operator::providers::Providers;
 use tokio::sync::OnceCell;
 
 static CRDS: OnceCell<()> = OnceCell::const_new();
@@ -95,7 +96,7 @@ impl Operator {
     fn with_providers(
         client: kube::Client,
         ns: &TestNamespace,
-        providers: impl Into<proxy_operator::config::ProviderSet>,
+        providers: impl Into<proxy_operator::providers::ProviderSet>,
     ) -> Operator {
         let ctx = Arc::new(Context::new(client, providers, "test-operator"));
         let namespace = ns.name().to_string();
@@ -766,7 +767,7 @@ async fn providers_for(text: &str) -> Providers {
 async fn providers_with(options: proxy_operator::plugins::EngineOptions, text: &str) -> Providers {
     let (engine, _) = engine_with(options).await;
     let config = ProvidersConfig::parse(text).unwrap();
-    Providers::build(
+    proxy_operator::registry::load_providers(
         &engine,
         &plugins_dir(),
         &config,
@@ -809,7 +810,7 @@ async fn bound_provider(
         name,
         plugin,
         config,
-        &grants,
+        &grants.validate().map_err(|e| e.to_string())?,
         proxy_operator::plugins::ProviderInstanceOptions::default(),
     )
     .map_err(|e| e.to_string())

@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
-use wasmtime::component::Resource;
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, Linker, Resource};
 
 use crate::capabilities::libvirt::{self as lv_cap, Hypervisor};
 use crate::capabilities::{http as http_cap, kube as kube_cap, log as log_cap};
+use crate::plugins::call::{Call, CallFailure, Output};
 use crate::plugins::state::HostState;
 use crate::plugins::types;
 
@@ -21,9 +23,6 @@ wasmtime::component::bindgen!({
 
 use self::proxy_operator::provider::types as wit;
 use self::proxy_operator::provider::{http, kube, libvirt, log};
-
-/// The interface name a component must export for this version.
-pub const PROVIDER_EXPORT: &str = "proxy-operator:provider/provider@0.1.0";
 
 impl From<wit::ProviderError> for types::ProviderError {
     fn from(err: wit::ProviderError) -> Self {
@@ -447,4 +446,57 @@ impl libvirt::HostHypervisor for HostState {
         self.table.delete(rep)?;
         Ok(())
     }
+}
+
+/// The WIT version these bindings serve.
+pub const VERSION: &str = "0.1.0";
+
+/// Adds this version's host imports to the linker.
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    ProviderPlugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
+}
+
+/// Instantiates the component in `store` and makes one call through these bindings.
+pub(crate) async fn call(
+    store: &mut Store<HostState>,
+    pre: &ProviderPluginPre<HostState>,
+    config: &str,
+    call: Call,
+) -> Result<Result<Output, types::ProviderError>, CallFailure> {
+    let bindings = pre
+        .instantiate_async(&mut *store)
+        .await
+        .map_err(CallFailure::Instantiate)?;
+    let api = bindings.proxy_operator_provider_provider();
+    let answer = match call {
+        Call::Describe => api
+            .call_describe(&mut *store)
+            .await
+            .map(|info| Ok(Output::Info(info.into()))),
+        Call::ValidateConfig => api
+            .call_validate_config(&mut *store, config)
+            .await
+            .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into)),
+        Call::Create(spec) => api
+            .call_create(&mut *store, config, &(*spec).into())
+            .await
+            .map(|r| r.map(|i| Output::Instance(i.into())).map_err(Into::into)),
+        Call::Get(id) => api
+            .call_get(&mut *store, config, &id)
+            .await
+            .map(|r| r.map(|i| Output::Instance(i.into())).map_err(Into::into)),
+        Call::Delete(id) => api
+            .call_delete(&mut *store, config, &id)
+            .await
+            .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into)),
+        Call::List => api.call_list(&mut *store, config).await.map(|r| {
+            r.map(|l| Output::Instances(l.into_iter().map(Into::into).collect()))
+                .map_err(Into::into)
+        }),
+        Call::Check => api.call_check(&mut *store, config).await.map(|r| {
+            r.map(|l| Output::Checks(l.into_iter().map(Into::into).collect()))
+                .map_err(Into::into)
+        }),
+    };
+    answer.map_err(CallFailure::Run)
 }

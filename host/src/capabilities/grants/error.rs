@@ -1,0 +1,16 @@
+//! A grant that cannot be used.
+
+/// A grant that cannot be used, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    #[error("grants.http.allow[{index}]: {message}")]
+    HttpAllow { index: usize, message: String },
+    #[error("grants.http.credentials[{index}]: {message}")]
+    HttpCredential { index: usize, message: String },
+    #[error("grants.http: {0}")]
+    HttpClient(String),
+    #[error("grants.libvirt.{0}")]
+    Libvirt(String),
+    #[error("grants.kube.{0}")]
+    Kube(String),
+}

@@ -1,0 +1,89 @@
+//! The provider set being assembled from a providers config, entry by entry: what serves, what
+//! was refused (the previous binding keeps serving), what is not loaded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::ProviderEntry;
+use crate::plugins::ProviderInstance;
+use crate::providers::NotLoaded;
+
+/// What a refresh did to one provider instance's plugin, for logs, events and tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Now served by this plugin (new or changed).
+    Loaded {
+        provider: String,
+        plugin_type: String,
+        sha256: String,
+        source: String,
+    },
+    /// The update was refused; the previous plugin (if any) keeps serving.
+    Refused {
+        provider: String,
+        plugin_type: String,
+        reason: String,
+        from_configmap: bool,
+    },
+}
+
+/// The provider set being built by `assemble`.
+#[derive(Default)]
+pub(super) struct Assembly {
+    pub instances: HashMap<String, Arc<ProviderInstance>>,
+    pub not_loaded: HashMap<String, NotLoaded>,
+    pub problems: HashMap<String, String>,
+    pub serving: HashMap<String, (ProviderEntry, Arc<ProviderInstance>)>,
+    pub changes: Vec<Change>,
+}
+
+impl Assembly {
+    pub fn serve(&mut self, entry: &ProviderEntry, instance: Arc<ProviderInstance>) {
+        self.serving
+            .insert(entry.name.clone(), (entry.clone(), instance.clone()));
+        self.instances.insert(entry.name.clone(), instance);
+    }
+
+    /// Records a refused plugin; `previous` (the same instance's last good binding) keeps serving.
+    pub fn refuse(
+        &mut self,
+        entry: &ProviderEntry,
+        previous: Option<(ProviderEntry, Arc<ProviderInstance>)>,
+        reason: String,
+        from_configmap: bool,
+    ) {
+        self.changes.push(Change::Refused {
+            provider: entry.name.clone(),
+            plugin_type: entry.provider_type.clone(),
+            reason: reason.clone(),
+            from_configmap,
+        });
+        match previous {
+            Some((old_entry, old)) => {
+                self.problems.insert(entry.name.clone(), reason);
+                self.serving
+                    .insert(entry.name.clone(), (old_entry, old.clone()));
+                self.instances.insert(entry.name.clone(), old);
+            }
+            None => {
+                self.not_loaded.insert(
+                    entry.name.clone(),
+                    NotLoaded {
+                        provider_type: entry.provider_type.clone(),
+                        reason,
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Mode {
+    /// At start; `strict` fails on a missing or broken plugin (no ConfigMap to bring it later).
+    Start { strict: bool },
+    /// Plugins changed: each instance keeps its previous plugin when the new one is refused.
+    Update,
+    /// The providers config changed: a config error refuses the new config as a whole.
+    ConfigReload,
+}
