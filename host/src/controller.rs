@@ -2,6 +2,7 @@
 //! stands in the status, and makes sure deleting a Proxy always finishes.
 
 pub(crate) mod conditions;
+pub mod decide;
 mod reconcile;
 
 pub use reconcile::{Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, instance_name, run};

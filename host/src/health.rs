@@ -450,9 +450,9 @@ impl HealthEngine {
         match verdict.healthy {
             Some(true) => conditions::set(
                 &mut status.conditions,
-                "Healthy",
+                conditions::Type::Healthy,
                 true,
-                "ProbeSucceeded",
+                conditions::Reason::ProbeSucceeded,
                 &format!(
                     "CONNECT {} through the proxy succeeded in {} ms",
                     self.options.target,
@@ -462,9 +462,9 @@ impl HealthEngine {
             ),
             Some(false) => conditions::set(
                 &mut status.conditions,
-                "Healthy",
+                conditions::Type::Healthy,
                 false,
-                "ProbeFailed",
+                conditions::Reason::ProbeFailed,
                 &format!(
                     "{} consecutive probes failed; last: {}",
                     verdict.failures.max(self.options.failure_threshold),

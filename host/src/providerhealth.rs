@@ -148,7 +148,7 @@ async fn write(
         .unwrap_or_default();
     conditions::set(
         &mut conditions,
-        "Ready",
+        conditions::Type::Ready,
         verdict.ready,
         &verdict.reason,
         &verdict.message,
@@ -156,7 +156,7 @@ async fn write(
     );
     conditions::set(
         &mut conditions,
-        "PluginLoaded",
+        conditions::Type::PluginLoaded,
         plugin.loaded,
         plugin.reason,
         &plugin.message,

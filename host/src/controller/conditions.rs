@@ -3,15 +3,99 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+/// The condition types the operator writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Type {
+    /// The instance exists at the provider and runs with an address.
+    Provisioned,
+    /// The health engine's verdict from probing through the proxy.
+    Healthy,
+    /// Leasable (a Proxy), or passing its checks (a ProviderHealth).
+    Ready,
+    /// A ProviderHealth's plugin is loaded.
+    PluginLoaded,
+}
+
+impl Type {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Type::Provisioned => "Provisioned",
+            Type::Healthy => "Healthy",
+            Type::Ready => "Ready",
+            Type::PluginLoaded => "PluginLoaded",
+        }
+    }
+}
+
+/// The reasons of a Proxy's conditions (a ProviderHealth's come from its checks too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    PluginNotLoaded,
+    UnknownProvider,
+    InstanceRunning,
+    Provisioning,
+    InstanceLost,
+    NotFound,
+    ProviderError,
+    InvalidConfig,
+    Unauthorized,
+    Denied,
+    Healthy,
+    Unhealthy,
+    ProbeSucceeded,
+    ProbeFailed,
+}
+
+impl Reason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::PluginNotLoaded => "PluginNotLoaded",
+            Reason::UnknownProvider => "UnknownProvider",
+            Reason::InstanceRunning => "InstanceRunning",
+            Reason::Provisioning => "Provisioning",
+            Reason::InstanceLost => "InstanceLost",
+            Reason::NotFound => "NotFound",
+            Reason::ProviderError => "ProviderError",
+            Reason::InvalidConfig => "InvalidConfig",
+            Reason::Unauthorized => "Unauthorized",
+            Reason::Denied => "Denied",
+            Reason::Healthy => "Healthy",
+            Reason::Unhealthy => "Unhealthy",
+            Reason::ProbeSucceeded => "ProbeSucceeded",
+            Reason::ProbeFailed => "ProbeFailed",
+        }
+    }
+}
+
+impl AsRef<str> for Reason {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// The status of the condition of `type_`: `Some(true)` for `True`, `None` when absent or
+/// `Unknown`.
+pub fn status_of(conditions: &[Condition], type_: Type) -> Option<bool> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_.as_str())
+        .and_then(|c| match c.status.as_str() {
+            "True" => Some(true),
+            "False" => Some(false),
+            _ => None,
+        })
+}
+
 /// Sets (or replaces) the condition of `type_`.
 pub fn set(
     conditions: &mut Vec<Condition>,
-    type_: &str,
+    type_: Type,
     status: bool,
-    reason: &str,
+    reason: impl AsRef<str>,
     message: &str,
     generation: Option<i64>,
 ) {
+    let (type_, reason) = (type_.as_str(), reason.as_ref());
     let status = if status { "True" } else { "False" };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = conditions.iter().position(|c| c.type_ == type_);
@@ -36,19 +120,19 @@ pub fn set(
 /// `Provisioned` and `Ready` both false for the same reason: the instance is not (yet) usable.
 pub fn not_provisioned(
     conditions: &mut Vec<Condition>,
-    reason: &str,
+    reason: Reason,
     message: &str,
     generation: Option<i64>,
 ) {
     set(
         conditions,
-        "Provisioned",
+        Type::Provisioned,
         false,
         reason,
         message,
         generation,
     );
-    set(conditions, "Ready", false, reason, message, generation);
+    set(conditions, Type::Ready, false, reason, message, generation);
 }
 
 /// Phase and `Ready` of a provisioned proxy, from its `Healthy` condition (written by the health
@@ -57,37 +141,46 @@ pub fn not_provisioned(
 /// probes run at all (`--health-interval 0s` turns them off), so the message says which.
 pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>, probing: bool) {
     use crate::api::Phase;
-    let healthy = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Healthy")
-        .map(|c| (c.status.clone(), c.message.clone()));
+    let healthy = status_of(&status.conditions, Type::Healthy);
+    let healthy_message = || {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == Type::Healthy.as_str())
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
     let (phase, ready, reason, message) = match healthy {
-        Some((s, message)) if s == "False" => (Phase::Unhealthy, false, "Unhealthy", message),
-        Some((s, _)) if s == "True" => (
+        Some(false) => (
+            Phase::Unhealthy,
+            false,
+            Reason::Unhealthy,
+            healthy_message(),
+        ),
+        Some(true) => (
             Phase::Ready,
             true,
-            "Healthy",
+            Reason::Healthy,
             "provisioned and passing health probes".to_string(),
         ),
-        _ if !probing => (
+        None if !probing => (
             Phase::Ready,
             true,
-            "InstanceRunning",
+            Reason::InstanceRunning,
             "provisioned; health probing is off (--health-interval 0s), so it counts as healthy"
                 .to_string(),
         ),
-        _ => (
+        None => (
             Phase::Ready,
             true,
-            "InstanceRunning",
+            Reason::InstanceRunning,
             "provisioned; not yet judged by health probes".to_string(),
         ),
     };
     status.phase = Some(phase);
     set(
         &mut status.conditions,
-        "Ready",
+        Type::Ready,
         ready,
         reason,
         &message,

@@ -1,6 +1,6 @@
-//! One reconcile of one Proxy. Reads like the lifecycle: finalizer, provider lookup, create (with a
-//! deterministic name), poll for an address, status; on deletion, delete at the provider unless
-//! told to abandon.
+//! One reconcile of one Proxy, executing what `decide.rs` decides: finalizer, provider lookup,
+//! create (with a deterministic name), poll for an address, status; on deletion, delete at the
+//! provider unless told to abandon.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,23 +14,18 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
-use super::conditions;
-use crate::api::{Phase, Proxy, ProxyStatus};
+use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
+use crate::api::{Proxy, ProxyStatus};
 use crate::events;
 use crate::metrics::ReconcileMetrics;
-use crate::plugins::types::{InstanceSpec, InstanceState, Owner, ProviderError};
-use crate::plugins::{CallError, ProviderInstance};
-use crate::providers::ProviderSet;
+use crate::plugins::CallError;
+use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
+use crate::providers::{ProviderSet, Providers};
 
 /// The finalizer that keeps a Proxy until its instance is deleted.
 pub const FINALIZER: &str = "crawl.example.com/cleanup";
-/// `"true"` on a Proxy: delete the Proxy but leave its instance running.
-pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
+pub use super::decide::SKIP_CLEANUP_ANNOTATION;
 const FIELD_MANAGER: &str = "proxy-operator";
-/// How often a provisioning instance is polled for its address.
-const POLL_PROVISIONING: Duration = Duration::from_secs(5);
-/// How often a Ready instance is looked at again.
-const RESYNC: Duration = Duration::from_secs(300);
 
 /// What every reconcile needs.
 pub struct Context {
@@ -176,9 +171,57 @@ fn finalizer_already_gone(
     }
 }
 
-async fn event(ctx: &Context, proxy: &Proxy, type_: EventType, reason: &str, note: String) {
+async fn publish(ctx: &Context, proxy: &Proxy, notes: Vec<Note>) {
     let reference = proxy.object_ref(&());
-    events::publish(&ctx.recorder, &reference, type_, reason, "Reconcile", note).await;
+    for note in notes {
+        events::publish(
+            &ctx.recorder,
+            &reference,
+            note.type_,
+            note.reason,
+            "Reconcile",
+            note.message,
+        )
+        .await;
+    }
+}
+
+/// Carries out a decision: events, the status (when it changed), then what the controller does.
+async fn execute(
+    ctx: &Context,
+    api: &Api<Proxy>,
+    proxy: &Proxy,
+    effects: Effects,
+) -> Result<Action, Error> {
+    publish(ctx, proxy, effects.notes).await;
+    write_status(api, proxy, effects.status).await?;
+    then(effects.then)
+}
+
+fn then(then: Then) -> Result<Action, Error> {
+    match then {
+        Then::Requeue(after) => Ok(Action::requeue(after)),
+        Then::AwaitChange => Ok(Action::await_change()),
+        Then::Retry { message, after } => Err(Error::Provider(message, after)),
+    }
+}
+
+/// Where `name` stands in the providers config now.
+fn lookup(providers: &Providers, name: &str) -> ProviderLookup {
+    if let Some(missing) = providers.not_loaded(name) {
+        return ProviderLookup::NotLoaded {
+            provider_type: missing.provider_type.clone(),
+            reason: missing.reason.clone(),
+        };
+    }
+    match providers.get(name) {
+        Some(instance) => ProviderLookup::Loaded {
+            name: instance.name().to_string(),
+        },
+        None => ProviderLookup::Unknown {
+            configured: providers.configured_names(),
+        },
+    }
 }
 
 async fn write_status(api: &Api<Proxy>, proxy: &Proxy, status: ProxyStatus) -> Result<(), Error> {
@@ -225,407 +268,90 @@ fn spec_for(proxy: &Proxy, ctx: &Context, name: &str) -> InstanceSpec {
     }
 }
 
-/// How a failed provider call shows in the status, and whether to retry.
-enum Failure {
-    Retry {
-        message: String,
-        after: Option<Duration>,
-    },
-    Permanent {
-        reason: &'static str,
-        message: String,
-    },
-}
-
-fn classify(error: &CallError) -> Failure {
-    match error {
-        CallError::Provider { error, .. } => match error {
-            ProviderError::Transient {
-                message,
-                retry_after,
-            } => Failure::Retry {
-                message: message.clone(),
-                after: *retry_after,
-            },
-            ProviderError::Quota(m) => Failure::Retry {
-                message: format!("quota: {m}"),
-                after: Some(Duration::from_secs(60)),
-            },
-            ProviderError::NotFound(m) => Failure::Permanent {
-                reason: "NotFound",
-                message: m.clone(),
-            },
-            ProviderError::Permanent(m) => Failure::Permanent {
-                reason: "ProviderError",
-                message: m.clone(),
-            },
-            ProviderError::InvalidConfig(m) => Failure::Permanent {
-                reason: "InvalidConfig",
-                message: m.clone(),
-            },
-            ProviderError::Unauthorized(m) => Failure::Permanent {
-                reason: "Unauthorized",
-                message: m.clone(),
-            },
-            ProviderError::Denied(m) => Failure::Permanent {
-                reason: "Denied",
-                message: m.clone(),
-            },
-        },
-        // The sandbox stopped the plugin: retry, a later call may behave.
-        other => Failure::Retry {
-            message: other.to_string(),
-            after: None,
-        },
-    }
-}
-
 async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
-    let generation = proxy.metadata.generation;
-    let mut status = proxy.status.clone().unwrap_or_default();
-    let failed_for_this_spec =
-        status.phase == Some(Phase::Failed) && status.observed_generation == generation;
-
     let providers = ctx.providers.current();
-    if let Some(missing) = providers.not_loaded(&proxy.spec.provider) {
-        // Configured, but its plugin is not loaded (removed, or a bad upload): wait for it.
-        let message = format!(
-            "the `{}` plugin of provider instance `{}` is not loaded: {}",
-            missing.provider_type, proxy.spec.provider, missing.reason
-        );
-        if status.last_error.as_deref() != Some(&message) {
-            event(
-                ctx,
-                proxy,
-                EventType::Warning,
-                "PluginNotLoaded",
-                message.clone(),
-            )
-            .await;
-        }
-        if status.phase.is_none() {
-            status.phase = Some(Phase::Pending);
-            conditions::not_provisioned(
-                &mut status.conditions,
-                "PluginNotLoaded",
-                &message,
-                generation,
-            );
-        }
-        status.last_error = Some(message);
-        write_status(api, proxy, status).await?;
-        return Ok(Action::requeue(Duration::from_secs(15)));
-    }
-    let Some(provider) = providers.get(&proxy.spec.provider) else {
-        let mut known = providers.configured_names();
-        known.sort();
-        let message = format!(
-            "no provider instance `{provider}` in the providers config (configured: {}); add `{provider}` to the providers config, or recreate the Proxy with another spec.provider (it is immutable)",
-            known.join(", "),
-            provider = proxy.spec.provider,
-        );
-        if status.phase != Some(Phase::Pending) || status.last_error.as_deref() != Some(&message) {
-            event(
-                ctx,
-                proxy,
-                EventType::Warning,
-                "UnknownProvider",
-                message.clone(),
-            )
-            .await;
-        }
-        status.phase = Some(Phase::Pending);
-        status.last_error = Some(message.clone());
-        status.observed_generation = generation;
-        conditions::not_provisioned(
-            &mut status.conditions,
-            "UnknownProvider",
-            &message,
-            generation,
-        );
-        write_status(api, proxy, status).await?;
-        // The providers config may be fixed (reload or restart): look again later.
-        return Ok(Action::requeue(Duration::from_secs(30)));
-    };
-
-    if failed_for_this_spec {
-        // Permanent failure: no hot loop until the spec changes (a new generation).
-        return Ok(Action::await_change());
-    }
-
-    let instance = match status.provider_id.clone() {
-        None => {
-            let name = instance_name(&proxy.uid().unwrap_or_default());
-            if status.phase.is_none() {
-                status.phase = Some(Phase::Pending);
-            }
+    let name = instance_name(&proxy.uid().unwrap_or_default());
+    let step = decide::decide(proxy, &lookup(&providers, &proxy.spec.provider), &name);
+    let provider = providers.get(&proxy.spec.provider);
+    let effects = match (step, provider) {
+        (Step::Done(effects), _) => effects,
+        (Step::Create { name, status }, Some(provider)) => {
             match provider.create(spec_for(proxy, ctx, &name)).await {
-                Ok(instance) => {
-                    event(
-                        ctx,
-                        proxy,
-                        EventType::Normal,
-                        "Created",
-                        format!(
-                            "instance {} created by provider {}",
-                            instance.provider_id,
-                            provider.name()
-                        ),
-                    )
-                    .await;
-                    instance
-                }
-                Err(e) => return fail(proxy, api, ctx, provider, status, &e, "Create").await,
+                Ok(instance) => decide::created(
+                    proxy,
+                    status,
+                    provider.name(),
+                    &instance,
+                    ctx.health_probing,
+                ),
+                Err(e) => decide::call_failed(proxy, status, provider.name(), "Create", &e),
             }
         }
-        Some(id) => match provider.get(&id).await {
-            Ok(instance) => instance,
+        (
+            Step::Get {
+                provider_id,
+                status,
+            },
+            Some(provider),
+        ) => match provider.get(&provider_id).await {
+            Ok(instance) => decide::observed(proxy, status, &instance, ctx.health_probing),
             Err(CallError::Provider {
                 error: ProviderError::NotFound(detail),
                 ..
-            }) => return lost(proxy, api, ctx, provider, status, &id, &detail).await,
-            Err(e) => return fail(proxy, api, ctx, provider, status, &e, "Get").await,
+            }) => decide::lost(proxy, status, provider.name(), &provider_id, &detail),
+            Err(e) => decide::call_failed(proxy, status, provider.name(), "Get", &e),
         },
-    };
-
-    status.provider_id = Some(instance.provider_id.clone());
-    status.zone = instance.zone.clone().or(status.zone);
-    status.observed_generation = generation;
-    status.last_error = None;
-    let running = instance.state == InstanceState::Running;
-    let requeue = match (&instance.address, running) {
-        (Some(address), true) => {
-            status.address = Some(address.clone());
-            status.port = Some(instance.port);
-            if status.phase != Some(Phase::Ready) && status.phase != Some(Phase::Unhealthy) {
-                event(
-                    ctx,
-                    proxy,
-                    EventType::Normal,
-                    "Provisioned",
-                    format!("running at {address}:{}", instance.port),
-                )
-                .await;
-            }
-            let message = format!(
-                "instance {} running at {address}:{}",
-                instance.provider_id, instance.port
-            );
-            conditions::set(
-                &mut status.conditions,
-                "Provisioned",
-                true,
-                "InstanceRunning",
-                &message,
-                generation,
-            );
-            conditions::readiness(&mut status, generation, ctx.health_probing);
-            RESYNC
-        }
-        _ => {
-            status.phase = Some(Phase::Provisioning);
-            let message = format!(
-                "instance {} is {:?}{}",
-                instance.provider_id,
-                instance.state,
-                if instance.address.is_none() {
-                    ", waiting for an address"
-                } else {
-                    ""
-                }
-            );
-            conditions::not_provisioned(
-                &mut status.conditions,
-                "Provisioning",
-                &message,
-                generation,
-            );
-            POLL_PROVISIONING
+        (Step::Create { .. } | Step::Get { .. }, None) => {
+            unreachable!("decide asks for a provider call only when the provider is loaded")
         }
     };
-    write_status(api, proxy, status).await?;
-    Ok(Action::requeue(requeue))
-}
-
-async fn fail(
-    proxy: &Proxy,
-    api: &Api<Proxy>,
-    ctx: &Context,
-    provider: &ProviderInstance,
-    mut status: ProxyStatus,
-    error: &CallError,
-    action: &str,
-) -> Result<Action, Error> {
-    let generation = proxy.metadata.generation;
-    match classify(error) {
-        Failure::Retry { message, after } => {
-            status.last_error = Some(format!("{action}: {message}"));
-            write_status(api, proxy, status).await?;
-            Err(Error::Provider(
-                format!("{} {action}: {message}", provider.name()),
-                after,
-            ))
-        }
-        Failure::Permanent { reason, message } => {
-            let message = format!("{action} failed at provider {}: {message}", provider.name());
-            event(ctx, proxy, EventType::Warning, reason, message.clone()).await;
-            status.phase = Some(Phase::Failed);
-            status.last_error = Some(message.clone());
-            status.observed_generation = generation;
-            conditions::not_provisioned(&mut status.conditions, reason, &message, generation);
-            write_status(api, proxy, status).await?;
-            Ok(Action::await_change())
-        }
-    }
-}
-
-/// The recorded instance is gone at the provider. Re-created only when the spec asks for it: a
-/// vanished VM may have been removed on purpose, and a new one costs money.
-async fn lost(
-    proxy: &Proxy,
-    api: &Api<Proxy>,
-    ctx: &Context,
-    provider: &ProviderInstance,
-    mut status: ProxyStatus,
-    id: &str,
-    detail: &str,
-) -> Result<Action, Error> {
-    let generation = proxy.metadata.generation;
-    let message = format!(
-        "instance {id} no longer exists at provider {}: {detail}",
-        provider.name()
-    );
-    status.address = None;
-    if proxy.spec.recreate_on_loss {
-        event(
-            ctx,
-            proxy,
-            EventType::Warning,
-            "InstanceLost",
-            format!("{message}; creating a new one (recreateOnLoss)"),
-        )
-        .await;
-        status.provider_id = None;
-        status.phase = Some(Phase::Pending);
-        conditions::not_provisioned(&mut status.conditions, "InstanceLost", &message, generation);
-        write_status(api, proxy, status).await?;
-        return Ok(Action::requeue(Duration::from_millis(100)));
-    }
-    event(
-        ctx,
-        proxy,
-        EventType::Warning,
-        "InstanceLost",
-        format!("{message}; set spec.recreateOnLoss to make a new one"),
-    )
-    .await;
-    status.phase = Some(Phase::Failed);
-    status.last_error = Some(message.clone());
-    status.observed_generation = generation;
-    conditions::not_provisioned(&mut status.conditions, "InstanceLost", &message, generation);
-    write_status(api, proxy, status).await?;
-    Ok(Action::await_change())
+    execute(ctx, api, proxy, effects).await
 }
 
 async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
-    let recorded = proxy.status.as_ref().and_then(|s| s.provider_id.clone());
-    if proxy
-        .annotations()
-        .get(SKIP_CLEANUP_ANNOTATION)
-        .map(String::as_str)
-        == Some("true")
-    {
-        event(
-            ctx,
-            proxy,
-            EventType::Normal,
-            "Abandoned",
-            format!(
-                "{SKIP_CLEANUP_ANNOTATION} is set: instance {} left running",
-                recorded.as_deref().unwrap_or("(none recorded)")
-            ),
-        )
-        .await;
-        return Ok(Action::await_change());
-    }
     let providers = ctx.providers.current();
-    if let Some(missing) = providers.not_loaded(&proxy.spec.provider) {
-        // The instance may well exist: wait for the plugin rather than abandon it.
-        return Err(Error::Provider(
-            format!(
-                "cannot delete: the `{}` plugin is not loaded: {}",
-                missing.provider_type, missing.reason
-            ),
-            Some(Duration::from_secs(15)),
-        ));
-    }
-    let Some(provider) = providers.get(&proxy.spec.provider) else {
-        event(
-            ctx,
-            proxy,
-            EventType::Warning,
-            "Abandoned",
-            format!(
-                "provider instance `{}` is not in the providers config: instance {} abandoned",
-                proxy.spec.provider,
-                recorded.as_deref().unwrap_or("(none recorded)")
-            ),
-        )
-        .await;
-        return Ok(Action::await_change());
-    };
-
-    let mut status = proxy.status.clone().unwrap_or_default();
-    if status.phase != Some(Phase::Deleting) {
-        status.phase = Some(Phase::Deleting);
+    let (recorded, deleting) =
+        match decide::decide_cleanup(proxy, &lookup(&providers, &proxy.spec.provider)) {
+            CleanupStep::Abandon(note) => {
+                publish(ctx, proxy, vec![note]).await;
+                return Ok(Action::await_change());
+            }
+            CleanupStep::WaitForPlugin { message } => {
+                return Err(Error::Provider(message, Some(Duration::from_secs(15))));
+            }
+            CleanupStep::Delete { recorded, deleting } => (recorded, deleting),
+        };
+    let provider = providers
+        .get(&proxy.spec.provider)
+        .expect("decide_cleanup deletes only through a loaded provider");
+    if let Some(status) = deleting {
         // The Proxy may already be half gone; a failed status write must not block deletion.
         if let Err(e) = write_status(api, proxy, status).await {
-            tracing::debug!("cannot mark the proxy Deleting: {e}");
+            tracing::debug!(error = %e, "cannot mark the proxy Deleting");
         }
     }
-    // Delete the recorded instance. Without one, a create may still have happened just before a
-    // restart: find instances carrying this Proxy's UID.
-    let ids: Vec<String> = match recorded {
+    let ids = match recorded {
         Some(id) => vec![id],
-        None => {
-            let uid = proxy.uid().unwrap_or_default();
-            match provider.list().await {
-                Ok(instances) => instances
-                    .into_iter()
-                    .filter(|i| i.owner.as_ref().is_some_and(|o| o.uid == uid))
-                    .map(|i| i.provider_id)
-                    .collect(),
-                Err(e) => {
-                    let message = format!("listing instances to find this proxy's: {e}");
-                    return Err(Error::Provider(message, None));
-                }
+        None => match provider.list().await {
+            Ok(instances) => decide::owned_by(instances, &proxy.uid().unwrap_or_default()),
+            Err(e) => {
+                let message = format!("listing instances to find this proxy's: {e}");
+                return Err(Error::Provider(message, None));
             }
-        }
+        },
     };
     for id in ids {
         if let Err(e) = provider.delete(&id).await {
-            let (message, after) = match classify(&e) {
-                Failure::Retry { message, after } => (message, after),
-                Failure::Permanent { message, .. } => (message, Some(Duration::from_secs(60))),
-            };
-            event(
-                ctx,
-                proxy,
-                EventType::Warning,
-                "DeleteFailed",
-                format!("deleting instance {id}: {message}"),
-            )
-            .await;
-            return Err(Error::Provider(format!("delete {id}: {message}"), after));
+            let (note, retry) = decide::delete_failed(&id, &e);
+            publish(ctx, proxy, vec![note]).await;
+            return then(retry);
         }
     }
-    event(
-        ctx,
-        proxy,
-        EventType::Normal,
-        "Deleted",
-        format!("instance deleted at provider {}", provider.name()),
-    )
-    .await;
+    let note = Note {
+        type_: EventType::Normal,
+        reason: "Deleted",
+        message: format!("instance deleted at provider {}", provider.name()),
+    };
+    publish(ctx, proxy, vec![note]).await;
     Ok(Action::await_change())
 }

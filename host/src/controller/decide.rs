@@ -1,0 +1,489 @@
+//! The reconciler's decisions, without I/O: from a Proxy (and what the provider answered) to the
+//! status to write, the events to publish and when to look again. `reconcile.rs` only executes
+//! them, so every branch of the lifecycle is table-tested here.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+use super::conditions::{self, Reason};
+use crate::api::{Phase, Proxy, ProxyStatus};
+use crate::plugins::CallError;
+use crate::plugins::types::{Instance, InstanceState, ProviderError};
+
+/// `"true"` on a Proxy: delete the Proxy but leave its instance running.
+pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
+/// How often a provisioning instance is polled for its address.
+pub const POLL_PROVISIONING: Duration = Duration::from_secs(5);
+/// How often a Ready instance is looked at again.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// How often a Proxy waits for its plugin to be loaded.
+const WAIT_FOR_PLUGIN: Duration = Duration::from_secs(15);
+/// How often a Proxy naming an unknown provider instance is looked at again (the providers config
+/// may be fixed by a reload or a restart).
+const WAIT_FOR_PROVIDER: Duration = Duration::from_secs(30);
+
+/// Where the Proxy's provider instance stands in the providers config.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderLookup {
+    /// Loaded: calls can be made.
+    Loaded { name: String },
+    /// Configured, but its plugin is not loaded (removed, or a bad upload).
+    NotLoaded {
+        provider_type: String,
+        reason: String,
+    },
+    /// Not in the providers config; `configured` lists what is.
+    Unknown { configured: Vec<String> },
+}
+
+/// An event to publish on the Proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Note {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Note {
+    fn normal(reason: &'static str, message: String) -> Self {
+        Note {
+            type_: EventType::Normal,
+            reason,
+            message,
+        }
+    }
+
+    fn warning(reason: &'static str, message: String) -> Self {
+        Note {
+            type_: EventType::Warning,
+            reason,
+            message,
+        }
+    }
+}
+
+/// What the controller does after this reconcile.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Then {
+    Requeue(Duration),
+    /// Nothing to do until the Proxy changes.
+    AwaitChange,
+    /// An error the controller retries with backoff (`after`: the provider's own wish).
+    Retry {
+        message: String,
+        after: Option<Duration>,
+    },
+}
+
+/// The outcome of a decision: the status to write (only when it changed), events, what next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effects {
+    pub status: ProxyStatus,
+    pub notes: Vec<Note>,
+    pub then: Then,
+}
+
+/// The first step of an apply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// No provider call: write this and stop.
+    Done(Effects),
+    /// Create the instance `name`; `status` is what to build on afterwards.
+    Create { name: String, status: ProxyStatus },
+    /// Look at the recorded instance.
+    Get {
+        provider_id: String,
+        status: ProxyStatus,
+    },
+}
+
+/// The first step of reconciling a live Proxy.
+pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> Step {
+    let generation = proxy.metadata.generation;
+    let mut status = proxy.status.clone().unwrap_or_default();
+    match lookup {
+        ProviderLookup::NotLoaded {
+            provider_type,
+            reason,
+        } => {
+            let message = format!(
+                "the `{provider_type}` plugin of provider instance `{}` is not loaded: {reason}",
+                proxy.spec.provider
+            );
+            let mut notes = Vec::new();
+            if status.last_error.as_deref() != Some(&message) {
+                notes.push(Note::warning("PluginNotLoaded", message.clone()));
+            }
+            if status.phase.is_none() {
+                status.phase = Some(Phase::Pending);
+                conditions::not_provisioned(
+                    &mut status.conditions,
+                    Reason::PluginNotLoaded,
+                    &message,
+                    generation,
+                );
+            }
+            status.last_error = Some(message);
+            Step::Done(Effects {
+                status,
+                notes,
+                then: Then::Requeue(WAIT_FOR_PLUGIN),
+            })
+        }
+        ProviderLookup::Unknown { configured } => {
+            let mut known = configured.clone();
+            known.sort();
+            let message = format!(
+                "no provider instance `{provider}` in the providers config (configured: {}); add `{provider}` to the providers config, or recreate the Proxy with another spec.provider (it is immutable)",
+                known.join(", "),
+                provider = proxy.spec.provider,
+            );
+            let mut notes = Vec::new();
+            if status.phase != Some(Phase::Pending)
+                || status.last_error.as_deref() != Some(&message)
+            {
+                notes.push(Note::warning("UnknownProvider", message.clone()));
+            }
+            status.phase = Some(Phase::Pending);
+            status.last_error = Some(message.clone());
+            status.observed_generation = generation;
+            conditions::not_provisioned(
+                &mut status.conditions,
+                Reason::UnknownProvider,
+                &message,
+                generation,
+            );
+            Step::Done(Effects {
+                status,
+                notes,
+                then: Then::Requeue(WAIT_FOR_PROVIDER),
+            })
+        }
+        ProviderLookup::Loaded { .. } => {
+            let failed_for_this_spec =
+                status.phase == Some(Phase::Failed) && status.observed_generation == generation;
+            if failed_for_this_spec {
+                // Permanent failure: no hot loop until the spec changes (a new generation).
+                return Step::Done(Effects {
+                    status,
+                    notes: Vec::new(),
+                    then: Then::AwaitChange,
+                });
+            }
+            match status.provider_id.clone() {
+                None => {
+                    if status.phase.is_none() {
+                        status.phase = Some(Phase::Pending);
+                    }
+                    Step::Create {
+                        name: instance_name.to_string(),
+                        status,
+                    }
+                }
+                Some(provider_id) => Step::Get {
+                    provider_id,
+                    status,
+                },
+            }
+        }
+    }
+}
+
+/// The instance was just created: say so, then record it as observed.
+pub fn created(
+    proxy: &Proxy,
+    status: ProxyStatus,
+    provider: &str,
+    instance: &Instance,
+    probing: bool,
+) -> Effects {
+    let mut effects = observed(proxy, status, instance, probing);
+    effects.notes.insert(
+        0,
+        Note::normal(
+            "Created",
+            format!(
+                "instance {} created by provider {provider}",
+                instance.provider_id
+            ),
+        ),
+    );
+    effects
+}
+
+/// What the provider says of the instance, recorded in the status: Ready (judged by the health
+/// engine's `Healthy`) once it runs with an address, Provisioning until then.
+pub fn observed(
+    proxy: &Proxy,
+    mut status: ProxyStatus,
+    instance: &Instance,
+    probing: bool,
+) -> Effects {
+    let generation = proxy.metadata.generation;
+    status.provider_id = Some(instance.provider_id.clone());
+    status.zone = instance.zone.clone().or(status.zone);
+    status.observed_generation = generation;
+    status.last_error = None;
+    let mut notes = Vec::new();
+    let running = instance.state == InstanceState::Running;
+    let requeue = match (&instance.address, running) {
+        (Some(address), true) => {
+            status.address = Some(address.clone());
+            status.port = Some(instance.port);
+            if status.phase != Some(Phase::Ready) && status.phase != Some(Phase::Unhealthy) {
+                notes.push(Note::normal(
+                    "Provisioned",
+                    format!("running at {address}:{}", instance.port),
+                ));
+            }
+            let message = format!(
+                "instance {} running at {address}:{}",
+                instance.provider_id, instance.port
+            );
+            conditions::set(
+                &mut status.conditions,
+                conditions::Type::Provisioned,
+                true,
+                Reason::InstanceRunning,
+                &message,
+                generation,
+            );
+            conditions::readiness(&mut status, generation, probing);
+            RESYNC
+        }
+        _ => {
+            status.phase = Some(Phase::Provisioning);
+            let message = format!(
+                "instance {} is {:?}{}",
+                instance.provider_id,
+                instance.state,
+                if instance.address.is_none() {
+                    ", waiting for an address"
+                } else {
+                    ""
+                }
+            );
+            conditions::not_provisioned(
+                &mut status.conditions,
+                Reason::Provisioning,
+                &message,
+                generation,
+            );
+            POLL_PROVISIONING
+        }
+    };
+    Effects {
+        status,
+        notes,
+        then: Then::Requeue(requeue),
+    }
+}
+
+/// How a failed provider call shows in the status, and whether to retry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    Retry {
+        message: String,
+        after: Option<Duration>,
+    },
+    Permanent {
+        reason: Reason,
+        message: String,
+    },
+}
+
+/// Which provider answers are worth retrying.
+pub fn classify(error: &CallError) -> Failure {
+    let permanent = |reason, message: &String| Failure::Permanent {
+        reason,
+        message: message.clone(),
+    };
+    match error {
+        CallError::Provider { error, .. } => match error {
+            ProviderError::Transient {
+                message,
+                retry_after,
+            } => Failure::Retry {
+                message: message.clone(),
+                after: *retry_after,
+            },
+            ProviderError::Quota(m) => Failure::Retry {
+                message: format!("quota: {m}"),
+                after: Some(Duration::from_secs(60)),
+            },
+            ProviderError::NotFound(m) => permanent(Reason::NotFound, m),
+            ProviderError::Permanent(m) => permanent(Reason::ProviderError, m),
+            ProviderError::InvalidConfig(m) => permanent(Reason::InvalidConfig, m),
+            ProviderError::Unauthorized(m) => permanent(Reason::Unauthorized, m),
+            ProviderError::Denied(m) => permanent(Reason::Denied, m),
+        },
+        // The sandbox stopped the plugin: retry, a later call may behave.
+        other => Failure::Retry {
+            message: other.to_string(),
+            after: None,
+        },
+    }
+}
+
+/// A `create` or `get` (`action`) failed: retried with backoff, or `Failed` until the spec changes.
+pub fn call_failed(
+    proxy: &Proxy,
+    mut status: ProxyStatus,
+    provider: &str,
+    action: &str,
+    error: &CallError,
+) -> Effects {
+    let generation = proxy.metadata.generation;
+    match classify(error) {
+        Failure::Retry { message, after } => {
+            status.last_error = Some(format!("{action}: {message}"));
+            Effects {
+                status,
+                notes: Vec::new(),
+                then: Then::Retry {
+                    message: format!("{provider} {action}: {message}"),
+                    after,
+                },
+            }
+        }
+        Failure::Permanent { reason, message } => {
+            let message = format!("{action} failed at provider {provider}: {message}");
+            status.phase = Some(Phase::Failed);
+            status.last_error = Some(message.clone());
+            status.observed_generation = generation;
+            conditions::not_provisioned(&mut status.conditions, reason, &message, generation);
+            Effects {
+                status,
+                notes: vec![Note::warning(reason.as_str(), message)],
+                then: Then::AwaitChange,
+            }
+        }
+    }
+}
+
+/// The recorded instance is gone at the provider. Re-created only when the spec asks for it: a
+/// vanished VM may have been removed on purpose, and a new one costs money.
+pub fn lost(
+    proxy: &Proxy,
+    mut status: ProxyStatus,
+    provider: &str,
+    id: &str,
+    detail: &str,
+) -> Effects {
+    let generation = proxy.metadata.generation;
+    let message = format!("instance {id} no longer exists at provider {provider}: {detail}");
+    status.address = None;
+    conditions::not_provisioned(
+        &mut status.conditions,
+        Reason::InstanceLost,
+        &message,
+        generation,
+    );
+    if proxy.spec.recreate_on_loss {
+        status.provider_id = None;
+        status.phase = Some(Phase::Pending);
+        return Effects {
+            status,
+            notes: vec![Note::warning(
+                "InstanceLost",
+                format!("{message}; creating a new one (recreateOnLoss)"),
+            )],
+            then: Then::Requeue(Duration::from_millis(100)),
+        };
+    }
+    status.phase = Some(Phase::Failed);
+    status.last_error = Some(message.clone());
+    status.observed_generation = generation;
+    Effects {
+        status,
+        notes: vec![Note::warning(
+            "InstanceLost",
+            format!("{message}; set spec.recreateOnLoss to make a new one"),
+        )],
+        then: Then::AwaitChange,
+    }
+}
+
+/// The first step of cleaning up a deleted Proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CleanupStep {
+    /// Leave the instance (if any) and let the Proxy go, saying why.
+    Abandon(Note),
+    /// The instance may well exist: wait for the plugin rather than abandon it.
+    WaitForPlugin { message: String },
+    /// Delete the recorded instance, or (none recorded: a create may have happened just before a
+    /// restart) every instance carrying this Proxy's UID. `deleting`: the status to write first.
+    Delete {
+        recorded: Option<String>,
+        deleting: Option<ProxyStatus>,
+    },
+}
+
+/// Whether to delete at the provider, and what to say.
+pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
+    let recorded = proxy.status.as_ref().and_then(|s| s.provider_id.clone());
+    let recorded_text = recorded.as_deref().unwrap_or("(none recorded)").to_string();
+    let skip = proxy
+        .annotations()
+        .get(SKIP_CLEANUP_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    if skip {
+        return CleanupStep::Abandon(Note::normal(
+            "Abandoned",
+            format!("{SKIP_CLEANUP_ANNOTATION} is set: instance {recorded_text} left running"),
+        ));
+    }
+    match lookup {
+        ProviderLookup::NotLoaded {
+            provider_type,
+            reason,
+        } => CleanupStep::WaitForPlugin {
+            message: format!("cannot delete: the `{provider_type}` plugin is not loaded: {reason}"),
+        },
+        ProviderLookup::Unknown { .. } => CleanupStep::Abandon(Note::warning(
+            "Abandoned",
+            format!(
+                "provider instance `{}` is not in the providers config: instance {recorded_text} abandoned",
+                proxy.spec.provider
+            ),
+        )),
+        ProviderLookup::Loaded { .. } => {
+            let status = proxy.status.clone().unwrap_or_default();
+            let deleting = (status.phase != Some(Phase::Deleting)).then(|| ProxyStatus {
+                phase: Some(Phase::Deleting),
+                ..status
+            });
+            CleanupStep::Delete { recorded, deleting }
+        }
+    }
+}
+
+/// The instances of a provider's `list` that belong to the Proxy with `uid`.
+pub fn owned_by(instances: Vec<Instance>, uid: &str) -> Vec<String> {
+    instances
+        .into_iter()
+        .filter(|i| i.owner.as_ref().is_some_and(|o| o.uid == uid))
+        .map(|i| i.provider_id)
+        .collect()
+}
+
+/// A failed delete: the event, and the retry (a permanent answer is retried slowly, since the
+/// Proxy cannot go until its instance is gone).
+pub fn delete_failed(id: &str, error: &CallError) -> (Note, Then) {
+    let (message, after) = match classify(error) {
+        Failure::Retry { message, after } => (message, after),
+        Failure::Permanent { message, .. } => (message, Some(Duration::from_secs(60))),
+    };
+    (
+        Note::warning("DeleteFailed", format!("deleting instance {id}: {message}")),
+        Then::Retry {
+            message: format!("delete {id}: {message}"),
+            after,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests;

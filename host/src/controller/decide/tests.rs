@@ -1,0 +1,371 @@
+//! Every branch of the reconciler's decisions, as tables.
+
+use std::time::Duration;
+
+use rstest::rstest;
+
+use super::*;
+use crate::api::{Phase, Proxy, ProxyStatus};
+use crate::controller::conditions::{Type, status_of};
+use crate::plugins::types::{Instance, InstanceState, Owner};
+
+fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
+    let mut proxy: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "egress-1", "namespace": "crawlers", "uid": "u-1", "generation": generation},
+        "spec": {"provider": "kvm-home"},
+    }))
+    .unwrap();
+    proxy.status = status;
+    proxy
+}
+
+fn loaded() -> ProviderLookup {
+    ProviderLookup::Loaded {
+        name: "kvm-home".into(),
+    }
+}
+
+fn not_loaded() -> ProviderLookup {
+    ProviderLookup::NotLoaded {
+        provider_type: "kvm".into(),
+        reason: "removed from the ConfigMap".into(),
+    }
+}
+
+fn unknown() -> ProviderLookup {
+    ProviderLookup::Unknown {
+        configured: vec!["b".into(), "a".into()],
+    }
+}
+
+fn with(phase: Option<Phase>, provider_id: Option<&str>, observed: Option<i64>) -> ProxyStatus {
+    ProxyStatus {
+        phase,
+        provider_id: provider_id.map(String::from),
+        observed_generation: observed,
+        ..Default::default()
+    }
+}
+
+fn instance(state: InstanceState, address: Option<&str>) -> Instance {
+    Instance {
+        provider_id: "vm-1".into(),
+        name: "px-1".into(),
+        state,
+        address: address.map(String::from),
+        port: 3128,
+        zone: Some("home".into()),
+        created_at: None,
+        owner: None,
+        message: None,
+    }
+}
+
+/// What a first step comes to, in a few words, for the table.
+fn summary(step: &Step) -> String {
+    match step {
+        Step::Done(e) => format!("done {:?} {:?}", e.status.phase, e.then),
+        Step::Create { name, status } => format!("create {name} {:?}", status.phase),
+        Step::Get {
+            provider_id,
+            status,
+        } => format!("get {provider_id} {:?}", status.phase),
+    }
+}
+
+#[rstest]
+#[case::new_proxy_is_created(None, loaded(), "create px-1 Some(Pending)")]
+#[case::recorded_instance_is_looked_at(
+    Some(with(Some(Phase::Provisioning), Some("vm-1"), Some(1))),
+    loaded(),
+    "get vm-1 Some(Provisioning)"
+)]
+#[case::failed_for_this_generation_waits(
+    Some(with(Some(Phase::Failed), None, Some(2))),
+    loaded(),
+    "done Some(Failed) AwaitChange"
+)]
+#[case::failed_for_an_older_generation_tries_again(
+    Some(with(Some(Phase::Failed), None, Some(1))),
+    loaded(),
+    "create px-1 Some(Failed)"
+)]
+#[case::plugin_not_loaded_waits(None, not_loaded(), "done Some(Pending) Requeue(15s)")]
+#[case::unknown_provider_waits_for_the_config(None, unknown(), "done Some(Pending) Requeue(30s)")]
+fn the_first_step_follows_the_lifecycle(
+    #[case] status: Option<ProxyStatus>,
+    #[case] lookup: ProviderLookup,
+    #[case] expected: &str,
+) {
+    let step = decide(&proxy(2, status), &lookup, "px-1");
+    assert_eq!(summary(&step), expected);
+}
+
+#[test]
+fn an_unknown_provider_names_what_is_configured_and_is_said_once() {
+    let Step::Done(first) = decide(&proxy(1, None), &unknown(), "px-1") else {
+        panic!("no provider call for an unknown provider")
+    };
+    let message = first.status.last_error.clone().unwrap();
+    assert!(message.contains("(configured: a, b)"), "{message}");
+    assert_eq!(first.notes.len(), 1);
+    assert_eq!(first.notes[0].reason, "UnknownProvider");
+    assert_eq!(
+        status_of(&first.status.conditions, Type::Ready),
+        Some(false)
+    );
+    // The same answer again: no second event.
+    let Step::Done(again) = decide(&proxy(1, Some(first.status)), &unknown(), "px-1") else {
+        panic!()
+    };
+    assert!(again.notes.is_empty());
+}
+
+#[test]
+fn a_plugin_that_is_not_loaded_keeps_an_existing_phase() {
+    let status = with(Some(Phase::Ready), Some("vm-1"), Some(1));
+    let Step::Done(effects) = decide(&proxy(1, Some(status)), &not_loaded(), "px-1") else {
+        panic!()
+    };
+    assert_eq!(effects.status.phase, Some(Phase::Ready));
+    assert!(effects.status.last_error.unwrap().contains("is not loaded"));
+    assert_eq!(effects.notes[0].reason, "PluginNotLoaded");
+}
+
+#[rstest]
+#[case::running_with_an_address_is_ready(
+    InstanceState::Running,
+    Some("10.0.0.5"),
+    Some(Phase::Ready),
+    RESYNC,
+    Some(true)
+)]
+#[case::running_without_an_address_waits(
+    InstanceState::Running,
+    None,
+    Some(Phase::Provisioning),
+    POLL_PROVISIONING,
+    Some(false)
+)]
+#[case::pending_waits(
+    InstanceState::Pending,
+    Some("10.0.0.5"),
+    Some(Phase::Provisioning),
+    POLL_PROVISIONING,
+    Some(false)
+)]
+fn what_the_provider_says_becomes_the_status(
+    #[case] state: InstanceState,
+    #[case] address: Option<&str>,
+    #[case] phase: Option<Phase>,
+    #[case] requeue: Duration,
+    #[case] provisioned: Option<bool>,
+) {
+    let effects = observed(
+        &proxy(3, None),
+        ProxyStatus::default(),
+        &instance(state, address),
+        true,
+    );
+    assert_eq!(effects.status.phase, phase);
+    assert_eq!(effects.then, Then::Requeue(requeue));
+    assert_eq!(
+        status_of(&effects.status.conditions, Type::Provisioned),
+        provisioned
+    );
+    assert_eq!(effects.status.provider_id.as_deref(), Some("vm-1"));
+    assert_eq!(effects.status.observed_generation, Some(3));
+}
+
+#[test]
+fn a_created_instance_is_announced_then_provisioned_once() {
+    let effects = created(
+        &proxy(1, None),
+        ProxyStatus::default(),
+        "kvm-home",
+        &instance(InstanceState::Running, Some("10.0.0.5")),
+        true,
+    );
+    let reasons: Vec<_> = effects.notes.iter().map(|n| n.reason).collect();
+    assert_eq!(reasons, ["Created", "Provisioned"]);
+    // Already Ready: no second Provisioned event.
+    let again = observed(
+        &proxy(1, Some(effects.status)),
+        with(Some(Phase::Ready), Some("vm-1"), Some(1)),
+        &instance(InstanceState::Running, Some("10.0.0.5")),
+        true,
+    );
+    assert!(again.notes.is_empty());
+}
+
+fn provider_error(error: ProviderError) -> CallError {
+    CallError::Provider {
+        provider: "kvm-home".into(),
+        function: "create",
+        error,
+    }
+}
+
+#[rstest]
+#[case::transient_retries_when_the_provider_says(
+    ProviderError::Transient { message: "busy".into(), retry_after: Some(Duration::from_secs(7)) },
+    None,
+    Then::Retry { message: "kvm-home Create: busy".into(), after: Some(Duration::from_secs(7)) }
+)]
+#[case::quota_retries_in_a_minute(
+    ProviderError::Quota("no ports".into()),
+    None,
+    Then::Retry { message: "kvm-home Create: quota: no ports".into(), after: Some(Duration::from_secs(60)) }
+)]
+#[case::invalid_config_fails_until_the_spec_changes(
+    ProviderError::InvalidConfig("zone".into()),
+    Some(Phase::Failed),
+    Then::AwaitChange
+)]
+#[case::unauthorized_fails(ProviderError::Unauthorized("key".into()), Some(Phase::Failed), Then::AwaitChange)]
+#[case::denied_fails(ProviderError::Denied("grant".into()), Some(Phase::Failed), Then::AwaitChange)]
+fn a_failed_call_is_retried_or_failed(
+    #[case] error: ProviderError,
+    #[case] phase: Option<Phase>,
+    #[case] then: Then,
+) {
+    let effects = call_failed(
+        &proxy(4, None),
+        ProxyStatus::default(),
+        "kvm-home",
+        "Create",
+        &provider_error(error),
+    );
+    assert_eq!(effects.status.phase, phase);
+    assert_eq!(effects.then, then);
+    assert!(effects.status.last_error.unwrap().starts_with("Create"));
+    if phase == Some(Phase::Failed) {
+        assert_eq!(effects.status.observed_generation, Some(4));
+        assert_eq!(effects.notes.len(), 1);
+    }
+}
+
+#[test]
+fn a_sandbox_failure_is_retried() {
+    let error = CallError::Timeout {
+        plugin: "kvm".into(),
+        function: "create",
+        timeout: Duration::from_secs(60),
+    };
+    assert!(matches!(
+        classify(&error),
+        Failure::Retry { after: None, .. }
+    ));
+}
+
+#[rstest]
+#[case::recreated_when_asked(
+    true,
+    Some(Phase::Pending),
+    None,
+    Then::Requeue(Duration::from_millis(100))
+)]
+#[case::failed_otherwise(false, Some(Phase::Failed), Some("vm-1"), Then::AwaitChange)]
+fn a_lost_instance_is_recreated_only_when_the_spec_asks(
+    #[case] recreate: bool,
+    #[case] phase: Option<Phase>,
+    #[case] provider_id: Option<&str>,
+    #[case] then: Then,
+) {
+    let mut p = proxy(1, None);
+    p.spec.recreate_on_loss = recreate;
+    let status = with(Some(Phase::Ready), Some("vm-1"), Some(1));
+    let effects = lost(&p, status, "kvm-home", "vm-1", "gone");
+    assert_eq!(effects.status.phase, phase);
+    assert_eq!(effects.status.provider_id.as_deref(), provider_id);
+    assert_eq!(effects.status.address, None);
+    assert_eq!(effects.then, then);
+    assert_eq!(effects.notes[0].reason, "InstanceLost");
+}
+
+fn cleanup_summary(step: &CleanupStep) -> String {
+    match step {
+        CleanupStep::Abandon(note) => format!("abandon {}", note.reason),
+        CleanupStep::WaitForPlugin { .. } => "wait".into(),
+        CleanupStep::Delete { recorded, deleting } => format!(
+            "delete {} {}",
+            recorded.as_deref().unwrap_or("by-uid"),
+            if deleting.is_some() { "mark" } else { "marked" }
+        ),
+    }
+}
+
+#[rstest]
+#[case::recorded_instance_is_deleted(
+    Some(with(Some(Phase::Ready), Some("vm-1"), None)),
+    false,
+    loaded(),
+    "delete vm-1 mark"
+)]
+#[case::none_recorded_is_found_by_uid(None, false, loaded(), "delete by-uid mark")]
+#[case::already_deleting_is_not_marked_again(
+    Some(with(Some(Phase::Deleting), Some("vm-1"), None)),
+    false,
+    loaded(),
+    "delete vm-1 marked"
+)]
+#[case::skip_cleanup_abandons(
+    Some(with(Some(Phase::Ready), Some("vm-1"), None)),
+    true,
+    loaded(),
+    "abandon Abandoned"
+)]
+#[case::plugin_not_loaded_waits(None, false, not_loaded(), "wait")]
+#[case::unknown_provider_abandons(None, false, unknown(), "abandon Abandoned")]
+fn deletion_deletes_waits_or_abandons(
+    #[case] status: Option<ProxyStatus>,
+    #[case] skip_cleanup: bool,
+    #[case] lookup: ProviderLookup,
+    #[case] expected: &str,
+) {
+    let mut p = proxy(1, status);
+    if skip_cleanup {
+        p.metadata.annotations =
+            Some([(SKIP_CLEANUP_ANNOTATION.to_string(), "true".to_string())].into());
+    }
+    assert_eq!(cleanup_summary(&decide_cleanup(&p, &lookup)), expected);
+}
+
+#[test]
+fn only_this_proxys_instances_are_deleted_by_uid() {
+    let owned = |uid: &str, id: &str| Instance {
+        provider_id: id.into(),
+        owner: Some(Owner {
+            namespace: "crawlers".into(),
+            name: "egress-1".into(),
+            uid: uid.into(),
+            operator_id: "op".into(),
+        }),
+        ..instance(InstanceState::Running, None)
+    };
+    let instances = vec![
+        owned("u-1", "a"),
+        owned("u-2", "b"),
+        instance(InstanceState::Running, None),
+        owned("u-1", "c"),
+    ];
+    assert_eq!(owned_by(instances, "u-1"), ["a", "c"]);
+}
+
+#[test]
+fn a_failed_delete_is_retried_slowly_when_permanent() {
+    let (note, then) = delete_failed(
+        "vm-1",
+        &provider_error(ProviderError::Permanent("stuck".into())),
+    );
+    assert_eq!(note.reason, "DeleteFailed");
+    assert_eq!(
+        then,
+        Then::Retry {
+            message: "delete vm-1: stuck".into(),
+            after: Some(Duration::from_secs(60))
+        }
+    );
+}
