@@ -1,5 +1,6 @@
 //! Subcommands of the operator binary, and its log set-up.
 
+pub mod args;
 pub mod logging;
 pub mod plugin;
 pub mod run;

@@ -14,6 +14,7 @@ pub mod leader;
 pub mod leases;
 pub mod metrics;
 pub mod names;
+pub mod operator;
 pub mod plugins;
 pub mod providerhealth;
 pub mod providers;

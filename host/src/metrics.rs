@@ -45,3 +45,31 @@ impl ReconcileMetrics {
             .observe(elapsed.as_secs_f64());
     }
 }
+
+/// Every part's metrics, registered once in the operator's one registry.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconcile: ReconcileMetrics,
+    pub leases: crate::leases::LeaseMetrics,
+    pub plugins: crate::registry::RegistryMetrics,
+    pub probes: crate::health::ProbeMetrics,
+    pub gc: crate::gc::GcMetrics,
+    pub provider_checks: crate::providerhealth::HealthMetrics,
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered (plugin-call metrics are the engine's).
+    pub fn register() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        Ok(Metrics {
+            reconcile: ReconcileMetrics::register(&registry)?,
+            leases: crate::leases::LeaseMetrics::register(&registry)?,
+            plugins: crate::registry::RegistryMetrics::register(&registry)?,
+            probes: crate::health::ProbeMetrics::register(&registry)?,
+            gc: crate::gc::GcMetrics::register(&registry)?,
+            provider_checks: crate::providerhealth::HealthMetrics::register(&registry)?,
+            registry,
+        })
+    }
+}

@@ -30,20 +30,43 @@ pub struct NotLoaded {
 /// The providers in use, replaced as a whole when plugins or the providers config change. Calls
 /// already running keep the `Arc<ProviderInstance>` (and plugin version) they started with.
 #[derive(Clone)]
-pub struct ProviderSet(Arc<std::sync::RwLock<Arc<Providers>>>);
+pub struct ProviderSet(Arc<SetInner>);
+
+struct SetInner {
+    current: std::sync::RwLock<Arc<Providers>>,
+    /// Bumped at every replacement, so controllers reconcile again at once.
+    swaps: tokio::sync::watch::Sender<u64>,
+}
 
 impl ProviderSet {
     pub fn new(providers: Providers) -> Self {
-        ProviderSet(Arc::new(std::sync::RwLock::new(Arc::new(providers))))
+        ProviderSet(Arc::new(SetInner {
+            current: std::sync::RwLock::new(Arc::new(providers)),
+            swaps: tokio::sync::watch::Sender::new(0),
+        }))
     }
 
     /// The providers now.
     pub fn current(&self) -> Arc<Providers> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) fn replace(&self, providers: Providers) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(providers);
+        *self.0.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(providers);
+        self.0.swaps.send_modify(|n| *n += 1);
+    }
+
+    /// A stream with an item after every replacement (for `Controller::reconcile_all_on`).
+    pub fn swaps(&self) -> impl futures_util::Stream<Item = ()> + Send + Sync + 'static {
+        let receiver = self.0.swaps.subscribe();
+        futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.changed().await.ok()?;
+            Some(((), receiver))
+        })
     }
 }
 

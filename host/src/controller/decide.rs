@@ -18,11 +18,10 @@ pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
 pub const POLL_PROVISIONING: Duration = Duration::from_secs(5);
 /// How often a Ready instance is looked at again.
 pub const RESYNC: Duration = Duration::from_secs(300);
-/// How often a Proxy waits for its plugin to be loaded.
-const WAIT_FOR_PLUGIN: Duration = Duration::from_secs(15);
-/// How often a Proxy naming an unknown provider instance is looked at again (the providers config
-/// may be fixed by a reload or a restart).
-const WAIT_FOR_PROVIDER: Duration = Duration::from_secs(30);
+/// A Proxy waiting for its plugin, or naming an unknown provider instance, is reconciled again at
+/// every provider-set swap (`Controller::reconcile_all_on`); this is only the safety net.
+const WAIT_FOR_PLUGIN: Duration = Duration::from_secs(300);
+const WAIT_FOR_PROVIDER: Duration = Duration::from_secs(300);
 
 /// Where the Proxy's provider instance stands in the providers config.
 #[derive(Debug, Clone, PartialEq)]
@@ -451,7 +450,7 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
         )),
         ProviderLookup::Loaded { .. } => {
             let status = proxy.status.clone().unwrap_or_default();
-            let deleting = (status.phase != Some(Phase::Deleting)).then(|| ProxyStatus {
+            let deleting = (status.phase != Some(Phase::Deleting)).then_some(ProxyStatus {
                 phase: Some(Phase::Deleting),
                 ..status
             });

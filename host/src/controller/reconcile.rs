@@ -88,7 +88,9 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
+    // A plugin loaded or a providers config changed: every Proxy waiting for it goes on at once.
     Controller::new(proxies, watcher::Config::default().any_semantic())
+        .reconcile_all_on(ctx.providers.swaps())
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -92,8 +92,8 @@ fn summary(step: &Step) -> String {
     loaded(),
     "create px-1 Some(Failed)"
 )]
-#[case::plugin_not_loaded_waits(None, not_loaded(), "done Some(Pending) Requeue(15s)")]
-#[case::unknown_provider_waits_for_the_config(None, unknown(), "done Some(Pending) Requeue(30s)")]
+#[case::plugin_not_loaded_waits(None, not_loaded(), "done Some(Pending) Requeue(300s)")]
+#[case::unknown_provider_waits_for_the_config(None, unknown(), "done Some(Pending) Requeue(300s)")]
 fn the_first_step_follows_the_lifecycle(
     #[case] status: Option<ProxyStatus>,
     #[case] lookup: ProviderLookup,

@@ -1,0 +1,305 @@
+//! The flags of `proxy-operator run`, grouped by the part of the operator that owns them (each
+//! group flattened into `RunArgs`, so the command line stays flat), with their checks and the
+//! options each part is built from.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::gc::GcOptions;
+use crate::health::HealthOptions;
+use crate::leader::LeaderElection;
+use crate::leases::LeaseOptions;
+
+/// Flags of `run`; each has an environment fallback for Deployments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Watch Proxies in this namespace only (default: all namespaces).
+    #[arg(long, env = "PROXY_NAMESPACE")]
+    pub proxy_namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Identity written on every instance, so two installations never collect each other's.
+    #[arg(long, env = "OPERATOR_ID", default_value = "proxy-operator")]
+    pub operator_id: String,
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    #[command(flatten)]
+    pub gc: GcArgs,
+    #[command(flatten)]
+    pub provider_check: ProviderCheckArgs,
+    #[command(flatten)]
+    pub health: HealthArgs,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+}
+
+/// Where plugins and the providers config come from, and what a plugin call may use.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PluginArgs {
+    /// The providers config (YAML): provider instances, their plugin, config and grants.
+    #[arg(long, env = "PROVIDERS_CONFIG")]
+    pub providers_config: PathBuf,
+    /// Directory of the built-in provider plugins (`<type>.wasm`).
+    #[arg(long, env = "PLUGINS_DIR", default_value = "/plugins")]
+    pub plugins_dir: PathBuf,
+    /// ConfigMap (in the operator's namespace) whose binaryData `<type>.wasm[.gz]` are plugins,
+    /// watched and hot-loaded; they take precedence over the plugins directory.
+    #[arg(long, env = "PLUGINS_CONFIGMAP")]
+    pub plugins_configmap: Option<String>,
+    /// How often the providers config file is re-read for changes (`0s`: never).
+    #[arg(long, env = "PROVIDERS_CONFIG_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub providers_config_reload_interval: Duration,
+    /// Plugin instances the pooling allocator keeps ready (0: on-demand allocation).
+    #[arg(long, env = "PLUGIN_POOL_INSTANCES", default_value_t = 64)]
+    pub plugin_pool_instances: u32,
+    /// Linear memory a plugin call may use, MiB.
+    #[arg(long, env = "PLUGIN_MEMORY_LIMIT_MIB", default_value_t = 128)]
+    pub plugin_memory_limit_mib: usize,
+    /// CPU time a plugin call may use, milliseconds.
+    #[arg(long, env = "PLUGIN_CPU_BUDGET_MS", default_value_t = 2000)]
+    pub plugin_cpu_budget_ms: u64,
+    /// Wall-clock limit of a plugin call including host waits, seconds.
+    #[arg(long, env = "PLUGIN_CALL_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub plugin_call_timeout_seconds: u64,
+    /// Cache of compiled plugins (must be private to the operator's user).
+    #[arg(long, env = "PLUGIN_CACHE_DIR")]
+    pub plugin_cache_dir: Option<PathBuf>,
+}
+
+/// Leader election among replicas, and the operator's own namespace.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaderArgs {
+    /// Run as one of several replicas: only the holder of a Lease reconciles and reports ready.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
+    pub leader_election: bool,
+    /// Namespace of the Lease (usually the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_election_namespace: String,
+    /// This replica's identity in the Lease (default: the host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_election_identity: Option<String>,
+    /// Seconds a leader's claim lasts without renewal; a standby takes over after this.
+    #[arg(long, env = "LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
+    pub leader_election_lease_seconds: u64,
+}
+
+/// The orphan garbage collector.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GcArgs {
+    /// Time between orphan GC passes (e.g. `5m`).
+    #[arg(long, env = "GC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub gc_interval: Duration,
+    /// Orphans younger than this are kept (their Proxy may not be visible yet).
+    #[arg(long, env = "GC_MIN_AGE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub gc_min_age: Duration,
+    /// Log and count orphans without deleting them.
+    #[arg(long, env = "GC_DRY_RUN", default_value_t = false)]
+    pub gc_dry_run: bool,
+    /// With --proxy-namespace, also collect instances owned by Proxies of other namespaces
+    /// (which this operator cannot see, so it takes all of them for orphans).
+    #[arg(long, env = "GC_ALLOW_NAMESPACED", default_value_t = false)]
+    pub gc_allow_namespaced: bool,
+}
+
+/// Provider health checks (ProviderHealth objects).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProviderCheckArgs {
+    /// Time between provider health checks.
+    #[arg(long, env = "PROVIDER_CHECK_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub provider_check_interval: Duration,
+    /// Deadline of one provider check (default: the smaller of 15s and the interval).
+    #[arg(long, env = "PROVIDER_CHECK_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub provider_check_timeout: Option<Duration>,
+}
+
+/// Health probes through each proxy.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// Time between health probe rounds; `0s` turns probing off (provisioned means healthy).
+    #[arg(long, env = "HEALTH_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub health_interval: Duration,
+    /// Health probes running at once.
+    #[arg(long, env = "HEALTH_WORKERS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub health_workers: u32,
+    /// Deadline of one health probe.
+    #[arg(long, env = "HEALTH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub health_timeout: Duration,
+    /// `host:port` each probe asks the proxy to CONNECT to.
+    #[arg(long, env = "HEALTH_TARGET", default_value = "www.google.com:443")]
+    pub health_target: String,
+    /// A service that answers with the caller's IP (plain text, or JSON with `ip` or `origin`),
+    /// e.g. `https://api.ipify.org`: asked through each healthy proxy every 5 minutes to record
+    /// its exit IP in `status.exitIP` and in leases. Off when unset.
+    #[arg(long, env = "EXIT_IP_URL", value_parser = parse_exit_ip_url)]
+    pub exit_ip_url: Option<String>,
+    /// Consecutive failed probes that make a proxy Unhealthy.
+    #[arg(long, env = "HEALTH_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_failure_threshold: u32,
+    /// Consecutive successful probes that make an Unhealthy proxy Healthy again.
+    #[arg(long, env = "HEALTH_SUCCESS_THRESHOLD", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub health_success_threshold: u32,
+}
+
+/// The discovery API and its lease table.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaseArgs {
+    /// Address of the discovery API (leases for crawlers).
+    #[arg(long, env = "DISCOVERY_ADDR", default_value = "0.0.0.0:8090")]
+    pub discovery_addr: SocketAddr,
+    /// Bearer token crawlers present to the discovery API (from a Secret). Without it the
+    /// discovery API is not served.
+    #[arg(long, env = "DISCOVERY_TOKEN", hide_env_values = true)]
+    pub discovery_token: Option<String>,
+    /// Lease lifetime when a crawler does not ask for one.
+    #[arg(long, env = "DEFAULT_LEASE_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub default_lease_ttl: Duration,
+    /// Longest lease granted; longer requests are clamped.
+    #[arg(long, env = "MAX_LEASE_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub max_lease_ttl: Duration,
+    /// How long a proxy reported `blocked` is not leased.
+    #[arg(long, env = "LEASE_COOLDOWN", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub lease_cooldown: Duration,
+    /// Consecutive `failure` reports on a proxy that make the health engine probe it at once.
+    #[arg(long, env = "LEASE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lease_failure_threshold: u32,
+    /// How often the lease table is written to its ConfigMap (a crash loses at most this much).
+    #[arg(long, env = "LEASE_PERSIST_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub lease_persist_interval: Duration,
+}
+pub(crate) fn parse_exit_ip_url(value: &str) -> Result<String, String> {
+    match reqwest::Url::parse(value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+            Ok(value.to_string())
+        }
+        Ok(_) => Err(format!(
+            "`{value}` is not an http(s) URL with a host; e.g. https://api.ipify.org"
+        )),
+        Err(e) => Err(format!("`{value}`: {e}; e.g. https://api.ipify.org")),
+    }
+}
+
+impl HealthArgs {
+    /// The health engine's options; a target that is not `host:port` is refused.
+    pub fn options(&self) -> anyhow::Result<HealthOptions> {
+        anyhow::ensure!(
+            self.health_target
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+            "--health-target `{}` must be host:port (e.g. www.google.com:443)",
+            self.health_target
+        );
+        Ok(HealthOptions {
+            interval: self.health_interval,
+            workers: self.health_workers as usize,
+            timeout: self.health_timeout,
+            target: self.health_target.clone(),
+            failure_threshold: self.health_failure_threshold,
+            success_threshold: self.health_success_threshold,
+            status_refresh: Duration::from_secs(300).max(self.health_interval),
+            exit_ip_url: self.exit_ip_url.clone(),
+        })
+    }
+
+    /// Whether probes run at all (`--health-interval 0s` turns them off).
+    pub fn probing(&self) -> bool {
+        !self.health_interval.is_zero()
+    }
+}
+
+impl LeaseArgs {
+    /// The lease table's options; contradictory TTLs are refused.
+    pub fn options(&self) -> anyhow::Result<LeaseOptions> {
+        anyhow::ensure!(
+            self.default_lease_ttl <= self.max_lease_ttl,
+            "--default-lease-ttl ({}) is longer than --max-lease-ttl ({}); lower one or raise the other",
+            humantime::format_duration(self.default_lease_ttl),
+            humantime::format_duration(self.max_lease_ttl)
+        );
+        anyhow::ensure!(
+            !self.lease_persist_interval.is_zero(),
+            "--lease-persist-interval must be more than 0s (e.g. 5s)"
+        );
+        Ok(LeaseOptions {
+            default_ttl: self.default_lease_ttl,
+            max_ttl: self.max_lease_ttl,
+            cooldown: self.lease_cooldown,
+            failure_threshold: self.lease_failure_threshold,
+        })
+    }
+
+    /// The bearer token, when one is set (blank counts as unset).
+    pub fn token(&self) -> Option<&str> {
+        self.discovery_token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+    }
+}
+
+impl GcArgs {
+    pub fn options(&self, namespace: Option<String>) -> GcOptions {
+        GcOptions {
+            interval: self.gc_interval,
+            min_age: self.gc_min_age,
+            dry_run: self.gc_dry_run,
+            namespace,
+            allow_namespaced: self.gc_allow_namespaced,
+            parallelism: 4,
+        }
+    }
+}
+
+impl ProviderCheckArgs {
+    /// The deadline of one check: the flag, or the smaller of 15 s and the interval.
+    pub fn timeout(&self) -> Duration {
+        self.provider_check_timeout
+            .unwrap_or_else(|| self.provider_check_interval.min(Duration::from_secs(15)))
+    }
+}
+
+impl LeaderArgs {
+    /// The election of the Lease `<operator-id>-leader`.
+    pub fn election(&self, operator_id: &str) -> LeaderElection {
+        LeaderElection {
+            namespace: self.leader_election_namespace.clone(),
+            lease_name: format!("{operator_id}-leader"),
+            identity: self
+                .leader_election_identity
+                .clone()
+                .unwrap_or_else(default_identity),
+            lease_seconds: self.leader_election_lease_seconds.max(2),
+            renew_before_seconds: (self.leader_election_lease_seconds / 3).max(1),
+        }
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "proxy-operator".into());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_exit_ip_url;
+
+    #[test]
+    fn an_exit_ip_url_must_be_http_with_a_host() {
+        assert_eq!(
+            parse_exit_ip_url("https://api.ipify.org").as_deref(),
+            Ok("https://api.ipify.org")
+        );
+        for bad in ["api.ipify.org", "ftp://example.com/ip", "file:///etc/hosts"] {
+            let error = parse_exit_ip_url(bad).unwrap_err();
+            assert!(
+                error.contains(bad) && error.contains("e.g. https://"),
+                "{error}"
+            );
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The composition root: [`Operator::build`] wires every part from the flags (and fails fast on
+//! anything wrong before serving), [`Operator::run`] runs them until SIGTERM or Ctrl-C and stops
+//! them through one cancellation token.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::http::StatusCode;
+use axum::routing::get;
+use kube::CustomResourceExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::Proxy;
+use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use crate::cli::args::RunArgs;
+use crate::config::ProvidersConfig;
+use crate::controller::{self, Context};
+use crate::gc;
+use crate::health::HealthEngine;
+use crate::leader;
+use crate::leases::{self, Discovery, LeasePersistence, LeaseStore, ProxyKey};
+use crate::metrics::Metrics;
+use crate::plugins::{EngineOptions, PluginEngine};
+use crate::providerhealth;
+use crate::registry::{PluginRegistry, RegistryOptions};
+
+/// The operator, built and ready to run.
+pub struct Operator {
+    args: RunArgs,
+    client: kube::Client,
+    metrics: Metrics,
+    registry: Arc<PluginRegistry>,
+    leases: Arc<LeaseStore>,
+    suspects: mpsc::Receiver<ProxyKey>,
+    ctx: Arc<Context>,
+}
+
+impl Operator {
+    /// Checks the flags and the providers config, connects to the cluster, loads every plugin
+    /// and checks that the CRD is installed.
+    pub async fn build(args: RunArgs) -> anyhow::Result<Self> {
+        let lease_options = args.lease.options()?;
+        args.health.options()?;
+        let metrics = Metrics::register()?;
+        // Fail fast on a broken providers config before anything else (no cluster needed).
+        let providers_config = ProvidersConfig::load(&args.plugin.providers_config)?;
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        let namespace = args.leader.leader_election_namespace.clone();
+        let engine = PluginEngine::new(engine_options(&args, &client), &metrics.registry)?;
+        tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
+        warn_about_missing_ssh_secrets(&client, &namespace, &providers_config).await;
+        let registry = PluginRegistry::start(
+            engine,
+            RegistryOptions {
+                plugins_dir: args.plugin.plugins_dir.clone(),
+                configmap: args
+                    .plugin
+                    .plugins_configmap
+                    .clone()
+                    .map(|name| (namespace.clone(), name)),
+                download_dir: args
+                    .plugin
+                    .plugin_cache_dir
+                    .as_ref()
+                    .map(|d| d.join("downloads")),
+            },
+            &args.plugin.providers_config,
+            Some(client.clone()),
+            metrics.plugins.clone(),
+        )
+        .await?;
+        let providers = registry.providers();
+        tracing::info!(providers = ?providers.current().configured_names(), "providers configured");
+        check_crd_installed(&client).await?;
+        let (suspects_tx, suspects) = mpsc::channel(256);
+        let leases = Arc::new(LeaseStore::new(
+            lease_options,
+            metrics.leases.clone(),
+            Some(suspects_tx),
+        ));
+        let ctx = Arc::new(
+            Context::new(client.clone(), providers, &args.operator_id)
+                .with_metrics(metrics.reconcile.clone())
+                .with_health_probing(args.health.probing()),
+        );
+        Ok(Operator {
+            args,
+            client,
+            metrics,
+            registry,
+            leases,
+            suspects,
+            ctx,
+        })
+    }
+
+    /// Serves probes, metrics and the discovery API, follows plugin and config changes, and
+    /// reconciles (on the leader) until SIGTERM or Ctrl-C.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let stop = CancellationToken::new();
+        let ready = Arc::new(AtomicBool::new(false));
+        let mut tasks = vec![
+            serve_probes(
+                &stop,
+                self.args.metrics_addr,
+                self.metrics.registry.clone(),
+                ready.clone(),
+                self.leases.clone(),
+            )
+            .await?,
+        ];
+        if let Some(token) = self.args.lease.token() {
+            let discovery = Arc::new(Discovery::new(self.leases.clone(), token));
+            tasks.push(serve_discovery(&stop, self.args.lease.discovery_addr, discovery).await?);
+        } else {
+            tracing::warn!(
+                "DISCOVERY_TOKEN is not set: the discovery API is off; set it from a Secret to serve leases"
+            );
+        }
+        // Plugins and config follow their sources on every replica, so a standby takes over warm.
+        let registry = self.registry.clone();
+        tasks.push(spawn_until(
+            &stop,
+            registry
+                .clone()
+                .watch_configmap(self.client.clone(), ready.clone()),
+        ));
+        let reload = self.args.plugin.providers_config_reload_interval;
+        if !reload.is_zero() {
+            tasks.push(spawn_until(&stop, registry.watch_config_file(reload)));
+        }
+        let result = if self.args.leader.leader_election {
+            let election = self.args.leader.election(&self.args.operator_id);
+            let (client, ready) = (self.client.clone(), ready.clone());
+            leader::lead(client, &election, ready, || self.lead(&stop)).await
+        } else {
+            ready.store(true, Ordering::Relaxed);
+            self.lead(&stop).await;
+            Ok(())
+        };
+        tracing::info!("shutting down");
+        stop.cancel();
+        for task in tasks {
+            let _ = task.await;
+        }
+        result
+    }
+
+    /// The leader's work: the lease table restored first, then probes, GC, provider checks and
+    /// the controller; on the way out the lease table is flushed.
+    async fn lead(self, stop: &CancellationToken) {
+        let Operator {
+            args,
+            client,
+            metrics,
+            leases,
+            suspects,
+            ctx,
+            ..
+        } = self;
+        let work = stop.child_token();
+        let persistence = LeasePersistence::new(
+            client.clone(),
+            &args.leader.leader_election_namespace,
+            &format!("{}-leases", args.operator_id),
+        );
+        // The lease table first: serving grants before it is restored could lease twice.
+        if let Err(e) = persistence.restore_into(&leases).await {
+            tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
+            leases.restore(Default::default());
+        }
+        let providers = ctx.providers.clone();
+        let namespace = args.proxy_namespace.clone();
+        let health_options = args.health.options().expect("checked by build");
+        let tasks = vec![
+            spawn_until(
+                &work,
+                leases::persist::maintain(
+                    leases.clone(),
+                    persistence.clone(),
+                    args.lease.lease_persist_interval,
+                ),
+            ),
+            spawn_until(
+                &work,
+                HealthEngine::new(
+                    client.clone(),
+                    providers.clone(),
+                    leases.clone(),
+                    health_options,
+                    metrics.probes.clone(),
+                )
+                .run(namespace.clone(), suspects),
+            ),
+            spawn_until(
+                &work,
+                gc::run(
+                    client.clone(),
+                    providers.clone(),
+                    args.operator_id.clone(),
+                    args.gc.options(namespace.clone()),
+                    metrics.gc.clone(),
+                ),
+            ),
+            spawn_until(
+                &work,
+                providerhealth::run(
+                    client,
+                    providers,
+                    args.operator_id.clone(),
+                    args.provider_check.provider_check_interval,
+                    args.provider_check.timeout(),
+                    metrics.provider_checks.clone(),
+                ),
+            ),
+        ];
+        tracing::info!(namespace = ?namespace, "reconciling Proxies");
+        controller::run(ctx, namespace.as_deref()).await;
+        work.cancel();
+        for task in tasks {
+            let _ = task.await;
+        }
+        // Graceful stop: the last changes reach the cluster before the next leader restores.
+        if let Err(e) = persistence.flush(&leases).await {
+            tracing::error!(configmap = %persistence.name(), error = %e, "cannot persist the lease table on shutdown");
+        }
+        leases.close();
+    }
+}
+
+/// Runs `work` until it ends or `stop` is cancelled, whichever comes first.
+fn spawn_until(
+    stop: &CancellationToken,
+    work: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = work => {}
+        }
+    })
+}
+
+fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
+    let plugin = &args.plugin;
+    EngineOptions {
+        pool_instances: plugin.plugin_pool_instances,
+        memory_limit: plugin.plugin_memory_limit_mib << 20,
+        cpu_budget: Duration::from_millis(plugin.plugin_cpu_budget_ms),
+        call_timeout: Duration::from_secs(plugin.plugin_call_timeout_seconds),
+        cache_dir: plugin.plugin_cache_dir.clone(),
+        // SSH material for kvm hypervisors: Secrets in the operator's namespace, read on first
+        // use; tunnel sockets in private directories under the scratch /tmp.
+        libvirt: LibvirtHub::new(
+            MaterialSource::Secrets {
+                client: client.clone(),
+                namespace: args.leader.leader_election_namespace.clone(),
+            },
+            std::env::temp_dir(),
+        ),
+        kube: Some(client.clone()),
+    }
+}
+
+async fn check_crd_installed(client: &kube::Client) -> anyhow::Result<()> {
+    let crds: kube::Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = kube::Api::all(client.clone());
+    crds.get(Proxy::crd_name()).await.with_context(|| {
+        format!(
+            "the CRD {} is not installed: kubectl apply -f deploy/crds/",
+            Proxy::crd_name()
+        )
+    })?;
+    Ok(())
+}
+
+/// A kvm provider instance without its SSH Secret still starts: only its calls fail (and recover
+/// when the Secret appears). Say so once at start, where an operator reads first.
+async fn warn_about_missing_ssh_secrets(
+    client: &kube::Client,
+    namespace: &str,
+    config: &ProvidersConfig,
+) {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), namespace);
+    for entry in &config.providers {
+        let Some(grant) = &entry.grants.libvirt else {
+            continue;
+        };
+        let secret = format!("{namespace}/{}", grant.ssh_secret);
+        match secrets.get_opt(&grant.ssh_secret).await {
+            Ok(Some(_)) => {}
+            Ok(None) => tracing::warn!(
+                provider = %entry.name,
+                %secret,
+                "the SSH Secret for this provider's hypervisors does not exist; its Proxies wait until it is created (see docs/providers/kvm.md)"
+            ),
+            Err(e) => tracing::warn!(
+                provider = %entry.name,
+                %secret,
+                error = %e,
+                "cannot read the SSH Secret for this provider's hypervisors"
+            ),
+        }
+    }
+}
+
+async fn serve_probes(
+    stop: &CancellationToken,
+    addr: std::net::SocketAddr,
+    registry: prometheus::Registry,
+    ready: Arc<AtomicBool>,
+    leases: Arc<LeaseStore>,
+) -> anyhow::Result<JoinHandle<()>> {
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            // Ready means serving: the leader with its lease table restored, so a Service never
+            // routes a crawler to a replica that would answer 503.
+            get(move || {
+                let (ready, leases) = (ready.clone(), leases.clone());
+                async move {
+                    if !ready.load(Ordering::Relaxed) {
+                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                    } else if !leases.is_ready() {
+                        (StatusCode::SERVICE_UNAVAILABLE, "restoring the lease table")
+                    } else {
+                        (StatusCode::OK, "ready")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut text = String::new();
+                    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text)
+                    {
+                        Ok(()) => (StatusCode::OK, text),
+                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {addr}"))?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    Ok(spawn_until(stop, async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "probe server failed");
+        }
+    }))
+}
+
+async fn serve_discovery(
+    stop: &CancellationToken,
+    addr: std::net::SocketAddr,
+    discovery: Arc<Discovery>,
+) -> anyhow::Result<JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --discovery-addr {addr}"))?;
+    tracing::info!(%addr, "serving the discovery API");
+    Ok(spawn_until(
+        stop,
+        leases::serve(listener, leases::router(discovery)),
+    ))
+}
