@@ -33,6 +33,6 @@ pub async fn publish(
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, reference).await {
-        tracing::warn!("cannot publish event {reason}: {e}");
+        tracing::warn!(%reason, error = %e, "cannot publish event");
     }
 }

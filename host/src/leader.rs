@@ -76,8 +76,8 @@ where
     // Closing the channel makes the task release the lease, so a standby takes over at once.
     match task.await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!("releasing the lease: {e}"),
-        Err(e) => tracing::warn!("leader election task: {e}"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease"),
+        Err(e) => tracing::warn!(error = %e, "leader election task"),
     }
     if outcome.is_err() {
         bail!("lost the leader lease; exiting so that a restart rejoins as a standby");

@@ -243,6 +243,7 @@ impl PluginRegistry {
         config: &ProvidersConfig,
         mode: Mode,
     ) -> Result<(Providers, Vec<Change>), String> {
+        let strict = matches!(mode, Mode::Start { strict: true });
         let mut out = Assembly::default();
         for (index, entry) in config.providers.iter().enumerate() {
             let at = format!("providers[{index}] ({})", entry.name);
@@ -251,89 +252,50 @@ impl PluginRegistry {
                 .get(&entry.name)
                 .filter(|(old, _)| old.provider_type == entry.provider_type)
                 .cloned();
-            // `keep`: the previous binding keeps serving (a refused update, not a removal); only
-            // refusals count as load errors, a plugin that is simply absent does not.
-            let refuse = |out: &mut Assembly, reason: String, from_configmap: bool, keep: bool| {
-                if keep {
-                    self.metrics
-                        .load_errors
-                        .with_label_values(&[&entry.provider_type])
-                        .inc();
+            let (plugin, resolved) = match self.plugin_for(state, entry).await {
+                Ok(found) => found,
+                Err(NoPlugin { field, reason, .. }) if strict => {
+                    return Err(format!("{at}.{field}: {reason}"));
                 }
-                out.refuse(
-                    entry,
-                    previous.clone().filter(|_| keep),
+                Err(NoPlugin {
                     reason,
                     from_configmap,
-                );
-            };
-            let resolved = match self.sources.resolve(&state.configmap, entry).await {
-                Ok(resolved) => resolved,
-                Err(Unresolved::Missing(reason)) => {
-                    if let Mode::Start { strict: true } = mode {
-                        return Err(format!("{at}.type: {reason}"));
-                    }
-                    // Gone from every source: the instance is not served any more.
-                    refuse(&mut out, reason, false, false);
+                    refused,
+                    ..
+                }) => {
+                    // Gone from every source: the instance is not served any more. Refused: the
+                    // previous binding keeps serving.
+                    self.refuse(&mut out, entry, previous, reason, from_configmap, refused);
                     continue;
                 }
-                Err(Unresolved::Refused(reason, from_configmap)) => {
-                    if let Mode::Start { strict: true } = mode {
-                        return Err(format!("{at}.plugin: {reason}"));
-                    }
-                    refuse(&mut out, reason, from_configmap, true);
-                    continue;
-                }
-            };
-            let sha = sha256_hex(&resolved.bytes);
-            let plugin = match state.loaded.get(&sha) {
-                Some(plugin) => plugin.clone(),
-                None => match self
-                    .engine
-                    .load(&resolved.source, resolved.bytes.to_vec())
-                    .await
-                {
-                    Ok(plugin) => {
-                        state.loaded.insert(sha.clone(), plugin.clone());
-                        plugin
-                    }
-                    Err(e) => {
-                        if let Mode::Start { strict: true } = mode {
-                            return Err(format!("{at}.type: {e}"));
-                        }
-                        refuse(&mut out, e.to_string(), resolved.from_configmap, true);
-                        continue;
-                    }
-                },
             };
             if let Some((old_entry, old)) = &previous
                 && old_entry == entry
-                && old.plugin().sha256 == sha
+                && old.plugin().sha256 == plugin.sha256
             {
                 out.serve(entry, old.clone());
                 continue;
             }
-            match bind_entry(&self.engine, &at, entry, plugin).await {
+            match bind_entry(&self.engine, &at, entry, plugin.clone()).await {
                 Ok(instance) => {
-                    let instance = Arc::new(instance);
                     out.changes.push(Change::Loaded {
                         provider: entry.name.clone(),
                         plugin_type: entry.provider_type.clone(),
-                        sha256: sha.clone(),
+                        sha256: plugin.sha256.clone(),
                         source: resolved.source.clone(),
                     });
-                    out.serve(entry, instance);
+                    out.serve(entry, Arc::new(instance));
                 }
-                Err(reason) => match mode {
-                    // A config edit that a plugin rejects is refused as a whole.
-                    Mode::Start { .. } | Mode::ConfigReload => return Err(reason),
-                    Mode::Update => refuse(
-                        &mut out,
-                        format!("the new plugin version rejected the config: {reason}"),
-                        resolved.from_configmap,
-                        true,
-                    ),
-                },
+                // A config edit that a plugin rejects is refused as a whole.
+                Err(reason) if !matches!(mode, Mode::Update) => return Err(reason),
+                Err(reason) => self.refuse(
+                    &mut out,
+                    entry,
+                    previous,
+                    format!("the new plugin version rejected the config: {reason}"),
+                    resolved.from_configmap,
+                    true,
+                ),
             }
         }
         // Forget compiled plugins nothing uses any more.
@@ -348,6 +310,74 @@ impl PluginRegistry {
             Providers::from_parts(out.instances, out.not_loaded, out.problems),
             out.changes,
         ))
+    }
+
+    /// The component an entry names, resolved, digest-checked and loaded (compiled once per
+    /// digest).
+    async fn plugin_for(
+        &self,
+        state: &mut State,
+        entry: &ProviderEntry,
+    ) -> Result<(Arc<LoadedPlugin>, sources::Resolved), NoPlugin> {
+        let resolved = match self.sources.resolve(&state.configmap, entry).await {
+            Ok(resolved) => resolved,
+            Err(Unresolved::Missing(reason)) => {
+                return Err(NoPlugin {
+                    field: "type",
+                    reason,
+                    from_configmap: false,
+                    refused: false,
+                });
+            }
+            Err(Unresolved::Refused(reason, from_configmap)) => {
+                return Err(NoPlugin {
+                    field: "plugin",
+                    reason,
+                    from_configmap,
+                    refused: true,
+                });
+            }
+        };
+        let sha = sha256_hex(&resolved.bytes);
+        if let Some(plugin) = state.loaded.get(&sha) {
+            return Ok((plugin.clone(), resolved));
+        }
+        match self
+            .engine
+            .load(&resolved.source, resolved.bytes.to_vec())
+            .await
+        {
+            Ok(plugin) => {
+                state.loaded.insert(sha, plugin.clone());
+                Ok((plugin, resolved))
+            }
+            Err(e) => Err(NoPlugin {
+                field: "type",
+                reason: e.to_string(),
+                from_configmap: resolved.from_configmap,
+                refused: true,
+            }),
+        }
+    }
+
+    /// Records an entry without a (new) plugin. `refused` (not simply absent): the previous
+    /// binding keeps serving, and it counts as a load error.
+    fn refuse(
+        &self,
+        out: &mut Assembly,
+        entry: &ProviderEntry,
+        previous: Option<(ProviderEntry, Arc<ProviderInstance>)>,
+        reason: String,
+        from_configmap: bool,
+        refused: bool,
+    ) {
+        if refused {
+            self.metrics
+                .load_errors
+                .with_label_values(&[&entry.provider_type])
+                .inc();
+        }
+        out.refuse(entry, previous.filter(|_| refused), reason, from_configmap);
     }
 
     /// Logs every change, and publishes events on the plugins ConfigMap for its own plugins.
@@ -380,7 +410,7 @@ impl PluginRegistry {
                     reason,
                     from_configmap,
                 } => {
-                    tracing::error!(%provider, plugin = %plugin_type, "plugin not loaded: {reason}");
+                    tracing::error!(%provider, plugin = %plugin_type, %reason, "plugin not loaded");
                     if let (Some((recorder, map)), true) = (events, *from_configmap) {
                         publish(
                             recorder,
@@ -432,7 +462,7 @@ impl PluginRegistry {
                 }
                 Ok(watcher::Event::Delete(_)) => (None, BTreeMap::new()),
                 Err(e) => {
-                    tracing::warn!(configmap = %name, "watching the plugins ConfigMap: {e}");
+                    tracing::warn!(configmap = %name, error = %e, "watching the plugins ConfigMap");
                     continue;
                 }
             };
@@ -461,11 +491,20 @@ impl PluginRegistry {
                         .load_errors
                         .with_label_values(&["providers-config"])
                         .inc();
-                    tracing::error!("providers config not reloaded, the previous one stays: {e}");
+                    tracing::error!(error = %e, "providers config not reloaded, the previous one stays");
                 }
             }
         }
     }
+}
+
+/// Why an entry got no (new) plugin: the field to blame at start, and whether it was refused
+/// (found but bad) rather than absent.
+struct NoPlugin {
+    field: &'static str,
+    reason: String,
+    from_configmap: bool,
+    refused: bool,
 }
 
 /// The plugins ConfigMap's content at start; one that does not exist yet is empty.

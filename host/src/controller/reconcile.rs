@@ -12,10 +12,10 @@ use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use sha2::{Digest, Sha256};
 
 use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
 use crate::api::{Proxy, ProxyStatus};
+use crate::digest::sha256_hex;
 use crate::events;
 use crate::metrics::ReconcileMetrics;
 use crate::plugins::CallError;
@@ -78,7 +78,7 @@ pub enum Error {
 /// The deterministic instance name of a Proxy: the same after any restart, so a create that was
 /// interrupted is found again instead of made twice.
 pub fn instance_name(uid: &str) -> String {
-    let digest = hex::encode(Sha256::digest(uid.as_bytes()));
+    let digest = sha256_hex(uid.as_bytes());
     format!("px-{}", &digest[..16])
 }
 
@@ -95,7 +95,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
-                tracing::debug!("reconcile failed: {e}");
+                tracing::debug!(error = %e, "reconcile failed");
             }
         })
         .await;
@@ -111,7 +111,7 @@ fn error_policy(
         | kube::runtime::finalizer::Error::CleanupFailed(Error::Provider(_, Some(after))) => *after,
         _ => Duration::from_secs(5),
     };
-    tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), "reconcile error: {error}");
+    tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, "reconcile error");
     Action::requeue(retry_after)
 }
 

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use crate::digest::sha256_hex;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
@@ -54,7 +54,7 @@ impl CompileCache {
         let (data, digest) = self.paths(sha256);
         let expected = std::fs::read_to_string(&digest).ok()?;
         let bytes = std::fs::read(&data).ok()?;
-        if hex::encode(Sha256::digest(&bytes)) != expected.trim() {
+        if sha256_hex(&bytes) != expected.trim() {
             tracing::warn!(file = %data.display(), "cached compilation is corrupt; recompiling");
             return None;
         }
@@ -63,7 +63,7 @@ impl CompileCache {
         match unsafe { Component::deserialize(engine, &bytes) } {
             Ok(component) => Some(component),
             Err(e) => {
-                tracing::warn!(file = %data.display(), "cached compilation unusable: {e}");
+                tracing::warn!(file = %data.display(), error = %e, "cached compilation unusable");
                 None
             }
         }
@@ -78,12 +78,11 @@ impl CompileCache {
             std::fs::write(&tmp, &bytes).map_err(|e| e.to_string())?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
                 .map_err(|e| e.to_string())?;
-            std::fs::write(&digest, hex::encode(Sha256::digest(&bytes)))
-                .map_err(|e| e.to_string())?;
+            std::fs::write(&digest, sha256_hex(&bytes)).map_err(|e| e.to_string())?;
             std::fs::rename(&tmp, &data).map_err(|e| e.to_string())
         })();
         if let Err(e) = result {
-            tracing::warn!(file = %data.display(), "cannot cache the compiled component: {e}");
+            tracing::warn!(file = %data.display(), error = %e, "cannot cache the compiled component");
         }
     }
 }

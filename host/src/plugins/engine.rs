@@ -134,7 +134,9 @@ impl PluginEngine {
 
         let cache = options.cache_dir.as_ref().and_then(|dir| {
             CompileCache::open(dir, &engine)
-                .map_err(|e| tracing::warn!(dir = %dir.display(), "compile cache disabled: {e}"))
+                .map_err(
+                    |e| tracing::warn!(dir = %dir.display(), error = %e, "compile cache disabled"),
+                )
                 .ok()
         });
 

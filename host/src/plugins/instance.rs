@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::bindings;
@@ -175,8 +176,10 @@ impl PluginEngine {
         };
         let started = Instant::now();
         let timeout = self.options.call_timeout;
+        // Everything the call logs (the plugin's own lines, host capabilities) carries these.
+        let span = tracing::info_span!("plugin_call", plugin = %plugin_name, %provider, function);
         let run = self.run_in_store(plugin, &plugin_name, context, config, call);
-        let result = match tokio::time::timeout(timeout, run).await {
+        let result = match tokio::time::timeout(timeout, run).instrument(span).await {
             Ok(result) => result,
             Err(_) => Err(CallError::Timeout {
                 plugin: plugin_name.clone(),
@@ -192,7 +195,7 @@ impl PluginEngine {
             result.as_ref().err(),
         );
         if let Err(e) = &result {
-            tracing::debug!(plugin = %plugin_name, provider = %provider, function, kind = e.kind(), "plugin call failed: {e}");
+            tracing::debug!(plugin = %plugin_name, provider = %provider, function, kind = e.kind(), error = %e, "plugin call failed");
         }
         result
     }

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, types::ComponentItem};
 
 use super::bindings::{
@@ -15,6 +14,7 @@ use super::engine::PluginEngine;
 use super::error::LoadError;
 use super::types::PluginInfo;
 use crate::capabilities::CallContext;
+use crate::digest::sha256_hex;
 
 /// A plugin ready to serve calls: a compiled, type-checked component.
 pub struct LoadedPlugin {
@@ -98,7 +98,7 @@ pub fn inspect_component(
     engine: &PluginEngine,
     bytes: &[u8],
 ) -> Result<ComponentSummary, LoadError> {
-    let sha256 = hex::encode(Sha256::digest(bytes));
+    let sha256 = sha256_hex(bytes);
     let kind = match wasm_kind(bytes) {
         WasmKind::NotWasm => "not wasm",
         WasmKind::CoreModule => "core module",
@@ -126,7 +126,8 @@ pub fn inspect_component(
 }
 
 impl PluginEngine {
-    /// Loads a provider component. Compilation runs on a blocking thread.
+    /// Loads a provider component: compile (or take the cached compilation), pick the bindings
+    /// of its WIT version, type-check it against them, and ask it to `describe` itself.
     pub async fn load(
         self: &Arc<Self>,
         source_name: &str,
@@ -138,51 +139,10 @@ impl PluginEngine {
             WasmKind::CoreModule => return Err(LoadError::CoreModule { source_name }),
             WasmKind::Component => {}
         }
-        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let sha256 = sha256_hex(&bytes);
         let size = bytes.len();
-
-        let engine = self.clone();
-        let (sha, name) = (sha256.clone(), source_name.clone());
-        let (component, from_cache) = tokio::task::spawn_blocking(move || {
-            if let Some(component) = engine.cache.as_ref().and_then(|c| c.load(&engine.engine, &sha)) {
-                return Ok((component, true));
-            }
-            let started = std::time::Instant::now();
-            let component = Component::new(&engine.engine, &bytes).map_err(|e| LoadError::Compile {
-                source_name: name.clone(),
-                reason: format!("{e:#}"),
-            })?;
-            tracing::info!(plugin = %name, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
-            if let Some(cache) = &engine.cache {
-                cache.store(&sha, &component);
-            }
-            Ok((component, false))
-        })
-        .await
-        .map_err(|e| LoadError::Io {
-            source_name: source_name.clone(),
-            reason: format!("compilation task failed: {e}"),
-        })??;
-
-        let Some(version) = provider_version(&component, &self.engine) else {
-            let (exports, _) = names(&component, &self.engine);
-            return Err(LoadError::NotAProvider {
-                source_name,
-                found: if exports.is_empty() {
-                    "nothing".into()
-                } else {
-                    exports.join(", ")
-                },
-                supported: SUPPORTED_WIT_VERSIONS.join(", "),
-            });
-        };
-        let Some(bindings_version) = WitVersion::for_component_version(&version) else {
-            return Err(LoadError::UnsupportedVersion {
-                source_name,
-                found: version,
-                supported: supported_wit_versions(),
-            });
-        };
+        let (component, from_cache) = self.compile(&source_name, &sha256, bytes).await?;
+        let (version, bindings_version) = self.bindings_version(&source_name, &component)?;
         // Checked against earlier bindings of the same major.minor: say so in a mismatch.
         let through = if bindings_version.as_str() == version {
             String::new()
@@ -192,22 +152,16 @@ impl PluginEngine {
                 bindings_version.as_str()
             )
         };
-        let incompatible = |reason: String| LoadError::Incompatible {
-            source_name: source_name.clone(),
-            version: version.clone(),
-            reason: format!("{reason}{through}"),
-        };
-        let pre = bindings::for_component(&self.linker, &component, bindings_version)
-            .map_err(|e| incompatible(format!("{e:#}")))?;
-
+        let pre =
+            bindings::for_component(&self.linker, &component, bindings_version).map_err(|e| {
+                LoadError::Incompatible {
+                    source_name: source_name.clone(),
+                    version: version.clone(),
+                    reason: format!("{e:#}{through}"),
+                }
+            })?;
         let mut plugin = LoadedPlugin {
-            info: PluginInfo {
-                name: String::new(),
-                version: String::new(),
-                description: String::new(),
-                capabilities: Vec::new(),
-                config_schema: String::new(),
-            },
+            info: PluginInfo::default(),
             wit_version: version,
             bindings_version: bindings_version.as_str(),
             sha256,
@@ -228,6 +182,66 @@ impl PluginEngine {
             }
         }
         Ok(Arc::new(plugin))
+    }
+
+    /// The compiled component, from the cache or compiled now on a blocking thread (and cached).
+    async fn compile(
+        self: &Arc<Self>,
+        source_name: &str,
+        sha256: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(Component, bool), LoadError> {
+        let engine = self.clone();
+        let (sha, name) = (sha256.to_string(), source_name.to_string());
+        tokio::task::spawn_blocking(move || {
+            if let Some(component) = engine.cache.as_ref().and_then(|c| c.load(&engine.engine, &sha)) {
+                return Ok((component, true));
+            }
+            let started = std::time::Instant::now();
+            let component = Component::new(&engine.engine, &bytes).map_err(|e| LoadError::Compile {
+                source_name: name.clone(),
+                reason: format!("{e:#}"),
+            })?;
+            tracing::info!(plugin = %name, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
+            if let Some(cache) = &engine.cache {
+                cache.store(&sha, &component);
+            }
+            Ok((component, false))
+        })
+        .await
+        .map_err(|e| LoadError::Io {
+            source_name: source_name.to_string(),
+            reason: format!("compilation task failed: {e}"),
+        })?
+    }
+
+    /// The WIT version a component was built for, and the bindings that serve it.
+    fn bindings_version(
+        &self,
+        source_name: &str,
+        component: &Component,
+    ) -> Result<(String, WitVersion), LoadError> {
+        let source_name = source_name.to_string();
+        let Some(version) = provider_version(component, &self.engine) else {
+            let (exports, _) = names(component, &self.engine);
+            return Err(LoadError::NotAProvider {
+                source_name,
+                found: if exports.is_empty() {
+                    "nothing".into()
+                } else {
+                    exports.join(", ")
+                },
+                supported: SUPPORTED_WIT_VERSIONS.join(", "),
+            });
+        };
+        match WitVersion::for_component_version(&version) {
+            Some(bindings) => Ok((version, bindings)),
+            None => Err(LoadError::UnsupportedVersion {
+                source_name,
+                found: version,
+                supported: supported_wit_versions(),
+            }),
+        }
     }
 
     /// Loads a provider component from a file.

@@ -135,7 +135,7 @@ pub enum Capability {
 }
 
 /// What `describe` returns.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginInfo {
     pub name: String,

@@ -171,7 +171,7 @@ impl Sources {
                 std::fs::rename(&tmp, &path)
             };
             if let Err(e) = write() {
-                tracing::warn!(path = %path.display(), "cannot keep the downloaded plugin: {e}");
+                tracing::warn!(path = %path.display(), error = %e, "cannot keep the downloaded plugin");
             }
         }
         Ok(bytes)
@@ -213,7 +213,7 @@ pub fn decode_configmap(map: &ConfigMap) -> (PluginFiles, Vec<(String, String)>)
                 }
                 Err(e) => {
                     // Keep the (broken) bytes: loading them fails and is reported like any bad plugin.
-                    tracing::warn!(%key, "not valid gzip: {e}");
+                    tracing::warn!(%key, error = %e, "not valid gzip");
                     value.0.clone()
                 }
             }
@@ -252,5 +252,72 @@ fn available(dir: &Path) -> String {
         "none".into()
     } else {
         names.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    fn configmap(binary: &[(&str, Vec<u8>)], data: &[&str]) -> ConfigMap {
+        ConfigMap {
+            binary_data: Some(
+                binary
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.clone())))
+                    .collect(),
+            ),
+            data: Some(data.iter().map(|k| (k.to_string(), "x".into())).collect()),
+            ..Default::default()
+        }
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn plugins_are_the_wasm_and_gzipped_wasm_keys_of_binary_data() {
+        let map = configmap(
+            &[
+                ("kvm.wasm", b"\0asm-kvm".to_vec()),
+                ("gcp.wasm.gz", gzip(b"\0asm-gcp")),
+                ("readme.txt", b"hi".to_vec()),
+                ("Bad_Type.wasm", b"\0asm".to_vec()),
+            ],
+            &["text.wasm"],
+        );
+        let (content, skipped) = decode_configmap(&map);
+        assert_eq!(content.keys().collect::<Vec<_>>(), ["gcp", "kvm"]);
+        assert_eq!(content["gcp"], b"\0asm-gcp");
+        let skipped: BTreeMap<_, _> = skipped.into_iter().collect();
+        assert!(skipped["readme.txt"].contains("not `<type>.wasm`"));
+        assert!(skipped["Bad_Type.wasm"].contains("lowercase"));
+        assert!(skipped["text.wasm"].contains("binaryData"));
+    }
+
+    #[test]
+    fn broken_gzip_is_kept_to_fail_loading_like_any_bad_plugin() {
+        let map = configmap(&[("kvm.wasm.gz", b"not gzip".to_vec())], &[]);
+        let (content, skipped) = decode_configmap(&map);
+        assert_eq!(content["kvm"], b"not gzip");
+        assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn the_plugins_directory_lists_what_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(available(dir.path()), "none");
+        std::fs::write(dir.path().join("kvm.wasm"), b"").unwrap();
+        std::fs::write(dir.path().join("gcp.wasm"), b"").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), b"").unwrap();
+        assert_eq!(available(dir.path()), "gcp, kvm");
+        assert_eq!(available(&dir.path().join("missing")), "none");
     }
 }
