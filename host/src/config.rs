@@ -54,6 +54,33 @@ pub struct PluginRef {
     pub url: Option<String>,
 }
 
+/// Where an entry's component comes from, once checked: exactly one of these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// `<type>.wasm` from the plugins ConfigMap or the plugins directory, any digest.
+    ByType,
+    /// The same places, but only the component with this sha256.
+    Pinned { sha256: String },
+    /// Downloaded from `url` (once; kept by digest), only with this sha256.
+    Download { url: String, sha256: String },
+}
+
+impl ProviderEntry {
+    /// The entry's plugin source (the parser has refused a `url` without a `sha256`).
+    pub fn plugin_source(&self) -> PluginSource {
+        match self.plugin.as_ref().map(|p| (&p.url, &p.sha256)) {
+            Some((Some(url), Some(sha256))) => PluginSource::Download {
+                url: url.clone(),
+                sha256: sha256.clone(),
+            },
+            Some((_, Some(sha256))) => PluginSource::Pinned {
+                sha256: sha256.clone(),
+            },
+            _ => PluginSource::ByType,
+        }
+    }
+}
+
 fn empty_object() -> serde_json::Value {
     serde_json::Value::Object(Default::default())
 }
@@ -234,6 +261,31 @@ mod tests {
         assert!(
             message.contains(expected),
             "got: {message}\nexpected: {expected}"
+        );
+    }
+
+    #[test]
+    fn the_plugin_source_is_one_of_three() {
+        let sha = "a".repeat(64);
+        let source = |plugin: &str| {
+            let text = format!("providers:\n- {{name: a, type: test{plugin}}}");
+            ProvidersConfig::parse(&text).unwrap().providers[0].plugin_source()
+        };
+        assert_eq!(source(""), PluginSource::ByType);
+        assert_eq!(
+            source(&format!(", plugin: {{sha256: {sha}}}")),
+            PluginSource::Pinned {
+                sha256: sha.clone()
+            }
+        );
+        assert_eq!(
+            source(&format!(
+                ", plugin: {{sha256: {sha}, url: \"https://x.example/t.wasm\"}}"
+            )),
+            PluginSource::Download {
+                url: "https://x.example/t.wasm".into(),
+                sha256: sha.clone()
+            }
         );
     }
 

@@ -165,3 +165,11 @@ pub struct ProxyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
+
+/// The Proxies one operator watches: those of `namespace`, or of every namespace.
+pub fn proxies(client: kube::Client, namespace: Option<&str>) -> kube::Api<Proxy> {
+    match namespace {
+        Some(ns) => kube::Api::namespaced(client, ns),
+        None => kube::Api::all(client),
+    }
+}

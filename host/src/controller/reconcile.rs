@@ -84,10 +84,7 @@ pub fn instance_name(uid: &str) -> String {
 
 /// Runs the controller until the stream ends (shutdown signal).
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
-    let proxies: Api<Proxy> = match namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
+    let proxies = crate::api::proxies(ctx.client.clone(), namespace);
     // A plugin loaded or a providers config changed: every Proxy waiting for it goes on at once.
     Controller::new(proxies, watcher::Config::default().any_semantic())
         .reconcile_all_on(ctx.providers.swaps())

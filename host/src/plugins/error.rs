@@ -16,8 +16,12 @@ pub enum LoadError {
          `wasm-tools component new`"
     )]
     CoreModule { source_name: String },
-    #[error("{source_name}: cannot compile the component: {reason}")]
-    Compile { source_name: String, reason: String },
+    #[error("{source_name}: cannot compile the component: {source:#}")]
+    Compile {
+        source_name: String,
+        #[source]
+        source: wasmtime::Error,
+    },
     #[error(
         "{source_name}: not a proxy-operator provider: it exports no `proxy-operator:provider/provider` \
          interface (it exports: {found}); expected `proxy-operator:provider/provider@{supported}`"

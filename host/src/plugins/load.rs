@@ -113,10 +113,11 @@ pub fn inspect_component(
         imports: Vec::new(),
     };
     if let WasmKind::Component = wasm_kind(bytes) {
-        let component = Component::new(&engine.engine, bytes).map_err(|e| LoadError::Compile {
-            source_name: "input".into(),
-            reason: format!("{e:#}"),
-        })?;
+        let component =
+            Component::new(&engine.engine, bytes).map_err(|source| LoadError::Compile {
+                source_name: "input".into(),
+                source,
+            })?;
         let (exports, imports) = names(&component, &engine.engine);
         summary.wit_version = provider_version(&component, &engine.engine);
         summary.exports = exports;
@@ -198,9 +199,9 @@ impl PluginEngine {
                 return Ok((component, true));
             }
             let started = std::time::Instant::now();
-            let component = Component::new(&engine.engine, &bytes).map_err(|e| LoadError::Compile {
+            let component = Component::new(&engine.engine, &bytes).map_err(|source| LoadError::Compile {
                 source_name: name.clone(),
-                reason: format!("{e:#}"),
+                source,
             })?;
             tracing::info!(plugin = %name, elapsed_ms = started.elapsed().as_millis() as u64, "compiled plugin");
             if let Some(cache) = &engine.cache {

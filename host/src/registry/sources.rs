@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use crate::config::{ProviderEntry, is_plugin_name};
+use crate::config::{PluginSource, ProviderEntry, is_plugin_name};
 use crate::digest::sha256_hex;
 
 /// Largest component accepted from any source (decompressed).
@@ -52,9 +52,12 @@ impl Sources {
         configmap: &PluginFiles,
         entry: &ProviderEntry,
     ) -> Result<Resolved, Unresolved> {
-        let pin = entry.plugin.as_ref().and_then(|p| p.sha256.clone());
-        let resolved = if let Some(url) = entry.plugin.as_ref().and_then(|p| p.url.clone()) {
-            let sha = pin.clone().expect("checked by the config parser");
+        let (pin, download) = match entry.plugin_source() {
+            PluginSource::ByType => (None, None),
+            PluginSource::Pinned { sha256 } => (Some(sha256), None),
+            PluginSource::Download { url, sha256 } => (Some(sha256.clone()), Some((url, sha256))),
+        };
+        let resolved = if let Some((url, sha)) = download {
             let bytes = self
                 .download(&url, &sha)
                 .await
