@@ -18,8 +18,9 @@ pub use grants::{GrantError, Grants, ValidGrants};
 /// operator's Kubernetes client.
 #[derive(Clone)]
 pub struct HostResources {
-    /// The process's hypervisor connections and SSH material (the `libvirt` capability).
-    pub libvirt: Arc<libvirt::LibvirtHub>,
+    /// The process's hypervisor connections and SSH material (the `libvirt` capability);
+    /// `None` without SSH material.
+    pub libvirt: Option<Arc<libvirt::LibvirtHub>>,
     /// The operator's Kubernetes client (the `kube` capability); `None` without a cluster.
     pub kube: Option<::kube::Client>,
 }
@@ -67,7 +68,7 @@ impl CallContext {
             provider: "(loading)".to_string(),
             plugin: plugin.to_string(),
             http: http::HttpCapability::bind(None).expect("no grant builds no client"),
-            libvirt: libvirt::LibvirtCapability::bind(None, libvirt::LibvirtHub::unconfigured()),
+            libvirt: libvirt::LibvirtCapability::bind(None, None),
             kube: kube::KubeCapability::bind("(loading)", None, None),
         }
     }

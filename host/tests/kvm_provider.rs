@@ -138,7 +138,10 @@ impl Fixture {
 async fn engine_for(material: SshMaterial, dir: &Path) -> Arc<PluginEngine> {
     engine_with(EngineOptions {
         call_timeout: Duration::from_secs(60),
-        libvirt: LibvirtHub::new(MaterialSource::Static(material), dir.to_path_buf()),
+        libvirt: Some(LibvirtHub::new(
+            MaterialSource::Static(material),
+            dir.to_path_buf(),
+        )),
         ..test_options()
     })
     .await

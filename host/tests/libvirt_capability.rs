@@ -45,7 +45,7 @@ fn context(grants: &Grants, hub: Arc<LibvirtHub>) -> Arc<CallContext> {
             "kvm",
             &grants.validate().unwrap(),
             &HostResources {
-                libvirt: hub,
+                libvirt: Some(hub),
                 kube: None,
             },
         )

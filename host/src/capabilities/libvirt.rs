@@ -47,13 +47,14 @@ pub enum LibvirtError {
 pub struct LibvirtCapability {
     secret: String,
     hosts: Vec<HypervisorGrant>,
-    hub: Arc<LibvirtHub>,
+    /// `None`: the process has no SSH material (e.g. `plugin run` without `--ssh-key`).
+    hub: Option<Arc<LibvirtHub>>,
 }
 
 impl LibvirtCapability {
     /// Binds a valid grant to the process's connections and SSH material. `None` grants no
     /// hypervisor.
-    pub fn bind(grant: Option<&ValidLibvirtGrant>, hub: Arc<LibvirtHub>) -> Self {
+    pub fn bind(grant: Option<&ValidLibvirtGrant>, hub: Option<Arc<LibvirtHub>>) -> Self {
         LibvirtCapability {
             secret: grant.map_or_else(|| DEFAULT_SSH_SECRET.into(), |g| g.secret.clone()),
             hosts: grant.map(|g| g.hosts.clone()).unwrap_or_default(),
@@ -77,6 +78,11 @@ impl LibvirtCapability {
                 }
             )));
         };
+        let Some(hub) = self.hub.clone() else {
+            return Err(LibvirtError::Denied(
+                "this operator has no SSH material for hypervisors (run it in a cluster with the kvm-ssh Secret, or `plugin run` with --ssh-key and --known-hosts)".into(),
+            ));
+        };
         Ok(Hypervisor {
             host: name.to_string(),
             endpoint: hub::Endpoint {
@@ -91,7 +97,7 @@ impl LibvirtCapability {
                     .unwrap_or_else(|| DEFAULT_REMOTE_SOCKET.to_string()),
                 secret: self.secret.clone(),
             },
-            hub: self.hub.clone(),
+            hub,
         })
     }
 }
@@ -113,10 +119,13 @@ mod tests {
     fn grant(yaml: &str) -> Result<LibvirtCapability, String> {
         let grant: LibvirtGrant = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
         let grant = ValidLibvirtGrant::parse(&grant).map_err(|e| e.to_string())?;
-        Ok(LibvirtCapability::bind(
-            Some(&grant),
-            LibvirtHub::unconfigured(),
-        ))
+        // Material that is never used: opening a handle connects nothing.
+        let material = tunnel::SshMaterial {
+            private_key: String::new(),
+            known_hosts: String::new(),
+        };
+        let hub = LibvirtHub::new(MaterialSource::Static(material), std::env::temp_dir());
+        Ok(LibvirtCapability::bind(Some(&grant), Some(hub)))
     }
 
     #[test]
@@ -150,8 +159,16 @@ mod tests {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("hv2") && m.contains("hv1"), "{m}"),
             other => panic!("{other:?}"),
         }
-        match LibvirtCapability::bind(None, LibvirtHub::unconfigured()).open("hv1") {
+        match LibvirtCapability::bind(None, None).open("hv1") {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("nothing is granted"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // Granted, but the process has no SSH material.
+        let grant: LibvirtGrant =
+            serde_yaml_ng::from_str("hosts: [{name: hv1, address: 10.0.0.1, user: virt}]").unwrap();
+        let grant = ValidLibvirtGrant::parse(&grant).unwrap();
+        match LibvirtCapability::bind(Some(&grant), None).open("hv1") {
+            Err(LibvirtError::Denied(m)) => assert!(m.contains("no SSH material"), "{m}"),
             other => panic!("{other:?}"),
         }
     }

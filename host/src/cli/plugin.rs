@@ -62,7 +62,7 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow:
 type SshFiles<'a> = Option<(&'a Path, &'a Path)>;
 
 async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
-    let mut libvirt = LibvirtHub::unconfigured();
+    let mut libvirt = None;
     if let Some((key, known_hosts)) = ssh {
         let read = |path: &Path, what: &str| {
             std::fs::read_to_string(path)
@@ -72,7 +72,10 @@ async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
             private_key: read(key, "SSH key")?,
             known_hosts: read(known_hosts, "known_hosts file")?,
         };
-        libvirt = LibvirtHub::new(MaterialSource::Static(material), std::env::temp_dir());
+        libvirt = Some(LibvirtHub::new(
+            MaterialSource::Static(material),
+            std::env::temp_dir(),
+        ));
     }
     // Tooling runs once: no pool to reserve, no cache to write.
     let options = EngineOptions {

@@ -33,8 +33,9 @@ pub struct EngineOptions {
     pub call_timeout: Duration,
     /// Where compiled components are cached; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
-    /// The process's hypervisor connections and SSH material (the `libvirt` capability).
-    pub libvirt: Arc<LibvirtHub>,
+    /// The process's hypervisor connections and SSH material (the `libvirt` capability);
+    /// `None` without SSH material (every libvirt call is then denied).
+    pub libvirt: Option<Arc<LibvirtHub>>,
     /// The operator's Kubernetes client (the `kube` capability); `None` without a cluster.
     pub kube: Option<kube::Client>,
 }
@@ -62,7 +63,7 @@ impl Default for EngineOptions {
             cpu_budget: Duration::from_secs(2),
             call_timeout: Duration::from_secs(60),
             cache_dir: None,
-            libvirt: LibvirtHub::unconfigured(),
+            libvirt: None,
             kube: None,
         }
     }

@@ -33,13 +33,13 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
     let (engine, _) = engine_with(EngineOptions {
         call_timeout: std::time::Duration::from_secs(60),
         // As `proxy-operator run` does: the SSH material from Secrets in the operator's namespace.
-        libvirt: LibvirtHub::new(
+        libvirt: Some(LibvirtHub::new(
             MaterialSource::Secrets {
                 client: ns.client(),
                 namespace: ns.name().to_string(),
             },
             tunnels.path().to_path_buf(),
-        ),
+        )),
         ..test_options()
     })
     .await;

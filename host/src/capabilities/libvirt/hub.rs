@@ -19,11 +19,8 @@ use super::import::Imports;
 use super::tunnel::{HostKeyProblem, SshMaterial, SshTarget, Tunnel, TunnelError};
 
 /// Where the SSH key and known_hosts come from.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub enum MaterialSource {
-    /// Nothing configured (e.g. `plugin inspect`): every libvirt call is denied.
-    #[default]
-    None,
     /// Secrets in the operator's namespace, named by each grant's `sshSecret`.
     Secrets {
         client: kube::Client,
@@ -36,7 +33,6 @@ pub enum MaterialSource {
 impl fmt::Debug for MaterialSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MaterialSource::None => write!(f, "None"),
             MaterialSource::Secrets { namespace, .. } => write!(f, "Secrets({namespace})"),
             MaterialSource::Static(_) => write!(f, "Static(<redacted>)"),
         }
@@ -137,13 +133,6 @@ impl LibvirtHub {
         })
     }
 
-    /// The hub of a process that has no SSH material (shared; it never connects).
-    pub fn unconfigured() -> Arc<Self> {
-        static HUB: OnceLock<Arc<LibvirtHub>> = OnceLock::new();
-        HUB.get_or_init(|| LibvirtHub::new(MaterialSource::None, std::env::temp_dir()))
-            .clone()
-    }
-
     /// How many hypervisor connections this hub has opened (a reconnect counts again).
     pub fn connections_opened(&self) -> u64 {
         self.opened.load(std::sync::atomic::Ordering::Relaxed)
@@ -156,11 +145,6 @@ impl LibvirtHub {
             return Ok(material.clone());
         }
         let material = match &self.material {
-            MaterialSource::None => {
-                return Err(LibvirtError::Denied(
-                    "this operator has no SSH material for hypervisors (run it in a cluster with the kvm-ssh Secret)".into(),
-                ));
-            }
             MaterialSource::Static(material) => material.clone(),
             MaterialSource::Secrets { client, namespace } => {
                 read_secret(client, namespace, secret).await?
