@@ -14,6 +14,7 @@ use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::api::Proxy;
+use crate::plugins::ProviderInstance;
 use crate::plugins::types::Instance;
 use crate::providers::{ProviderSet, Providers};
 
@@ -83,11 +84,14 @@ fn now_seconds() -> i64 {
         .unwrap_or(0)
 }
 
+/// Whether `instance` is this operator's and its Proxy is gone (not in `live`), and it is old
+/// enough at `now` (seconds since the epoch) to be collected.
 fn is_orphan(
     instance: &Instance,
     operator_id: &str,
     live: &HashSet<String>,
     options: &GcOptions,
+    now: i64,
 ) -> bool {
     let Some(owner) = &instance.owner else {
         return false; // not made by an operator: never touched
@@ -103,12 +107,27 @@ fn is_orphan(
     }
     // An instance of unknown age is not known to be old enough.
     match instance.created_at {
-        Some(created) => now_seconds().saturating_sub(created) >= options.min_age.as_secs() as i64,
+        Some(created) => now.saturating_sub(created) >= options.min_age.as_secs() as i64,
         None => false,
     }
 }
 
+/// The orphans among `instances`, in their order (see [`is_orphan`]).
+fn orphans(
+    instances: Vec<Instance>,
+    operator_id: &str,
+    live: &HashSet<String>,
+    options: &GcOptions,
+    now: i64,
+) -> Vec<Instance> {
+    instances
+        .into_iter()
+        .filter(|i| is_orphan(i, operator_id, live, options, now))
+        .collect()
+}
+
 /// One pass over every provider instance.
+#[tracing::instrument(name = "gc_pass", skip_all)]
 pub async fn pass(
     client: &Client,
     providers: &Providers,
@@ -120,76 +139,100 @@ pub async fn pass(
     let mut names: Vec<&str> = providers.names().collect();
     names.sort();
     for name in names {
-        let provider = providers.get(name).expect("listed names exist").clone();
-        // Instances first, Proxies second (see the module comment).
-        let instances = match provider.list().await {
-            Ok(instances) => instances,
-            Err(e) => {
-                tracing::warn!(provider = name, "gc: cannot list instances: {e}");
-                continue;
-            }
-        };
-        let proxies: Api<Proxy> = match &options.namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        };
-        let live: HashSet<String> = proxies
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter_map(|p| p.uid())
-            .collect();
-
-        let orphans: Vec<Instance> = instances
-            .into_iter()
-            .filter(|i| is_orphan(i, operator_id, &live, options))
-            .collect();
-        let mut report = GcReport::default();
-        for orphan in &orphans {
-            let owner = orphan.owner.as_ref().expect("orphans have owners");
-            tracing::info!(
-                provider = name,
-                instance = %orphan.provider_id,
-                owner = %format!("{}/{} ({})", owner.namespace, owner.name, owner.uid),
-                dry_run = options.dry_run,
-                "gc: orphaned instance"
-            );
-            metrics.found.with_label_values(&[name]).inc();
-            report.found.push(orphan.provider_id.clone());
+        let provider = providers.get(name).expect("listed names exist");
+        if let Some(report) = collect(client, name, provider, operator_id, options, metrics).await?
+        {
+            reports.push((name.to_string(), report));
         }
-        if !options.dry_run {
-            let results: Vec<(String, Result<(), String>)> = futures_util::stream::iter(orphans)
-                .map(|orphan| {
-                    let provider = provider.clone();
-                    async move {
-                        let result = provider
-                            .delete(&orphan.provider_id)
-                            .await
-                            .map_err(|e| e.to_string());
-                        (orphan.provider_id, result)
-                    }
-                })
-                .buffer_unordered(options.parallelism.max(1))
-                .collect()
-                .await;
-            for (id, result) in results {
-                match result {
-                    Ok(()) => {
-                        metrics.deleted.with_label_values(&[name]).inc();
-                        report.deleted.push(id);
-                    }
-                    Err(e) => {
-                        tracing::warn!(provider = name, instance = %id, "gc: delete failed: {e}");
-                        metrics.failed.with_label_values(&[name]).inc();
-                        report.failed.push(id);
-                    }
-                }
-            }
-        }
-        reports.push((name.to_string(), report));
     }
     Ok(reports)
+}
+
+/// Collects the orphans of one provider instance; `None` when its instances cannot be listed
+/// (the next pass tries again).
+#[tracing::instrument(name = "gc_provider", skip_all, fields(provider = %name))]
+async fn collect(
+    client: &Client,
+    name: &str,
+    provider: &ProviderInstance,
+    operator_id: &str,
+    options: &GcOptions,
+    metrics: &GcMetrics,
+) -> anyhow::Result<Option<GcReport>> {
+    // Instances first, Proxies second (see the module comment).
+    let instances = match provider.list().await {
+        Ok(instances) => instances,
+        Err(e) => {
+            tracing::warn!(provider = name, error = %e, "gc: cannot list instances");
+            return Ok(None);
+        }
+    };
+    let live = live_proxy_uids(client, options).await?;
+    let orphans = orphans(instances, operator_id, &live, options, now_seconds());
+    let mut report = GcReport::default();
+    for orphan in &orphans {
+        let owner = orphan.owner.as_ref().expect("orphans have owners");
+        tracing::info!(
+            provider = name,
+            instance = %orphan.provider_id,
+            owner = %format!("{}/{} ({})", owner.namespace, owner.name, owner.uid),
+            dry_run = options.dry_run,
+            "gc: orphaned instance"
+        );
+        metrics.found.with_label_values(&[name]).inc();
+        report.found.push(orphan.provider_id.clone());
+    }
+    if options.dry_run {
+        return Ok(Some(report));
+    }
+    for (id, result) in delete_all(provider, orphans, options.parallelism).await {
+        match result {
+            Ok(()) => {
+                metrics.deleted.with_label_values(&[name]).inc();
+                report.deleted.push(id);
+            }
+            Err(e) => {
+                tracing::warn!(provider = name, instance = %id, error = %e, "gc: delete failed");
+                metrics.failed.with_label_values(&[name]).inc();
+                report.failed.push(id);
+            }
+        }
+    }
+    Ok(Some(report))
+}
+
+/// The UIDs of the Proxies that exist (in the watched namespace, or all).
+async fn live_proxy_uids(client: &Client, options: &GcOptions) -> kube::Result<HashSet<String>> {
+    let proxies: Api<Proxy> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    Ok(proxies
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect())
+}
+
+/// Deletes `orphans`, `parallelism` at a time: each one's provider ID and result.
+async fn delete_all(
+    provider: &ProviderInstance,
+    orphans: Vec<Instance>,
+    parallelism: usize,
+) -> Vec<(String, Result<(), String>)> {
+    futures_util::stream::iter(orphans)
+        .map(|orphan| async move {
+            let result = provider
+                .delete(&orphan.provider_id)
+                .await
+                .map_err(|e| e.to_string());
+            (orphan.provider_id, result)
+        })
+        .buffer_unordered(parallelism.max(1))
+        .collect()
+        .await
 }
 
 /// Runs passes every `options.interval` until the task is dropped.
@@ -213,7 +256,127 @@ pub async fn run(
         )
         .await
         {
-            tracing::warn!("gc pass failed: {e:#}");
+            tracing::warn!(error = %format_args!("{e:#}"), "gc pass failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+    use crate::plugins::types::{InstanceState, Owner};
+
+    const NOW: i64 = 1_700_000_000;
+    const OPERATOR: &str = "op-1";
+
+    fn options(namespace: Option<&str>, allow_namespaced: bool) -> GcOptions {
+        GcOptions {
+            interval: Duration::from_secs(60),
+            min_age: Duration::from_secs(600),
+            dry_run: false,
+            namespace: namespace.map(String::from),
+            allow_namespaced,
+            parallelism: 4,
+        }
+    }
+
+    /// An instance `age` seconds old (`None`: of unknown age) owned by Proxy `uid` in
+    /// `namespace` of operator `operator` (`None`: not made by an operator).
+    fn instance(operator: Option<&str>, namespace: &str, uid: &str, age: Option<i64>) -> Instance {
+        Instance {
+            provider_id: format!("vm-{uid}"),
+            name: format!("proxy-{uid}"),
+            state: InstanceState::Running,
+            address: None,
+            port: 3128,
+            zone: None,
+            created_at: age.map(|a| NOW - a),
+            owner: operator.map(|operator_id| Owner {
+                namespace: namespace.into(),
+                name: format!("p-{uid}"),
+                uid: uid.into(),
+                operator_id: operator_id.into(),
+            }),
+            message: None,
+        }
+    }
+
+    #[rstest]
+    #[case::its_proxy_is_gone(
+        instance(Some(OPERATOR), "crawl", "gone", Some(3600)),
+        options(None, false),
+        true
+    )]
+    #[case::its_proxy_exists(
+        instance(Some(OPERATOR), "crawl", "live", Some(3600)),
+        options(None, false),
+        false
+    )]
+    #[case::exactly_min_age(
+        instance(Some(OPERATOR), "crawl", "gone", Some(600)),
+        options(None, false),
+        true
+    )]
+    #[case::too_young(
+        instance(Some(OPERATOR), "crawl", "gone", Some(599)),
+        options(None, false),
+        false
+    )]
+    #[case::unknown_age(
+        instance(Some(OPERATOR), "crawl", "gone", None),
+        options(None, false),
+        false
+    )]
+    #[case::made_by_hand(
+        instance(None, "crawl", "gone", Some(3600)),
+        options(None, false),
+        false
+    )]
+    #[case::another_operators(
+        instance(Some("op-2"), "crawl", "gone", Some(3600)),
+        options(None, false),
+        false
+    )]
+    #[case::in_the_watched_namespace(
+        instance(Some(OPERATOR), "crawl", "gone", Some(3600)),
+        options(Some("crawl"), false),
+        true
+    )]
+    #[case::of_an_unwatched_namespace(
+        instance(Some(OPERATOR), "other", "gone", Some(3600)),
+        options(Some("crawl"), false),
+        false
+    )]
+    #[case::of_an_unwatched_namespace_allowed(
+        instance(Some(OPERATOR), "other", "gone", Some(3600)),
+        options(Some("crawl"), true),
+        true
+    )]
+    fn which_instances_are_orphans(
+        #[case] instance: Instance,
+        #[case] options: GcOptions,
+        #[case] orphan: bool,
+    ) {
+        let live: HashSet<String> = ["live".to_string()].into();
+        assert_eq!(is_orphan(&instance, OPERATOR, &live, &options, NOW), orphan);
+    }
+
+    #[test]
+    fn only_the_orphans_are_kept_for_deletion_in_their_order() {
+        let live: HashSet<String> = ["b".to_string()].into();
+        let instances = vec![
+            instance(Some(OPERATOR), "crawl", "c", Some(3600)),
+            instance(Some(OPERATOR), "crawl", "b", Some(3600)),
+            instance(None, "crawl", "x", Some(3600)),
+            instance(Some(OPERATOR), "crawl", "a", Some(3600)),
+            instance(Some(OPERATOR), "crawl", "young", Some(10)),
+        ];
+        let found: Vec<String> = orphans(instances, OPERATOR, &live, &options(None, false), NOW)
+            .into_iter()
+            .map(|i| i.provider_id)
+            .collect();
+        assert_eq!(found, ["vm-c", "vm-a"]);
     }
 }

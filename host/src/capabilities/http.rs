@@ -180,9 +180,7 @@ impl HttpCapability {
         let parsed = url::Url::parse(url)
             .map_err(|e| HttpError::InvalidRequest(format!("url `{url}`: {e}")))?;
         self.check(&parsed)?;
-        let client = self.client.as_ref().ok_or_else(|| {
-            HttpError::Denied("this provider instance has no grants.http".to_string())
-        })?;
+        let client = self.granted_client()?;
         let target = allow::Target::from_url(&parsed).map_err(HttpError::InvalidRequest)?;
         let injected = self.credentials_for(&target);
         let mut headers = reqwest::header::HeaderMap::new();
@@ -206,9 +204,7 @@ impl HttpCapability {
         let url = url::Url::parse(&request.url)
             .map_err(|e| HttpError::InvalidRequest(format!("url `{}`: {e}", request.url)))?;
         self.check(&url)?;
-        let client = self.client.as_ref().ok_or_else(|| {
-            HttpError::Denied("this provider instance has no grants.http".to_string())
-        })?;
+        let client = self.granted_client()?;
         if request.body.len() > self.max_request_bytes {
             return Err(HttpError::TooLarge(format!(
                 "request body of {} bytes exceeds the limit of {} bytes",
@@ -216,27 +212,10 @@ impl HttpCapability {
                 self.max_request_bytes
             )));
         }
-        let method = reqwest::Method::from_bytes(request.method.to_ascii_uppercase().as_bytes())
-            .map_err(|_| {
-                HttpError::InvalidRequest(format!("method `{}` is not valid", request.method))
-            })?;
+        let method = parse_method(&request.method)?;
         let target = allow::Target::from_url(&url).map_err(HttpError::InvalidRequest)?;
         let injected = self.credentials_for(&target);
-
-        let mut headers = reqwest::header::HeaderMap::new();
-        for (name, value) in &request.headers {
-            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                HttpError::InvalidRequest(format!("header name `{name}` is not valid"))
-            })?;
-            // A plugin cannot set what the host injects (nor learn it by echo tricks).
-            if injected.iter().any(|c| c.grant.header == name) {
-                continue;
-            }
-            let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
-                HttpError::InvalidRequest(format!("header `{name}` has an invalid value"))
-            })?;
-            headers.append(name, value);
-        }
+        let mut headers = plugin_headers(&request.headers, &injected)?;
         insert_credentials(&mut headers, &injected, context).await?;
 
         let timeout = request
@@ -244,52 +223,18 @@ impl HttpCapability {
             .map(|t| t.min(self.timeout))
             .unwrap_or(self.timeout);
         let started = std::time::Instant::now();
-        let result = tokio::time::timeout(timeout, async {
-            let response = client
-                .request(method.clone(), url.clone())
-                .headers(headers)
-                .body(request.body)
-                .send()
-                .await
-                .map_err(|e| classify(&e))?;
-            let status = response.status().as_u16();
-            let response_headers = response
-                .headers()
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
-                .collect();
-            if let Some(length) = response.content_length()
-                && length as usize > self.max_response_bytes
-            {
-                return Err(self.response_too_large());
-            }
-            let mut body = Vec::new();
-            let mut stream = response.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| classify(&e))?;
-                if body.len() + chunk.len() > self.max_response_bytes {
-                    return Err(self.response_too_large());
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(HttpResponse {
-                status,
-                headers: response_headers,
-                body,
-            })
-        })
-        .await
-        .unwrap_or_else(|_| {
-            Err(HttpError::Timeout(format!(
-                "no complete answer from {} within {timeout:?}",
-                target
-            )))
-        });
+        let outgoing = client
+            .request(method.clone(), url)
+            .headers(headers)
+            .body(request.body);
+        let result = tokio::time::timeout(timeout, self.exchange(outgoing))
+            .await
+            .unwrap_or_else(|_| {
+                Err(HttpError::Timeout(format!(
+                    "no complete answer from {} within {timeout:?}",
+                    target
+                )))
+            });
         tracing::debug!(
             provider = %context.provider,
             method = %method,
@@ -302,12 +247,87 @@ impl HttpCapability {
         result
     }
 
+    /// The grant's client; none when the provider instance has no `grants.http`.
+    fn granted_client(&self) -> Result<&reqwest::Client, HttpError> {
+        self.client.as_ref().ok_or_else(|| {
+            HttpError::Denied("this provider instance has no grants.http".to_string())
+        })
+    }
+
+    /// Sends `outgoing` and reads the whole answer, within the response size limit.
+    async fn exchange(&self, outgoing: reqwest::RequestBuilder) -> Result<HttpResponse, HttpError> {
+        let response = outgoing.send().await.map_err(|e| classify(&e))?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        if let Some(length) = response.content_length()
+            && length as usize > self.max_response_bytes
+        {
+            return Err(self.response_too_large());
+        }
+        let body = self.read_body(response).await?;
+        Ok(HttpResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// The response body, refused as soon as it grows past the limit.
+    async fn read_body(&self, response: reqwest::Response) -> Result<Vec<u8>, HttpError> {
+        let mut body = Vec::new();
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| classify(&e))?;
+            if body.len() + chunk.len() > self.max_response_bytes {
+                return Err(self.response_too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+
     fn response_too_large(&self) -> HttpError {
         HttpError::TooLarge(format!(
             "response body exceeds the limit of {} bytes",
             self.max_response_bytes
         ))
     }
+}
+
+/// A plugin's method name as an HTTP method (any case).
+fn parse_method(method: &str) -> Result<reqwest::Method, HttpError> {
+    reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| HttpError::InvalidRequest(format!("method `{method}` is not valid")))
+}
+
+/// The plugin's headers, without those the host injects for this request.
+fn plugin_headers(
+    requested: &[(String, String)],
+    injected: &[&Credential],
+) -> Result<reqwest::header::HeaderMap, HttpError> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (name, value) in requested {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| HttpError::InvalidRequest(format!("header name `{name}` is not valid")))?;
+        // A plugin cannot set what the host injects (nor learn it by echo tricks).
+        if injected.iter().any(|c| c.grant.header == name) {
+            continue;
+        }
+        let value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+            HttpError::InvalidRequest(format!("header `{name}` has an invalid value"))
+        })?;
+        headers.append(name, value);
+    }
+    Ok(headers)
 }
 
 fn classify(err: &reqwest::Error) -> HttpError {
@@ -343,14 +363,15 @@ async fn insert_credentials(
 ) -> Result<(), HttpError> {
     for credential in injected {
         let secret = match &credential.tokens {
-            Some(tokens) => tokens.token().await,
+            Some(tokens) => tokens.token().await.map_err(|e| e.to_string()),
             None => read_secret(&credential.grant.value),
         };
         let secret = secret.map_err(|e| {
             tracing::warn!(
                 provider = %context.provider,
                 header = %credential.grant.header,
-                "credential for an HTTP grant is unavailable: {e}"
+                error = %e,
+                "credential for an HTTP grant is unavailable"
             );
             HttpError::Transport(format!(
                 "the host could not read the credential for header {}: {e}",

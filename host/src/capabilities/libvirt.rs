@@ -3,44 +3,30 @@
 //! hypervisor shared by every call (`hub`). The SSH key and `known_hosts` come from a Secret the
 //! plugin never sees; the plugin names hypervisors only by their name in the grant.
 
+mod endpoint;
+mod error;
 mod hub;
+mod hypervisor;
 mod import;
+mod import_jobs;
 mod ops;
+mod records;
 pub mod tunnel;
+mod xml;
 
 use std::sync::Arc;
 
+pub use error::LibvirtError;
 pub use hub::{LibvirtHub, MaterialSource};
-pub use import::ImageSource;
-pub use ops::{DomainInfo, DomainState, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo};
+pub use hypervisor::Hypervisor;
+pub use records::{
+    DomainInfo, DomainState, ImageSource, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,
+};
 
 use crate::capabilities::grants::ValidLibvirtGrant;
 pub use crate::capabilities::grants::{
     DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, HypervisorGrant, LibvirtGrant,
 };
-
-/// Why a libvirt call failed, as the WIT `libvirt-error` variant says it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LibvirtError {
-    #[error("denied: {0}")]
-    Denied(String),
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("transport: {0}")]
-    Transport(String),
-    #[error("ssh handshake failed: {0}")]
-    SshHandshakeFailed(String),
-    #[error("host key mismatch: {0}")]
-    HostKeyMismatch(String),
-    #[error("authentication failed: {0}")]
-    AuthFailed(String),
-    #[error("timeout: {0}")]
-    Timeout(String),
-    #[error("failed: {0}")]
-    Failed(String),
-    #[error("checksum mismatch: {0}")]
-    ChecksumMismatch(String),
-}
 
 /// The parsed grant of one provider instance.
 #[derive(Debug, Clone)]
@@ -85,7 +71,7 @@ impl LibvirtCapability {
         };
         Ok(Hypervisor {
             host: name.to_string(),
-            endpoint: hub::Endpoint {
+            endpoint: endpoint::Endpoint {
                 target: tunnel::SshTarget {
                     address: grant.address.clone(),
                     port: grant.port,
@@ -100,16 +86,6 @@ impl LibvirtCapability {
             hub,
         })
     }
-}
-
-/// A host-side connection handle on one granted hypervisor (the WIT `hypervisor` resource).
-/// Calls share the hub's cached connection to it.
-#[derive(Debug, Clone)]
-pub struct Hypervisor {
-    /// The hypervisor's name in the grant.
-    pub host: String,
-    endpoint: hub::Endpoint,
-    hub: Arc<LibvirtHub>,
 }
 
 #[cfg(test)]

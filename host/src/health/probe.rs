@@ -1,6 +1,7 @@
 //! One health probe: an HTTP `CONNECT` through the proxy to a target, as a crawler would use it.
 //! Written on a bare TCP stream: reqwest hides the proxy's answer to CONNECT behind its own
-//! error types, and the probe needs exactly that answer (status code, timing), nothing more.
+//! error types, and the probe needs exactly that answer (status code, timing), nothing more; its
+//! status line is read by httparse.
 
 use std::time::{Duration, Instant};
 
@@ -90,19 +91,33 @@ async fn connect_through(address: &str, port: u16, target: &str) -> Result<(), P
             )));
         }
     }
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let version = parts.next().unwrap_or_default();
-    let status = parts.next().and_then(|s| s.parse::<u16>().ok());
-    match (version.starts_with("HTTP/1."), status) {
-        (true, Some(code)) if (200..300).contains(&code) => Ok(()),
-        (true, Some(code)) => Err(ProbeFailure::Status(code)),
-        _ => Err(ProbeFailure::Protocol(format!(
-            "status line `{}`",
-            line.trim().chars().take(80).collect::<String>()
-        ))),
+    connect_answer(&head)
+}
+
+/// What a proxy's answer to CONNECT (its response head) says: 2xx is a tunnel.
+fn connect_answer(head: &[u8]) -> Result<(), ProbeFailure> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    // Only the status line matters, and httparse has read it (`code`) before any header it may
+    // refuse: odd or too many headers after a good status line do not fail the probe.
+    let _ = response.parse(head);
+    match response.code {
+        Some(code) if (200..300).contains(&code) => Ok(()),
+        Some(code) => Err(ProbeFailure::Status(code)),
+        None => Err(unreadable_status_line(head)),
     }
+}
+
+fn unreadable_status_line(head: &[u8]) -> ProbeFailure {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    ProbeFailure::Protocol(format!(
+        "status line `{}`",
+        String::from_utf8_lossy(line)
+            .trim()
+            .chars()
+            .take(80)
+            .collect::<String>()
+    ))
 }
 
 /// Largest answer read from the exit-IP service (an address, or a small JSON object).
@@ -237,6 +252,25 @@ mod tests {
             failure.to_string(),
             "the proxy answered CONNECT with HTTP 502"
         );
+    }
+
+    #[rstest::rstest]
+    #[case::established("HTTP/1.1 200 Connection established\r\n\r\n", Ok(()))]
+    #[case::http_1_0_without_reason("HTTP/1.0 200\r\n\r\n", Ok(()))]
+    #[case::any_2xx("HTTP/1.1 204 No Content\r\nVia: squid\r\n\r\n", Ok(()))]
+    #[case::refused(
+        "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n",
+        Err(ProbeFailure::Status(403))
+    )]
+    #[case::bad_gateway("HTTP/1.1 502 Bad Gateway\r\n\r\n", Err(ProbeFailure::Status(502)))]
+    #[case::odd_header_after_a_good_status("HTTP/1.1 200 OK\r\nbad header\r\n\r\n", Ok(()))]
+    #[case::not_http("SSH-2.0-OpenSSH_9.2\r\n\r\n", Err(ProbeFailure::Protocol("status line `SSH-2.0-OpenSSH_9.2`".into())))]
+    #[case::no_status_code("HTTP/1.1 OK\r\n\r\n", Err(ProbeFailure::Protocol("status line `HTTP/1.1 OK`".into())))]
+    fn the_answer_to_connect_decides_the_probe(
+        #[case] head: &str,
+        #[case] expected: Result<(), ProbeFailure>,
+    ) {
+        assert_eq!(connect_answer(head.as_bytes()), expected);
     }
 
     #[test]

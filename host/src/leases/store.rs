@@ -2,6 +2,8 @@
 //! cool down after a block. One mutex around plain maps: every operation is a few map lookups, so
 //! contention stays far below what the HTTP layer costs (see docs/performance.md).
 
+mod outcomes;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::metrics::LeaseMetrics;
+
+pub use outcomes::{EndReason, Outcome};
 
 /// A Proxy, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -59,60 +63,6 @@ pub struct Lease {
     pub proxy: ProxyKey,
     pub granted_at_ms: u64,
     pub expires_at_ms: u64,
-}
-
-/// Why a lease is over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum EndReason {
-    Released,
-    Expired,
-    Blocked,
-    Unhealthy,
-    Deleted,
-}
-
-impl EndReason {
-    /// Every reason, in declaration order (`reason as usize` indexes it).
-    pub const ALL: [EndReason; 5] = [
-        EndReason::Released,
-        EndReason::Expired,
-        EndReason::Blocked,
-        EndReason::Unhealthy,
-        EndReason::Deleted,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndReason::Released => "released",
-            EndReason::Expired => "expired",
-            EndReason::Blocked => "blocked",
-            EndReason::Unhealthy => "unhealthy",
-            EndReason::Deleted => "deleted",
-        }
-    }
-}
-
-/// How a crawler's use of a proxy went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    Success,
-    Failure,
-    Blocked,
-}
-
-impl Outcome {
-    /// Every outcome, in declaration order (`outcome as usize` indexes it).
-    pub const ALL: [Outcome; 3] = [Outcome::Success, Outcome::Failure, Outcome::Blocked];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Success => "success",
-            Outcome::Failure => "failure",
-            Outcome::Blocked => "blocked",
-        }
-    }
 }
 
 /// Why a grant was refused.

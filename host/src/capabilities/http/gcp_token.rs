@@ -20,6 +20,55 @@ const RENEW_BEFORE: Duration = Duration::from_secs(120);
 /// Lifetime asked for (Google's maximum).
 const LIFETIME_SECONDS: u64 = 3600;
 
+/// Why no token could be had; the message names the key file or the token endpoint, never the
+/// key material.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TokenError {
+    #[error("{0}")]
+    Client(#[source] reqwest::Error),
+    #[error("cannot read {}: {source}", path.display())]
+    ReadKey {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// serde's message names the field, never the key material.
+    #[error(
+        "{} is not a service-account key file (client_email, private_key, token_uri): {source}",
+        path.display()
+    )]
+    NotAKeyFile {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{0}")]
+    Clock(#[source] std::time::SystemTimeError),
+    /// The key cannot sign (not PKCS#8 PEM, not RSA).
+    #[error("{0}")]
+    Key(String),
+    #[error("token endpoint {uri}: {source}")]
+    Endpoint {
+        uri: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("token endpoint {uri} refused the service account {account}: {status} {body}")]
+    Refused {
+        uri: String,
+        account: String,
+        status: reqwest::StatusCode,
+        /// The start of the endpoint's answer.
+        body: String,
+    },
+    #[error("token endpoint {uri} answered no token: {source}")]
+    NoToken {
+        uri: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// The fields of a service-account key file (`gcloud iam service-accounts keys create`).
 #[derive(Deserialize)]
 struct ServiceAccountKey {
@@ -37,7 +86,7 @@ struct TokenAnswer {
 }
 
 /// The tokens of one key file, renewed when they are about to expire.
-pub(super) struct GcpTokens {
+pub(crate) struct GcpTokens {
     key_file: PathBuf,
     client: reqwest::Client,
     /// Held while a token is minted, so concurrent calls wait for one request.
@@ -51,12 +100,12 @@ impl std::fmt::Debug for GcpTokens {
 }
 
 impl GcpTokens {
-    pub(super) fn new(key_file: &Path) -> Result<Self, String> {
+    pub(crate) fn new(key_file: &Path) -> Result<Self, TokenError> {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(TokenError::Client)?;
         Ok(GcpTokens {
             key_file: key_file.to_path_buf(),
             client,
@@ -66,7 +115,7 @@ impl GcpTokens {
 
     /// A valid access token, minted when there is none or it is about to expire. The key file
     /// is read each time a token is minted, so a rotated key (a mounted Secret) is picked up.
-    pub(super) async fn token(&self) -> Result<String, String> {
+    pub(crate) async fn token(&self) -> Result<String, TokenError> {
         let mut cached = self.cached.lock().await;
         if let Some((token, expires)) = cached.as_ref()
             && Instant::now() + RENEW_BEFORE < *expires
@@ -78,22 +127,23 @@ impl GcpTokens {
         Ok(token)
     }
 
-    async fn mint(&self) -> Result<(String, Duration), String> {
+    async fn mint(&self) -> Result<(String, Duration), TokenError> {
         let text = tokio::fs::read_to_string(&self.key_file)
             .await
-            .map_err(|e| format!("cannot read {}: {e}", self.key_file.display()))?;
-        let key: ServiceAccountKey = serde_json::from_str(&text).map_err(|e| {
-            // serde's message names the field, never the key material.
-            format!(
-                "{} is not a service-account key file (client_email, private_key, token_uri): {e}",
-                self.key_file.display()
-            )
-        })?;
+            .map_err(|source| TokenError::ReadKey {
+                path: self.key_file.clone(),
+                source,
+            })?;
+        let key: ServiceAccountKey =
+            serde_json::from_str(&text).map_err(|source| TokenError::NotAKeyFile {
+                path: self.key_file.clone(),
+                source,
+            })?;
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_err(|e| e.to_string())?
+            .map_err(TokenError::Clock)?
             .as_secs();
-        let assertion = assertion(&key, now)?;
+        let assertion = assertion(&key, now).map_err(TokenError::Key)?;
         // Its own statement: the serializer is not Send and must be gone before the await.
         let form = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
@@ -109,23 +159,32 @@ impl GcpTokens {
             .body(form)
             .send()
             .await
-            .map_err(|e| format!("token endpoint {}: {e}", key.token_uri))?;
+            .map_err(|source| TokenError::Endpoint {
+                uri: key.token_uri.clone(),
+                source,
+            })?;
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
-            return Err(format!(
-                "token endpoint {} refused the service account {}: {status} {}",
-                key.token_uri,
-                key.client_email,
-                body.chars().take(200).collect::<String>()
-            ));
+            return Err(TokenError::Refused {
+                uri: key.token_uri,
+                account: key.client_email,
+                status,
+                body: body.chars().take(200).collect(),
+            });
         }
         let body = response
             .bytes()
             .await
-            .map_err(|e| format!("token endpoint {}: {e}", key.token_uri))?;
-        let answer: TokenAnswer = serde_json::from_slice(&body)
-            .map_err(|e| format!("token endpoint {} answered no token: {e}", key.token_uri))?;
+            .map_err(|source| TokenError::Endpoint {
+                uri: key.token_uri.clone(),
+                source,
+            })?;
+        let answer: TokenAnswer =
+            serde_json::from_slice(&body).map_err(|source| TokenError::NoToken {
+                uri: key.token_uri.clone(),
+                source,
+            })?;
         tracing::debug!(account = %key.client_email, expires_in = answer.expires_in, "minted a GCP access token");
         Ok((answer.access_token, Duration::from_secs(answer.expires_in)))
     }

@@ -14,9 +14,11 @@ use tracing::{debug, info, warn};
 use virt::connect::Connect;
 use virt::error::ErrorNumber;
 
-use super::LibvirtError;
-use super::import::Imports;
-use super::tunnel::{HostKeyProblem, SshMaterial, SshTarget, Tunnel, TunnelError};
+use super::endpoint::Endpoint;
+use super::error::LibvirtError;
+use super::import_jobs::Imports;
+use super::records::ProbeReport;
+use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
 
 /// Where the SSH key and known_hosts come from.
 #[derive(Clone)]
@@ -39,25 +41,8 @@ impl fmt::Debug for MaterialSource {
     }
 }
 
-/// Which hypervisor, which socket on it, with which Secret: the key of a cached connection.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) struct Endpoint {
-    pub target: SshTarget,
-    pub socket: String,
-    pub secret: String,
-}
-
-impl Endpoint {
-    pub fn label(&self) -> String {
-        format!(
-            "{}@{}:{}",
-            self.target.user, self.target.address, self.target.port
-        )
-    }
-}
-
 /// An open tunnel and the libvirt connection through it.
-pub(super) struct Connection {
+pub(crate) struct Connection {
     // Declared first so it drops first: with the socket gone, closing the libvirt connection
     // cannot wait on a peer.
     tunnel: Tunnel,
@@ -103,7 +88,7 @@ pub struct LibvirtHub {
     tunnel_dir: PathBuf,
     materials: tokio::sync::Mutex<HashMap<String, SshMaterial>>,
     slots: Mutex<HashMap<Endpoint, Arc<HostSlot>>>,
-    pub(super) imports: Imports,
+    pub(crate) imports: Imports,
     /// Connections opened since start: shows (in tests and logs) that calls share them.
     opened: std::sync::atomic::AtomicU64,
 }
@@ -175,7 +160,7 @@ impl LibvirtHub {
     }
 
     /// The cached connection to `endpoint`, or a new one.
-    pub(super) async fn connection(
+    pub(crate) async fn connection(
         &self,
         endpoint: &Endpoint,
     ) -> Result<Arc<Connection>, LibvirtError> {
@@ -256,7 +241,7 @@ impl LibvirtHub {
 
     /// Runs one libvirt call on a blocking thread over the cached connection, logs it as one
     /// debug line, and drops the connection when the failure was the transport's.
-    pub(super) async fn call<T: Send + 'static>(
+    pub(crate) async fn call<T: Send + 'static>(
         &self,
         endpoint: &Endpoint,
         rpc: &'static str,
@@ -294,11 +279,11 @@ impl LibvirtHub {
 
     /// SSH and libvirt reachable within `timeout`. A slow answer is given up on without dropping
     /// the shared connection (the call finishes in the background).
-    pub(super) async fn probe(
+    pub(crate) async fn probe(
         &self,
         endpoint: &Endpoint,
         timeout: Duration,
-    ) -> Result<super::ProbeReport, LibvirtError> {
+    ) -> Result<ProbeReport, LibvirtError> {
         let started = Instant::now();
         let work = async {
             let connection = self.connection(endpoint).await?;
@@ -310,7 +295,7 @@ impl LibvirtHub {
                 })
                 .await?;
             drop(connection);
-            Ok(super::ProbeReport {
+            Ok(ProbeReport {
                 ssh_ms,
                 libvirt_ms: libvirt_started.elapsed().as_millis() as u32,
                 libvirt_version: format!(

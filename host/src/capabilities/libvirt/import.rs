@@ -6,8 +6,7 @@
 //! image is written to a staging volume (`<name>.partial`) and copied to `<name>` once its digest
 //! is right, so nothing ever uses a half-written base, not even after a crash mid-import.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -15,9 +14,12 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::hub::Endpoint;
-use super::ops::{VolumeInfo, upload, xml_escape};
-use super::{Hypervisor, LibvirtError};
+use super::error::LibvirtError;
+use super::hypervisor::Hypervisor;
+use super::import_jobs::{Job, JobKey, Outcome};
+use super::ops::upload;
+use super::records::{ImageSource, VolumeInfo};
+use super::xml::xml_escape;
 use crate::capabilities::CallContext;
 use crate::capabilities::http::HttpError;
 
@@ -27,42 +29,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// What the download hands to the upload at a time.
 const FEED_CHUNK: usize = 1024 * 1024;
-
-/// Where a base image comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageSource {
-    pub url: String,
-    /// 64 lowercase hex digits.
-    pub sha256: String,
-    /// `qcow2` or `raw`.
-    pub format: String,
-}
-
-type Outcome = Option<Result<VolumeInfo, LibvirtError>>;
-type JobKey = (Endpoint, String, String);
-
-/// The imports running in this process.
-#[derive(Default)]
-pub(crate) struct Imports {
-    jobs: Mutex<HashMap<JobKey, watch::Receiver<Outcome>>>,
-}
-
-impl Imports {
-    pub(super) fn in_progress(&self, endpoint: &Endpoint, pool: &str, name: &str) -> bool {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&(endpoint.clone(), pool.to_string(), name.to_string()))
-    }
-
-    fn running(&self, key: &JobKey) -> Option<watch::Receiver<Outcome>> {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned()
-    }
-}
 
 impl Hypervisor {
     /// Downloads `source` into a new volume `name` of `pool`, or returns the volume when it is
@@ -117,17 +83,10 @@ impl Hypervisor {
         context: Arc<CallContext>,
         source: ImageSource,
     ) -> watch::Receiver<Outcome> {
-        let mut jobs = self
-            .hub
-            .imports
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(job) = jobs.get(&key) {
-            return job.clone();
-        }
-        let (done, outcome) = watch::channel(None);
-        jobs.insert(key.clone(), outcome.clone());
+        let (done, outcome) = match self.hub.imports.join_or_register(&key) {
+            Job::Running(outcome) => return outcome,
+            Job::Registered { done, outcome } => (done, outcome),
+        };
         let hypervisor = self.clone();
         tokio::spawn(async move {
             let (_, pool, name) = key.clone();
@@ -144,15 +103,7 @@ impl Hypervisor {
                     "image import failed: {e}"
                 ),
             }
-            // Removed before the result is published: a waiter that then looks the volume up
-            // must see it.
-            hypervisor
-                .hub
-                .imports
-                .jobs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key);
+            hypervisor.hub.imports.finish(&key);
             let _ = done.send(Some(result));
         });
         outcome

@@ -11,7 +11,12 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 use virt::sys;
 
-use super::{Hypervisor, LibvirtError};
+use super::error::LibvirtError;
+use super::hypervisor::Hypervisor;
+use super::records::{
+    DomainInfo, DomainState, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,
+};
+use super::xml::xml_escape;
 
 /// `VIR_DOMAIN_METADATA_ELEMENT`: the custom element of a namespace.
 const METADATA_ELEMENT: i32 = 2;
@@ -24,59 +29,6 @@ const UNDEFINE_EVERYTHING: u32 = 1 | 2 | 4;
 pub const MAX_UPLOAD_BYTES: usize = 16 * 1024 * 1024;
 /// Bytes per `virStreamSend`.
 const STREAM_CHUNK: usize = 256 * 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DomainState {
-    NoState,
-    Running,
-    Blocked,
-    Paused,
-    Shutdown,
-    Shutoff,
-    Crashed,
-    Suspended,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DomainInfo {
-    pub name: String,
-    pub uuid: String,
-    pub state: DomainState,
-    pub metadata: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterfaceAddress {
-    pub name: String,
-    pub mac: Option<String>,
-    pub address: String,
-    pub prefix: u8,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolInfo {
-    pub name: String,
-    pub active: bool,
-    pub path: Option<String>,
-    pub capacity: u64,
-    pub allocation: u64,
-    pub available: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeInfo {
-    pub name: String,
-    pub path: String,
-    pub capacity: u64,
-    pub allocation: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeReport {
-    pub ssh_ms: u32,
-    pub libvirt_ms: u32,
-    pub libvirt_version: String,
-}
 
 type Result<T> = std::result::Result<T, LibvirtError>;
 type VirtResult<T> = std::result::Result<T, virt::error::Error>;
@@ -134,14 +86,6 @@ fn volume_target_format(xml: &str) -> Option<String> {
     let quote = format[start..].chars().next()?;
     let end = format[start + 1..].find(quote)? + start + 1;
     Some(format[start + 1..end].to_string())
-}
-
-pub(super) fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('\'', "&apos;")
-        .replace('"', "&quot;")
 }
 
 impl Hypervisor {
@@ -298,7 +242,7 @@ impl Hypervisor {
     }
 
     /// The volume as libvirt has it, imported or not (the import job itself reads it back).
-    pub(super) async fn volume(&self, pool: String, name: String) -> Result<VolumeInfo> {
+    pub(crate) async fn volume(&self, pool: String, name: String) -> Result<VolumeInfo> {
         let ids = format!("pool={pool} volume={name}");
         self.hub
             .call(
@@ -325,7 +269,7 @@ impl Hypervisor {
 
     /// Copies volume `from` to a new volume `name` in the same pool, on the hypervisor. The copy
     /// keeps the format libvirt has for `from` (raw stays raw: a byte-for-byte copy).
-    pub(super) async fn copy_volume(
+    pub(crate) async fn copy_volume(
         &self,
         pool: String,
         from: String,
@@ -376,7 +320,7 @@ impl Hypervisor {
 
 /// Streams `chunks` into `volume` from `offset` and finishes the stream when they end. An `Err`
 /// item aborts the stream instead (nothing is committed) and is returned as `Ok(Err(reason))`.
-pub(super) fn upload(
+pub(crate) fn upload(
     connect: &virt::connect::Connect,
     volume: &StorageVol,
     chunks: &mut dyn Iterator<Item = std::result::Result<Vec<u8>, String>>,
