@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 
 pub use allow::{AllowPattern, is_public};
 
-use super::{CallContext, GrantError};
+use super::GrantError;
 
 pub use super::grants::{CredentialGrant, HttpGrant, SecretSource};
 use super::grants::{SecretValue, ValidCredential, ValidHttpGrant};
@@ -174,7 +174,7 @@ impl HttpCapability {
     /// bytes never reach the plugin. The timeout covers the response headers only.
     pub async fn open_download(
         &self,
-        context: &CallContext,
+        provider: &str,
         url: &str,
     ) -> Result<reqwest::Response, HttpError> {
         let parsed = url::Url::parse(url)
@@ -184,7 +184,7 @@ impl HttpCapability {
         let target = allow::Target::from_url(&parsed).map_err(HttpError::InvalidRequest)?;
         let injected = self.credentials_for(&target);
         let mut headers = reqwest::header::HeaderMap::new();
-        insert_credentials(&mut headers, &injected, context).await?;
+        insert_credentials(&mut headers, &injected, provider).await?;
         let response =
             tokio::time::timeout(self.timeout, client.get(parsed).headers(headers).send())
                 .await
@@ -198,7 +198,7 @@ impl HttpCapability {
     /// Sends a plugin's request if the grant allows it.
     pub async fn send(
         &self,
-        context: &CallContext,
+        provider: &str,
         request: HttpRequest,
     ) -> Result<HttpResponse, HttpError> {
         let url = url::Url::parse(&request.url)
@@ -216,7 +216,7 @@ impl HttpCapability {
         let target = allow::Target::from_url(&url).map_err(HttpError::InvalidRequest)?;
         let injected = self.credentials_for(&target);
         let mut headers = plugin_headers(&request.headers, &injected)?;
-        insert_credentials(&mut headers, &injected, context).await?;
+        insert_credentials(&mut headers, &injected, provider).await?;
 
         let timeout = request
             .timeout
@@ -236,7 +236,7 @@ impl HttpCapability {
                 )))
             });
         tracing::debug!(
-            provider = %context.provider,
+            %provider,
             method = %method,
             target = %target,
             status = result.as_ref().map(|r| r.status).ok(),
@@ -359,7 +359,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 async fn insert_credentials(
     headers: &mut reqwest::header::HeaderMap,
     injected: &[&Credential],
-    context: &CallContext,
+    provider: &str,
 ) -> Result<(), HttpError> {
     for credential in injected {
         let secret = match &credential.tokens {
@@ -368,7 +368,7 @@ async fn insert_credentials(
         };
         let secret = secret.map_err(|e| {
             tracing::warn!(
-                provider = %context.provider,
+                %provider,
                 header = %credential.grant.header,
                 error = %e,
                 "credential for an HTTP grant is unavailable"

@@ -118,7 +118,7 @@ impl Hypervisor {
     ) -> Result<VolumeInfo, LibvirtError> {
         let response = context
             .http
-            .open_download(context, &source.url)
+            .open_download(&context.provider, &source.url)
             .await
             .map_err(|e| match e {
                 HttpError::Denied(m) => LibvirtError::Denied(format!(

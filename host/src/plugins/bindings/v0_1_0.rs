@@ -170,7 +170,12 @@ impl http::Host for HostState {
                 .timeout_ms
                 .map(|ms| Duration::from_millis(ms.into())),
         };
-        match self.context.http.send(&self.context, request).await {
+        match self
+            .context
+            .http
+            .send(&self.context.provider, request)
+            .await
+        {
             Ok(r) => Ok(http::Response {
                 status: r.status,
                 headers: r.headers,
