@@ -9,11 +9,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use crate::api::Proxy;
 use crate::plugins::ProviderInstance;
 use crate::plugins::types::Instance;
 use crate::providers::{ProviderSet, Providers};
@@ -203,10 +202,7 @@ async fn collect(
 
 /// The UIDs of the Proxies that exist (in the watched namespace, or all).
 async fn live_proxy_uids(client: &Client, options: &GcOptions) -> kube::Result<HashSet<String>> {
-    let proxies: Api<Proxy> = match &options.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let proxies = crate::api::proxies(client.clone(), options.namespace.as_deref());
     Ok(proxies
         .list(&ListParams::default())
         .await?

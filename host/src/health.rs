@@ -135,10 +135,7 @@ impl HealthEngine {
     /// Watches Proxies (in `namespace`, or all) and probes them until aborted. `suspects` are
     /// probed at once (crawlers reported repeated failures on them).
     pub async fn run(mut self, namespace: Option<String>, mut suspects: mpsc::Receiver<ProxyKey>) {
-        let api: Api<Proxy> = match &namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
+        let api = crate::api::proxies(self.client.clone(), namespace.as_deref());
         let (reader, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
