@@ -2,6 +2,7 @@
 //! sandboxed calls into them (a fresh instance per call, CPU, memory and wall-clock limits).
 
 pub mod bindings;
+pub mod bounds;
 mod cache;
 mod call;
 mod engine;

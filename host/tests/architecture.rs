@@ -478,26 +478,45 @@ fn functions_and_files_stay_small() {
 #[test]
 fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     let file = |relative: &str, text: &str| SourceFile {
-        module: relative.trim_end_matches(".rs").split('/').map(str::to_string).collect(),
+        module: relative
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(str::to_string)
+            .collect(),
         relative: relative.to_string(),
         text: text.to_string(),
     };
     let sources = vec![
-        file("a.rs", "mod inner;\npub use inner::Thing;\nuse crate::b::Other;\n"),
+        file(
+            "a.rs",
+            "mod inner;\npub use inner::Thing;\nuse crate::b::Other;\n",
+        ),
         file("a/inner.rs", "pub struct Thing;\n"),
-        file("b.rs", "pub struct Other;\nfn f() -> crate::a::Thing { todo!() }\n"),
+        file(
+            "b.rs",
+            "pub struct Other;\nfn f() -> crate::a::Thing { todo!() }\n",
+        ),
         file("c.rs", "mod d;\n"),
-        file("c/d.rs", "pub(super) struct D;\nuse super::super::b::Other;\n"),
+        file(
+            "c/d.rs",
+            "pub(super) struct D;\nuse super::super::b::Other;\n",
+        ),
     ];
     let graph = import_graph(&sources);
     assert!(graph["b.rs"].contains("a/inner.rs"), "{graph:?}");
-    assert!(!graph["b.rs"].contains("a.rs"), "re-exports are followed: {graph:?}");
+    assert!(
+        !graph["b.rs"].contains("a.rs"),
+        "re-exports are followed: {graph:?}"
+    );
     assert!(graph["c/d.rs"].contains("b.rs"), "{graph:?}");
     let found = cycles(&graph);
     assert!(found.is_empty(), "{found:?}");
     let mut cyclic = graph.clone();
     cyclic.get_mut("a/inner.rs").unwrap().insert("b.rs".into());
-    assert_eq!(cycles(&cyclic), [vec!["a/inner.rs".to_string(), "b.rs".to_string()]]);
+    assert_eq!(
+        cycles(&cyclic),
+        [vec!["a/inner.rs".to_string(), "b.rs".to_string()]]
+    );
     let long = format!("fn long() {{\n{}}}\n", "    let _ = 1;\n".repeat(120));
     assert_eq!(function_lengths(&long), [("long".to_string(), 122)]);
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::grants::{GrantError, ValidGrants};
-use super::{http, kube, libvirt};
+use super::{http, kube, libvirt, log};
 
 /// What the host shares between provider instances: the hypervisor connections and the
 /// operator's Kubernetes client.
@@ -28,6 +28,8 @@ pub struct CallContext {
     pub http: http::HttpCapability,
     pub libvirt: libvirt::LibvirtCapability,
     pub kube: kube::KubeCapability,
+    /// How many more lines the plugin may log now (shared by the instance's calls).
+    pub log_budget: log::LogBudget,
 }
 
 impl CallContext {
@@ -51,6 +53,7 @@ impl CallContext {
                 grants.kube.as_ref(),
                 resources.kube.clone(),
             ),
+            log_budget: log::LogBudget::default(),
         })
     }
 
@@ -62,6 +65,7 @@ impl CallContext {
             http: http::HttpCapability::bind(None).expect("no grant builds no client"),
             libvirt: libvirt::LibvirtCapability::bind(None, None),
             kube: kube::KubeCapability::bind("(loading)", None, None),
+            log_budget: log::LogBudget::default(),
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod v0_1_0;
 use wasmtime::Store;
 use wasmtime::component::{Component, Linker};
 
+use super::bounds;
 use super::call::{Call, CallFailure, Output};
 use super::state::HostState;
 use super::types::ProviderError;
@@ -112,9 +113,12 @@ pub(crate) async fn call(
     config: &str,
     call: Call,
 ) -> Result<Result<Output, ProviderError>, CallFailure> {
-    match pre {
-        PluginPre::V0_1_0(pre) => v0_1_0::call(store, pre, config, call).await,
-    }
+    let function = call.name();
+    let answer = match pre {
+        PluginPre::V0_1_0(pre) => v0_1_0::call(store, pre, config, call).await?,
+    };
+    // Whatever the version, the answer is bounded before the host uses it.
+    Ok(bounds::answer(function, answer))
 }
 
 #[cfg(test)]
