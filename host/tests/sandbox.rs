@@ -18,6 +18,14 @@ use common::{engine_with, plugin_bytes, test_options};
 
 /// The hostile provider bound to `attempt` (and its size `n`).
 async fn hostile(attempt: &str, n: u64) -> ProviderInstance {
+    hostile_with(
+        serde_json::json!({ "attempt": attempt, "n": n }),
+        Grants::default(),
+    )
+    .await
+}
+
+async fn hostile_with(config: serde_json::Value, grants: Grants) -> ProviderInstance {
     let (engine, _) = engine_with(test_options()).await;
     let plugin = engine
         .load("hostile.wasm", plugin_bytes("hostile"))
@@ -27,8 +35,8 @@ async fn hostile(attempt: &str, n: u64) -> ProviderInstance {
         engine,
         "hostile-test",
         plugin,
-        &serde_json::json!({ "attempt": attempt, "n": n }),
-        &Grants::default().validate().unwrap(),
+        &config,
+        &grants.validate().unwrap(),
         ProviderInstanceOptions::default(),
     )
     .unwrap()
@@ -156,4 +164,115 @@ async fn a_log_flood_is_rate_limited_per_provider_instance() {
         "{written} of 10000 lines written"
     );
     assert!(text.contains("plugin log lines dropped"), "no drop notice");
+}
+
+/// What reached the loopback server: method, `Host` and `Authorization` of each request.
+type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+/// A loopback HTTP server that records every request it gets.
+async fn recording_server() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let record = record.clone();
+        async move {
+            let header = |name: &str| {
+                request
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            record.lock().unwrap().push((
+                request.method().to_string(),
+                header("host"),
+                header("authorization"),
+            ));
+            "ok"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen)
+}
+
+/// The http grant of the loopback server, with a bearer token the host injects from a file.
+fn http_grant(base: &str, token_file: &std::path::Path) -> Grants {
+    serde_json::from_value(serde_json::json!({
+        "http": {
+            "allow": [base],
+            "credentials": [{
+                "url": base,
+                "header": "Authorization",
+                "prefix": "Bearer ",
+                "valueFrom": { "file": token_file },
+            }],
+        }
+    }))
+    .unwrap()
+}
+
+#[rstest]
+#[case::host_naming_another_virtual_host("GET", &[("Host", "other.internal")], "header `host` is set by the host only")]
+#[case::trace("TRACE", &[], "method `TRACE` is not allowed")]
+#[case::connect("CONNECT", &[], "method `CONNECT` is not allowed")]
+#[case::proxy_authorization("GET", &[("Proxy-Authorization", "Basic eA==")], "header `proxy-authorization`")]
+#[case::connection("GET", &[("Connection", "upgrade")], "header `connection`")]
+#[case::transfer_encoding("POST", &[("Transfer-Encoding", "chunked")], "header `transfer-encoding`")]
+#[case::content_length("POST", &[("Content-Length", "1000")], "header `content-length`")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_host_alone_may_shape_are_refused(
+    #[case] method: &str,
+    #[case] headers: &[(&str, &str)],
+    #[case] says: &str,
+) {
+    let (base, seen) = recording_server().await;
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), "s3cret").unwrap();
+    let provider = hostile_with(
+        serde_json::json!({
+            "attempt": "http", "method": method, "url": format!("{base}/x"), "headers": headers,
+        }),
+        http_grant(&base, token.path()),
+    )
+    .await;
+    let ProviderError::Denied(message) = provider_error(provider.create(spec()).await) else {
+        panic!()
+    };
+    assert!(message.contains(says), "{message}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a request reached the server: {:?}",
+        seen.lock().unwrap()
+    );
+}
+
+/// The same request without the forbidden part goes through, with the injected credential: the
+/// refusals above are about the header or method, not the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordinary_request_gets_the_injected_credential() {
+    let (base, seen) = recording_server().await;
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), "s3cret").unwrap();
+    let provider = hostile_with(
+        serde_json::json!({
+            "attempt": "http", "method": "GET", "url": format!("{base}/x"), "headers": [["Accept", "*/*"]],
+        }),
+        http_grant(&base, token.path()),
+    )
+    .await;
+    let instance = provider.create(spec()).await.unwrap();
+    assert_eq!(instance.message.as_deref(), Some("HTTP 200"));
+    let seen = seen.lock().unwrap();
+    let host = base.trim_start_matches("http://");
+    assert_eq!(
+        *seen,
+        [(
+            "GET".to_string(),
+            host.to_string(),
+            "Bearer s3cret".to_string()
+        )]
+    );
 }

@@ -304,9 +304,37 @@ impl HttpCapability {
 }
 
 /// A plugin's method name as an HTTP method (any case).
+/// The methods the WIT's `request.method` lists; any other (TRACE, CONNECT, …) is refused.
+const METHODS: [&str; 6] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
+
 fn parse_method(method: &str) -> Result<reqwest::Method, HttpError> {
-    reqwest::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+    let upper = method.to_ascii_uppercase();
+    if !METHODS.contains(&upper.as_str()) {
+        return Err(HttpError::Denied(format!(
+            "method `{method}` is not allowed; use one of {}",
+            METHODS.join(", ")
+        )));
+    }
+    reqwest::Method::from_bytes(upper.as_bytes())
         .map_err(|_| HttpError::InvalidRequest(format!("method `{method}` is not valid")))
+}
+
+/// Whether the host alone sets `name`: `Host` (a plugin could send a granted host's injected
+/// credential to another virtual host on the same address), the hop-by-hop headers and
+/// `Proxy-*` (they act on connections and proxies, not on the request), and `Content-Length`
+/// (the host computes it from the body).
+fn host_only(name: &reqwest::header::HeaderName) -> bool {
+    const HOP_BY_HOP: [&str; 7] = [
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    ];
+    let name = name.as_str();
+    name == "host" || name.starts_with("proxy-") || HOP_BY_HOP.contains(&name)
 }
 
 /// The plugin's headers, without those the host injects for this request.
@@ -318,6 +346,11 @@ fn plugin_headers(
     for (name, value) in requested {
         let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| HttpError::InvalidRequest(format!("header name `{name}` is not valid")))?;
+        if host_only(&name) {
+            return Err(HttpError::Denied(format!(
+                "header `{name}` is set by the host only; a plugin cannot send it"
+            )));
+        }
         // A plugin cannot set what the host injects (nor learn it by echo tricks).
         if injected.iter().any(|c| c.grant.header == name) {
             continue;

@@ -19,6 +19,13 @@ pub struct Config {
     /// A size or count for the attempts that take one.
     #[serde(default)]
     pub n: u64,
+    /// The request of the `http` attempt.
+    #[serde(default)]
+    pub method: String,
+    #[serde(default)]
+    pub url: String,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
 }
 
 struct Hostile;
@@ -53,6 +60,20 @@ fn attempt(config: &Config) -> Result<Instance, ProviderError> {
                 capabilities::log(Level::Error, &format!("flood line {i}"), &[]);
             }
             Ok(instance(0, None))
+        }
+        // A request chosen by the test: a `Host` header naming another virtual host, TRACE, …
+        "http" => {
+            let request = capabilities::Request {
+                method: config.method.clone(),
+                url: config.url.clone(),
+                headers: config.headers.clone(),
+                body: Vec::new(),
+                timeout_ms: None,
+            };
+            match capabilities::http_send(&request) {
+                Ok(response) => Ok(instance(0, Some(format!("HTTP {}", response.status)))),
+                Err(e) => Err(ProviderError::Denied(format!("{e:?}"))),
+            }
         }
         _ => Ok(instance(0, None)),
     }

@@ -232,32 +232,74 @@ fn validate_name(name: &str) -> Result<(), String> {
 /// cloud metadata servers), shared, unspecified, multicast or broadcast.
 pub fn is_public(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            !(v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || o[0] == 0
-                || (o[0] == 100 && (o[1] & 0xc0) == 64)
-                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
-                || o[0] >= 240)
-        }
+        IpAddr::V4(v4) => !SPECIAL_V4.iter().any(|(net, len)| in_v4(v4, *net, *len)),
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80)
+            !SPECIAL_V6.iter().any(|(net, len)| in_v6(v6, *net, *len))
         }
     }
+}
+
+/// The IANA IPv4 Special-Purpose Address Registry (RFC 6890 and updates), every entry whether or
+/// not it is marked globally reachable, plus multicast and the reserved 240/4: none of them is
+/// where a cloud API lives, and several reach the host, the cluster or a metadata server.
+const SPECIAL_V4: [(Ipv4Addr, u8); 21] = [
+    (Ipv4Addr::new(0, 0, 0, 0), 8),       // "this network"
+    (Ipv4Addr::new(10, 0, 0, 0), 8),      // private
+    (Ipv4Addr::new(100, 64, 0, 0), 10),   // shared address space (CGNAT)
+    (Ipv4Addr::new(127, 0, 0, 0), 8),     // loopback
+    (Ipv4Addr::new(169, 254, 0, 0), 16),  // link-local (metadata servers)
+    (Ipv4Addr::new(172, 16, 0, 0), 12),   // private
+    (Ipv4Addr::new(192, 0, 0, 0), 24),    // IETF protocol assignments
+    (Ipv4Addr::new(192, 0, 2, 0), 24),    // documentation
+    (Ipv4Addr::new(192, 31, 196, 0), 24), // AS112-v4
+    (Ipv4Addr::new(192, 52, 193, 0), 24), // AMT
+    (Ipv4Addr::new(192, 88, 99, 0), 24),  // deprecated 6to4 relay anycast
+    (Ipv4Addr::new(192, 168, 0, 0), 16),  // private
+    (Ipv4Addr::new(192, 175, 48, 0), 24), // direct delegation AS112
+    (Ipv4Addr::new(198, 18, 0, 0), 15),   // benchmarking
+    (Ipv4Addr::new(198, 51, 100, 0), 24), // documentation
+    (Ipv4Addr::new(203, 0, 113, 0), 24),  // documentation
+    (Ipv4Addr::new(224, 0, 0, 0), 4),     // multicast
+    (Ipv4Addr::new(240, 0, 0, 0), 4),     // reserved, and the limited broadcast
+    (Ipv4Addr::new(255, 255, 255, 255), 32),
+    (Ipv4Addr::new(192, 0, 0, 9), 32), // PCP anycast (inside 192.0.0.0/24 already)
+    (Ipv4Addr::new(192, 0, 0, 10), 32), // TURN anycast (likewise)
+];
+
+/// The IANA IPv6 Special-Purpose Address Registry, every entry (NAT64 and 6to4 included: they
+/// embed IPv4 addresses a gateway would reach for the plugin), plus ULA, link-local, site-local
+/// and multicast.
+const SPECIAL_V6: [(Ipv6Addr, u8); 17] = [
+    (Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0), 128), // unspecified
+    (Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 1), 128), // loopback
+    (Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0), 96),  // IPv4-compatible (deprecated)
+    (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96), // NAT64 well-known prefix
+    (Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48), // NAT64 local use
+    (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64), // discard-only
+    (Ipv6Addr::new(0x2001, 0, 0, 0, 0, 0, 0, 0), 23), // IETF protocol assignments (Teredo, …)
+    (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32), // documentation
+    (Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0), 16), // 6to4
+    (Ipv6Addr::new(0x3fff, 0, 0, 0, 0, 0, 0, 0), 20), // documentation
+    (Ipv6Addr::new(0x5f00, 0, 0, 0, 0, 0, 0, 0), 16), // SRv6 SIDs
+    (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7), // unique local
+    (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10), // link-local
+    (Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0), 10), // site-local (deprecated)
+    (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8), // multicast
+    (Ipv6Addr::new(0x2001, 0x2, 0, 0, 0, 0, 0, 0), 48), // benchmarking (inside 2001::/23)
+    (Ipv6Addr::new(0x2001, 0x20, 0, 0, 0, 0, 0, 0), 28), // ORCHIDv2 (likewise)
+];
+
+fn in_v4(ip: Ipv4Addr, net: Ipv4Addr, len: u8) -> bool {
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(net) & mask
+}
+
+fn in_v6(ip: Ipv6Addr, net: Ipv6Addr, len: u8) -> bool {
+    let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+    u128::from(ip) & mask == u128::from(net) & mask
 }
 
 #[cfg(test)]
@@ -338,6 +380,26 @@ mod tests {
     #[case::v6_link_local("fe80::1", false)]
     #[case::v6_mapped_private("::ffff:10.0.0.1", false)]
     #[case::v6_public("2001:4860:4860::8888", true)]
+    #[case::benchmarking("198.18.0.1", false)]
+    #[case::relay_6to4("192.88.99.1", false)]
+    #[case::documentation("203.0.113.9", false)]
+    #[case::reserved("240.0.0.1", false)]
+    #[case::broadcast("255.255.255.255", false)]
+    #[case::multicast("224.0.0.251", false)]
+    #[case::ietf_assignments("192.0.0.170", false)]
+    #[case::public_next_to_cgnat("100.128.0.1", true)]
+    #[case::public_next_to_benchmarking("198.20.0.1", true)]
+    #[case::nat64_of_loopback("64:ff9b::7f00:1", false)]
+    #[case::nat64_of_public("64:ff9b::808:808", false)]
+    #[case::nat64_local_use("64:ff9b:1::1", false)]
+    #[case::six_to_four("2002:7f00:1::1", false)]
+    #[case::teredo("2001::1", false)]
+    #[case::v6_documentation("2001:db8::1", false)]
+    #[case::v6_site_local("fec0::1", false)]
+    #[case::v6_discard("100::1", false)]
+    #[case::v4_compatible("::7f00:1", false)]
+    #[case::v6_multicast("ff02::1", false)]
+    #[case::v6_public_cloudflare("2606:4700:4700::1111", true)]
     fn public_addresses(#[case] ip: &str, #[case] public: bool) {
         assert_eq!(is_public(ip.parse().unwrap()), public, "{ip}");
     }
