@@ -15,8 +15,8 @@ use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::api::Proxy;
 use crate::config::{ProviderSet, Providers};
-use crate::plugins::ProviderInstance;
 use crate::plugins::types::Instance;
+use crate::plugins::{CallError, ProviderInstance};
 
 /// How the collector behaves.
 #[derive(Debug, Clone)]
@@ -221,13 +221,10 @@ async fn delete_all(
     provider: &ProviderInstance,
     orphans: Vec<Instance>,
     parallelism: usize,
-) -> Vec<(String, Result<(), String>)> {
+) -> Vec<(String, Result<(), CallError>)> {
     futures_util::stream::iter(orphans)
         .map(|orphan| async move {
-            let result = provider
-                .delete(&orphan.provider_id)
-                .await
-                .map_err(|e| e.to_string());
+            let result = provider.delete(&orphan.provider_id).await;
             (orphan.provider_id, result)
         })
         .buffer_unordered(parallelism.max(1))
