@@ -13,8 +13,8 @@ use kube::api::ListParams;
 use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use crate::plugins::ProviderInstance;
 use crate::plugins::types::Instance;
+use crate::plugins::{CallError, ProviderInstance};
 use crate::providers::{ProviderSet, Providers};
 
 /// How the collector behaves.
@@ -217,13 +217,10 @@ async fn delete_all(
     provider: &ProviderInstance,
     orphans: Vec<Instance>,
     parallelism: usize,
-) -> Vec<(String, Result<(), String>)> {
+) -> Vec<(String, Result<(), CallError>)> {
     futures_util::stream::iter(orphans)
         .map(|orphan| async move {
-            let result = provider
-                .delete(&orphan.provider_id)
-                .await
-                .map_err(|e| e.to_string());
+            let result = provider.delete(&orphan.provider_id).await;
             (orphan.provider_id, result)
         })
         .buffer_unordered(parallelism.max(1))

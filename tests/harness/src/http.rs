@@ -1,6 +1,6 @@
-//! Minimal HTTP on loopback: a plain GET for health checks, and a file server
-//! that serves fixed bytes at paths and counts requests (e.g. base images for
-//! the KVM provider's download-and-verify path).
+//! Minimal HTTP on loopback: a plain GET for health checks (reqwest), and a file server (axum)
+//! that serves fixed bytes at paths and counts requests (e.g. base images for the KVM provider's
+//! download-and-verify path).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -9,32 +9,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use axum::body::Body as ResponseBody;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 
-/// `GET path` over plain HTTP/1.0; returns status and body. 5 s timeout.
+/// `GET path` over plain HTTP; returns status and body. 5 s timeout.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let url = format!("http://{addr}{path}");
     let exchange = async {
-        let mut stream = TcpStream::connect(addr).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await?;
-        anyhow::Ok(buf)
+        let client = reqwest::Client::builder().no_proxy().build()?;
+        let response = client.get(&url).send().await?;
+        let status = response.status().as_u16();
+        anyhow::Ok((status, response.text().await?))
     };
-    let buf = tokio::time::timeout(Duration::from_secs(5), exchange)
+    tokio::time::timeout(Duration::from_secs(5), exchange)
         .await
-        .with_context(|| format!("GET http://{addr}{path}: timed out"))?
-        .with_context(|| format!("GET http://{addr}{path}"))?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("GET http://{addr}{path}: bad response {head:?}"))?;
-    Ok((status, body.to_owned()))
+        .with_context(|| format!("GET {url}: timed out"))?
+        .with_context(|| format!("GET {url}"))
 }
 
 /// What a path serves: bytes in memory, or a file streamed from disk (guest images are too big
@@ -51,9 +43,8 @@ struct Files {
     hits: HashMap<String, usize>,
 }
 
-/// A loopback HTTP/1.1 server for fixed content (GET and HEAD, one request per
-/// connection). Unknown paths answer 404. Runs on the tokio runtime that
-/// started it; stops when dropped.
+/// A loopback HTTP/1.1 server for fixed content (GET and HEAD). Unknown paths answer 404, other
+/// methods 405. Runs on the tokio runtime that started it; stops when dropped.
 pub struct FileServer {
     addr: SocketAddr,
     files: Arc<Mutex<Files>>,
@@ -62,20 +53,17 @@ pub struct FileServer {
 
 impl FileServer {
     pub async fn start() -> Result<FileServer> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("bind 127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let files = Arc::new(Mutex::new(Files::default()));
-        let shared = files.clone();
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(files.clone());
         let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let files = shared.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve(stream, files).await {
-                        tracing::debug!("file server: {e:#}");
-                    }
-                });
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::debug!("file server: {e:#}");
             }
         });
         Ok(FileServer { addr, files, task })
@@ -131,58 +119,58 @@ impl Drop for FileServer {
     }
 }
 
-async fn serve(stream: TcpStream, files: Arc<Mutex<Files>>) -> Result<()> {
-    let mut reader = BufReader::new(stream);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line).await?;
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).await? == 0 || header == "\r\n" || header == "\n" {
-            break;
-        }
-    }
-    let mut parts = request_line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_owned();
-    let target = parts.next().unwrap_or_default();
-    let path = target.split('?').next().unwrap_or_default().to_owned();
+/// Every request: counted by path (query aside), then answered from `files`.
+async fn serve(State(files): State<Arc<Mutex<Files>>>, method: Method, uri: Uri) -> Response {
+    let path = uri.path().to_owned();
     let body = {
         let mut files = files.lock().unwrap();
         *files.hits.entry(path.clone()).or_default() += 1;
         files.bodies.get(&path).cloned()
     };
-    let mut stream = reader.into_inner();
-    let (status, body) = match (method.as_str(), body) {
-        ("GET" | "HEAD", Some(body)) => ("200 OK", body),
-        ("GET" | "HEAD", None) => (
-            "404 Not Found",
+    let (status, body) = match (method, body) {
+        (Method::GET | Method::HEAD, Some(body)) => (StatusCode::OK, body),
+        (Method::GET | Method::HEAD, None) => (
+            StatusCode::NOT_FOUND,
             Body::Bytes(Arc::new(b"not found\n".to_vec())),
         ),
         _ => (
-            "405 Method Not Allowed",
+            StatusCode::METHOD_NOT_ALLOWED,
             Body::Bytes(Arc::new(b"method not allowed\n".to_vec())),
         ),
     };
-    let (length, file) = match body {
-        Body::Bytes(bytes) => (bytes.len() as u64, Err(bytes)),
-        Body::File(path) => {
-            let file = tokio::fs::File::open(&path)
-                .await
-                .with_context(|| format!("open {}", path.display()))?;
-            (file.metadata().await?.len(), Ok(file))
-        }
+    // hyper leaves the body out of a HEAD answer and keeps the Content-Length set here.
+    let (length, body) = match body {
+        Body::Bytes(bytes) => (bytes.len() as u64, ResponseBody::from(bytes.to_vec())),
+        Body::File(path) => match tokio::fs::File::open(&path).await {
+            Ok(file) => match file.metadata().await {
+                Ok(metadata) => (
+                    metadata.len(),
+                    ResponseBody::from_stream(tokio_util::io::ReaderStream::new(file)),
+                ),
+                Err(e) => return unreadable(&path, e),
+            },
+            Err(e) => return unreadable(&path, e),
+        },
     };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {length}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await?;
-    if method != "HEAD" {
-        match file {
-            Ok(mut file) => {
-                tokio::io::copy(&mut file, &mut stream).await?;
-            }
-            Err(bytes) => stream.write_all(&bytes).await?,
-        }
-    }
-    stream.shutdown().await?;
-    Ok(())
+    (
+        status,
+        [
+            (header::CONTENT_LENGTH, length.to_string()),
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            // One request per connection, as before: nothing outlives a dropped server.
+            (header::CONNECTION, "close".to_owned()),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// A served file that cannot be read: the test set it up wrong.
+fn unreadable(path: &std::path::Path, e: std::io::Error) -> Response {
+    tracing::debug!("file server: open {}: {e}", path.display());
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("cannot read {}: {e}\n", path.display()),
+    )
+        .into_response()
 }

@@ -193,7 +193,7 @@ impl LibvirtHub {
                 ) {
                     self.forget_material(&endpoint.secret).await;
                 }
-                warn!(hypervisor = %endpoint.label(), "cannot reach the hypervisor: {e}");
+                warn!(hypervisor = %endpoint.label(), error = %e, "cannot reach the hypervisor");
                 return Err(from_tunnel(e));
             }
         };

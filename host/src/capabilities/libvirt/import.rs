@@ -100,7 +100,7 @@ impl Hypervisor {
                 ),
                 Err(e) => warn!(
                     hypervisor = %hypervisor.host, pool, volume = name, url = %source.url,
-                    "image import failed: {e}"
+                    error = %e, "image import failed"
                 ),
             }
             hypervisor.hub.imports.finish(&key);
@@ -177,7 +177,7 @@ impl Hypervisor {
             Err(e) => Err(e),
         };
         if let Err(cleanup) = self.delete_volume(pool.clone(), staging.clone()).await {
-            warn!(hypervisor = %self.host, pool, volume = staging, "cannot remove the staging volume: {cleanup}");
+            warn!(hypervisor = %self.host, pool, volume = staging, error = %cleanup, "cannot remove the staging volume");
         }
         copied?;
         self.refresh_pool(pool.clone()).await?;
