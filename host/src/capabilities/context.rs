@@ -28,8 +28,8 @@ pub struct CallContext {
     pub http: http::HttpCapability,
     pub libvirt: libvirt::LibvirtCapability,
     pub kube: kube::KubeCapability,
-    /// How many more lines the plugin may log now (shared by the instance's calls).
-    pub log_budget: log::LogBudget,
+    /// Where the plugin's log lines go, with their rate budget (shared by the instance's calls).
+    pub log: log::PluginLog,
 }
 
 impl CallContext {
@@ -53,7 +53,7 @@ impl CallContext {
                 grants.kube.as_ref(),
                 resources.kube.clone(),
             ),
-            log_budget: log::LogBudget::default(),
+            log: log::PluginLog::new(plugin, provider),
         })
     }
 
@@ -65,7 +65,7 @@ impl CallContext {
             http: http::HttpCapability::bind(None).expect("no grant builds no client"),
             libvirt: libvirt::LibvirtCapability::bind(None, None),
             kube: kube::KubeCapability::bind("(loading)", None, None),
-            log_budget: log::LogBudget::default(),
+            log: log::PluginLog::new(plugin, "(loading)"),
         }
     }
 }

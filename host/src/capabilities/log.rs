@@ -4,14 +4,30 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::CallContext;
-
 const MAX_MESSAGE_CHARS: usize = 4096;
 const MAX_FIELDS: usize = 32;
 /// Lines one provider instance (all its calls together) may log per second, on average.
 pub const LOG_LINES_PER_SECOND: f64 = 50.0;
 /// Lines it may log at once before the rate applies.
 pub const LOG_BURST: f64 = 200.0;
+
+/// Where a provider instance's plugin log lines go: its names, and its rate budget.
+#[derive(Debug)]
+pub struct PluginLog {
+    pub plugin: String,
+    pub provider: String,
+    budget: LogBudget,
+}
+
+impl PluginLog {
+    pub fn new(plugin: &str, provider: &str) -> Self {
+        PluginLog {
+            plugin: plugin.to_string(),
+            provider: provider.to_string(),
+            budget: LogBudget::default(),
+        }
+    }
+}
 
 /// A token bucket per provider instance, shared by all its calls. Written here rather than taken
 /// from a rate-limiting crate: it is one counter and a timestamp under a lock.
@@ -79,9 +95,9 @@ fn truncate(text: &str) -> &str {
 }
 
 /// Writes one plugin log line.
-pub fn log(context: &CallContext, level: Level, message: &str, fields: &[(String, String)]) {
-    let (plugin, provider) = (context.plugin.as_str(), context.provider.as_str());
-    match context.log_budget.admit() {
+pub fn log(log: &PluginLog, level: Level, message: &str, fields: &[(String, String)]) {
+    let (plugin, provider) = (log.plugin.as_str(), log.provider.as_str());
+    match log.budget.admit() {
         Admit::Drop { first: true } => {
             tracing::warn!(
                 target: "plugin",

@@ -155,7 +155,7 @@ impl log::Host for HostState {
             log::Level::Warn => log_cap::Level::Warn,
             log::Level::Error => log_cap::Level::Error,
         };
-        log_cap::log(&self.context, level, &message, &fields);
+        log_cap::log(&self.context.log, level, &message, &fields);
     }
 }
 
