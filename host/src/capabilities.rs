@@ -5,6 +5,7 @@
 //! entered.
 
 mod context;
+mod declared;
 pub mod grants;
 pub mod http;
 pub mod kube;
@@ -12,4 +13,5 @@ pub mod libvirt;
 pub mod log;
 
 pub use context::{CallContext, HostResources};
+pub use declared::Declared;
 pub use grants::{GrantError, Grants, ValidGrants};

@@ -21,7 +21,7 @@ use prometheus::{IntCounterVec, Opts, Registry};
 
 pub use assembly::Change;
 use assembly::{Assembly, Mode};
-pub use sources::{MAX_PLUGIN_BYTES, PluginFiles, RegistryOptions, decode_configmap};
+pub use sources::{MAX_PLUGIN_BYTES, PackedPlugin, PluginFiles, RegistryOptions, decode_configmap};
 use sources::{Sources, Unresolved};
 
 use crate::config::{ConfigError, ProviderEntry, ProvidersConfig};
@@ -60,7 +60,7 @@ struct State {
     config: ProvidersConfig,
     config_text: String,
     /// `<type>` → component bytes, from the ConfigMap.
-    configmap: BTreeMap<String, Vec<u8>>,
+    configmap: PluginFiles,
     /// Loaded components by digest: swapping back and forth never compiles twice.
     loaded: HashMap<String, Arc<LoadedPlugin>>,
     /// What serves each provider instance now, with the entry it was bound from.
@@ -196,7 +196,7 @@ impl PluginRegistry {
 
     /// Applies new ConfigMap content: changed plugins are loaded and swapped in, removed ones
     /// fall back to the built-in directory or become `PluginNotLoaded`.
-    pub async fn apply_configmap(&self, content: BTreeMap<String, Vec<u8>>) -> Vec<Change> {
+    pub async fn apply_configmap(&self, content: PluginFiles) -> Vec<Change> {
         let mut state = self.state.lock().await;
         if state.configmap == content {
             return Vec::new();

@@ -14,7 +14,7 @@ use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
 use proxy_operator::capabilities::libvirt::{
     DomainState, Hypervisor, ImageSource, LibvirtError, LibvirtHub, MaterialSource,
 };
-use proxy_operator::capabilities::{CallContext, Grants, HostResources};
+use proxy_operator::capabilities::{CallContext, Declared, Grants, HostResources};
 use sha2::{Digest, Sha256};
 
 const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
@@ -43,6 +43,7 @@ fn context(grants: &Grants, hub: Arc<LibvirtHub>) -> Arc<CallContext> {
         CallContext::bind(
             "kvm-test",
             "kvm",
+            Declared::ALL,
             &grants.validate().unwrap(),
             &HostResources {
                 libvirt: Some(hub),

@@ -276,3 +276,108 @@ async fn an_ordinary_request_gets_the_injected_credential() {
         )]
     );
 }
+
+/// `size` zero bytes, gzipped (a few hundred KiB for hundreds of MiB).
+fn gzip_bomb(size: u64) -> Vec<u8> {
+    use std::io::Read;
+    // Best compression: zeros shrink ~1000 times, so the bomb fits a ConfigMap (1 MiB).
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::copy(&mut std::io::repeat(0).take(size), &mut encoder).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_in_the_plugins_configmap_is_refused() {
+    use proxy_operator::registry::{
+        Change, PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.yaml");
+    std::fs::write(&config, "providers:\n- {name: bombed, type: bomb}\n").unwrap();
+    let (engine, _) = engine_with(test_options()).await;
+    let registry = PluginRegistry::start(
+        engine,
+        RegistryOptions {
+            plugins_dir: dir.path().to_path_buf(),
+            configmap: Some(("proxy-operator".into(), "plugins".into())),
+            download_dir: None,
+        },
+        &config,
+        None,
+        RegistryMetrics::unregistered().unwrap(),
+    )
+    .await
+    .unwrap();
+    // 300 MiB of zeros: over the 256 MiB bound once inflated.
+    let bomb = gzip_bomb(300 << 20);
+    assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+    // Under a key no provider instance names, it is never inflated: `bombed` is still only
+    // missing its plugin.
+    let unused = std::collections::BTreeMap::from([(
+        "unused".to_string(),
+        PackedPlugin::gzipped(bomb.clone()),
+    )]);
+    for change in registry.apply_configmap(unused).await {
+        let Change::Refused { reason, .. } = &change else {
+            panic!("{change:?}")
+        };
+        assert!(reason.contains("no plugin `bomb`"), "{reason}");
+    }
+    // Under the key of a provider instance, inflating stops at the bound and says so.
+    let used =
+        std::collections::BTreeMap::from([("bomb".to_string(), PackedPlugin::gzipped(bomb))]);
+    let changes = registry.apply_configmap(used).await;
+    let [
+        Change::Refused {
+            provider,
+            reason,
+            from_configmap,
+            ..
+        },
+    ] = changes.as_slice()
+    else {
+        panic!("{changes:?}")
+    };
+    assert_eq!(provider, "bombed");
+    assert!(*from_configmap);
+    assert!(
+        reason.contains("larger than 256 MiB decompressed"),
+        "{reason}"
+    );
+    let providers = registry.providers().current();
+    assert!(providers.get("bombed").is_none());
+    assert!(
+        providers
+            .not_loaded("bombed")
+            .unwrap()
+            .reason
+            .contains("256 MiB")
+    );
+}
+
+/// The hostile plugin declares `log` and `http` only: its calls into `kube` and `libvirt` are
+/// refused even where its provider instance is granted them.
+#[rstest]
+#[case::kube_granted_but_undeclared(
+    "undeclared-kube",
+    serde_json::json!({"kube": {"namespace": "proxies", "kinds": ["v1/ConfigMap"]}}),
+    "does not declare the `kube` capability"
+)]
+#[case::libvirt_granted_but_undeclared(
+    "undeclared-libvirt",
+    serde_json::json!({"libvirt": {"hosts": [{"name": "hv1", "address": "127.0.0.1", "user": "virt"}]}}),
+    "does not declare the `libvirt` capability"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_into_undeclared_capabilities_are_refused(
+    #[case] attempt: &str,
+    #[case] grants: serde_json::Value,
+    #[case] says: &str,
+) {
+    let grants: Grants = serde_json::from_value(grants).unwrap();
+    let provider = hostile_with(serde_json::json!({ "attempt": attempt }), grants).await;
+    let ProviderError::Denied(message) = provider_error(provider.create(spec()).await) else {
+        panic!()
+    };
+    assert!(message.contains(says), "{message}");
+}

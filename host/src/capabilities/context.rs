@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::Declared;
 use super::grants::{GrantError, ValidGrants};
 use super::{http, kube, libvirt, log};
 
@@ -33,27 +34,31 @@ pub struct CallContext {
 }
 
 impl CallContext {
-    /// Binds every capability of a provider instance from its valid grants.
+    /// Binds every capability of a provider instance from its valid grants; a capability the
+    /// plugin did not declare refuses its calls.
     pub fn bind(
         provider: &str,
         plugin: &str,
+        declared: Declared,
         grants: &ValidGrants,
         resources: &HostResources,
     ) -> Result<Self, GrantError> {
         Ok(CallContext {
             provider: provider.to_string(),
             plugin: plugin.to_string(),
-            http: http::HttpCapability::bind(grants.http.as_ref())?,
+            http: http::HttpCapability::bind(grants.http.as_ref(), declared.http)?,
             libvirt: libvirt::LibvirtCapability::bind(
                 grants.libvirt.as_ref(),
                 resources.libvirt.clone(),
+                declared.libvirt,
             ),
             kube: kube::KubeCapability::bind(
                 provider,
                 grants.kube.as_ref(),
                 resources.kube.clone(),
+                declared.kube,
             ),
-            log: log::PluginLog::new(plugin, provider),
+            log: log::PluginLog::new(plugin, provider, declared.log),
         })
     }
 
@@ -62,10 +67,10 @@ impl CallContext {
         CallContext {
             provider: "(loading)".to_string(),
             plugin: plugin.to_string(),
-            http: http::HttpCapability::bind(None).expect("no grant builds no client"),
-            libvirt: libvirt::LibvirtCapability::bind(None, None),
-            kube: kube::KubeCapability::bind("(loading)", None, None),
-            log: log::PluginLog::new(plugin, "(loading)"),
+            http: http::HttpCapability::bind(None, true).expect("no grant builds no client"),
+            libvirt: libvirt::LibvirtCapability::bind(None, None, true),
+            kube: kube::KubeCapability::bind("(loading)", None, None, true),
+            log: log::PluginLog::new(plugin, "(loading)", true),
         }
     }
 }

@@ -81,12 +81,14 @@ pub struct HttpCapability {
     max_response_bytes: usize,
     timeout: Duration,
     client: Option<reqwest::Client>,
+    /// Whether the plugin declared `http`; if not, its requests are refused.
+    declared: bool,
 }
 
 impl HttpCapability {
     /// Binds a valid grant: its own client, and a token source per service-account key.
     /// `None` grants nothing (every request is denied).
-    pub fn bind(grant: Option<&ValidHttpGrant>) -> Result<Self, GrantError> {
+    pub fn bind(grant: Option<&ValidHttpGrant>, declared: bool) -> Result<Self, GrantError> {
         let Some(grant) = grant else {
             return Ok(HttpCapability {
                 allow: Vec::new(),
@@ -95,6 +97,7 @@ impl HttpCapability {
                 max_response_bytes: 0,
                 timeout: Duration::from_secs(30),
                 client: None,
+                declared,
             });
         };
         let credentials = grant
@@ -133,6 +136,7 @@ impl HttpCapability {
             max_response_bytes: grant.max_response_bytes,
             timeout: grant.timeout,
             client: Some(client),
+            declared,
         })
     }
 
@@ -201,6 +205,9 @@ impl HttpCapability {
         provider: &str,
         request: HttpRequest,
     ) -> Result<HttpResponse, HttpError> {
+        if !self.declared {
+            return Err(HttpError::Denied(super::declared::undeclared("http")));
+        }
         let url = url::Url::parse(&request.url)
             .map_err(|e| HttpError::InvalidRequest(format!("url `{}`: {e}", request.url)))?;
         self.check(&url)?;

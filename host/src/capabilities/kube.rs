@@ -52,6 +52,8 @@ pub struct KubeCapability {
     client: Option<kube::Client>,
     /// Kinds resolved through API discovery, shared by the calls of this provider instance.
     resolved: Arc<Mutex<HashMap<(String, String), ApiResource>>>,
+    /// Whether the plugin declared `kube`; if not, its calls are refused.
+    declared: bool,
 }
 
 impl std::fmt::Debug for KubeCapability {
@@ -71,6 +73,7 @@ impl KubeCapability {
         provider: &str,
         grant: Option<&ValidKubeGrant>,
         client: Option<kube::Client>,
+        declared: bool,
     ) -> Self {
         KubeCapability {
             provider: provider.to_string(),
@@ -85,6 +88,7 @@ impl KubeCapability {
                 .unwrap_or_default(),
             client,
             resolved: Arc::default(),
+            declared,
         }
     }
 
@@ -219,6 +223,9 @@ impl KubeCapability {
 
     /// The granted namespace, if `apiVersion/kind` is granted.
     fn granted(&self, api_version: &str, kind: &str) -> Result<&str> {
+        if !self.declared {
+            return Err(KubeError::Denied(super::declared::undeclared("kube")));
+        }
         let Some(namespace) = &self.namespace else {
             return Err(KubeError::Denied(
                 "no Kubernetes objects are granted; add grants.kube {namespace, kinds} to this provider instance".into(),
@@ -387,7 +394,12 @@ mod tests {
     }
 
     fn bound(grant: &KubeGrant) -> KubeCapability {
-        KubeCapability::bind("p", Some(&ValidKubeGrant::parse(grant).unwrap()), None)
+        KubeCapability::bind(
+            "p",
+            Some(&ValidKubeGrant::parse(grant).unwrap()),
+            None,
+            true,
+        )
     }
 
     #[test]
@@ -457,7 +469,7 @@ mod tests {
 
     #[tokio::test]
     async fn calls_outside_the_grant_are_denied_before_any_request() {
-        let none = KubeCapability::bind("p", None, None);
+        let none = KubeCapability::bind("p", None, None, true);
         assert!(
             matches!(none.get("v1", "Pod", "x").await, Err(KubeError::Denied(m)) if m.contains("grants.kube"))
         );

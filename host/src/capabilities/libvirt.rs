@@ -35,21 +35,31 @@ pub struct LibvirtCapability {
     hosts: Vec<HypervisorGrant>,
     /// `None`: the process has no SSH material (e.g. `plugin run` without `--ssh-key`).
     hub: Option<Arc<LibvirtHub>>,
+    /// Whether the plugin declared `libvirt`; if not, opening a hypervisor is refused.
+    declared: bool,
 }
 
 impl LibvirtCapability {
     /// Binds a valid grant to the process's connections and SSH material. `None` grants no
     /// hypervisor.
-    pub fn bind(grant: Option<&ValidLibvirtGrant>, hub: Option<Arc<LibvirtHub>>) -> Self {
+    pub fn bind(
+        grant: Option<&ValidLibvirtGrant>,
+        hub: Option<Arc<LibvirtHub>>,
+        declared: bool,
+    ) -> Self {
         LibvirtCapability {
             secret: grant.map_or_else(|| DEFAULT_SSH_SECRET.into(), |g| g.secret.clone()),
             hosts: grant.map(|g| g.hosts.clone()).unwrap_or_default(),
             hub,
+            declared,
         }
     }
 
     /// A handle on hypervisor `name`, if the grant lists it. Nothing is connected yet.
     pub fn open(&self, name: &str) -> Result<Hypervisor, LibvirtError> {
+        if !self.declared {
+            return Err(LibvirtError::Denied(super::declared::undeclared("libvirt")));
+        }
         let Some(grant) = self.hosts.iter().find(|h| h.name == name) else {
             return Err(LibvirtError::Denied(format!(
                 "hypervisor `{name}` is not in this provider instance's grants.libvirt.hosts ({})",
@@ -101,7 +111,7 @@ mod tests {
             known_hosts: String::new(),
         };
         let hub = LibvirtHub::new(MaterialSource::Static(material), std::env::temp_dir());
-        Ok(LibvirtCapability::bind(Some(&grant), Some(hub)))
+        Ok(LibvirtCapability::bind(Some(&grant), Some(hub), true))
     }
 
     #[test]
@@ -135,7 +145,7 @@ mod tests {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("hv2") && m.contains("hv1"), "{m}"),
             other => panic!("{other:?}"),
         }
-        match LibvirtCapability::bind(None, None).open("hv1") {
+        match LibvirtCapability::bind(None, None, true).open("hv1") {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("nothing is granted"), "{m}"),
             other => panic!("{other:?}"),
         }
@@ -143,7 +153,7 @@ mod tests {
         let grant: LibvirtGrant =
             serde_yaml_ng::from_str("hosts: [{name: hv1, address: 10.0.0.1, user: virt}]").unwrap();
         let grant = ValidLibvirtGrant::parse(&grant).unwrap();
-        match LibvirtCapability::bind(Some(&grant), None).open("hv1") {
+        match LibvirtCapability::bind(Some(&grant), None, true).open("hv1") {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("no SSH material"), "{m}"),
             other => panic!("{other:?}"),
         }

@@ -17,14 +17,19 @@ pub struct PluginLog {
     pub plugin: String,
     pub provider: String,
     budget: LogBudget,
+    /// Whether the plugin declared `log`; if not, its lines are dropped (said once).
+    declared: bool,
+    undeclared_said: std::sync::atomic::AtomicBool,
 }
 
 impl PluginLog {
-    pub fn new(plugin: &str, provider: &str) -> Self {
+    pub fn new(plugin: &str, provider: &str, declared: bool) -> Self {
         PluginLog {
             plugin: plugin.to_string(),
             provider: provider.to_string(),
             budget: LogBudget::default(),
+            declared,
+            undeclared_said: Default::default(),
         }
     }
 }
@@ -97,6 +102,16 @@ fn truncate(text: &str) -> &str {
 /// Writes one plugin log line.
 pub fn log(log: &PluginLog, level: Level, message: &str, fields: &[(String, String)]) {
     let (plugin, provider) = (log.plugin.as_str(), log.provider.as_str());
+    if !log.declared {
+        if !log
+            .undeclared_said
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let refusal = super::declared::undeclared("log");
+            tracing::warn!(target: "plugin", plugin, provider, "{refusal}");
+        }
+        return;
+    }
     match log.budget.admit() {
         Admit::Drop { first: true } => {
             tracing::warn!(

@@ -14,8 +14,9 @@ use super::engine::PluginEngine;
 use super::error::CallError;
 use super::load::LoadedPlugin;
 use super::state::HostState;
+use super::types::Capability;
 use super::types::{CheckTarget, Instance, InstanceSpec, ProviderError};
-use crate::capabilities::{CallContext, GrantError, HostResources, ValidGrants};
+use crate::capabilities::{CallContext, Declared, GrantError, HostResources, ValidGrants};
 
 /// Per-provider-instance settings.
 #[derive(Debug, Clone)]
@@ -76,9 +77,17 @@ impl ProviderInstance {
             libvirt: engine.options.libvirt.clone(),
             kube: engine.options.kube.clone(),
         };
+        let declares = |c: Capability| plugin.info.capabilities.contains(&c);
+        let declared = Declared {
+            log: declares(Capability::Log),
+            http: declares(Capability::Http),
+            kube: declares(Capability::Kube),
+            libvirt: declares(Capability::Libvirt),
+        };
         let context = Arc::new(CallContext::bind(
             name,
             &plugin.info.name,
+            declared,
             grants,
             &resources,
         )?);

@@ -67,14 +67,19 @@ impl Sources {
                 bytes: Arc::new(bytes),
                 from_configmap: false,
             }
-        } else if let Some(bytes) = configmap.get(&entry.provider_type) {
+        } else if let Some(packed) = configmap.get(&entry.provider_type) {
             let (namespace, name) = self.options.configmap.clone().unwrap_or_default();
+            let source = format!(
+                "configmap {namespace}/{name} key {}.wasm",
+                entry.provider_type
+            );
+            let bytes = packed
+                .unpack(MAX_PLUGIN_BYTES)
+                .await
+                .map_err(|e| Unresolved::Refused(format!("{source}: {e}"), true))?;
             Resolved {
-                source: format!(
-                    "configmap {namespace}/{name} key {}.wasm",
-                    entry.provider_type
-                ),
-                bytes: Arc::new(bytes.clone()),
+                source,
+                bytes: Arc::new(bytes),
                 from_configmap: true,
             }
         } else {
@@ -181,19 +186,84 @@ impl Sources {
     }
 }
 
-/// Plugin components by type.
-pub type PluginFiles = BTreeMap<String, Vec<u8>>;
+/// Plugin components by type, as the ConfigMap holds them.
+pub type PluginFiles = BTreeMap<String, PackedPlugin>;
 
-/// `<type>.wasm` and `<type>.wasm.gz` keys of `binaryData` (gzip decoded); what was skipped
+/// A component as the plugins ConfigMap holds it: a gzipped one is inflated only when a provider
+/// instance names its type, off the async runtime and with a size bound, so a gzip bomb under a
+/// key nobody uses costs nothing and one that is used is refused early.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PackedPlugin {
+    bytes: Vec<u8>,
+    gzipped: bool,
+}
+
+impl std::fmt::Debug for PackedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PackedPlugin({} bytes{})",
+            self.bytes.len(),
+            if self.gzipped { ", gzip" } else { "" }
+        )
+    }
+}
+
+impl PackedPlugin {
+    /// A `<type>.wasm` key.
+    pub fn plain(bytes: Vec<u8>) -> Self {
+        PackedPlugin {
+            bytes,
+            gzipped: false,
+        }
+    }
+
+    /// A `<type>.wasm.gz` key.
+    pub fn gzipped(bytes: Vec<u8>) -> Self {
+        PackedPlugin {
+            bytes,
+            gzipped: true,
+        }
+    }
+
+    /// The component's bytes: inflated (on a blocking thread) to at most `limit` bytes.
+    pub async fn unpack(&self, limit: u64) -> Result<Vec<u8>, String> {
+        if !self.gzipped {
+            return Ok(self.bytes.clone());
+        }
+        let bytes = self.bytes.clone();
+        tokio::task::spawn_blocking(move || inflate(&bytes, limit))
+            .await
+            .map_err(|e| format!("inflating: {e}"))?
+    }
+}
+
+/// Gzip-decoded `bytes`, refused past `limit` bytes without reading further.
+fn inflate(bytes: &[u8], limit: u64) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("not valid gzip: {e}"))?;
+    if out.len() as u64 > limit {
+        return Err(format!(
+            "larger than {} MiB decompressed; refused",
+            limit >> 20
+        ));
+    }
+    Ok(out)
+}
+
+/// `<type>.wasm` and `<type>.wasm.gz` keys of `binaryData` (still packed); what was skipped
 /// (key, why).
 pub fn decode_configmap(map: &ConfigMap) -> (PluginFiles, Vec<(String, String)>) {
     let mut content = BTreeMap::new();
     let mut skipped = Vec::new();
     for (key, value) in map.binary_data.iter().flatten() {
-        let (plugin_type, gzipped) = if let Some(t) = key.strip_suffix(".wasm.gz") {
-            (t, true)
+        let (plugin_type, packed) = if let Some(t) = key.strip_suffix(".wasm.gz") {
+            (t, PackedPlugin::gzipped(value.0.clone()))
         } else if let Some(t) = key.strip_suffix(".wasm") {
-            (t, false)
+            (t, PackedPlugin::plain(value.0.clone()))
         } else {
             skipped.push((key.clone(), "not `<type>.wasm` or `<type>.wasm.gz`".into()));
             continue;
@@ -205,25 +275,7 @@ pub fn decode_configmap(map: &ConfigMap) -> (PluginFiles, Vec<(String, String)>)
             ));
             continue;
         }
-        let bytes = if gzipped {
-            let mut out = Vec::new();
-            let decoder = flate2::read::GzDecoder::new(value.0.as_slice());
-            match decoder.take(MAX_PLUGIN_BYTES + 1).read_to_end(&mut out) {
-                Ok(_) if out.len() as u64 <= MAX_PLUGIN_BYTES => out,
-                Ok(_) => {
-                    skipped.push((key.clone(), "larger than 256 MiB decompressed".into()));
-                    continue;
-                }
-                Err(e) => {
-                    // Keep the (broken) bytes: loading them fails and is reported like any bad plugin.
-                    tracing::warn!(%key, error = %e, "not valid gzip");
-                    value.0.clone()
-                }
-            }
-        } else {
-            value.0.clone()
-        };
-        content.insert(plugin_type.to_string(), bytes);
+        content.insert(plugin_type.to_string(), packed);
     }
     for key in map.data.iter().flatten().map(|(k, _)| k) {
         if key.ends_with(".wasm") || key.ends_with(".wasm.gz") {
@@ -298,19 +350,38 @@ mod tests {
         );
         let (content, skipped) = decode_configmap(&map);
         assert_eq!(content.keys().collect::<Vec<_>>(), ["gcp", "kvm"]);
-        assert_eq!(content["gcp"], b"\0asm-gcp");
+        assert_eq!(content["gcp"], PackedPlugin::gzipped(gzip(b"\0asm-gcp")));
+        assert_eq!(content["kvm"], PackedPlugin::plain(b"\0asm-kvm".to_vec()));
         let skipped: BTreeMap<_, _> = skipped.into_iter().collect();
         assert!(skipped["readme.txt"].contains("not `<type>.wasm`"));
         assert!(skipped["Bad_Type.wasm"].contains("lowercase"));
         assert!(skipped["text.wasm"].contains("binaryData"));
     }
 
-    #[test]
-    fn broken_gzip_is_kept_to_fail_loading_like_any_bad_plugin() {
-        let map = configmap(&[("kvm.wasm.gz", b"not gzip".to_vec())], &[]);
-        let (content, skipped) = decode_configmap(&map);
-        assert_eq!(content["kvm"], b"not gzip");
-        assert!(skipped.is_empty());
+    #[tokio::test]
+    async fn gzip_is_inflated_only_when_unpacked_and_only_up_to_the_limit() {
+        let packed = PackedPlugin::gzipped(gzip(b"\0asm-gcp"));
+        assert_eq!(packed.unpack(1 << 20).await.unwrap(), b"\0asm-gcp");
+        // A bomb: 4 MiB of zeros in a few KiB; with a 1 MiB limit it stops after 1 MiB + 1.
+        let bomb = PackedPlugin::gzipped(gzip(&vec![0; 4 << 20]));
+        assert!(bomb.bytes.len() < 64 << 10);
+        let refused = bomb.unpack(1 << 20).await.unwrap_err();
+        assert!(
+            refused.contains("larger than 1 MiB decompressed"),
+            "{refused}"
+        );
+        let broken = PackedPlugin::gzipped(b"not gzip".to_vec());
+        assert!(
+            broken
+                .unpack(1 << 20)
+                .await
+                .unwrap_err()
+                .contains("not valid gzip")
+        );
+        assert_eq!(
+            PackedPlugin::plain(b"x".to_vec()).unpack(0).await.unwrap(),
+            b"x"
+        );
     }
 
     #[test]

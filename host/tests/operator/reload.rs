@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
 use proxy_operator::controller::{self, Context};
 use proxy_operator::providerhealth::{HealthMetrics, pass};
-use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
+use proxy_operator::registry::{PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions};
 use sha2::{Digest, Sha256};
 
 use super::common::{InstanceStore, engine_with, plugin_bytes, test_options};
@@ -409,7 +409,10 @@ async fn a_digest_pin_refuses_other_bytes() {
     .await;
     let changes = setup
         .registry
-        .apply_configmap(BTreeMap::from([("pin".to_string(), v2.clone())]))
+        .apply_configmap(BTreeMap::from([(
+            "pin".to_string(),
+            PackedPlugin::plain(v2.clone()),
+        )]))
         .await;
     assert_eq!(changes.len(), 1, "{changes:?}");
     let current = setup.registry.providers().current();
@@ -421,7 +424,10 @@ async fn a_digest_pin_refuses_other_bytes() {
     );
     setup
         .registry
-        .apply_configmap(BTreeMap::from([("pin".to_string(), v1.clone())]))
+        .apply_configmap(BTreeMap::from([(
+            "pin".to_string(),
+            PackedPlugin::plain(v1.clone()),
+        )]))
         .await;
     assert_eq!(setup.serving_sha("pinned"), Some(sha(&v1)));
 }
@@ -488,7 +494,10 @@ async fn the_providers_config_is_reloaded_only_when_valid() {
     .await;
     setup
         .registry
-        .apply_configmap(BTreeMap::from([("cfg".to_string(), version(1))]))
+        .apply_configmap(BTreeMap::from([(
+            "cfg".to_string(),
+            PackedPlugin::plain(version(1)),
+        )]))
         .await;
     assert!(setup.serving_sha("first").is_some());
 

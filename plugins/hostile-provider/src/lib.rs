@@ -3,7 +3,7 @@
 //! somebody else could do to the operator that runs it. The host must bound or refuse all of
 //! them.
 
-use proxy_operator_sdk::capabilities::{self, Level};
+use proxy_operator_sdk::capabilities::{self, Level, kube, libvirt};
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, InstanceState, PluginInfo, Provider,
     ProviderError, export_provider, transient,
@@ -75,6 +75,15 @@ fn attempt(config: &Config) -> Result<Instance, ProviderError> {
                 Err(e) => Err(ProviderError::Denied(format!("{e:?}"))),
             }
         }
+        // A call into a capability it did not declare (granted or not).
+        "undeclared-kube" => match kube::list("v1", "ConfigMap", None) {
+            Ok(_) => Ok(instance(0, Some("listed".into()))),
+            Err(e) => Err(ProviderError::Denied(format!("{e:?}"))),
+        },
+        "undeclared-libvirt" => match libvirt::Hypervisor::open("hv1") {
+            Ok(_) => Ok(instance(0, Some("opened".into()))),
+            Err(e) => Err(ProviderError::Denied(format!("{e:?}"))),
+        },
         _ => Ok(instance(0, None)),
     }
 }
@@ -87,7 +96,8 @@ impl Provider for Hostile {
             name: "hostile".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             description: "Tries to escape the sandbox (tests only)".into(),
-            capabilities: vec![Capability::Log],
+            // Not `kube` or `libvirt`: the tests check that calls into them are refused.
+            capabilities: vec![Capability::Log, Capability::Http],
             config_schema: String::new(),
         }
     }
