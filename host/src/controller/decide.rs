@@ -459,6 +459,23 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
     }
 }
 
+/// Whether the recorded instance may be deleted for the Proxy with `uid`: not when the provider
+/// lists another Proxy as its owner (a `providerID` edited to point at somebody else's instance).
+/// `None`: go ahead; `Some(note)`: the refusal to publish, and nothing is deleted.
+pub fn refuse_foreign_delete(proxy: &Proxy, instance: &Instance) -> Option<Note> {
+    let uid = proxy.uid().unwrap_or_default();
+    let owner = instance.owner.as_ref()?;
+    (owner.uid != uid).then(|| {
+        Note::warning(
+            "DeleteRefused",
+            format!(
+                "instance {} belongs to Proxy {}/{} (uid {}), not to this one: not deleted; status.providerID was changed by hand?",
+                instance.provider_id, owner.namespace, owner.name, owner.uid
+            ),
+        )
+    })
+}
+
 /// The instances of a provider's `list` that belong to the Proxy with `uid`.
 pub fn owned_by(instances: Vec<Instance>, uid: &str) -> Vec<String> {
     instances

@@ -330,7 +330,26 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
         }
     }
     let ids = match recorded {
-        Some(id) => vec![id],
+        Some(id) => match provider.get(&id).await {
+            // The owner the provider lists decides, not the (editable) status.
+            Ok(instance) => match decide::refuse_foreign_delete(proxy, &instance) {
+                Some(refusal) => {
+                    publish(ctx, proxy, vec![refusal]).await;
+                    return Ok(Action::await_change());
+                }
+                None => vec![id],
+            },
+            Err(CallError::Provider {
+                error: ProviderError::NotFound(_),
+                ..
+            }) => Vec::new(),
+            // The owner cannot be checked; a provider that cannot `get` must still let the Proxy
+            // go, so the delete is tried as before.
+            Err(e) => {
+                tracing::debug!(error = %e, instance = %id, "cannot check the instance's owner before deleting");
+                vec![id]
+            }
+        },
         None => match provider.list().await {
             Ok(instances) => decide::owned_by(instances, &proxy.uid().unwrap_or_default()),
             Err(e) => {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use harness::{ControlPlane, TestNamespace};
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{Phase, Proxy};
 use proxy_operator::config::ProvidersConfig;
 use proxy_operator::controller::{self, Context, instance_name};
@@ -1209,4 +1209,55 @@ async fn an_instance_deleted_behind_the_operators_back_is_reported_or_recreated(
         1,
         "a new instance for the Proxy that asked for it"
     );
+}
+
+/// A `providerID` edited to point at another Proxy's instance: deleting the edited Proxy does not
+/// delete the victim's instance (the owner the provider lists decides), and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-foreign-delete").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    let victim = apply_ready(cp, &ns, &api, "victim").await;
+    let victim_id = victim.status.unwrap().provider_id.unwrap();
+    apply_ready(cp, &ns, &api, "attacker").await;
+    let patch = serde_json::json!({ "status": { "providerID": victim_id } });
+    api.patch_status("attacker", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(&api, "attacker", "pointing at the victim", |p| {
+        p.and_then(|p| p.status.as_ref()?.provider_id.clone()) == Some(victim_id.clone())
+    })
+    .await;
+    api.delete("attacker", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(&api, "attacker", "gone", |p| p.is_none()).await;
+    assert!(
+        store.ids().contains(&victim_id),
+        "the victim's instance was deleted"
+    );
+    let victim = api.get("victim").await.unwrap();
+    assert_eq!(
+        victim.status.unwrap().phase,
+        Some(proxy_operator::api::Phase::Ready)
+    );
+    let events = cp
+        .kubectl_run(
+            &["get", "events.events.k8s.io", "-n", ns.name(), "-o", "json"],
+            None,
+        )
+        .await
+        .unwrap();
+    let events: serde_json::Value = serde_json::from_str(&events).unwrap();
+    let refused = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "DeleteRefused")
+        .expect("a DeleteRefused event");
+    let note = refused["note"].as_str().unwrap();
+    assert!(note.contains(&format!("{}/victim", ns.name())), "{note}");
 }

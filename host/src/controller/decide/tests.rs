@@ -369,3 +369,31 @@ fn a_failed_delete_is_retried_slowly_when_permanent() {
         }
     );
 }
+
+#[test]
+fn an_instance_listed_as_another_proxys_is_never_deleted() {
+    let owner = |uid: &str| Owner {
+        namespace: "crawlers".into(),
+        name: "victim".into(),
+        uid: uid.into(),
+        operator_id: "op".into(),
+    };
+    let with_owner = |o: Option<Owner>| Instance {
+        owner: o,
+        ..instance(InstanceState::Running, None)
+    };
+    let p = proxy(1, None);
+    let refused = refuse_foreign_delete(&p, &with_owner(Some(owner("u-victim")))).unwrap();
+    assert_eq!(refused.reason, "DeleteRefused");
+    assert!(
+        refused.message.contains("crawlers/victim"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(
+        refuse_foreign_delete(&p, &with_owner(Some(owner("u-1")))),
+        None
+    );
+    // A provider that reports no owner cannot be checked: the delete goes ahead.
+    assert_eq!(refuse_foreign_delete(&p, &with_owner(None)), None);
+}
