@@ -54,8 +54,15 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum PluginCommand {
-    /// Show a component's WIT version, exports, imports, capabilities, size and sha256.
-    Inspect { file: PathBuf },
+    /// Show a component's WIT version, exports, imports, capabilities, size and sha256; with
+    /// `--config`, also which capabilities it declares against those the entry grants.
+    Inspect {
+        file: PathBuf,
+        /// A providers-config entry (YAML or JSON) whose `grants` to compare with the declared
+        /// capabilities.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Load a component in the real runtime and run `validate-config` on a provider instance.
     Validate {
         file: PathBuf,
@@ -146,7 +153,9 @@ async fn main() -> ExitCode {
             };
         }
         Command::Plugin { command } => match command {
-            PluginCommand::Inspect { file } => plugin::inspect(file).await,
+            PluginCommand::Inspect { file, config } => {
+                plugin::inspect(file, config.as_deref()).await
+            }
             PluginCommand::Validate { file, config } => plugin::validate(file, config).await,
             PluginCommand::Run {
                 file,

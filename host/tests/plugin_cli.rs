@@ -55,6 +55,40 @@ fn inspect_shows_version_exports_capabilities_and_digest() {
     assert_eq!(out["sha256"], hex::encode(sha2::Sha256::digest(&bytes)));
 }
 
+/// With a providers-config entry, inspect says per capability what is declared, granted and
+/// therefore usable: a grant the plugin does not declare gets it nothing.
+#[test]
+fn inspect_shows_declared_against_granted_capabilities() {
+    let plugin = plugin_path("test");
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        "config: {endpoint: \"memory:1\"}\ngrants:\n  http: {allow: [\"http://127.0.0.1:*\"]}\n  libvirt: {hosts: [{name: hv1, address: 127.0.0.1, user: virt}]}\n",
+    );
+    let out = json_out(&operator(&[
+        "plugin",
+        "inspect",
+        plugin.to_str().unwrap(),
+        "--config",
+        &entry,
+    ]));
+    let capabilities = &out["capabilities"];
+    assert_eq!(
+        capabilities["http"],
+        json!({"declared": true, "granted": true, "usable": true})
+    );
+    assert_eq!(
+        capabilities["kube"],
+        json!({"declared": true, "granted": false, "usable": false})
+    );
+    assert_eq!(
+        capabilities["libvirt"],
+        json!({"declared": false, "granted": true, "usable": false})
+    );
+    assert_eq!(capabilities["log"]["usable"], true);
+}
+
 #[test]
 fn inspect_explains_a_core_module() {
     let dir = tempfile::tempdir().unwrap();

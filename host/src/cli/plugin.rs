@@ -12,7 +12,8 @@ use crate::capabilities::libvirt::tunnel::SshMaterial;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::plugins::{
     EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
-    inspect_component, types::InstanceSpec,
+    inspect_component,
+    types::{Capability, InstanceSpec},
 };
 
 /// A provider instance for trying a plugin: one entry of the providers config, where `name` and
@@ -91,7 +92,7 @@ async fn load(engine: &Arc<PluginEngine>, file: &Path) -> anyhow::Result<Arc<Loa
 }
 
 /// `plugin inspect FILE`: what the file is and, if it loads, what it declares.
-pub async fn inspect(file: &Path) -> anyhow::Result<serde_json::Value> {
+pub async fn inspect(file: &Path, config: Option<&Path>) -> anyhow::Result<serde_json::Value> {
     let engine = engine(None).await?;
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let summary = inspect_component(&engine, &bytes)?;
@@ -100,6 +101,11 @@ pub async fn inspect(file: &Path) -> anyhow::Result<serde_json::Value> {
         Ok(plugin) => {
             out["loads"] = true.into();
             out["describe"] = serde_json::to_value(&plugin.info)?;
+            if let Some(config) = config {
+                let entry: InstanceFile = read_yaml(config, "provider instance file")?;
+                out["capabilities"] =
+                    declared_and_granted(&plugin.info.capabilities, &entry.grants);
+            }
             if let Ok(schema) =
                 serde_json::from_str::<serde_json::Value>(&plugin.info.config_schema)
             {
@@ -112,6 +118,31 @@ pub async fn inspect(file: &Path) -> anyhow::Result<serde_json::Value> {
         }
     }
     Ok(out)
+}
+
+/// Per capability: declared by the plugin, granted by the entry, and whether calls get through
+/// (both), e.g. `{"http": {"declared": true, "granted": false, "usable": false}}`.
+fn declared_and_granted(declared: &[Capability], grants: &Grants) -> serde_json::Value {
+    let granted = [
+        (Capability::Log, true),
+        (Capability::Http, grants.http.is_some()),
+        (Capability::Kube, grants.kube.is_some()),
+        (Capability::Libvirt, grants.libvirt.is_some()),
+    ];
+    granted
+        .into_iter()
+        .map(|(capability, granted)| {
+            let declared = declared.contains(&capability);
+            let name = serde_json::to_value(capability).expect("a capability serializes");
+            let name = name.as_str().unwrap_or_default().to_string();
+            let usable = declared && granted;
+            (
+                name,
+                serde_json::json!({ "declared": declared, "granted": granted, "usable": usable }),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 async fn instance(
