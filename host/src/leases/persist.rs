@@ -45,7 +45,7 @@ impl LeasePersistence {
         match serde_json::from_str(text) {
             Ok(snapshot) => Ok(snapshot),
             Err(e) => {
-                tracing::error!(configmap = %self.name, "persisted lease table is not readable, starting empty: {e}");
+                tracing::error!(configmap = %self.name, error = %e, "persisted lease table is not readable, starting empty");
                 Ok(Snapshot::default())
             }
         }
@@ -124,7 +124,7 @@ pub async fn maintain(
         loop {
             tick.tick().await;
             if let Err(e) = persistence.flush(&store).await {
-                tracing::warn!(configmap = %persistence.name(), "cannot persist the lease table, will retry: {e}");
+                tracing::warn!(configmap = %persistence.name(), error = %e, "cannot persist the lease table, will retry");
             }
         }
     };
