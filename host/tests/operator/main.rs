@@ -1261,3 +1261,36 @@ async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
     let note = refused["note"].as_str().unwrap();
     assert!(note.contains(&format!("{}/victim", ns.name())), "{note}");
 }
+
+/// A hostile provider's retry hints of 0 and 2^64 − 1 ms (a hot loop, an overflowing deadline)
+/// do not stop the controller: a Proxy of another provider still becomes Ready, and the hostile
+/// Proxies say why they wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_retry_hints_do_not_stop_other_proxies() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-hostile-retry").await.unwrap();
+    let store = InstanceStore::start().await;
+    let providers = providers_for(&format!(
+        "providers:\n{}- {{name: zero, type: hostile, config: {{attempt: retry-after-zero}}}}\n- {{name: huge, type: hostile, config: {{attempt: retry-after-huge}}}}\n",
+        store_provider("store", &store)
+    ))
+    .await;
+    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let api: Api<Proxy> = ns.api();
+    for (name, provider) in [("hot", "zero"), ("far", "huge")] {
+        cp.kubectl_run(
+            &["apply", "-f", "-"],
+            Some(&proxy_yaml(ns.name(), name, provider, "")),
+        )
+        .await
+        .unwrap();
+    }
+    for name in ["hot", "far"] {
+        wait_for(&api, name, "waiting with the provider's message", |p| {
+            p.and_then(|p| p.status.as_ref()?.last_error.clone())
+                .is_some_and(|e| e.contains("try again"))
+        })
+        .await;
+    }
+    apply_ready(cp, &ns, &api, "innocent").await;
+}
