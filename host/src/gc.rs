@@ -13,6 +13,7 @@ use kube::api::ListParams;
 use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
+use crate::abandoned::AbandonedRecord;
 use crate::plugins::types::Instance;
 use crate::plugins::{CallError, ProviderInstance};
 use crate::providers::{ProviderSet, Providers};
@@ -34,6 +35,9 @@ pub struct GcOptions {
     pub allow_namespaced: bool,
     /// Deletions running at once.
     pub parallelism: usize,
+    /// Where Proxies that left their instance running (`skip-cleanup`) are recorded: those
+    /// instances are never collected.
+    pub abandoned: Option<AbandonedRecord>,
 }
 
 /// Counters of the collector, by provider instance.
@@ -166,7 +170,10 @@ async fn collect(
             return Ok(None);
         }
     };
-    let live = live_proxy_uids(client, options).await?;
+    let mut live = live_proxy_uids(client, options).await?;
+    if let Some(abandoned) = &options.abandoned {
+        live.extend(abandoned.owners(client).await?);
+    }
     let orphans = orphans(instances, operator_id, &live, options, now_seconds());
     let mut report = GcReport::default();
     for orphan in &orphans {
@@ -272,6 +279,7 @@ mod tests {
             namespace: namespace.map(String::from),
             allow_namespaced,
             parallelism: 4,
+            abandoned: None,
         }
     }
 

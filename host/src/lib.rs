@@ -1,6 +1,7 @@
 //! proxy-operator: a Kubernetes operator that gives web crawlers a pool of healthy egress proxies,
 //! made through sandboxed WebAssembly provider plugins.
 
+pub mod abandoned;
 pub mod api;
 pub mod capabilities;
 pub mod cli;

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::abandoned::AbandonedRecord;
 use crate::api::Proxy;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::cli::args::RunArgs;
@@ -87,6 +88,7 @@ impl Operator {
         ));
         let ctx = Arc::new(
             Context::new(client.clone(), providers, &args.operator_id)
+                .with_abandoned(AbandonedRecord::new(&namespace, &args.operator_id))
                 .with_metrics(metrics.reconcile.clone())
                 .with_health_probing(args.health.probing()),
         );
@@ -178,6 +180,8 @@ impl Operator {
         }
         let providers = ctx.providers.clone();
         let namespace = args.proxy_namespace.clone();
+        let abandoned =
+            AbandonedRecord::new(&args.leader.leader_election_namespace, &args.operator_id);
         let health_options = args.health.options().expect("checked by build");
         let tasks = vec![
             spawn_until(
@@ -205,7 +209,7 @@ impl Operator {
                     client.clone(),
                     providers.clone(),
                     args.operator_id.clone(),
-                    args.gc.options(namespace.clone()),
+                    args.gc.options(namespace.clone(), Some(abandoned.clone())),
                     metrics.gc.clone(),
                 ),
             ),

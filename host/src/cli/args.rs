@@ -241,7 +241,11 @@ impl LeaseArgs {
 }
 
 impl GcArgs {
-    pub fn options(&self, namespace: Option<String>) -> GcOptions {
+    pub fn options(
+        &self,
+        namespace: Option<String>,
+        abandoned: Option<crate::abandoned::AbandonedRecord>,
+    ) -> GcOptions {
         GcOptions {
             interval: self.gc_interval,
             min_age: self.gc_min_age,
@@ -249,6 +253,7 @@ impl GcArgs {
             namespace,
             allow_namespaced: self.gc_allow_namespaced,
             parallelism: 4,
+            abandoned,
         }
     }
 }

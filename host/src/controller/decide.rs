@@ -410,6 +410,8 @@ pub fn lost(
 pub enum CleanupStep {
     /// Leave the instance (if any) and let the Proxy go, saying why.
     Abandon(Note),
+    /// `skip-cleanup`: leave the instance running on purpose, recorded so the GC leaves it too.
+    LeaveRunning(Note),
     /// The instance may well exist: wait for the plugin rather than abandon it.
     WaitForPlugin { message: String },
     /// Delete the recorded instance, or (none recorded: a create may have happened just before a
@@ -429,10 +431,12 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
         .get(SKIP_CLEANUP_ANNOTATION)
         .is_some_and(|v| v == "true");
     if skip {
-        return CleanupStep::Abandon(Note::normal(
-            "Abandoned",
-            format!("{SKIP_CLEANUP_ANNOTATION} is set: instance {recorded_text} left running"),
-        ));
+        let message = format!(
+            "{SKIP_CLEANUP_ANNOTATION} is set: instance {recorded_text} of {}/{} left running",
+            proxy.namespace().unwrap_or_default(),
+            proxy.name_any()
+        );
+        return CleanupStep::LeaveRunning(Note::normal("Abandoned", message));
     }
     match lookup {
         ProviderLookup::NotLoaded {

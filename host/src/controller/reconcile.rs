@@ -14,6 +14,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
 use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
+use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
 use crate::digest::sha256_hex;
 use crate::events;
@@ -38,6 +39,8 @@ pub struct Context {
     /// Whether the health engine probes proxies (`--health-interval` not `0s`): decides what the
     /// `Ready` condition of an unprobed proxy says.
     pub health_probing: bool,
+    /// Where a `skip-cleanup` Proxy records the instance it leaves, so the GC leaves it too.
+    pub abandoned: Option<AbandonedRecord>,
 }
 
 impl Context {
@@ -50,12 +53,19 @@ impl Context {
             operator_id: operator_id.to_string(),
             metrics: None,
             health_probing: true,
+            abandoned: None,
         }
     }
 
     /// Whether health probes run (`false` for `--health-interval 0s`).
     pub fn with_health_probing(mut self, probing: bool) -> Self {
         self.health_probing = probing;
+        self
+    }
+
+    /// Records the instances `skip-cleanup` Proxies leave, for the GC.
+    pub fn with_abandoned(mut self, record: AbandonedRecord) -> Self {
+        self.abandoned = Some(record);
         self
     }
 
@@ -312,6 +322,15 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
     let (recorded, deleting) =
         match decide::decide_cleanup(proxy, &lookup(&providers, &proxy.spec.provider)) {
             CleanupStep::Abandon(note) => {
+                publish(ctx, proxy, vec![note]).await;
+                return Ok(Action::await_change());
+            }
+            CleanupStep::LeaveRunning(note) => {
+                // Recorded before the Proxy goes, or the GC would delete the instance later.
+                if let Some(record) = &ctx.abandoned {
+                    let uid = proxy.uid().unwrap_or_default();
+                    record.record(&ctx.client, &uid, &note.message).await?;
+                }
                 publish(ctx, proxy, vec![note]).await;
                 return Ok(Action::await_change());
             }

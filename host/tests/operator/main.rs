@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use harness::{ControlPlane, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use proxy_operator::abandoned::AbandonedRecord;
 use proxy_operator::api::{Phase, Proxy};
 use proxy_operator::config::ProvidersConfig;
 use proxy_operator::controller::{self, Context, instance_name};
@@ -98,7 +99,11 @@ impl Operator {
         ns: &TestNamespace,
         providers: impl Into<proxy_operator::providers::ProviderSet>,
     ) -> Operator {
-        let ctx = Arc::new(Context::new(client, providers, "test-operator"));
+        // As `proxy-operator run` does, with the test namespace as the operator's.
+        let ctx = Arc::new(
+            Context::new(client, providers, "test-operator")
+                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator")),
+        );
         let namespace = ns.name().to_string();
         Operator {
             task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
@@ -613,6 +618,50 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
         1,
         "skip-cleanup left the instance"
     );
+    // The orphan GC, however eager, leaves it: the Proxy recorded that it was left on purpose.
+    let gc_options = proxy_operator::gc::GcOptions {
+        interval: Duration::from_secs(60),
+        min_age: Duration::ZERO,
+        dry_run: false,
+        namespace: Some(ns.name().to_string()),
+        allow_namespaced: false,
+        parallelism: 2,
+        abandoned: Some(AbandonedRecord::new(ns.name(), "test-operator")),
+    };
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let metrics = proxy_operator::gc::GcMetrics::register(&prometheus::Registry::new()).unwrap();
+    let reports = proxy_operator::gc::pass(
+        &ns.client(),
+        &providers,
+        "test-operator",
+        &gc_options,
+        &metrics,
+    )
+    .await
+    .unwrap();
+    assert!(reports[0].1.found.is_empty(), "{:?}", reports[0].1);
+    assert_eq!(
+        store.state.instances.lock().unwrap().len(),
+        1,
+        "the GC deleted it"
+    );
+    // Without the record it would have been collected.
+    let unrecorded = proxy_operator::gc::GcOptions {
+        abandoned: None,
+        dry_run: true,
+        ..gc_options
+    };
+    let reports = proxy_operator::gc::pass(
+        &ns.client(),
+        &providers,
+        "test-operator",
+        &unrecorded,
+        &metrics,
+    )
+    .await
+    .unwrap();
+    assert_eq!(reports[0].1.found.len(), 1, "{:?}", reports[0].1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -868,6 +917,7 @@ async fn gc_finds_no_orphans_with_the_sample_providers_config() {
         namespace: None,
         allow_namespaced: false,
         parallelism: 4,
+        abandoned: None,
     };
     // The operator's default --operator-id, as `make run` uses it.
     let reports = pass(
@@ -931,6 +981,7 @@ async fn gc_deletes_only_old_orphans_with_this_operators_identity() {
         namespace: Some(ns.name().to_string()),
         allow_namespaced: false,
         parallelism: 2,
+        abandoned: None,
     };
     let client = ns.client();
 
@@ -1000,6 +1051,7 @@ async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
         namespace: Some(ns.name().to_string()),
         allow_namespaced: false,
         parallelism: 2,
+        abandoned: None,
     };
     // The provider's list answers slowly, so the Proxy and its instance appear mid-pass.
     *store.state.list_delay.lock().unwrap() = Duration::from_secs(3);

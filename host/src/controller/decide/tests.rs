@@ -288,6 +288,7 @@ fn a_lost_instance_is_recreated_only_when_the_spec_asks(
 fn cleanup_summary(step: &CleanupStep) -> String {
     match step {
         CleanupStep::Abandon(note) => format!("abandon {}", note.reason),
+        CleanupStep::LeaveRunning(note) => format!("leave {}", note.reason),
         CleanupStep::WaitForPlugin { .. } => "wait".into(),
         CleanupStep::Delete { recorded, deleting } => format!(
             "delete {} {}",
@@ -311,11 +312,11 @@ fn cleanup_summary(step: &CleanupStep) -> String {
     loaded(),
     "delete vm-1 marked"
 )]
-#[case::skip_cleanup_abandons(
+#[case::skip_cleanup_leaves_it_running(
     Some(with(Some(Phase::Ready), Some("vm-1"), None)),
     true,
     loaded(),
-    "abandon Abandoned"
+    "leave Abandoned"
 )]
 #[case::plugin_not_loaded_waits(None, false, not_loaded(), "wait")]
 #[case::unknown_provider_abandons(None, false, unknown(), "abandon Abandoned")]
