@@ -175,7 +175,13 @@ async fn main() -> ExitCode {
                 "{}",
                 serde_json::to_string_pretty(&value).expect("JSON values always serialize")
             );
-            ExitCode::SUCCESS
+            // `plugin inspect` of a file that cannot load still prints what it found, but fails,
+            // so a script or a CI step can tell.
+            if value.get("loads") == Some(&serde_json::Value::Bool(false)) {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => {
             eprintln!("error: {e:#}");
