@@ -22,7 +22,7 @@ use crate::cli::args::RunArgs;
 use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
 use crate::gc;
-use crate::health::HealthEngine;
+use crate::health::{HealthEngine, HealthOptions};
 use crate::leader;
 use crate::leases::{self, Discovery, LeasePersistence, LeaseStore, ProxyKey};
 use crate::metrics::Metrics;
@@ -38,6 +38,7 @@ pub struct Operator {
     registry: Arc<PluginRegistry>,
     leases: Arc<LeaseStore>,
     suspects: mpsc::Receiver<ProxyKey>,
+    health_options: HealthOptions,
     ctx: Arc<Context>,
 }
 
@@ -46,7 +47,7 @@ impl Operator {
     /// and checks that the CRD is installed.
     pub async fn build(args: RunArgs) -> anyhow::Result<Self> {
         let lease_options = args.lease.options()?;
-        args.health.options()?;
+        let health_options = args.health.options()?;
         let metrics = Metrics::register()?;
         // Fail fast on a broken providers config before anything else (no cluster needed).
         let providers_config = ProvidersConfig::load(&args.plugin.providers_config)?;
@@ -99,6 +100,7 @@ impl Operator {
             registry,
             leases,
             suspects,
+            health_options,
             ctx,
         })
     }
@@ -164,6 +166,7 @@ impl Operator {
             metrics,
             leases,
             suspects,
+            health_options,
             ctx,
             ..
         } = self;
@@ -182,7 +185,6 @@ impl Operator {
         let namespace = args.proxy_namespace.clone();
         let abandoned =
             AbandonedRecord::new(&args.leader.leader_election_namespace, &args.operator_id);
-        let health_options = args.health.options().expect("checked by build");
         let tasks = vec![
             spawn_until(
                 &work,

@@ -157,6 +157,19 @@ async fn apply_ready(cp: &ControlPlane, ns: &TestNamespace, api: &Api<Proxy>, na
         .unwrap()
 }
 
+/// The events of `ns`, as the API returns them (`events.k8s.io/v1`).
+async fn events_of(cp: &ControlPlane, ns: &TestNamespace) -> Vec<serde_json::Value> {
+    let text = cp
+        .kubectl_run(
+            &["get", "events.events.k8s.io", "-n", ns.name(), "-o", "json"],
+            None,
+        )
+        .await
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
 fn phase(p: Option<&Proxy>) -> Option<Phase> {
     p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase)
 }
@@ -269,20 +282,9 @@ async fn each_deletion_calls_the_providers_delete_once() {
         "one provider delete per deleted Proxy"
     );
     assert!(store.ids().is_empty(), "{:?}", store.ids());
-    let events = cp
-        .kubectl_run(
-            &["get", "events.events.k8s.io", "-n", ns.name(), "-o", "json"],
-            None,
-        )
-        .await
-        .unwrap();
-    let events: serde_json::Value = serde_json::from_str(&events).unwrap();
-    let deleted: Vec<&serde_json::Value> = events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["reason"] == "Deleted")
-        .collect();
+    let events = events_of(cp, &ns).await;
+    let deleted: Vec<&serde_json::Value> =
+        events.iter().filter(|e| e["reason"] == "Deleted").collect();
     assert_eq!(deleted.len(), ROUNDS, "{deleted:#?}");
     for event in deleted {
         assert!(
@@ -1296,18 +1298,9 @@ async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
         victim.status.unwrap().phase,
         Some(proxy_operator::api::Phase::Ready)
     );
-    let events = cp
-        .kubectl_run(
-            &["get", "events.events.k8s.io", "-n", ns.name(), "-o", "json"],
-            None,
-        )
+    let refused = events_of(cp, &ns)
         .await
-        .unwrap();
-    let events: serde_json::Value = serde_json::from_str(&events).unwrap();
-    let refused = events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
+        .into_iter()
         .find(|e| e["reason"] == "DeleteRefused")
         .expect("a DeleteRefused event");
     let note = refused["note"].as_str().unwrap();
