@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::abandoned::AbandonedRecord;
 use crate::api::Proxy;
+use crate::capabilities::kube::OperatorObjects;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::cli::args::RunArgs;
 use crate::config::ProvidersConfig;
@@ -273,7 +274,22 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
             std::env::temp_dir(),
         )),
         kube: Some(client.clone()),
+        operator_objects: Arc::new(operator_objects(args)),
     }
+}
+
+/// The objects of this operator that no plugin may touch.
+fn operator_objects(args: &RunArgs) -> OperatorObjects {
+    let namespace = &args.leader.leader_election_namespace;
+    OperatorObjects::of(
+        &args.operator_id,
+        namespace,
+        &args.plugin.providers_configmap,
+        args.plugin
+            .plugins_configmap
+            .as_deref()
+            .map(|name| (namespace.as_str(), name)),
+    )
 }
 
 async fn check_crd_installed(client: &kube::Client) -> anyhow::Result<()> {

@@ -48,6 +48,7 @@ fn context(grants: &Grants, hub: Arc<LibvirtHub>) -> Arc<CallContext> {
             &HostResources {
                 libvirt: Some(hub),
                 kube: None,
+                operator_objects: Arc::default(),
             },
         )
         .unwrap(),

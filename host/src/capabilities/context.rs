@@ -16,6 +16,8 @@ pub struct HostResources {
     pub libvirt: Option<Arc<libvirt::LibvirtHub>>,
     /// The operator's Kubernetes client (the `kube` capability); `None` without a cluster.
     pub kube: Option<::kube::Client>,
+    /// The operator's own objects, which the `kube` capability never lets a plugin touch.
+    pub operator_objects: Arc<kube::OperatorObjects>,
 }
 
 /// Everything a call into one provider instance can use: who it is (for logs) and its bound
@@ -56,6 +58,7 @@ impl CallContext {
                 provider,
                 grants.kube.as_ref(),
                 resources.kube.clone(),
+                resources.operator_objects.clone(),
                 declared.kube,
             ),
             log: log::PluginLog::new(plugin, provider, declared.log),
@@ -69,7 +72,7 @@ impl CallContext {
             plugin: plugin.to_string(),
             http: http::HttpCapability::bind(None, true).expect("no grant builds no client"),
             libvirt: libvirt::LibvirtCapability::bind(None, None, true),
-            kube: kube::KubeCapability::bind("(loading)", None, None, true),
+            kube: kube::KubeCapability::bind("(loading)", None, None, Arc::default(), true),
             log: log::PluginLog::new(plugin, "(loading)", true),
         }
     }

@@ -2,7 +2,9 @@
 //! through the operator's own client. Every object a plugin applies is labelled with its provider
 //! instance, and a plugin sees, changes and deletes only objects with that label: a namespace
 //! shared with people or other provider instances stays theirs. Secrets cannot be granted (a
-//! plugin never sees a secret), and a Pod a plugin makes gets no host access and no API token.
+//! plugin never sees a secret); every Pod a plugin makes passes the allow-list of
+//! [`pod_policy`] (no host access, no API token, no Secret, only its own ConfigMaps); and the
+//! operator's own objects ([`OperatorObjects`]) are out of reach whatever the grant.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,8 +21,12 @@ pub const MANAGED_BY: &str = "proxy-operator";
 /// Largest object a plugin may apply (etcd's default request limit is 1.5 MiB).
 pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
 
+mod operator_objects;
+pub mod pod_policy;
+
 pub use super::grants::KubeGrant;
 use super::grants::ValidKubeGrant;
+pub use operator_objects::{OperatorObject, OperatorObjects};
 
 /// Why a kube call failed, as the WIT `kube-error` variant says it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +60,8 @@ pub struct KubeCapability {
     resolved: Arc<Mutex<HashMap<(String, String), ApiResource>>>,
     /// Whether the plugin declared `kube`; if not, its calls are refused.
     declared: bool,
+    /// Objects no plugin may touch, whatever its grant.
+    operator_objects: Arc<OperatorObjects>,
 }
 
 impl std::fmt::Debug for KubeCapability {
@@ -73,6 +81,7 @@ impl KubeCapability {
         provider: &str,
         grant: Option<&ValidKubeGrant>,
         client: Option<kube::Client>,
+        operator_objects: Arc<OperatorObjects>,
         declared: bool,
     ) -> Self {
         KubeCapability {
@@ -89,6 +98,7 @@ impl KubeCapability {
             client,
             resolved: Arc::default(),
             declared,
+            operator_objects,
         }
     }
 
@@ -143,12 +153,13 @@ impl KubeCapability {
                 )));
             }
         }
-        if let Some(problem) = pod_spec_problem(&object.data) {
-            return Err(KubeError::Denied(format!(
-                "{} {name}: {problem}; a plugin's Pods get no host access and no API credentials",
+        self.refuse_operator_object(&types.api_version, &types.kind, &namespace, &name)?;
+        let references = pod_policy::check(&object.data).map_err(|problem| {
+            KubeError::Denied(format!(
+                "{} {name}: {problem}; see docs/security.md (kube) for what a plugin's Pods may be",
                 types.kind
-            )));
-        }
+            ))
+        })?;
         let api = self.api(&types.api_version, &types.kind).await?;
         if let Some(existing) = api
             .get_opt(&name)
@@ -160,6 +171,10 @@ impl KubeCapability {
                 "{} {namespace}/{name} exists and is not managed by provider instance {}; pick another name",
                 types.kind, self.provider
             )));
+        }
+        for configmap in &references.configmaps {
+            self.refuse_foreign_configmap(&types.kind, &name, &namespace, configmap)
+                .await?;
         }
         let labels = object.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(PROVIDER_LABEL.into(), self.provider.clone());
@@ -174,6 +189,7 @@ impl KubeCapability {
 
     pub async fn delete(&self, api_version: &str, kind: &str, name: &str) -> Result<()> {
         let api = self.api(api_version, kind).await?;
+        self.refuse_operator_object(api_version, kind, &self.namespace(), name)?;
         match api
             .get_opt(name)
             .await
@@ -206,6 +222,56 @@ impl KubeCapability {
             .await
             .map_err(|e| api_error(e, kind, ""))?;
         listed.items.iter().map(to_json).collect()
+    }
+
+    fn refuse_operator_object(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<()> {
+        if self
+            .operator_objects
+            .contains(api_version, kind, namespace, name)
+        {
+            return Err(KubeError::Denied(format!(
+                "{kind} {namespace}/{name} is one of the operator's own objects; no plugin may create, change or delete it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A Pod may mount or read only ConfigMaps this provider instance applied: they must exist,
+    /// with its label, before the Pod that references them.
+    async fn refuse_foreign_configmap(
+        &self,
+        kind: &str,
+        name: &str,
+        namespace: &str,
+        configmap: &str,
+    ) -> Result<()> {
+        let Some(client) = &self.client else {
+            return Err(KubeError::Denied(
+                "no Kubernetes cluster: this operator runs without one (e.g. `plugin run`)".into(),
+            ));
+        };
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), namespace);
+        let owned = maps
+            .get_opt(configmap)
+            .await
+            .map_err(|e| api_error(e, "ConfigMap", configmap))?
+            .and_then(|map| map.metadata.labels)
+            .and_then(|labels| labels.get(PROVIDER_LABEL).cloned())
+            .is_some_and(|owner| owner == self.provider);
+        if owned {
+            return Ok(());
+        }
+        Err(KubeError::Denied(format!(
+            "{kind} {name} references ConfigMap {configmap}, which provider instance {} did not apply; apply the ConfigMap through the kube capability first",
+            self.provider
+        )))
     }
 
     fn owns(&self, object: &DynamicObject) -> bool {
@@ -298,62 +364,6 @@ impl KubeCapability {
     }
 }
 
-/// What the host refuses in any Pod a plugin makes (a Pod, or the Pod template of a workload):
-/// the node's namespaces, files and ports, privileged containers, added capabilities, and a
-/// ServiceAccount token. So granting `v1/Pod` never grants the node or the API. `None`: fine.
-fn pod_spec_problem(data: &serde_json::Value) -> Option<String> {
-    let spec = [
-        &data["spec"]["template"]["spec"],
-        &data["spec"]["jobTemplate"]["spec"]["template"]["spec"],
-        &data["spec"],
-    ]
-    .into_iter()
-    .find(|s| s["containers"].is_array())?;
-    for field in ["hostNetwork", "hostPID", "hostIPC"] {
-        if spec[field] == true {
-            return Some(format!("spec.{field} is not allowed"));
-        }
-    }
-    if spec["automountServiceAccountToken"] != false {
-        return Some("spec.automountServiceAccountToken must be false".into());
-    }
-    if let Some(volume) = spec["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|v| !v["hostPath"].is_null())
-    {
-        return Some(format!(
-            "volume {} is a hostPath",
-            volume["name"].as_str().unwrap_or("?")
-        ));
-    }
-    for list in ["initContainers", "containers", "ephemeralContainers"] {
-        for container in spec[list].as_array().into_iter().flatten() {
-            let name = container["name"].as_str().unwrap_or("?");
-            let security = &container["securityContext"];
-            if security["privileged"] == true {
-                return Some(format!("container {name} is privileged"));
-            }
-            if security["capabilities"]["add"]
-                .as_array()
-                .is_some_and(|a| !a.is_empty())
-            {
-                return Some(format!("container {name} adds capabilities"));
-            }
-            if container["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|p| !p["hostPort"].is_null())
-            {
-                return Some(format!("container {name} uses a hostPort"));
-            }
-        }
-    }
-    None
-}
-
 fn to_json(object: &DynamicObject) -> Result<String> {
     serde_json::to_string(object).map_err(|e| KubeError::Transport(format!("encode: {e}")))
 }
@@ -398,6 +408,7 @@ mod tests {
             "p",
             Some(&ValidKubeGrant::parse(grant).unwrap()),
             None,
+            Arc::default(),
             true,
         )
     }
@@ -420,56 +431,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn pods_never_get_the_node_or_the_api() {
-        let pod = |spec: serde_json::Value| serde_json::json!({ "spec": spec });
-        let fine = serde_json::json!({
-            "automountServiceAccountToken": false,
-            "containers": [{"name": "squid", "ports": [{"containerPort": 3128}]}],
-            "volumes": [{"name": "conf", "configMap": {"name": "c"}}],
-        });
-        assert_eq!(pod_spec_problem(&pod(fine.clone())), None);
-        let with = |patch: serde_json::Value| {
-            let mut spec = fine.clone();
-            for (k, v) in patch.as_object().unwrap() {
-                spec[k] = v.clone();
-            }
-            pod_spec_problem(&pod(spec)).unwrap_or_default()
-        };
-        assert!(with(serde_json::json!({"hostNetwork": true})).contains("hostNetwork"));
-        assert!(
-            with(serde_json::json!({"automountServiceAccountToken": true})).contains("automount")
-        );
-        assert!(
-            with(serde_json::json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}))
-                .contains("volume root is a hostPath")
-        );
-        assert!(
-            with(serde_json::json!({"containers": [{"name": "x", "securityContext": {"privileged": true}}]}))
-                .contains("container x is privileged")
-        );
-        assert!(
-            with(serde_json::json!({"initContainers": [{"name": "i", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}))
-                .contains("container i adds capabilities")
-        );
-        assert!(
-            with(serde_json::json!({"containers": [{"name": "x", "ports": [{"containerPort": 80, "hostPort": 80}]}]}))
-                .contains("hostPort")
-        );
-        // The Pod template of a workload is held to the same rules.
-        let deployment =
-            serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "x"}]}}}});
-        assert!(pod_spec_problem(&deployment).unwrap().contains("automount"));
-        // Not a Pod at all.
-        assert_eq!(
-            pod_spec_problem(&serde_json::json!({"data": {"a": "b"}})),
-            None
-        );
-    }
-
     #[tokio::test]
     async fn calls_outside_the_grant_are_denied_before_any_request() {
-        let none = KubeCapability::bind("p", None, None, true);
+        let none = KubeCapability::bind("p", None, None, Arc::default(), true);
         assert!(
             matches!(none.get("v1", "Pod", "x").await, Err(KubeError::Denied(m)) if m.contains("grants.kube"))
         );

@@ -50,6 +50,10 @@ pub struct PluginArgs {
     /// watched and hot-loaded; they take precedence over the plugins directory.
     #[arg(long, env = "PLUGINS_CONFIGMAP")]
     pub plugins_configmap: Option<String>,
+    /// The ConfigMap (in the operator's namespace) the providers config is mounted from; no
+    /// plugin may create, change or delete it.
+    #[arg(long, env = "PROVIDERS_CONFIGMAP", default_value = "providers-config")]
+    pub providers_configmap: String,
     /// How often the providers config file is re-read for changes (`0s`: never).
     #[arg(long, env = "PROVIDERS_CONFIG_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub providers_config_reload_interval: Duration,

@@ -1,6 +1,7 @@
 //! The one wasmtime `Engine` of the operator: component model, pooling allocator with an
 //! on-demand fallback, copy-on-write memory images, and epoch interruption driven by a ticker.
 
+use crate::capabilities::kube::OperatorObjects;
 use crate::capabilities::libvirt::LibvirtHub;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +39,8 @@ pub struct EngineOptions {
     pub libvirt: Option<Arc<LibvirtHub>>,
     /// The operator's Kubernetes client (the `kube` capability); `None` without a cluster.
     pub kube: Option<kube::Client>,
+    /// The operator's own objects, out of every plugin's reach.
+    pub operator_objects: Arc<OperatorObjects>,
 }
 
 // By hand: `kube::Client` has no Debug.
@@ -51,6 +54,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("cache_dir", &self.cache_dir)
             .field("libvirt", &self.libvirt)
             .field("kube", &self.kube.is_some())
+            .field("operator_objects", &self.operator_objects)
             .finish()
     }
 }
@@ -65,6 +69,7 @@ impl Default for EngineOptions {
             cache_dir: None,
             libvirt: None,
             kube: None,
+            operator_objects: Arc::default(),
         }
     }
 }

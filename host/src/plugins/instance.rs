@@ -76,6 +76,7 @@ impl ProviderInstance {
         let resources = HostResources {
             libvirt: engine.options.libvirt.clone(),
             kube: engine.options.kube.clone(),
+            operator_objects: engine.options.operator_objects.clone(),
         };
         let declares = |c: Capability| plugin.info.capabilities.contains(&c);
         let declared = Declared {

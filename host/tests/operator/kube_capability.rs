@@ -120,7 +120,7 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
                 "containers": [{"name": "c", "image": "busybox"}],
                 "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
             }}),
-            "volume root is a hostPath",
+            "(volume root) is a `hostPath` volume",
         ),
         (
             serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "a"}}),

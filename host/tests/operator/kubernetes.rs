@@ -146,6 +146,17 @@ async fn run_squid(conf: &str, port: u16) -> (Proc, Scratch) {
     std::fs::write(&conf_path, conf).unwrap();
     let mut run = std::process::Command::new("/usr/sbin/squid");
     run.args(["-N", "-f"]).arg(&conf_path);
+    // As the Pod runs it: as the non-root user of its securityContext (13, `proxy`), from start.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = harness::squid::user_ids("proxy").expect("user proxy (Debian squid)");
+        assert_eq!(uid, 13, "the kubernetes provider's default runAsUser");
+        for path in [scratch.path(), conf_path.as_path()] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        run.uid(uid).gid(gid);
+    }
     let squid = Proc::spawn("squid", run, &scratch.path().join("squid.log")).unwrap();
     wait_for(
         "squid from the provider's config",

@@ -7,6 +7,7 @@ mod common;
 mod gcp;
 mod health;
 mod kube_capability;
+mod kube_sandbox;
 mod kubernetes;
 mod kvm;
 mod leases;

@@ -32,6 +32,14 @@ pub struct Config {
     /// default: a crawler's proxy logs every request.
     #[serde(default)]
     pub access_log: bool,
+    /// The unprivileged user squid runs as: the host admits only Pods that run as non-root
+    /// (the Pod Security "restricted" profile). 13 is `proxy` in Debian's and Ubuntu's squid.
+    #[serde(default = "default_run_as_user")]
+    pub run_as_user: u32,
+}
+
+fn default_run_as_user() -> u32 {
+    13
 }
 
 fn default_config_path() -> String {
@@ -114,6 +122,11 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
             config.config_path
         )));
     }
+    if config.run_as_user == 0 {
+        return Err(invalid(
+            "config.runAsUser: 0 is root; the operator admits only Pods that run as non-root, e.g. 13 (proxy)".into(),
+        ));
+    }
     Ok(())
 }
 
@@ -175,6 +188,10 @@ mod tests {
         assert!(
             error(serde_json::json!({"image": "s", "configPath": "squid.conf"}))
                 .starts_with("config.configPath:")
+        );
+        assert!(
+            error(serde_json::json!({"image": "s", "runAsUser": 0}))
+                .starts_with("config.runAsUser: 0 is root")
         );
         assert!(
             error(serde_json::json!({"image": "s", "connectPorts": [443, 0]}))

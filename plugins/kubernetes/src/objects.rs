@@ -100,12 +100,23 @@ pub fn pod(config: &Config, spec: &InstanceSpec) -> Value {
             // squid needs no Kubernetes API access and no service environment variables.
             "automountServiceAccountToken": false,
             "enableServiceLinks": false,
+            // The Pod Security "restricted" profile, which the host requires of a plugin's Pods.
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": config.run_as_user,
+                "runAsGroup": config.run_as_user,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "nodeSelector": node_selector,
             "containers": [{
                 "name": "squid",
                 "image": config.image,
                 "ports": [{"name": "proxy", "containerPort": port, "protocol": "TCP"}],
                 "volumeMounts": mounts,
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                },
                 "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
                 "livenessProbe": {
                     "tcpSocket": {"port": port},
@@ -253,6 +264,21 @@ mod tests {
         assert_eq!(
             pod["spec"]["volumes"][0]["configMap"]["name"],
             "px-0123abcd-squid"
+        );
+        // The restricted profile the host requires: non-root, seccomp, no escalation.
+        assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(pod["spec"]["securityContext"]["runAsUser"], 13);
+        assert_eq!(
+            pod["spec"]["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        assert_eq!(
+            container["securityContext"]["allowPrivilegeEscalation"],
+            false
+        );
+        assert_eq!(
+            container["securityContext"]["capabilities"]["drop"][0],
+            "ALL"
         );
     }
 
