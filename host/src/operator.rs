@@ -261,6 +261,7 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
     EngineOptions {
         pool_instances: plugin.plugin_pool_instances,
         memory_limit: plugin.plugin_memory_limit_mib << 20,
+        memory_total: plugin.plugin_memory_total_mib << 20,
         cpu_budget: Duration::from_millis(plugin.plugin_cpu_budget_ms),
         call_timeout: Duration::from_secs(plugin.plugin_call_timeout_seconds),
         cache_dir: plugin.plugin_cache_dir.clone(),

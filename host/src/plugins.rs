@@ -9,6 +9,7 @@ mod engine;
 mod error;
 mod instance;
 mod load;
+pub mod memory;
 mod metrics;
 mod state;
 pub mod types;

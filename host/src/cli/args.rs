@@ -60,9 +60,13 @@ pub struct PluginArgs {
     /// Plugin instances the pooling allocator keeps ready (0: on-demand allocation).
     #[arg(long, env = "PLUGIN_POOL_INSTANCES", default_value_t = 64)]
     pub plugin_pool_instances: u32,
-    /// Linear memory a plugin call may use, MiB.
+    /// Memory one plugin call may hold (all its linear memories and tables), MiB.
     #[arg(long, env = "PLUGIN_MEMORY_LIMIT_MIB", default_value_t = 128)]
     pub plugin_memory_limit_mib: usize,
+    /// Memory all plugin calls in flight may hold together, MiB; the default leaves room for
+    /// the operator itself inside the Deployment's 512 Mi limit.
+    #[arg(long, env = "PLUGIN_MEMORY_TOTAL_MIB", default_value_t = 384)]
+    pub plugin_memory_total_mib: usize,
     /// CPU time a plugin call may use, milliseconds.
     #[arg(long, env = "PLUGIN_CPU_BUDGET_MS", default_value_t = 2000)]
     pub plugin_cpu_budget_ms: u64,

@@ -13,6 +13,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings;
 use super::cache::CompileCache;
+use super::memory::MemoryTotal;
 use super::metrics::PluginMetrics;
 use super::state::HostState;
 
@@ -26,8 +27,10 @@ pub struct EngineOptions {
     /// Component instances the pooling allocator keeps ready; 0 selects on-demand allocation.
     /// Must cover the sum of the provider instances' concurrency bounds.
     pub pool_instances: u32,
-    /// Linear memory a plugin instance may grow to.
+    /// Memory (every linear memory and table of its store) one plugin call may hold.
     pub memory_limit: usize,
+    /// Memory all plugin calls in flight may hold together.
+    pub memory_total: usize,
     /// CPU time (in wasm) a call may use before it is stopped.
     pub cpu_budget: Duration,
     /// Wall-clock limit of a whole call, including waits in host capabilities.
@@ -49,6 +52,7 @@ impl std::fmt::Debug for EngineOptions {
         f.debug_struct("EngineOptions")
             .field("pool_instances", &self.pool_instances)
             .field("memory_limit", &self.memory_limit)
+            .field("memory_total", &self.memory_total)
             .field("cpu_budget", &self.cpu_budget)
             .field("call_timeout", &self.call_timeout)
             .field("cache_dir", &self.cache_dir)
@@ -64,6 +68,7 @@ impl Default for EngineOptions {
         EngineOptions {
             pool_instances: 64,
             memory_limit: 128 << 20,
+            memory_total: 384 << 20,
             cpu_budget: Duration::from_secs(2),
             call_timeout: Duration::from_secs(60),
             cache_dir: None,
@@ -93,6 +98,8 @@ pub struct PluginEngine {
     pub(crate) options: EngineOptions,
     pub(crate) cache: Option<CompileCache>,
     pub(crate) metrics: PluginMetrics,
+    /// What the calls in flight hold, against `memory_total`.
+    pub(crate) memory_total: Arc<MemoryTotal>,
     allocator: AllocatorKind,
     ticker_stop: Arc<AtomicBool>,
 }
@@ -104,6 +111,7 @@ impl PluginEngine {
         options: EngineOptions,
         registry: &prometheus::Registry,
     ) -> anyhow::Result<Arc<Self>> {
+        check_memory_options(&options)?;
         let (engine, allocator) = if options.pool_instances == 0 {
             (
                 build_engine(&options, None)?,
@@ -152,9 +160,10 @@ impl PluginEngine {
         Ok(Arc::new(PluginEngine {
             engine,
             linker,
-            options,
             cache,
             metrics: PluginMetrics::register(registry)?,
+            memory_total: MemoryTotal::new(options.memory_total),
+            options,
             allocator,
             ticker_stop,
         }))
@@ -179,6 +188,20 @@ impl Drop for PluginEngine {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// A call budget above the total could never be reached: refuse it at start, naming both flags.
+fn check_memory_options(options: &EngineOptions) -> anyhow::Result<()> {
+    if options.memory_limit > options.memory_total {
+        anyhow::bail!(
+            "--plugin-memory-limit-mib ({} MiB per call) is more than --plugin-memory-total-mib \
+             ({} MiB for all calls together); raise the total (PLUGIN_MEMORY_TOTAL_MIB, within \
+             the container's memory limit) or lower the per-call limit (PLUGIN_MEMORY_LIMIT_MIB)",
+            options.memory_limit >> 20,
+            options.memory_total >> 20
+        );
+    }
+    Ok(())
 }
 
 fn build_engine(options: &EngineOptions, pool: Option<u32>) -> anyhow::Result<Engine> {
@@ -222,4 +245,30 @@ fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) {
             }
         })
         .expect("spawning the epoch ticker thread");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_budget_above_the_total_is_refused_at_start() {
+        let options = EngineOptions {
+            pool_instances: 0,
+            memory_limit: 512 << 20,
+            memory_total: 384 << 20,
+            ..EngineOptions::default()
+        };
+        let error = PluginEngine::new(options, &prometheus::Registry::new())
+            .err()
+            .expect("refused")
+            .to_string();
+        for says in [
+            "--plugin-memory-limit-mib (512 MiB per call)",
+            "--plugin-memory-total-mib (384 MiB",
+            "PLUGIN_MEMORY_TOTAL_MIB",
+        ] {
+            assert!(error.contains(says), "{error}");
+        }
+    }
 }

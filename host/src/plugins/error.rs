@@ -91,6 +91,17 @@ pub enum CallError {
         limit: usize,
     },
     #[error(
+        "plugin `{plugin}` was stopped in `{function}`: the plugins' memory total of {} is held by \
+         the calls in flight; raise it with --plugin-memory-total-mib (PLUGIN_MEMORY_TOTAL_MIB) \
+         within the container's memory limit, or run fewer calls at once",
+        human_bytes(*total)
+    )]
+    MemoryTotal {
+        plugin: String,
+        function: &'static str,
+        total: usize,
+    },
+    #[error(
         "plugin `{plugin}` did not finish `{function}` within {} and was abandoned; raise the \
          limit with --plugin-call-timeout-seconds (PLUGIN_CALL_TIMEOUT_SECONDS) if the provider's \
          API is that slow",
@@ -142,7 +153,7 @@ impl CallError {
         match self {
             CallError::Provider { error, .. } => error.kind(),
             CallError::CpuDeadline { .. } => "cpu_deadline",
-            CallError::OutOfMemory { .. } => "out_of_memory",
+            CallError::OutOfMemory { .. } | CallError::MemoryTotal { .. } => "out_of_memory",
             CallError::Timeout { .. } => "timeout",
             CallError::Trap { .. } => "trap",
             CallError::Instantiate { .. } => "instantiate",
@@ -200,6 +211,18 @@ mod tests {
                     "memory limit of 128 MiB",
                     "--plugin-memory-limit-mib",
                     "PLUGIN_MEMORY_LIMIT_MIB",
+                ],
+            ),
+            (
+                CallError::MemoryTotal {
+                    plugin: "kvm".into(),
+                    function: "list",
+                    total: 384 << 20,
+                },
+                [
+                    "memory total of 384 MiB",
+                    "--plugin-memory-total-mib",
+                    "PLUGIN_MEMORY_TOTAL_MIB",
                 ],
             ),
             (

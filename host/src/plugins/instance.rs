@@ -13,6 +13,7 @@ use super::call::{Call, CallFailure, Output};
 use super::engine::PluginEngine;
 use super::error::CallError;
 use super::load::LoadedPlugin;
+use super::memory::{MemoryBound, MemoryLimiter};
 use super::state::HostState;
 use super::types::Capability;
 use super::types::{CheckTarget, Instance, InstanceSpec, ProviderError};
@@ -222,7 +223,11 @@ impl PluginEngine {
         let provider = context.provider.clone();
         let mut store = Store::new(
             &self.engine,
-            HostState::new(context, self.options.memory_limit, self.cpu_ticks()),
+            HostState::new(
+                context,
+                MemoryLimiter::new(self.options.memory_limit, self.memory_total.clone()),
+                self.cpu_ticks(),
+            ),
         );
         store.limiter(|state| &mut state.limiter);
         // Each tick spent in wasm costs one unit of the budget; yielding on every tick keeps a busy
@@ -274,12 +279,22 @@ impl PluginEngine {
                 ),
             };
         }
-        if state.limiter.hit {
-            return CallError::OutOfMemory {
-                plugin,
-                function,
-                limit: state.limiter.limit,
-            };
+        match state.limiter.hit {
+            Some(MemoryBound::Call) => {
+                return CallError::OutOfMemory {
+                    plugin,
+                    function,
+                    limit: state.limiter.limit,
+                };
+            }
+            Some(MemoryBound::Total) => {
+                return CallError::MemoryTotal {
+                    plugin,
+                    function,
+                    total: state.limiter.total().ceiling(),
+                };
+            }
+            None => {}
         }
         let mut reason = match error.downcast_ref::<wasmtime::Trap>() {
             Some(wasmtime::Trap::UnreachableCodeReached) => {

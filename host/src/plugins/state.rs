@@ -1,4 +1,4 @@
-//! The per-call store data: WASI with nothing granted, the memory limiter, the CPU budget, the
+//! The per-call store data: WASI with nothing granted, the memory limiter (`memory.rs`), the CPU budget, the
 //! captured stderr (for panic messages) and the provider instance's capabilities.
 
 use std::sync::{Arc, Mutex};
@@ -10,6 +10,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::memory::MemoryLimiter;
 use crate::capabilities::CallContext;
 
 /// How much of a plugin's stderr is kept to explain a trap (its panic message is at the end).
@@ -28,7 +29,7 @@ pub struct HostState {
 }
 
 impl HostState {
-    pub(crate) fn new(context: Arc<CallContext>, memory_limit: usize, cpu_ticks: u64) -> Self {
+    pub(crate) fn new(context: Arc<CallContext>, limiter: MemoryLimiter, cpu_ticks: u64) -> Self {
         let stderr = TailPipe::default();
         // No preopens, no environment, no arguments, and the default socket policy: WASI grants
         // nothing. Plugins reach the world only through the proxy-operator capabilities.
@@ -36,7 +37,7 @@ impl HostState {
         HostState {
             wasi,
             table: ResourceTable::new(),
-            limiter: MemoryLimiter::new(memory_limit),
+            limiter,
             context,
             cpu_ticks_left: cpu_ticks,
             cpu_exhausted: false,
@@ -51,47 +52,6 @@ impl WasiView for HostState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
-    }
-}
-
-/// Caps a plugin's linear memory and remembers that it hit the cap, so the error can say so.
-pub struct MemoryLimiter {
-    pub(crate) limit: usize,
-    pub(crate) hit: bool,
-}
-
-impl MemoryLimiter {
-    fn new(limit: usize) -> Self {
-        MemoryLimiter { limit, hit: false }
-    }
-}
-
-impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.hit = true;
-            // An error (rather than `Ok(false)`) traps at once instead of letting the guest's
-            // allocator spin on failed grows.
-            return Err(wasmtime::format_err!(
-                "memory limit of {} bytes reached (wanted {desired})",
-                self.limit
-            ));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
     }
 }
 
