@@ -118,7 +118,8 @@ impl ProvidersConfig {
             serde_path_to_error::deserialize(deserializer).map_err(|e| {
                 let path = e.path().to_string();
                 let inner = e.into_inner();
-                if path == "." {
+                // serde_yaml names the path itself in some of its messages; say it once.
+                if path == "." || inner.to_string().starts_with(&format!("{path}: ")) {
                     format!("{inner}")
                 } else {
                     format!("{path}: {inner}")
@@ -220,6 +221,10 @@ mod tests {
         "providers[0]: unknown field `confg`, expected one of"
     )]
     #[case::missing_type("providers:\n- name: a", "providers[0]: missing field `type`")]
+    #[case::path_said_once(
+        r#"{"providers": [{"name": "a"}]}"#,
+        "providers[0]: missing field `type`"
+    )]
     #[case::bad_name(
         "providers:\n- name: Kvm_Home\n  type: kvm",
         "providers[0].name: `Kvm_Home` is not a valid name"
@@ -261,6 +266,10 @@ mod tests {
         assert!(
             message.contains(expected),
             "got: {message}\nexpected: {expected}"
+        );
+        assert!(
+            !message.contains("]: providers["),
+            "the path said twice: {message}"
         );
     }
 

@@ -227,7 +227,7 @@ async fn delete_all(
 ) -> Vec<(String, Result<(), CallError>)> {
     futures_util::stream::iter(orphans)
         .map(|orphan| async move {
-            let result = provider.delete(&orphan.provider_id).await;
+            let result = provider.delete(&orphan.provider_id).await.map(drop);
             (orphan.provider_id, result)
         })
         .buffer_unordered(parallelism.max(1))

@@ -17,7 +17,7 @@ pub mod types;
 pub use bindings::{SUPPORTED_WIT_VERSIONS, WitVersion};
 pub use engine::{AllocatorKind, EngineOptions, PluginEngine};
 pub use error::{CallError, LoadError};
-pub use instance::{ProviderInstance, ProviderInstanceOptions};
+pub use instance::{Deletion, ProviderInstance, ProviderInstanceOptions};
 pub use load::{ComponentSummary, LoadedPlugin, inspect_component};
 pub use metrics::PluginMetrics;
 pub use state::HostState;

@@ -489,6 +489,17 @@ pub fn owned_by(instances: Vec<Instance>, uid: &str) -> Vec<String> {
         .collect()
 }
 
+/// A delete the provider answered `not-found`: nothing of this Proxy's is at that id (gone
+/// already, or not the operator's to delete, e.g. a `providerID` edited to point at somebody's
+/// own VM), so the Proxy may go; the event says what the provider found.
+pub fn delete_found_nothing(id: &str, provider: &str, detail: &str) -> Note {
+    Note {
+        type_: EventType::Normal,
+        reason: "NothingDeleted",
+        message: format!("provider {provider} deleted nothing at {id}: {detail}"),
+    }
+}
+
 /// A failed delete: the event, and the retry (a permanent answer is retried slowly, since the
 /// Proxy cannot go until its instance is gone).
 pub fn delete_failed(id: &str, error: &CallError) -> (Note, Then) {

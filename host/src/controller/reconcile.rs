@@ -19,8 +19,8 @@ use crate::api::{Proxy, ProxyStatus};
 use crate::digest::sha256_hex;
 use crate::events;
 use crate::metrics::ReconcileMetrics;
-use crate::plugins::CallError;
 use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
+use crate::plugins::{CallError, Deletion};
 use crate::providers::{ProviderSet, Providers};
 
 /// The finalizer that keeps a Proxy until its instance is deleted.
@@ -377,18 +377,27 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
             }
         },
     };
+    let mut notes = Vec::new();
     for id in ids {
-        if let Err(e) = provider.delete(&id).await {
-            let (note, retry) = decide::delete_failed(&id, &e);
-            publish(ctx, proxy, vec![note]).await;
-            return then(retry);
+        match provider.delete(&id).await {
+            Ok(Deletion::Deleted) => {}
+            Ok(Deletion::NothingThere(detail)) => {
+                notes.push(decide::delete_found_nothing(&id, provider.name(), &detail))
+            }
+            Err(e) => {
+                let (note, retry) = decide::delete_failed(&id, &e);
+                publish(ctx, proxy, vec![note]).await;
+                return then(retry);
+            }
         }
     }
-    let note = Note {
-        type_: EventType::Normal,
-        reason: "Deleted",
-        message: format!("instance deleted at provider {}", provider.name()),
-    };
-    publish(ctx, proxy, vec![note]).await;
+    if notes.is_empty() {
+        notes.push(Note {
+            type_: EventType::Normal,
+            reason: "Deleted",
+            message: format!("instance deleted at provider {}", provider.name()),
+        });
+    }
+    publish(ctx, proxy, notes).await;
     Ok(Action::await_change())
 }

@@ -55,6 +55,14 @@ impl std::fmt::Debug for ProviderInstance {
     }
 }
 
+/// What a successful delete did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deletion {
+    Deleted,
+    /// The provider answered `not-found`: nothing (of the operator's) is at that id; why.
+    NothingThere(String),
+}
+
 macro_rules! expect_output {
     ($result:expr, $variant:ident) => {
         match $result? {
@@ -147,13 +155,15 @@ impl ProviderInstance {
     }
 
     /// Deletes an instance; one that is already gone counts as deleted.
-    pub async fn delete(&self, provider_id: &str) -> Result<(), CallError> {
+    /// Deletes an instance; `not-found` is success (nothing is left at that id), with the
+    /// provider's reason kept for the events.
+    pub async fn delete(&self, provider_id: &str) -> Result<Deletion, CallError> {
         match self.call(Call::Delete(provider_id.to_string())).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(Deletion::Deleted),
             Err(CallError::Provider {
-                error: ProviderError::NotFound(_),
+                error: ProviderError::NotFound(detail),
                 ..
-            }) => Ok(()),
+            }) => Ok(Deletion::NothingThere(detail)),
             Err(e) => Err(e),
         }
     }

@@ -219,6 +219,86 @@ async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_
     );
 }
 
+/// A Proxy whose `providerID` was edited to point at somebody's own VM in the project: its
+/// deletion deletes nothing (the provider checks that proxy-operator made the VM) and still
+/// finishes, and an event says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_id_patched_to_a_vm_the_operator_did_not_make_deletes_nothing() {
+    use kube::api::{Patch, PatchParams};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gcp-victim").await.unwrap();
+    let fake = FakeGcp::start(&ZONES).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entry = entry(&fake, &key_file(&fake, &dir));
+    entry["name"] = "gcp-eu".into();
+    entry["type"] = "gcp".into();
+    let providers = providers_with(
+        test_options(),
+        &serde_json::json!({"providers": [entry]}).to_string(),
+    )
+    .await;
+    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    // Somebody's own VM in the same project, made outside the operator.
+    let victim = "europe-west1-b/victim";
+    fake.with(|s| {
+        s.instances.insert(
+            victim.into(),
+            serde_json::json!({"name": "victim", "status": "RUNNING", "labels": {"team": "web"}}),
+        )
+    });
+
+    let yaml = proxy_yaml(ns.name(), "attacker", "gcp-eu", "")
+        .replace("zone: zone-a", "zone: europe-west1-b");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: kube::Api<Proxy> = ns.api();
+    wait_for(&proxies, "attacker", "Ready", |p| {
+        phase(p) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap();
+    let patch = serde_json::json!({ "status": { "providerID": victim } });
+    proxies
+        .patch_status("attacker", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(&proxies, "attacker", "pointing at the victim", |p| {
+        p.and_then(|p| p.status.as_ref()?.provider_id.clone())
+            .as_deref()
+            == Some(victim)
+    })
+    .await
+    .unwrap();
+    cp.kubectl_run(
+        &[
+            "delete",
+            "proxy",
+            "attacker",
+            "-n",
+            ns.name(),
+            "--wait=true",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        fake.with(|s| s.instances.contains_key(victim)),
+        "the VM the operator did not make is still there"
+    );
+    let events = super::events_of(cp, &ns).await;
+    let nothing = events
+        .iter()
+        .find(|e| e["reason"] == "NothingDeleted")
+        .unwrap_or_else(|| panic!("a NothingDeleted event in {events:?}"));
+    let note = nothing["note"].as_str().unwrap();
+    assert!(
+        note.contains("instance victim has no label proxy-operator-managed=true"),
+        "{note}"
+    );
+}
+
 /// Cuts the squid.conf out of a managed squid setup script (a quoted heredoc) and has real
 /// squid parse it.
 fn squid_accepts_the_scripts_conf(script: &str) {

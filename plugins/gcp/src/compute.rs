@@ -122,6 +122,18 @@ pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str, managed_squ
     body
 }
 
+/// Why a VM must not be deleted by this provider: it was not made by proxy-operator (a
+/// `providerID` edited to point at somebody's own VM in the project). `None`: it may go.
+pub fn not_ours(vm: &Value) -> Option<String> {
+    if vm["labels"][MANAGED_LABEL] == "true" {
+        return None;
+    }
+    Some(format!(
+        "instance {} has no label {MANAGED_LABEL}=true: proxy-operator did not make it, so it is not deleted",
+        vm["name"].as_str().unwrap_or("?")
+    ))
+}
+
 /// The instance a VM resource is; its owner is `None` for VMs without the owner metadata.
 pub fn instance(zone: &str, vm: &Value) -> Instance {
     let name = vm["name"].as_str().unwrap_or_default().to_string();
@@ -298,6 +310,22 @@ mod tests {
         match api_error("insert", 403, &body(403, "quotaExceeded")) {
             ProviderError::Quota(m) => assert_eq!(m, "insert: HTTP 403 quotaExceeded: m"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_vms_proxy_operator_made_may_be_deleted() {
+        assert_eq!(
+            not_ours(&json!({"name": "px-1", "labels": {MANAGED_LABEL: "true"}})),
+            None
+        );
+        for vm in [
+            json!({"name": "victim"}),
+            json!({"name": "victim", "labels": {"team": "web"}}),
+            json!({"name": "victim", "labels": {MANAGED_LABEL: "false"}}),
+        ] {
+            let refusal = not_ours(&vm).expect("refused");
+            assert!(refusal.contains("instance victim has no label proxy-operator-managed=true"));
         }
     }
 

@@ -145,11 +145,20 @@ impl Provider for GcpProvider {
             );
             return Ok(());
         };
-        let response = call(
-            "DELETE",
-            &format!("{}/instances/{name}", zone_url(&config, zone)),
-            None,
-        )?;
+        // The id is the Proxy's status, which can be edited: delete only a VM this operator made.
+        let what = format!("get instance {zone}/{name}");
+        let url = format!("{}/instances/{name}", zone_url(&config, zone));
+        let found = call("GET", &url, None)?;
+        match found.status {
+            200 => {
+                if let Some(refusal) = compute::not_ours(&parse(&what, &found)?) {
+                    return Err(ProviderError::NotFound(refusal));
+                }
+            }
+            404 => return Ok(()),
+            status => return Err(compute::api_error(&what, status, &found.body)),
+        }
+        let response = call("DELETE", &url, None)?;
         match response.status {
             200 | 404 => Ok(()),
             status => Err(compute::api_error(

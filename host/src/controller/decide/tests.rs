@@ -398,3 +398,18 @@ fn an_instance_listed_as_another_proxys_is_never_deleted() {
     // A provider that reports no owner cannot be checked: the delete goes ahead.
     assert_eq!(refuse_foreign_delete(&p, &with_owner(None)), None);
 }
+
+#[test]
+fn a_delete_that_finds_nothing_lets_the_proxy_go_and_says_why() {
+    let note = delete_found_nothing(
+        "europe-west1-b/victim",
+        "gcp-eu",
+        "instance victim has no label proxy-operator-managed=true",
+    );
+    assert_eq!(note.type_, EventType::Normal);
+    assert_eq!(note.reason, "NothingDeleted");
+    assert_eq!(
+        note.message,
+        "provider gcp-eu deleted nothing at europe-west1-b/victim: instance victim has no label proxy-operator-managed=true"
+    );
+}
