@@ -63,12 +63,21 @@ enum PluginCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Load a component in the real runtime and run `validate-config` on a provider instance.
+    /// Check configs as the operator does (the plugin's JSON Schema, the grants, then
+    /// `validate-config`): one entry against a component, or a whole providers config.
     Validate {
-        file: PathBuf,
+        /// The component (with `--config`).
+        #[arg(required_unless_present = "providers_config", requires = "config")]
+        file: Option<PathBuf>,
         /// A providers-config entry (YAML or JSON): `config` and `grants`.
+        #[arg(long, conflicts_with = "providers_config")]
+        config: Option<PathBuf>,
+        /// A whole providers config: every entry, its plugin from `--plugins-dir` (or its URL).
         #[arg(long)]
-        config: PathBuf,
+        providers_config: Option<PathBuf>,
+        /// Where the built-in plugins are, as the operator's `--plugins-dir`.
+        #[arg(long, env = "PLUGINS_DIR", default_value = "/plugins")]
+        plugins_dir: PathBuf,
     },
     /// Call one provider function against real capabilities.
     Run {
@@ -82,6 +91,9 @@ enum PluginCommand {
         /// For `grants.libvirt`: the known_hosts file the hypervisors' host keys are checked against.
         #[arg(long, requires = "ssh_key")]
         known_hosts: Option<PathBuf>,
+        /// For `grants.kube`: the cluster (default `KUBECONFIG`, then `~/.kube/config`).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
         #[command(subcommand)]
         function: RunFunction,
     },
@@ -156,16 +168,31 @@ async fn main() -> ExitCode {
             PluginCommand::Inspect { file, config } => {
                 plugin::inspect(file, config.as_deref()).await
             }
-            PluginCommand::Validate { file, config } => plugin::validate(file, config).await,
+            PluginCommand::Validate {
+                file,
+                config,
+                providers_config,
+                plugins_dir,
+            } => match (file, config, providers_config) {
+                (Some(file), Some(config), _) => plugin::validate(file, config).await,
+                (_, _, Some(providers_config)) => {
+                    plugin::validate_providers_config(providers_config, plugins_dir).await
+                }
+                _ => unreachable!("clap requires FILE --config or --providers-config"),
+            },
             PluginCommand::Run {
                 file,
                 config,
                 ssh_key,
                 known_hosts,
+                kubeconfig,
                 function,
             } => {
-                let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
-                plugin::run(file, config, ssh, function).await
+                let access = plugin::RunAccess {
+                    ssh: ssh_key.as_deref().zip(known_hosts.as_deref()),
+                    kubeconfig: kubeconfig.as_deref(),
+                };
+                plugin::run(file, config, access, function).await
             }
         },
     };
@@ -175,9 +202,11 @@ async fn main() -> ExitCode {
                 "{}",
                 serde_json::to_string_pretty(&value).expect("JSON values always serialize")
             );
-            // `plugin inspect` of a file that cannot load still prints what it found, but fails,
+            // `plugin inspect` of a file that cannot load, or `plugin validate` of a bad config,
+            // still prints what it found, but fails,
             // so a script or a CI step can tell.
-            if value.get("loads") == Some(&serde_json::Value::Bool(false)) {
+            let refused = serde_json::Value::Bool(false);
+            if value.get("loads") == Some(&refused) || value.get("valid") == Some(&refused) {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS

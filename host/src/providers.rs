@@ -172,7 +172,7 @@ impl Providers {
 
 /// Checks a config against the JSON Schema the plugin describes, before the plugin sees it. The
 /// message names the field path, e.g. `config.hosts[0].zone: 7 is not of type "string"`.
-fn check_schema(plugin: &LoadedPlugin, config: &serde_json::Value) -> Result<(), String> {
+pub fn check_schema(plugin: &LoadedPlugin, config: &serde_json::Value) -> Result<(), String> {
     if plugin.info.config_schema.trim().is_empty() {
         return Ok(());
     }

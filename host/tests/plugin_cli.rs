@@ -139,7 +139,8 @@ fn validate_accepts_a_good_config_and_names_the_field_of_a_bad_one() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("config.endpiont: unknown field `endpiont`, expected `endpoint`"),
+        stderr
+            .contains("config: Additional properties are not allowed ('endpiont' was unexpected)"),
         "{stderr}"
     );
 
@@ -155,6 +156,164 @@ fn validate_accepts_a_good_config_and_names_the_field_of_a_bad_one() {
     assert!(
         stderr.contains("type `kvm` does not match the plugin"),
         "{stderr}"
+    );
+}
+
+/// `validate` runs the plugin's JSON Schema first, as the operator does at start: a config the
+/// plugin's own parser would take (`null` for an optional string) but the schema refuses is
+/// refused here too, not only later on hot load.
+#[test]
+fn validate_checks_the_json_schema_as_the_operator_does() {
+    let plugin = plugin_path("test");
+    let dir = tempfile::tempdir().unwrap();
+    let null = write(
+        dir.path(),
+        "null.yaml",
+        "config:\n  endpoint: http://127.0.0.1:1\n  checkFailsWith: null\n",
+    );
+    let output = operator(&[
+        "plugin",
+        "validate",
+        plugin.to_str().unwrap(),
+        "--config",
+        &null,
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("config.checkFailsWith: null is not of type \"string\"")
+            && stderr.contains("JSON Schema of the `test` plugin"),
+        "{stderr}"
+    );
+}
+
+/// `validate --providers-config` binds every entry as the operator does at start and reports
+/// each; one bad entry fails the whole run, naming its index, entry and field.
+#[test]
+fn validate_takes_a_whole_providers_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "providers.yaml",
+        "providers:\n- {name: good, type: test, config: {endpoint: \"memory:1\"}}\n- {name: schema, type: test, config: {endpoint: \"memory:1\", checkFailsWith: 7}}\n- {name: plugin, type: test, config: {endpoint: \"ftp://x\"}}\n- {name: missing, type: nosuch, config: {}}\n",
+    );
+    let plugins = plugins_dir();
+    let output = operator(&[
+        "plugin",
+        "validate",
+        "--providers-config",
+        &config,
+        "--plugins-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success(), "one bad entry fails the run");
+    let out: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(out["valid"], false);
+    let entries = out["providers"].as_array().unwrap();
+    assert_eq!(entries.len(), 4);
+    assert_eq!(entries[0]["valid"], true, "{out}");
+    let error = |i: usize| entries[i]["error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        error(1).contains("providers[1] (schema).config.checkFailsWith: 7 is not of type"),
+        "{}",
+        error(1)
+    );
+    assert!(
+        error(2).contains(
+            "providers[2] (plugin): the `test` plugin rejected its config: config.endpoint"
+        ),
+        "{}",
+        error(2)
+    );
+    assert!(
+        error(3).contains("providers[3] (missing).type"),
+        "{}",
+        error(3)
+    );
+
+    let good = write(
+        dir.path(),
+        "good.yaml",
+        "providers:\n- {name: good, type: test, config: {endpoint: \"memory:1\"}}\n",
+    );
+    let out = json_out(&operator(&[
+        "plugin",
+        "validate",
+        "--providers-config",
+        &good,
+        "--plugins-dir",
+        plugins.to_str().unwrap(),
+    ]));
+    assert_eq!(out["valid"], true);
+}
+
+/// `run` gets the `kube` capability from a kubeconfig, with the operator's grant checks: the
+/// test provider keeps its instance as a labelled ConfigMap in the granted namespace of a real
+/// API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_reaches_a_cluster_through_the_kubeconfig() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cp = harness::ControlPlane::shared().await;
+    let ns = cp.namespace("px-plugin-run").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = plugin_path("test").display().to_string();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "name: dev\ntype: test\nconfig: {{endpoint: \"kube:\"}}\ngrants: {{kube: {{namespace: {}, kinds: [v1/ConfigMap]}}}}\n",
+            ns.name()
+        ),
+    );
+    let kubeconfig = cp.kubeconfig().display().to_string();
+    let listed = json_out(&operator(&[
+        "plugin",
+        "run",
+        &plugin,
+        "--config",
+        &entry,
+        "--kubeconfig",
+        &kubeconfig,
+        "list",
+    ]));
+    assert_eq!(listed, json!([]));
+    let maps: kube::Api<ConfigMap> = kube::Api::namespaced(ns.client(), ns.name());
+    let mut foreign = ConfigMap::default();
+    foreign.metadata.name = Some("someone-elses".into());
+    maps.create(&Default::default(), &foreign).await.unwrap();
+    let got = operator(&[
+        "plugin",
+        "run",
+        &plugin,
+        "--config",
+        &entry,
+        "--kubeconfig",
+        &kubeconfig,
+        "get",
+        "someone-elses",
+    ]);
+    assert!(
+        !got.status.success(),
+        "another's object is not there for the plugin"
+    );
+    assert!(
+        String::from_utf8_lossy(&got.stderr).contains("not found"),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    // Without a kubeconfig the error says how to give one.
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .args(["plugin", "run", &plugin, "--config", &entry, "list"])
+        .env("LOG_LEVEL", "warn")
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("--kubeconfig"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
     );
 }
 

@@ -10,11 +10,13 @@ use serde::Deserialize;
 use crate::capabilities::Grants;
 use crate::capabilities::libvirt::tunnel::SshMaterial;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use crate::config::ProvidersConfig;
 use crate::plugins::{
     EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
     inspect_component,
     types::{Capability, InstanceSpec},
 };
+use crate::providers::check_schema;
 
 /// A provider instance for trying a plugin: one entry of the providers config, where `name` and
 /// `type` may be left out.
@@ -60,9 +62,42 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow:
 }
 
 /// The SSH key and known_hosts files of `plugin run --ssh-key … --known-hosts …`.
-type SshFiles<'a> = Option<(&'a Path, &'a Path)>;
+pub type SshFiles<'a> = Option<(&'a Path, &'a Path)>;
+
+/// What `plugin run` may reach besides HTTP: hypervisors over SSH, and a cluster.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunAccess<'a> {
+    pub ssh: SshFiles<'a>,
+    /// The kubeconfig of `--kubeconfig` (else `KUBECONFIG`, else `~/.kube/config`), used only
+    /// when the entry grants `kube`.
+    pub kubeconfig: Option<&'a Path>,
+}
+
+/// The cluster client of `plugin run`, as the operator's: from the kubeconfig.
+async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .with_context(|| format!("using the kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("grants.kube needs a cluster: pass --kubeconfig FILE or set KUBECONFIG")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
 
 async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
+    engine_with_kube(ssh, None).await
+}
+
+async fn engine_with_kube(
+    ssh: SshFiles<'_>,
+    kube: Option<kube::Client>,
+) -> anyhow::Result<Arc<PluginEngine>> {
     let mut libvirt = None;
     if let Some((key, known_hosts)) = ssh {
         let read = |path: &Path, what: &str| {
@@ -82,6 +117,7 @@ async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
     let options = EngineOptions {
         pool_instances: 0,
         libvirt,
+        kube,
         ..EngineOptions::default()
     };
     PluginEngine::new(options, &prometheus::Registry::new())
@@ -148,11 +184,15 @@ fn declared_and_granted(declared: &[Capability], grants: &Grants) -> serde_json:
 async fn instance(
     file: &Path,
     instance_file: &Path,
-    ssh: SshFiles<'_>,
+    access: RunAccess<'_>,
 ) -> anyhow::Result<ProviderInstance> {
-    let engine = engine(ssh).await?;
-    let plugin = load(&engine, file).await?;
     let entry: InstanceFile = read_yaml(instance_file, "provider instance file")?;
+    let kube = match entry.grants.kube {
+        Some(_) => Some(kube_client(access.kubeconfig).await?),
+        None => None,
+    };
+    let engine = engine_with_kube(access.ssh, kube).await?;
+    let plugin = load(&engine, file).await?;
     if let Some(t) = &entry.provider_type
         && t != &plugin.info.name
     {
@@ -166,6 +206,14 @@ async fn instance(
         .name
         .clone()
         .unwrap_or_else(|| plugin.info.name.clone());
+    // As the operator does: the plugin's JSON Schema first, then its own validate-config.
+    check_schema(&plugin, &entry.config).map_err(|message| {
+        anyhow::anyhow!(
+            "{}: {message} (the JSON Schema of the `{}` plugin; `proxy-operator plugin inspect` shows it)",
+            instance_file.display(),
+            plugin.info.name
+        )
+    })?;
     let grants = entry
         .grants
         .validate()
@@ -181,9 +229,10 @@ async fn instance(
     .with_context(|| format!("{}: grants", instance_file.display()))
 }
 
-/// `plugin validate FILE --config FILE`: load the plugin and run `validate-config`.
+/// `plugin validate FILE --config FILE`: load the plugin, check the config against its schema
+/// and run `validate-config`.
 pub async fn validate(file: &Path, instance_file: &Path) -> anyhow::Result<serde_json::Value> {
-    let instance = instance(file, instance_file, None).await?;
+    let instance = instance(file, instance_file, RunAccess::default()).await?;
     instance.validate_config().await?;
     Ok(serde_json::json!({
         "valid": true,
@@ -196,10 +245,10 @@ pub async fn validate(file: &Path, instance_file: &Path) -> anyhow::Result<serde
 pub async fn run(
     file: &Path,
     instance_file: &Path,
-    ssh: SshFiles<'_>,
+    access: RunAccess<'_>,
     function: &RunFunction,
 ) -> anyhow::Result<serde_json::Value> {
-    let instance = instance(file, instance_file, ssh).await?;
+    let instance = instance(file, instance_file, access).await?;
     // As the operator does before it binds a config: a plugin may rely on a validated config.
     instance.validate_config().await?;
     Ok(match function {
@@ -215,4 +264,37 @@ pub async fn run(
         RunFunction::List => serde_json::to_value(instance.list().await?)?,
         RunFunction::Check => serde_json::to_value(instance.check().await?)?,
     })
+}
+
+/// `plugin validate --providers-config FILE`: every entry bound as the operator binds it at start
+/// (its plugin from the plugins directory or its URL with the pinned digest, the JSON Schema,
+/// the grants, `validate-config`), each reported on its own; `valid` only if all are.
+pub async fn validate_providers_config(
+    providers_config: &Path,
+    plugins_dir: &Path,
+) -> anyhow::Result<serde_json::Value> {
+    let config = ProvidersConfig::load(providers_config)?;
+    let engine = engine(None).await?;
+    let mut entries = Vec::new();
+    for (index, entry) in config.providers.iter().enumerate() {
+        // One entry at a time, so each is reported; its index keeps the operator's wording.
+        let mut alone = config.clone();
+        alone.providers = vec![entry.clone()];
+        let bound =
+            crate::registry::load_providers(&engine, plugins_dir, &alone, providers_config).await;
+        let mut report = serde_json::json!({"name": entry.name, "type": entry.provider_type});
+        match bound {
+            Ok(_) => report["valid"] = true.into(),
+            Err(e) => {
+                report["valid"] = false.into();
+                let message = e
+                    .message
+                    .replacen("providers[0]", &format!("providers[{index}]"), 1);
+                report["error"] = format!("{}: {message}", e.file).into();
+            }
+        }
+        entries.push(report);
+    }
+    let valid = entries.iter().all(|e| e["valid"] == true);
+    Ok(serde_json::json!({ "valid": valid, "providers": entries }))
 }

@@ -11,7 +11,7 @@ pub fn parse_config<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Pro
     let mut deserializer = serde_json::Deserializer::from_str(json);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
-        let inner = err.into_inner();
+        let inner = without_position(&err.into_inner());
         let location = if path == "." || path.is_empty() {
             "config".to_string()
         } else {
@@ -19,6 +19,17 @@ pub fn parse_config<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, Pro
         };
         ProviderError::InvalidConfig(format!("{location}: {inner}"))
     })
+}
+
+/// serde_json's message without its "at line 1 column 45": a position in the JSON the host made
+/// from the providers config, which means nothing to the person who wrote the YAML.
+fn without_position(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let suffix = format!(" at line {} column {}", error.line(), error.column());
+    message
+        .strip_suffix(&suffix)
+        .map(str::to_string)
+        .unwrap_or(message)
 }
 
 #[cfg(test)]
@@ -54,6 +65,7 @@ mod tests {
             msg.starts_with("config.hosts[0].port: invalid type"),
             "{msg}"
         );
+        assert!(!msg.contains("column"), "{msg}");
     }
 
     #[test]
@@ -71,6 +83,10 @@ mod tests {
             parse_config::<Config>(r#"{"hosts":[{"name":"a","port":1,"prot":2}]}"#).unwrap_err(),
         );
         assert!(msg.contains("unknown field `prot`"), "{msg}");
+        assert!(
+            !msg.contains("line 1"),
+            "no position in host-made JSON: {msg}"
+        );
     }
 
     #[test]
