@@ -346,7 +346,9 @@ async fn remove_stale(
     Ok(())
 }
 
-/// Runs passes every `interval` until the task is dropped.
+/// Runs passes every `interval`, and at once after every swap of the provider set (so
+/// `PluginLoaded` follows a hot swap within a second, not at the next interval), until the task
+/// is dropped.
 pub async fn run(
     client: Client,
     providers: ProviderSet,
@@ -355,10 +357,15 @@ pub async fn run(
     timeout: Duration,
     metrics: HealthMetrics,
 ) {
+    use futures_util::StreamExt;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut swaps = std::pin::pin!(providers.swaps());
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            Some(()) = swaps.next() => {}
+        }
         if let Err(e) = pass(
             &client,
             &providers.current(),

@@ -245,6 +245,9 @@ impl PluginRegistry {
     ) -> Result<(Providers, Vec<Change>), String> {
         let strict = matches!(mode, Mode::Start { strict: true });
         let mut out = Assembly::default();
+        // An upload swaps for every instance of its type or for none (see `keep_types_whole`).
+        let mut swapped = Vec::new();
+        let mut rejected = HashMap::new();
         for (index, entry) in config.providers.iter().enumerate() {
             let at = format!("providers[{index}] ({})", entry.name);
             let previous = state
@@ -278,6 +281,7 @@ impl PluginRegistry {
             }
             match bind_entry(&self.engine, &at, entry, plugin.clone()).await {
                 Ok(instance) => {
+                    swapped.push((entry.clone(), previous.clone()));
                     out.changes.push(Change::Loaded {
                         provider: entry.name.clone(),
                         plugin_type: entry.provider_type.clone(),
@@ -288,15 +292,25 @@ impl PluginRegistry {
                 }
                 // A config edit that a plugin rejects is refused as a whole.
                 Err(reason) if !matches!(mode, Mode::Update) => return Err(reason),
-                Err(reason) => self.refuse(
-                    &mut out,
-                    entry,
-                    previous,
-                    format!("the new plugin version rejected the config: {reason}"),
-                    resolved.from_configmap,
-                    true,
-                ),
+                Err(reason) => {
+                    rejected
+                        .entry(entry.provider_type.clone())
+                        .or_insert_with(|| {
+                            format!("provider instance {} refused it: {reason}", entry.name)
+                        });
+                    self.refuse(
+                        &mut out,
+                        entry,
+                        previous,
+                        format!("the new plugin version rejected the config: {reason}"),
+                        resolved.from_configmap,
+                        true,
+                    )
+                }
             }
+        }
+        if matches!(mode, Mode::Update) {
+            out.keep_types_whole(&rejected, swapped);
         }
         // Forget compiled plugins nothing uses any more.
         let in_use: std::collections::HashSet<String> = out

@@ -37,7 +37,34 @@ pub(super) struct Assembly {
     pub changes: Vec<Change>,
 }
 
+/// A provider instance bound to a changed plugin in this assembly, with what served it before.
+pub(super) type Swapped = (
+    ProviderEntry,
+    Option<(ProviderEntry, Arc<ProviderInstance>)>,
+);
+
 impl Assembly {
+    /// One upload swaps for every instance of its plugin type or for none: where some instance
+    /// refused the new version (`rejected`: type → why), the instances that took it go back to
+    /// what served them before, so no type runs two versions at once.
+    pub fn keep_types_whole(&mut self, rejected: &HashMap<String, String>, swapped: Vec<Swapped>) {
+        for (entry, previous) in swapped {
+            let Some(why) = rejected.get(&entry.provider_type) else {
+                continue;
+            };
+            self.changes.retain(
+                |change| !matches!(change, Change::Loaded { provider, .. } if *provider == entry.name),
+            );
+            self.serving.remove(&entry.name);
+            self.instances.remove(&entry.name);
+            let reason = format!(
+                "the new version of plugin `{}` is not swapped in for any of its instances: {why}",
+                entry.provider_type
+            );
+            self.refuse(&entry, previous, reason, true);
+        }
+    }
+
     pub fn serve(&mut self, entry: &ProviderEntry, instance: Arc<ProviderInstance>) {
         self.serving
             .insert(entry.name.clone(), (entry.clone(), instance.clone()));

@@ -350,6 +350,82 @@ async fn a_plugin_in_the_configmap_is_hot_loaded_replaced_under_load_and_survive
     );
 }
 
+/// An upload swaps for every instance of its type or for none: when one instance refuses the
+/// new version, the other keeps the old one too, and both say why, in ProviderHealth's
+/// `PluginLoaded` at once (the check interval here is an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_one_instance_refuses_is_swapped_in_for_none() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-swap-whole").await.unwrap();
+    let (fits, odd) = (format!("{}-fits", ns.name()), format!("{}-odd", ns.name()));
+    // `test-next` takes any object as config; `test` only its own schema: `odd` refuses it.
+    let config = format!(
+        "providers:\n- {{name: {fits}, type: x, config: {{endpoint: \"memory:1\"}}}}\n- {{name: {odd}, type: x, config: {{colour: blue}}}}\n"
+    );
+    let mut setup = Setup::start(&ns, &config, None).await;
+    setup.watch(&ns);
+    let health = tokio::spawn(proxy_operator::providerhealth::run(
+        cp.client(),
+        setup.registry.providers(),
+        "po-swap".into(),
+        Duration::from_secs(3600),
+        Duration::from_secs(5),
+        HealthMetrics::register(&prometheus::Registry::new()).unwrap(),
+    ));
+    let old = plugin_bytes("test-next");
+    setup.put("x.wasm", old.clone()).await;
+    until("the old version serving both", || {
+        setup.serving_sha(&fits) == Some(sha(&old)) && setup.serving_sha(&odd) == Some(sha(&old))
+    })
+    .await;
+
+    setup.put("x.wasm", plugin_bytes("test")).await;
+    until("the refusal", || {
+        setup.registry.providers().current().problem(&odd).is_some()
+    })
+    .await;
+    let current = setup.registry.providers().current();
+    assert_eq!(
+        setup.serving_sha(&fits),
+        Some(sha(&old)),
+        "the instance that would take the new version keeps the old one"
+    );
+    assert_eq!(setup.serving_sha(&odd), Some(sha(&old)));
+    let why = current
+        .problem(&fits)
+        .expect("it says why it was not swapped");
+    assert!(
+        why.contains("not swapped in for any of its instances")
+            && why.contains(&format!("provider instance {odd} refused it")),
+        "{why}"
+    );
+    let refused = current.problem(&odd).unwrap();
+    assert!(
+        refused.contains("the new plugin version rejected the config"),
+        "{refused}"
+    );
+
+    // ProviderHealth follows the swap, not the hourly check.
+    let api: Api<ProviderHealth> = Api::all(cp.client());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let object = api.get_opt(&fits).await.unwrap();
+        let plugin_loaded = object.as_ref().map(|ph| condition(ph, "PluginLoaded"));
+        if let Some((status, _, message)) = &plugin_loaded
+            && status == "False"
+            && message.contains("not swapped in")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "PluginLoaded did not follow the swap: {plugin_loaded:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    health.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_waits_while_its_plugin_is_missing_and_is_made_when_it_arrives() {
     let cp = control_plane().await;
