@@ -44,6 +44,11 @@ pub enum Reason {
     Unhealthy,
     ProbeSucceeded,
     ProbeFailed,
+    /// The provider answered `quota`; retried slowly.
+    Quota,
+    /// A provider call failed in a way worth retrying (a `transient` answer, a plugin stopped by
+    /// the sandbox).
+    Retrying,
 }
 
 impl Reason {
@@ -63,6 +68,8 @@ impl Reason {
             Reason::Unhealthy => "Unhealthy",
             Reason::ProbeSucceeded => "ProbeSucceeded",
             Reason::ProbeFailed => "ProbeFailed",
+            Reason::Quota => "Quota",
+            Reason::Retrying => "Retrying",
         }
     }
 }

@@ -284,6 +284,7 @@ pub fn observed(
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
     Retry {
+        reason: Reason,
         message: String,
         after: Option<Duration>,
     },
@@ -305,10 +306,12 @@ pub fn classify(error: &CallError) -> Failure {
                 message,
                 retry_after,
             } => Failure::Retry {
+                reason: Reason::Retrying,
                 message: message.clone(),
                 after: *retry_after,
             },
             ProviderError::Quota(m) => Failure::Retry {
+                reason: Reason::Quota,
                 message: format!("quota: {m}"),
                 after: Some(Duration::from_secs(60)),
             },
@@ -320,6 +323,7 @@ pub fn classify(error: &CallError) -> Failure {
         },
         // The sandbox stopped the plugin: retry, a later call may behave.
         other => Failure::Retry {
+            reason: Reason::Retrying,
             message: other.to_string(),
             after: None,
         },
@@ -336,11 +340,28 @@ pub fn call_failed(
 ) -> Effects {
     let generation = proxy.metadata.generation;
     match classify(error) {
-        Failure::Retry { message, after } => {
-            status.last_error = Some(format!("{action}: {message}"));
+        Failure::Retry {
+            reason,
+            message,
+            after,
+        } => {
+            let last_error = format!("{action}: {message}");
+            // One event per new answer, not one per retry of the same answer.
+            let new_answer = status.last_error.as_deref() != Some(last_error.as_str());
+            status.last_error = Some(last_error);
+            let said = format!("{action} at provider {provider}: {message}; retrying");
+            if action == "Create" {
+                // Not made yet: the conditions say why (a quota, an outage), not only lastError.
+                conditions::not_provisioned(&mut status.conditions, reason, &said, generation);
+            }
+            let notes = if new_answer {
+                vec![Note::warning(reason.as_str(), said)]
+            } else {
+                Vec::new()
+            };
             Effects {
                 status,
-                notes: Vec::new(),
+                notes,
                 then: Then::Retry {
                     message: format!("{provider} {action}: {message}"),
                     after,
@@ -504,7 +525,7 @@ pub fn delete_found_nothing(id: &str, provider: &str, detail: &str) -> Note {
 /// Proxy cannot go until its instance is gone).
 pub fn delete_failed(id: &str, error: &CallError) -> (Note, Then) {
     let (message, after) = match classify(error) {
-        Failure::Retry { message, after } => (message, after),
+        Failure::Retry { message, after, .. } => (message, after),
         Failure::Permanent { message, .. } => (message, Some(Duration::from_secs(60))),
     };
     (

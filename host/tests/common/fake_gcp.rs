@@ -36,6 +36,8 @@ pub struct GcpState {
     pub zones: Vec<String>,
     /// The next insert fails with this quota error.
     pub quota_exceeded: bool,
+    /// Every insert fails with the quota error until this is cleared.
+    pub quota_exhausted: bool,
     /// The external IP new instances get.
     pub nat_ip: String,
     /// Every `Authorization` header the Compute API saw.
@@ -316,7 +318,7 @@ async fn insert(
         );
     }
     let mut state = shared.state.lock().unwrap();
-    if std::mem::take(&mut state.quota_exceeded) {
+    if std::mem::take(&mut state.quota_exceeded) || state.quota_exhausted {
         return error(
             403,
             "quotaExceeded",

@@ -299,6 +299,59 @@ async fn a_provider_id_patched_to_a_vm_the_operator_did_not_make_deletes_nothing
     );
 }
 
+/// A `quota` answer reaches the Proxy as a condition and an event, not only `lastError`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_answer_shows_in_the_conditions_and_an_event() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gcp-quota").await.unwrap();
+    let fake = FakeGcp::start(&ZONES).await;
+    fake.with(|s| s.quota_exhausted = true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut entry = entry(&fake, &key_file(&fake, &dir));
+    entry["name"] = "gcp-eu".into();
+    entry["type"] = "gcp".into();
+    let providers = providers_with(
+        test_options(),
+        &serde_json::json!({"providers": [entry]}).to_string(),
+    )
+    .await;
+    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let yaml =
+        proxy_yaml(ns.name(), "vm-q", "gcp-eu", "").replace("zone: zone-a", "zone: europe-west1-b");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: kube::Api<Proxy> = ns.api();
+    let waiting = wait_for(&proxies, "vm-q", "the Quota condition", |p| {
+        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Provisioned" && c.reason == "Quota")
+        })
+    })
+    .await
+    .unwrap();
+    let status = waiting.status.unwrap();
+    let provisioned = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Provisioned")
+        .unwrap();
+    assert_eq!(provisioned.status, "False");
+    assert!(
+        provisioned.message.contains("quotaExceeded"),
+        "{}",
+        provisioned.message
+    );
+    let events = super::events_of(cp, &ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "Quota" && e["type"] == "Warning"),
+        "a Quota event in {events:?}"
+    );
+}
+
 /// Cuts the squid.conf out of a managed squid setup script (a quoted heredoc) and has real
 /// squid parse it.
 fn squid_accepts_the_scripts_conf(script: &str) {

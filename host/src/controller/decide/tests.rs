@@ -413,3 +413,67 @@ fn a_delete_that_finds_nothing_lets_the_proxy_go_and_says_why() {
         "provider gcp-eu deleted nothing at europe-west1-b/victim: instance victim has no label proxy-operator-managed=true"
     );
 }
+
+/// A `quota` (or `transient`) answer to a create is not only `lastError`: the conditions say it,
+/// and one event per new answer (not per retry of the same answer).
+#[test]
+fn a_retried_create_says_why_in_a_condition_and_one_event() {
+    let quota = provider_error(ProviderError::Quota(
+        "CPUS in europe-west1: 24 of 24".into(),
+    ));
+    let first = call_failed(
+        &proxy(2, None),
+        ProxyStatus::default(),
+        "gcp-eu",
+        "Create",
+        &quota,
+    );
+    let condition = |status: &ProxyStatus, type_: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let (status, reason, message) = condition(&first.status, "Provisioned").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Quota"));
+    assert_eq!(
+        message,
+        "Create at provider gcp-eu: quota: CPUS in europe-west1: 24 of 24; retrying"
+    );
+    assert_eq!(condition(&first.status, "Ready").unwrap().1, "Quota");
+    assert_eq!(first.notes.len(), 1);
+    assert_eq!(first.notes[0].reason, "Quota");
+    assert_eq!(first.notes[0].type_, EventType::Warning);
+    assert_eq!(
+        first.status.observed_generation, None,
+        "the spec is not acted on yet"
+    );
+
+    // The same answer at the next retry: no second event.
+    let again = call_failed(
+        &proxy(2, None),
+        first.status.clone(),
+        "gcp-eu",
+        "Create",
+        &quota,
+    );
+    assert!(again.notes.is_empty());
+    // Another answer: its own event, reason Retrying.
+    let busy = provider_error(ProviderError::Transient {
+        message: "busy".into(),
+        retry_after: None,
+    });
+    let other = call_failed(&proxy(2, None), again.status, "gcp-eu", "Create", &busy);
+    assert_eq!(other.notes[0].reason, "Retrying");
+    // A failed `get` of a running instance leaves its conditions alone.
+    let running = with(Some(Phase::Ready), Some("vm-1"), Some(2));
+    let got = call_failed(
+        &proxy(2, Some(running.clone())),
+        running.clone(),
+        "gcp-eu",
+        "Get",
+        &busy,
+    );
+    assert_eq!(got.status.conditions, running.conditions);
+}
