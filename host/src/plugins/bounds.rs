@@ -68,6 +68,8 @@ fn invalid(function: &str, what: String) -> ProviderError {
     ))
 }
 
+/// An identifier goes into statuses, events, log lines and metric labels: at most
+/// [`MAX_ID_BYTES`], and no control characters (a newline would forge a log line).
 fn check_id(function: &str, field: &str, value: &str) -> Result<(), ProviderError> {
     if value.len() > MAX_ID_BYTES {
         return Err(invalid(
@@ -75,10 +77,20 @@ fn check_id(function: &str, field: &str, value: &str) -> Result<(), ProviderErro
             format!("{field} is {} bytes; at most {MAX_ID_BYTES}", value.len()),
         ));
     }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(invalid(
+            function,
+            format!("{field} holds the control character {c:?}; identifiers are printable text"),
+        ));
+    }
     Ok(())
 }
 
 fn instance(function: &str, mut instance: Instance) -> Result<Instance, ProviderError> {
+    // The id is what the operator records and later hands back to `get` and `delete`.
+    if instance.provider_id.is_empty() {
+        return Err(invalid(function, "provider-id is empty".into()));
+    }
     check_id(function, "provider-id", &instance.provider_id)?;
     check_id(function, "name", &instance.name)?;
     for (field, value) in [("address", &instance.address), ("zone", &instance.zone)] {
@@ -189,6 +201,14 @@ mod tests {
                 .to_string()
                 .contains("provider-id is 513 bytes")
         );
+        for (id, says) in [
+            ("", "provider-id is empty"),
+            ("vm\nERROR forged", "control character '\\n'"),
+        ] {
+            let refused = answer("get", Ok(Output::Instance(one(id.into()))));
+            let message = refused.err().unwrap().to_string();
+            assert!(message.contains(says), "{message}");
+        }
         let Ok(Output::Instance(kept)) = answer("get", Ok(Output::Instance(one("ok".into()))))
         else {
             panic!()
