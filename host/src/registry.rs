@@ -451,6 +451,8 @@ impl PluginRegistry {
         let Some((namespace, name)) = self.sources.options.configmap.clone() else {
             return;
         };
+        // Said at start, where a plugin author looks first (outside a cluster it is `default`).
+        tracing::info!(%namespace, configmap = %name, "watching the plugins ConfigMap (set POD_NAMESPACE to change the namespace)");
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
         let recorder = events::recorder(client);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
