@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Exit-IP","type":"string","priority":1,"jsonPath":".status.exitIP"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+// No `deny_unknown_fields`: the CRD's structural schema validates what users write, and a field
+// from a newer CRD must not make this operator fail to list every Proxy.
+#[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::api::kubernetes_formats)]
 pub struct ProxySpec {
     /// The provider instance that makes this proxy: a `name` from the operator's providers config
@@ -87,7 +89,8 @@ fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 /// Where and on what a proxy runs.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+// As `ProxySpec`: unknown fields (a newer CRD) are the schema's to judge, not this operator's.
+#[serde(rename_all = "camelCase")]
 pub struct Placement {
     /// Zone (cloud) or hypervisor group (kvm) to place the proxy in.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1308,6 +1308,59 @@ async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
     assert!(note.contains(&format!("{}/victim", ns.name())), "{note}");
 }
 
+/// A CRD newer than the operator (a field this operator does not know, set on one Proxy) does
+/// not stop it from listing and reconciling every Proxy: the CRD's schema validates, the
+/// operator ignores what it does not know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_from_a_newer_crd_does_not_stop_the_operator() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let cp = control_plane().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(cp.client());
+    let mut crd =
+        serde_json::to_value(crds.get("proxies.crawl.example.com").await.unwrap()).unwrap();
+    for version in crd["spec"]["versions"].as_array_mut().unwrap() {
+        version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["futureField"] =
+            serde_json::json!({"type": "string", "description": "added by a newer operator"});
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+    crds.replace("proxies.crawl.example.com", &Default::default(), &crd)
+        .await
+        .unwrap();
+
+    let ns = cp.namespace("px-newer-crd").await.unwrap();
+    let store = InstanceStore::start().await;
+    let api: Api<Proxy> = ns.api();
+    let newer = proxy_yaml(ns.name(), "newer", "store", "").replace(
+        "  provider: store\n",
+        "  provider: store\n  futureField: from-a-newer-operator\n",
+    );
+    assert!(newer.contains("futureField"), "{newer}");
+    // The API server keeps the field (it is in the CRD's schema now).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        cp.kubectl_run(&["apply", "-f", "-"], Some(&newer))
+            .await
+            .unwrap();
+        let raw = cp
+            .kubectl_run(
+                &["get", "proxy", "newer", "-n", ns.name(), "-o", "json"],
+                None,
+            )
+            .await
+            .unwrap();
+        if raw.contains("from-a-newer-operator") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the field was pruned: {raw}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _operator = Operator::start(&ns, &store).await;
+    apply_ready(cp, &ns, &api, "older").await;
+    wait_for(&api, "newer", "Ready", |p| phase(p) == Some(Phase::Ready))
+        .await
+        .unwrap();
+}
+
 /// A hostile provider's retry hints of 0 and 2^64 − 1 ms (a hot loop, an overflowing deadline)
 /// do not stop the controller: a Proxy of another provider still becomes Ready, and the hostile
 /// Proxies say why they wait.
