@@ -25,6 +25,16 @@ use serde::{Deserialize, Serialize};
 // from a newer CRD must not make this operator fail to list every Proxy.
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::api::kubernetes_formats)]
+// What the instance was made from cannot change under it: the operator would have to ignore the
+// edit (while `observedGeneration` moved as if it were applied) or replace a running proxy.
+// Refused by the API server instead, with the way out in the message. `recreateOnLoss` stays
+// editable: it is read when the instance is lost.
+#[x_kube(validation = Rule::new("has(self.placement) == has(oldSelf.placement) && (!has(self.placement) || self.placement == oldSelf.placement)").message("spec.placement is immutable: the instance was made there; delete the Proxy and apply it again to move it"))]
+#[x_kube(validation = Rule::new("self.port == oldSelf.port").message("spec.port is immutable: squid listens on it; delete the Proxy and apply it again to change it"))]
+#[x_kube(validation = Rule::new("has(self.cloudInit) == has(oldSelf.cloudInit) && (!has(self.cloudInit) || self.cloudInit == oldSelf.cloudInit)").message("spec.cloudInit is immutable: it ran when the instance was made; delete the Proxy and apply it again to change it"))]
+#[x_kube(validation = Rule::new("has(self.vendorData) == has(oldSelf.vendorData) && (!has(self.vendorData) || self.vendorData == oldSelf.vendorData)").message("spec.vendorData is immutable: it ran when the instance was made; delete the Proxy and apply it again to change it"))]
+#[x_kube(validation = Rule::new("self.installGuestAgent == oldSelf.installGuestAgent").message("spec.installGuestAgent is immutable: delete the Proxy and apply it again to change it"))]
+#[x_kube(validation = Rule::new("has(self.providerOptions) == has(oldSelf.providerOptions) && (!has(self.providerOptions) || self.providerOptions == oldSelf.providerOptions)").message("spec.providerOptions is immutable: the provider made the instance with them; delete the Proxy and apply it again to change them"))]
 pub struct ProxySpec {
     /// The provider instance that makes this proxy: a `name` from the operator's providers config
     /// (e.g. `kvm-home`). Immutable: to move a proxy, create a new one.

@@ -52,6 +52,31 @@ pub enum Reason {
 }
 
 impl Reason {
+    const ALL: [Reason; 16] = [
+        Reason::PluginNotLoaded,
+        Reason::UnknownProvider,
+        Reason::InstanceRunning,
+        Reason::Provisioning,
+        Reason::InstanceLost,
+        Reason::NotFound,
+        Reason::ProviderError,
+        Reason::InvalidConfig,
+        Reason::Unauthorized,
+        Reason::Denied,
+        Reason::Healthy,
+        Reason::Unhealthy,
+        Reason::ProbeSucceeded,
+        Reason::ProbeFailed,
+        Reason::Quota,
+        Reason::Retrying,
+    ];
+
+    /// The reason of the condition of `type_`, if it is one of the operator's.
+    pub fn of(conditions: &[Condition], type_: Type) -> Option<Reason> {
+        let found = conditions.iter().find(|c| c.type_ == type_.as_str())?;
+        Reason::ALL.into_iter().find(|r| r.as_str() == found.reason)
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::PluginNotLoaded => "PluginNotLoaded",

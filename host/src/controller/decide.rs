@@ -22,6 +22,18 @@ pub const RESYNC: Duration = Duration::from_secs(300);
 /// every provider-set swap (`Controller::reconcile_all_on`); this is only the safety net.
 const WAIT_FOR_PLUGIN: Duration = Duration::from_secs(300);
 const WAIT_FOR_PROVIDER: Duration = Duration::from_secs(300);
+/// How often a failure caused outside the spec (credentials, grants, the providers config) is
+/// tried again, so it recovers once that is fixed; a provider swap retries at once.
+pub const RECHECK_OUTSIDE_SPEC: Duration = Duration::from_secs(300);
+
+/// Whether a permanent failure comes from outside the Proxy's spec: a credential, a grant, the
+/// provider instance's config. Such a failure is not the spec's to fix, so it is retried.
+pub fn caused_outside_spec(reason: Reason) -> bool {
+    matches!(
+        reason,
+        Reason::Unauthorized | Reason::Denied | Reason::InvalidConfig
+    )
+}
 
 /// Where the Proxy's provider instance stands in the providers config.
 #[derive(Debug, Clone, PartialEq)]
@@ -163,7 +175,10 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
         ProviderLookup::Loaded { .. } => {
             let failed_for_this_spec =
                 status.phase == Some(Phase::Failed) && status.observed_generation == generation;
-            if failed_for_this_spec {
+            // A failure from outside the spec is tried again (slowly, see `call_failed`).
+            let outside_spec = Reason::of(&status.conditions, conditions::Type::Ready)
+                .is_some_and(caused_outside_spec);
+            if failed_for_this_spec && !outside_spec {
                 // Permanent failure: no hot loop until the spec changes (a new generation).
                 return Step::Done(Effects {
                     status,
@@ -368,16 +383,34 @@ pub fn call_failed(
                 },
             }
         }
-        Failure::Permanent { reason, message } => {
-            let message = format!("{action} failed at provider {provider}: {message}");
+        Failure::Permanent {
+            reason,
+            message: answer,
+        } => {
+            let message = format!("{action} failed at provider {provider}: {answer}");
+            let new_answer = status.last_error.as_deref() != Some(message.as_str());
             status.phase = Some(Phase::Failed);
             status.last_error = Some(message.clone());
             status.observed_generation = generation;
             conditions::not_provisioned(&mut status.conditions, reason, &message, generation);
+            let then = if caused_outside_spec(reason) {
+                // Fixed outside the spec (a Secret, a grant, the providers config): try again.
+                Then::Retry {
+                    message: format!("{provider} {action}: {answer}"),
+                    after: Some(RECHECK_OUTSIDE_SPEC),
+                }
+            } else {
+                Then::AwaitChange
+            };
+            let notes = if new_answer {
+                vec![Note::warning(reason.as_str(), message)]
+            } else {
+                Vec::new()
+            };
             Effects {
                 status,
-                notes: vec![Note::warning(reason.as_str(), message)],
-                then: Then::AwaitChange,
+                notes,
+                then,
             }
         }
     }

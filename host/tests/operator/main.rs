@@ -564,7 +564,8 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
 
     apply_ready(cp, &ns, &api, "broken").await;
     store.state.fail_get.store(true, Ordering::SeqCst);
-    // A spec change makes the operator look again; get now fails permanently.
+    // A spec change (the one field that may change) makes the operator look again; get now
+    // fails permanently.
     cp.kubectl_run(
         &[
             "patch",
@@ -574,7 +575,7 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
             ns.name(),
             "--type=merge",
             "-p",
-            r#"{"spec":{"port":3129}}"#,
+            r#"{"spec":{"recreateOnLoss":true}}"#,
         ],
         None,
     )
@@ -1306,6 +1307,150 @@ async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
         .expect("a DeleteRefused event");
     let note = refused["note"].as_str().unwrap();
     assert!(note.contains(&format!("{}/victim", ns.name())), "{note}");
+}
+
+/// A Proxy that failed for a reason outside its spec (here the provider instance's grant does not
+/// allow its store) recovers once the providers config is fixed, with no edit to the Proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_outside_the_spec_recovers_when_it_is_fixed() {
+    use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-recover").await.unwrap();
+    let store = InstanceStore::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("providers.yaml");
+    let wrong_grant = format!(
+        "providers:\n- name: store\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://127.0.0.1:1\"]}}}}\n",
+        store.url()
+    );
+    std::fs::write(&config_file, &wrong_grant).unwrap();
+    let (engine, _) = engine_with(test_options()).await;
+    let registry = PluginRegistry::start(
+        engine,
+        RegistryOptions {
+            plugins_dir: plugins_dir(),
+            configmap: None,
+            download_dir: None,
+        },
+        &config_file,
+        None,
+        RegistryMetrics::unregistered().unwrap(),
+    )
+    .await
+    .unwrap();
+    let _operator = Operator::with_providers(ns.client(), &ns, registry.providers());
+    let api: Api<Proxy> = ns.api();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "blocked", "store", "")),
+    )
+    .await
+    .unwrap();
+    let failed = wait_for(&api, "blocked", "Failed: denied", |p| {
+        phase(p) == Some(Phase::Failed)
+    })
+    .await
+    .unwrap();
+    let generation = failed.metadata.generation;
+    let error = failed.status.unwrap().last_error.unwrap();
+    assert!(
+        error.contains("is not in this provider instance's grants.http.allow"),
+        "{error}"
+    );
+
+    // The platform engineer fixes the grant; the Proxy is not touched.
+    std::fs::write(
+        &config_file,
+        format!("providers:\n{}", store_provider("store", &store)),
+    )
+    .unwrap();
+    registry
+        .reload_config()
+        .await
+        .expect("the fixed config is valid");
+    let ready = wait_for(&api, "blocked", "Ready after the fix", |p| {
+        phase(p) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        ready.metadata.generation, generation,
+        "no spec edit was needed"
+    );
+}
+
+/// Edits to what an instance was made from are refused by the API server, naming the field and
+/// the way out, so `observedGeneration` never moves for an edit the operator did not apply;
+/// `recreateOnLoss` stays editable.
+#[rstest::rstest]
+#[case::port(
+    "  cloudInit: \"#cloud-config\\n\"\n",
+    "  cloudInit: \"#cloud-config\\n\"\n  port: 8080\n",
+    "spec.port is immutable"
+)]
+#[case::placement(
+    "  placement: {zone: zone-a}\n",
+    "  placement: {zone: zone-b}\n",
+    "spec.placement is immutable"
+)]
+#[case::cloud_init(
+    "  cloudInit: \"#cloud-config\\n\"\n",
+    "  cloudInit: \"#cloud-config\\npackages: [squid]\\n\"\n",
+    "spec.cloudInit is immutable"
+)]
+#[case::cloud_init_removed(
+    "  cloudInit: \"#cloud-config\\n\"\n",
+    "",
+    "spec.cloudInit is immutable"
+)]
+#[case::vendor_data_added(
+    "  cloudInit: \"#cloud-config\\n\"\n",
+    "  cloudInit: \"#cloud-config\\n\"\n  vendorData: \"#cloud-config\\n\"\n",
+    "spec.vendorData is immutable"
+)]
+#[case::provider_options(
+    "  cloudInit: \"#cloud-config\\n\"\n",
+    "  cloudInit: \"#cloud-config\\n\"\n  providerOptions: {size: large}\n",
+    "spec.providerOptions is immutable"
+)]
+#[case::guest_agent(
+    "  cloudInit: \"#cloud-config\\n\"\n",
+    "  cloudInit: \"#cloud-config\\n\"\n  installGuestAgent: false\n",
+    "spec.installGuestAgent is immutable"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_the_instance_cannot_follow_are_refused_by_the_api_server(
+    #[case] before: &str,
+    #[case] after: &str,
+    #[case] says: &str,
+) {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-immutable").await.unwrap();
+    let original = proxy_yaml(ns.name(), "fixed", "store", "");
+    assert!(original.contains(before), "{original}");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&original))
+        .await
+        .unwrap();
+    let edited = original.replace(before, after);
+    let refused = cp
+        .kubectl_run(&["apply", "-f", "-"], Some(&edited))
+        .await
+        .expect_err("the edit is refused");
+    assert!(refused.to_string().contains(says), "{refused:#}");
+    assert!(
+        refused
+            .to_string()
+            .contains("delete the Proxy and apply it again"),
+        "{refused:#}"
+    );
+    // What the operator reads when the instance is lost stays editable.
+    let recreate = original.replace(
+        "  provider: store\n",
+        "  provider: store\n  recreateOnLoss: true\n",
+    );
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&recreate))
+        .await
+        .expect("recreateOnLoss is editable");
 }
 
 /// A CRD newer than the operator (a field this operator does not know, set on one Proxy) does

@@ -219,13 +219,26 @@ fn provider_error(error: ProviderError) -> CallError {
     None,
     Then::Retry { message: "kvm-home Create: quota: no ports".into(), after: Some(Duration::from_secs(60)) }
 )]
-#[case::invalid_config_fails_until_the_spec_changes(
-    ProviderError::InvalidConfig("zone".into()),
+#[case::a_provider_error_fails_until_the_spec_changes(
+    ProviderError::Permanent("no such image".into()),
     Some(Phase::Failed),
     Then::AwaitChange
 )]
-#[case::unauthorized_fails(ProviderError::Unauthorized("key".into()), Some(Phase::Failed), Then::AwaitChange)]
-#[case::denied_fails(ProviderError::Denied("grant".into()), Some(Phase::Failed), Then::AwaitChange)]
+#[case::invalid_provider_config_fails_and_is_rechecked(
+    ProviderError::InvalidConfig("zone".into()),
+    Some(Phase::Failed),
+    Then::Retry { message: "kvm-home Create: zone".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+)]
+#[case::unauthorized_fails_and_is_rechecked(
+    ProviderError::Unauthorized("key".into()),
+    Some(Phase::Failed),
+    Then::Retry { message: "kvm-home Create: key".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+)]
+#[case::denied_fails_and_is_rechecked(
+    ProviderError::Denied("grant".into()),
+    Some(Phase::Failed),
+    Then::Retry { message: "kvm-home Create: grant".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+)]
 fn a_failed_call_is_retried_or_failed(
     #[case] error: ProviderError,
     #[case] phase: Option<Phase>,
@@ -476,4 +489,43 @@ fn a_retried_create_says_why_in_a_condition_and_one_event() {
         &busy,
     );
     assert_eq!(got.status.conditions, running.conditions);
+}
+
+/// A Proxy that failed for a reason outside its spec (a credential, a grant, the provider's
+/// config) is tried again without a spec edit; one that failed for its spec waits for an edit.
+#[rstest]
+#[case::unauthorized(ProviderError::Unauthorized("the SSH key was refused".into()), true)]
+#[case::denied(ProviderError::Denied("not in grants.http.allow".into()), true)]
+#[case::invalid_provider_config(ProviderError::InvalidConfig("config.hosts: empty".into()), true)]
+#[case::spec_problem(ProviderError::Permanent("no zone zone-x".into()), false)]
+fn a_failure_from_outside_the_spec_is_tried_again(
+    #[case] error: ProviderError,
+    #[case] tried_again: bool,
+) {
+    let failed = call_failed(
+        &proxy(3, None),
+        ProxyStatus::default(),
+        "kvm-home",
+        "Create",
+        &provider_error(error.clone()),
+    );
+    assert_eq!(failed.status.phase, Some(Phase::Failed));
+    let step = decide(
+        &proxy(3, Some(failed.status.clone())),
+        &ProviderLookup::Loaded {
+            name: "kvm-home".into(),
+        },
+        "px-1",
+    );
+    assert_eq!(matches!(step, Step::Create { .. }), tried_again, "{step:?}");
+    // The same answer again: the status stays, no second event.
+    let again = call_failed(
+        &proxy(3, None),
+        failed.status.clone(),
+        "kvm-home",
+        "Create",
+        &provider_error(error),
+    );
+    assert_eq!(again.status, failed.status);
+    assert!(again.notes.is_empty());
 }
