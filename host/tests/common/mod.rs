@@ -132,6 +132,9 @@ pub struct StoreState {
     pub list_delay: Mutex<Duration>,
     /// Delay of `GET /healthz` (what the provider's check calls).
     pub health_delay: Mutex<Duration>,
+    /// A create that completes at the provider this long after it was asked for, whether or
+    /// not the caller is still waiting (a cloud finishing an insert after the client gave up).
+    pub create_lag: Mutex<Duration>,
 }
 
 /// The test provider's instance store on a loopback port.
@@ -268,6 +271,24 @@ async fn put(
 ) -> (StatusCode, Json<serde_json::Value>) {
     let _guard = InFlight::enter(&state);
     pause(&state).await;
+    let lag = *state.create_lag.lock().unwrap();
+    if !lag.is_zero() {
+        // Stored by a task of its own, so it happens even if this request is given up.
+        let (state, id, body) = (state.clone(), id.clone(), body.clone());
+        let stored = tokio::spawn(async move {
+            tokio::time::sleep(lag).await;
+            store_instance(&state, id, &body)
+        });
+        return stored.await.expect("the store task");
+    }
+    store_instance(&state, id, &body)
+}
+
+fn store_instance(
+    state: &StoreState,
+    id: String,
+    body: &serde_json::Value,
+) -> (StatusCode, Json<serde_json::Value>) {
     let mut instances = state.instances.lock().unwrap();
     if let Some(existing) = instances.get(&id) {
         return (StatusCode::OK, Json(existing.clone()));

@@ -1309,6 +1309,75 @@ async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
     assert!(note.contains(&format!("{}/victim", ns.name())), "{note}");
 }
 
+/// A Proxy deleted while its create is still in flight (the operator's call timed out; the
+/// provider finishes the create later): the deletion finds nothing to delete, and the instance
+/// that appears afterwards is an orphan the next GC pass removes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_created_after_its_proxy_was_deleted_is_collected() {
+    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-inflight").await.unwrap();
+    let store = InstanceStore::start().await;
+    // The operator gives up on a call after 1 s; the store completes creates after 3 s.
+    *store.state.create_lag.lock().unwrap() = Duration::from_secs(3);
+    let options = proxy_operator::plugins::EngineOptions {
+        call_timeout: Duration::from_secs(1),
+        ..test_options()
+    };
+    let providers = providers_with(
+        options,
+        &format!("providers:\n{}", store_provider("store", &store)),
+    )
+    .await;
+    let set = proxy_operator::providers::ProviderSet::new(providers);
+    let _operator = Operator::with_providers(ns.client(), &ns, set.clone());
+    let api: Api<Proxy> = ns.api();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "doomed", "store", "")),
+    )
+    .await
+    .unwrap();
+    let timed_out = wait_for(&api, "doomed", "the create timed out", |p| {
+        p.and_then(|p| p.status.as_ref()?.last_error.clone())
+            .is_some_and(|e| e.contains("did not finish"))
+    })
+    .await
+    .unwrap();
+    assert!(timed_out.status.unwrap().provider_id.is_none());
+    api.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(&api, "doomed", "gone", |p| p.is_none()).await;
+
+    // The provider finishes the create after the Proxy is gone: an orphan.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.ids().is_empty() {
+        assert!(Instant::now() < deadline, "the late create never completed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let options = GcOptions {
+        interval: Duration::from_secs(60),
+        min_age: Duration::ZERO,
+        dry_run: false,
+        namespace: Some(ns.name().to_string()),
+        allow_namespaced: false,
+        parallelism: 4,
+        abandoned: None,
+    };
+    let metrics = GcMetrics::register(&prometheus::Registry::new()).unwrap();
+    pass(
+        &ns.client(),
+        &set.current(),
+        "test-operator",
+        &options,
+        &metrics,
+    )
+    .await
+    .unwrap();
+    assert!(store.ids().is_empty(), "left: {:?}", store.ids());
+}
+
 /// A Proxy that failed for a reason outside its spec (here the provider instance's grant does not
 /// allow its store) recovers once the providers config is fixed, with no edit to the Proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
