@@ -4,6 +4,10 @@
 //! and `status`, `Operation` answers to insert and delete, list answers without `items` when
 //! empty, and errors as `{"error": {"code", "message", "errors": [{"reason", …}], "status"}}`
 //! with the documented reasons (`notFound`, `alreadyExists`, `quotaExceeded`, `required`).
+//! Zone operations are kept and listed (`filter=targetLink = "…"`); an insert can be accepted
+//! and then fail as its operation (`DONE` with `error.errors[].code`, the VM never made), as
+//! Google's do for an exhausted zone, a missing image or a missing permission. Lists are paged
+//! (`maxResults`, `pageToken`, `nextPageToken`).
 //!
 //! It checks what the real ones check: the JWT's RS256 signature against the service account's
 //! public key, its `aud` and scope, and a bearer token it issued on every Compute request.
@@ -43,6 +47,14 @@ pub struct GcpState {
     /// Every `Authorization` header the Compute API saw.
     pub authorizations: Vec<String>,
     operations: usize,
+    /// Every zone operation, as `zone/operation-N` → Operation resource.
+    pub operation_log: BTreeMap<String, Value>,
+    /// Inserts accepted and then failed with `(code, message)` as their operation's error.
+    pub insert_fails_with: Option<(String, String)>,
+    /// Insert requests seen.
+    pub inserts: usize,
+    /// Items per page of `instances.list` (0: Google's default, 500).
+    pub page_size: usize,
 }
 
 pub struct FakeGcp {
@@ -93,6 +105,7 @@ impl FakeGcp {
                 &format!("{base}/instances/{{name}}"),
                 get(get_instance).delete(delete),
             )
+            .route(&format!("{base}/operations"), get(list_operations))
             .route(&format!("{base}/operations/{{operation}}"), get(operation))
             .with_state(shared);
         let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -287,6 +300,7 @@ fn operation_for(
         "targetLink": target,
         "status": "RUNNING",
         "progress": 0,
+        "insertTime": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         "selfLink": format!("{}/operations/{name}", zone_link(base, project, zone)),
     })
 }
@@ -318,6 +332,7 @@ async fn insert(
         );
     }
     let mut state = shared.state.lock().unwrap();
+    state.inserts += 1;
     if std::mem::take(&mut state.quota_exceeded) || state.quota_exhausted {
         return error(
             403,
@@ -338,6 +353,18 @@ async fn insert(
                 "The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists"
             ),
         );
+    }
+    if let Some((code, message)) = state.insert_fails_with.clone() {
+        // Accepted, then failed: the operation says why, and no VM is made.
+        let mut op = operation_for(&mut state, &base, &project, &zone, "insert", &self_link);
+        op["status"] = json!("DONE");
+        op["progress"] = json!(100);
+        op["error"] = json!({"errors": [{"code": code, "message": message}]});
+        record(&mut state, &zone, &op);
+        let mut answer = op;
+        answer["status"] = json!("RUNNING");
+        answer.as_object_mut().unwrap().remove("error");
+        return Json(answer).into_response();
     }
     body["kind"] = json!("compute#instance");
     body["id"] = json!(format!(
@@ -363,7 +390,55 @@ async fn insert(
     }
     state.instances.insert(key, body);
     let op = operation_for(&mut state, &base, &project, &zone, "insert", &self_link);
+    let mut done = op.clone();
+    done["status"] = json!("DONE");
+    done["progress"] = json!(100);
+    record(&mut state, &zone, &done);
     Json(op).into_response()
+}
+
+fn record(state: &mut GcpState, zone: &str, op: &Value) {
+    let name = op["name"].as_str().unwrap_or_default();
+    state
+        .operation_log
+        .insert(format!("{zone}/{name}"), op.clone());
+}
+
+/// `zoneOperations.list` with `filter=targetLink = "…"`.
+async fn list_operations(
+    State(shared): State<Arc<Shared>>,
+    Path((project, zone)): Path<(String, String)>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(e) = refused(&shared, &headers, &project, &zone) {
+        return e;
+    }
+    let query: BTreeMap<String, String> =
+        url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    let target = query.get("filter").and_then(|f| {
+        let (key, value) = f.split_once('=')?;
+        (key.trim() == "targetLink").then(|| value.trim().trim_matches('"').to_string())
+    });
+    let state = shared.state.lock().unwrap();
+    let items: Vec<&Value> = state
+        .operation_log
+        .iter()
+        .filter(|(key, _)| key.starts_with(&format!("{zone}/")))
+        .map(|(_, op)| op)
+        .filter(|op| {
+            target
+                .as_ref()
+                .is_none_or(|t| op["targetLink"] == t.as_str())
+        })
+        .collect();
+    let mut answer = json!({"kind": "compute#operationList", "id": format!("projects/{project}/zones/{zone}/operations")});
+    if !items.is_empty() {
+        answer["items"] = json!(items);
+    }
+    Json(answer).into_response()
 }
 
 /// Each read moves a new instance one step on: PROVISIONING → STAGING → RUNNING.
@@ -464,9 +539,23 @@ async fn list(
         })
         .collect();
     let mut answer = json!({"kind": "compute#instanceList", "id": format!("projects/{project}/zones/{zone}/instances")});
+    // One page: `pageToken` is the index of its first item here (opaque to the client).
+    let size = match (query.get("maxResults"), state.page_size) {
+        (Some(n), _) => n.parse().unwrap_or(500),
+        (None, 0) => 500,
+        (None, n) => n,
+    };
+    let start: usize = query
+        .get("pageToken")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let page: Vec<&Value> = items.iter().skip(start).take(size).copied().collect();
+    if start + size < items.len() {
+        answer["nextPageToken"] = json!((start + size).to_string());
+    }
     // Google leaves `items` out of an empty list.
-    if !items.is_empty() {
-        answer["items"] = json!(items);
+    if !page.is_empty() {
+        answer["items"] = json!(page);
     }
     Json(answer).into_response()
 }

@@ -352,6 +352,81 @@ async fn a_quota_answer_shows_in_the_conditions_and_an_event() {
     );
 }
 
+/// An insert Google accepts and whose zone operation then fails (here: the image does not
+/// exist) makes the Proxy `Failed` with the operation's error, after one insert, instead of an
+/// insert every 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_whose_operation_fails_fails_the_proxy_with_its_error() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gcp-opfail").await.unwrap();
+    let fake = FakeGcp::start(&ZONES).await;
+    fake.with(|s| {
+        s.insert_fails_with = Some((
+            "RESOURCE_NOT_FOUND".into(),
+            "The resource 'projects/debian-cloud/global/images/family/debian-99' was not found"
+                .into(),
+        ))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut entry = entry(&fake, &key_file(&fake, &dir));
+    entry["name"] = "gcp-eu".into();
+    entry["type"] = "gcp".into();
+    let providers = providers_with(
+        test_options(),
+        &serde_json::json!({"providers": [entry]}).to_string(),
+    )
+    .await;
+    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let yaml = proxy_yaml(ns.name(), "vm-bad-image", "gcp-eu", "")
+        .replace("zone: zone-a", "zone: europe-west1-b");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: kube::Api<Proxy> = ns.api();
+    let failed = wait_for(&proxies, "vm-bad-image", "Failed", |p| {
+        phase(p) == Some(Phase::Failed)
+    })
+    .await
+    .unwrap();
+    let error = failed.status.unwrap().last_error.unwrap();
+    assert!(
+        error.contains("failed: RESOURCE_NOT_FOUND: The resource 'projects/debian-cloud/global/images/family/debian-99' was not found"),
+        "{error}"
+    );
+    assert_eq!(fake.with(|s| s.inserts), 1, "one insert, not one every 2 s");
+    assert!(fake.with(|s| s.instances.is_empty()));
+}
+
+/// `list` follows `nextPageToken`: with one VM a page, all three are listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_follows_every_page() {
+    let fake = FakeGcp::start(&ZONES).await;
+    fake.with(|s| s.page_size = 1);
+    let dir = tempfile::tempdir().unwrap();
+    let provider = gcp_provider(&entry(&fake, &key_file(&fake, &dir))).await;
+    for name in ["px-page-1", "px-page-2", "px-page-3"] {
+        let mut want = spec(name, serde_json::json!({}));
+        want.zone = Some("europe-west1-b".into());
+        provider.create(want).await.unwrap();
+    }
+    let mut listed: Vec<String> = provider
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.provider_id)
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            "europe-west1-b/px-page-1",
+            "europe-west1-b/px-page-2",
+            "europe-west1-b/px-page-3"
+        ]
+    );
+}
+
 /// Cuts the squid.conf out of a managed squid setup script (a quoted heredoc) and has real
 /// squid parse it.
 fn squid_accepts_the_scripts_conf(script: &str) {

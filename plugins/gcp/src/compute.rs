@@ -183,6 +183,61 @@ pub fn instance(zone: &str, vm: &Value) -> Instance {
     }
 }
 
+/// How long a failed insert operation answers for its VM: a create within this time gets the
+/// operation's error instead of inserting again; after it, the insert is tried again (the quota,
+/// image or permission may have been fixed).
+pub const FAILED_INSERT_ANSWERS_FOR_SECONDS: i64 = 60;
+
+/// The error of a finished zone operation (`status: DONE` with `error.errors`), as the provider
+/// error the operator acts on: quota-like codes are retried slowly, a permission is the
+/// credentials' (`unauthorized`), anything else (an image not found, a bad machine type) fails
+/// the Proxy. `None`: not finished, or finished without error.
+pub fn operation_error(operation: &Value) -> Option<ProviderError> {
+    if operation["status"] != "DONE" {
+        return None;
+    }
+    let first = operation["error"]["errors"].as_array()?.first()?;
+    let code = first["code"].as_str().unwrap_or("UNKNOWN");
+    let message = format!(
+        "the insert operation {} failed: {code}: {}",
+        operation["name"].as_str().unwrap_or("?"),
+        first["message"].as_str().unwrap_or("(no message)")
+    );
+    Some(
+        if code.contains("QUOTA")
+            || code.contains("RESOURCE_POOL_EXHAUSTED")
+            || code == "RESOURCE_EXHAUSTED"
+        {
+            ProviderError::Quota(message)
+        } else if code.contains("PERMISSION") || code == "FORBIDDEN" {
+            ProviderError::Unauthorized(format!(
+                "{message}; the service account needs compute.instances.create in the project"
+            ))
+        } else {
+            ProviderError::Permanent(message)
+        },
+    )
+}
+
+/// The latest failed insert among `operations` (the zone operations of one VM) still answering
+/// for it at `now` (unix seconds), as its provider error.
+pub fn recent_failed_insert(operations: &[Value], now: i64) -> Option<ProviderError> {
+    let latest = operations
+        .iter()
+        .filter(|op| op["operationType"] == "insert")
+        .filter_map(|op| Some((time_of(op)?, op)))
+        .max_by_key(|(at, _)| *at)?;
+    let (at, operation) = latest;
+    if now - at > FAILED_INSERT_ANSWERS_FOR_SECONDS {
+        return None;
+    }
+    operation_error(operation)
+}
+
+fn time_of(operation: &Value) -> Option<i64> {
+    proxy_operator_sdk::time::unix_seconds(operation["insertTime"].as_str()?)
+}
+
 /// A Google API error answer as a provider error: the `reason` of its first error decides.
 pub fn api_error(what: &str, status: u16, body: &[u8]) -> ProviderError {
     let parsed: Value = serde_json::from_slice(body).unwrap_or_default();
@@ -311,6 +366,58 @@ mod tests {
             ProviderError::Quota(m) => assert_eq!(m, "insert: HTTP 403 quotaExceeded: m"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_failed_insert_operation_answers_for_its_vm_for_a_minute() {
+        let op = |at: &str, code: Option<&str>| {
+            let mut op = json!({"name": "operation-1", "operationType": "insert", "status": "DONE", "insertTime": at});
+            if let Some(code) = code {
+                op["error"] = json!({"errors": [{"code": code, "message": "it went wrong"}]});
+            }
+            op
+        };
+        let now = proxy_operator_sdk::time::unix_seconds("2026-12-01T10:00:30Z").unwrap();
+        let failed =
+            |code: &str| recent_failed_insert(&[op("2026-12-01T10:00:00Z", Some(code))], now);
+        assert!(matches!(
+            failed("QUOTA_EXCEEDED"),
+            Some(ProviderError::Quota(_))
+        ));
+        assert!(matches!(
+            failed("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"),
+            Some(ProviderError::Quota(_))
+        ));
+        assert!(matches!(
+            failed("PERMISSION_DENIED"),
+            Some(ProviderError::Unauthorized(_))
+        ));
+        match failed("RESOURCE_NOT_FOUND") {
+            Some(ProviderError::Permanent(m)) => assert_eq!(
+                m,
+                "the insert operation operation-1 failed: RESOURCE_NOT_FOUND: it went wrong"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A minute on, the insert is tried again; a later success or a running one says nothing.
+        let later = now + FAILED_INSERT_ANSWERS_FOR_SECONDS + 1;
+        assert!(
+            recent_failed_insert(&[op("2026-12-01T10:00:00Z", Some("QUOTA_EXCEEDED"))], later)
+                .is_none()
+        );
+        assert!(
+            recent_failed_insert(
+                &[
+                    op("2026-12-01T10:00:00Z", Some("QUOTA_EXCEEDED")),
+                    op("2026-12-01T10:00:20Z", None)
+                ],
+                now
+            )
+            .is_none()
+        );
+        let mut running = op("2026-12-01T10:00:00Z", Some("QUOTA_EXCEEDED"));
+        running["status"] = json!("RUNNING");
+        assert!(recent_failed_insert(&[running], now).is_none());
     }
 
     #[test]

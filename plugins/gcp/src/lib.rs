@@ -44,6 +44,53 @@ fn parse(what: &str, response: &Response) -> Result<serde_json::Value, ProviderE
     })
 }
 
+/// Most pages one `list` follows per zone (500 VMs a page by default): a bound on a loop driven
+/// by the API's answers.
+const MAX_LIST_PAGES: usize = 100;
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The error of the latest insert of VM `name` if it failed within the last minute (the insert
+/// is an operation: Google accepts it, and it may fail afterwards: quota, image, permission).
+fn failed_insert(
+    config: &Config,
+    zone: &str,
+    name: &str,
+) -> Result<Option<ProviderError>, ProviderError> {
+    let what = format!("list the operations of instance {zone}/{name}");
+    let target = format!("{}/instances/{name}", zone_url(config, zone));
+    let filter: String = url_encode(&format!("targetLink = \"{target}\""));
+    let response = call(
+        "GET",
+        &format!("{}/operations?filter={filter}", zone_url(config, zone)),
+        None,
+    )?;
+    if response.status != 200 {
+        return Err(compute::api_error(&what, response.status, &response.body));
+    }
+    let page = parse(&what, &response)?;
+    let operations = page["items"].as_array().cloned().unwrap_or_default();
+    Ok(compute::recent_failed_insert(&operations, now_unix()))
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters kept).
+fn url_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
 /// The VM `name` in `zone`, `None` when it does not exist.
 fn find(config: &Config, zone: &str, name: &str) -> Result<Option<Instance>, ProviderError> {
     let what = format!("get instance {zone}/{name}");
@@ -97,6 +144,11 @@ impl Provider for GcpProvider {
         if let Some(existing) = find(&config, &zone, &spec.name)? {
             return Ok(existing);
         }
+        // An insert that failed after Google accepted it answers for a minute, instead of a new
+        // insert at every retry.
+        if let Some(error) = failed_insert(&config, &zone, &spec.name)? {
+            return Err(error);
+        }
         let managed_squid =
             proxy_operator_sdk::squid::managed(config.managed_squid, &spec.options)?;
         let body = compute::insert_body(&config, &spec, &zone, managed_squid);
@@ -118,12 +170,16 @@ impl Provider for GcpProvider {
             "inserted instance",
             &[("zone", &zone), ("name", &spec.name)],
         );
-        find(&config, &zone, &spec.name)?.ok_or_else(|| {
-            proxy_operator_sdk::transient(
-                format!("{what}: accepted, but not visible yet"),
-                Some(2000),
-            )
-        })
+        if let Some(made) = find(&config, &zone, &spec.name)? {
+            return Ok(made);
+        }
+        if let Some(error) = failed_insert(&config, &zone, &spec.name)? {
+            return Err(error);
+        }
+        Err(proxy_operator_sdk::transient(
+            format!("{what}: accepted, but not visible yet"),
+            Some(2000),
+        ))
     }
 
     fn get(config: Config, provider_id: String) -> Result<Instance, ProviderError> {
@@ -173,24 +229,44 @@ impl Provider for GcpProvider {
         let mut instances = Vec::new();
         for zone in &config.zones {
             let what = format!("list instances in {zone}");
-            let url = format!(
+            let first = format!(
                 "{}/instances?filter=labels.{}%20%3D%20%22true%22",
                 zone_url(&config, zone),
                 compute::MANAGED_LABEL
             );
-            let response = call("GET", &url, None)?;
-            if response.status != 200 {
-                return Err(compute::api_error(&what, response.status, &response.body));
+            let mut url = first.clone();
+            let mut complete = false;
+            // A zone with more VMs than one page answers `nextPageToken`: follow it.
+            for _ in 0..MAX_LIST_PAGES {
+                let response = call("GET", &url, None)?;
+                if response.status != 200 {
+                    return Err(compute::api_error(&what, response.status, &response.body));
+                }
+                let page = parse(&what, &response)?;
+                instances.extend(
+                    page["items"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|vm| compute::instance(zone, vm))
+                        .filter(|i| i.owner.is_some()),
+                );
+                match page["nextPageToken"].as_str() {
+                    Some(token) if !token.is_empty() => {
+                        url = format!("{first}&pageToken={}", url_encode(token));
+                    }
+                    _ => {
+                        complete = true;
+                        break;
+                    }
+                }
             }
-            let page = parse(&what, &response)?;
-            instances.extend(
-                page["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|vm| compute::instance(zone, vm))
-                    .filter(|i| i.owner.is_some()),
-            );
+            // A part of the list would hide instances from the garbage collector: say so.
+            if !complete {
+                return Err(ProviderError::Permanent(format!(
+                    "{what}: more than {MAX_LIST_PAGES} pages; the list is not complete"
+                )));
+            }
         }
         Ok(instances)
     }
