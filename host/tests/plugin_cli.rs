@@ -271,3 +271,227 @@ fn an_invalid_log_level_is_refused_naming_the_variable() {
         );
     }
 }
+
+/// The check names every passing `plugin test` run prints, in order after the bad configs.
+const LIFECYCLE_CHECKS: &[&str] = &[
+    "check-reasons",
+    "check-healthy",
+    "create",
+    "create-idempotent",
+    "get-after-create",
+    "list-shows-owner",
+    "delete",
+    "delete-twice",
+    "get-after-delete-is-not-found",
+    "list-after-delete-omits-it",
+];
+
+/// The conformance suite, as a library (what `plugin test` runs), against the test provider and
+/// its loopback instance store, and against the Python example on the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_test_provider_and_the_python_example_are_conformant() {
+    let store = InstanceStore::start().await;
+    let grants: proxy_operator::capabilities::Grants =
+        serde_json::from_value(json!({"http": {"allow": [format!("http://{}", store.addr)]}}))
+            .unwrap();
+    let (engine, _) = engine_with(test_options()).await;
+    let report = assert_conformant(
+        &engine,
+        "test",
+        json!({"endpoint": store.url()}),
+        grants.clone(),
+        None,
+    )
+    .await;
+    let names: Vec<&str> = report.checks.iter().map(|c| c.name.as_str()).collect();
+    for name in LIFECYCLE_CHECKS {
+        assert!(names.contains(name), "{name} ran: {names:?}");
+    }
+    assert!(names.contains(&"bad-config/missing-endpoint"), "{names:?}");
+    assert!(store.ids().is_empty(), "the suite leaves nothing behind");
+
+    // CPython's heap and start-up need more than the Rust provider's small limits.
+    let (engine, _) = engine_with(proxy_operator::plugins::EngineOptions {
+        memory_limit: 256 << 20,
+        cpu_budget: std::time::Duration::from_secs(10),
+        ..test_options()
+    })
+    .await;
+    assert_conformant(
+        &engine,
+        "python-example",
+        json!({"endpoint": store.url()}),
+        grants,
+        None,
+    )
+    .await;
+    assert!(store.ids().is_empty());
+}
+
+/// A provider that breaks the contract fails `plugin test` with a non-zero exit, and `--json`
+/// says which checks failed: the test provider's `memory:` endpoint hands out synthetic
+/// instances without owners that never go away.
+#[test]
+fn plugin_test_fails_a_provider_that_breaks_the_contract_and_says_why_in_json() {
+    let plugin = plugin_path("test");
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        "config: {endpoint: \"memory:1\"}\n",
+    );
+    let output = operator(&[
+        "plugin",
+        "test",
+        plugin.to_str().unwrap(),
+        "--config",
+        &entry,
+        "--json",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(report["plugin"], "test");
+    assert_eq!(report["passed"], false);
+    let outcome = |name: &str| {
+        let check = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {report}"));
+        (
+            check["outcome"].as_str().unwrap().to_string(),
+            check["detail"].as_str().unwrap().to_string(),
+        )
+    };
+    assert_eq!(outcome("create").0, "pass");
+    let (got, detail) = outcome("get-after-create");
+    assert_eq!(got, "fail");
+    assert!(detail.contains("no owner"), "{detail}");
+    let (got, detail) = outcome("get-after-delete-is-not-found");
+    assert_eq!(got, "fail");
+    assert!(detail.contains("still returns an instance"), "{detail}");
+    assert_eq!(outcome("check-reasons").0, "pass");
+}
+
+/// A child process stopped when the test ends, whether it passes or not.
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The target directory this test binary was built in: the scaffold's build shares it, so its
+/// dependencies (the SDK, wit-bindgen, serde) are compiled once.
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_BIN_EXE_proxy-operator"))
+                .ancestors()
+                .nth(2)
+                .expect("<target>/debug/proxy-operator")
+                .to_path_buf()
+        })
+}
+
+/// Issue #19: `plugin new` → `cargo build` → `plugin test` passes with no edits, with the commands
+/// docs/plugin-authoring.md walks through (the dev API on a free port instead of 8787).
+#[test]
+fn a_new_provider_builds_and_passes_plugin_test_as_generated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut api = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["plugin", "dev-api", "--listen", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting plugin dev-api"),
+    );
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(api.0.stdout.take().unwrap()),
+        &mut first_line,
+    )
+    .unwrap();
+    let api_url = first_line
+        .trim()
+        .strip_prefix("dev API listening on ")
+        .unwrap_or_else(|| panic!("dev-api printed {first_line:?}"))
+        .to_string();
+
+    let crate_dir = dir.path().join("hetzner");
+    let created = operator(&[
+        "plugin",
+        "new",
+        "hetzner",
+        "--dir",
+        crate_dir.to_str().unwrap(),
+        "--api-url",
+        &api_url,
+    ]);
+    assert!(created.status.success(), "{created:?}");
+    for file in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "src/api.rs",
+        "README.md",
+        "instance.yaml",
+    ] {
+        assert!(crate_dir.join(file).is_file(), "{file} generated");
+    }
+    let target = target_dir();
+    let build = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--release", "--target", "wasm32-wasip2"])
+        .current_dir(&crate_dir)
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .expect("running cargo build");
+    assert!(
+        build.status.success(),
+        "cargo build: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let component = target.join("wasm32-wasip2/release/hetzner_provider.wasm");
+    let size = std::fs::metadata(&component).unwrap().len();
+    assert!(
+        size < 512 << 10,
+        "{size} bytes: the release profile keeps it small"
+    );
+
+    let tested = operator(&[
+        "plugin",
+        "test",
+        component.to_str().unwrap(),
+        "--config",
+        crate_dir.join("instance.yaml").to_str().unwrap(),
+    ]);
+    drop(api);
+    let stdout = String::from_utf8_lossy(&tested.stdout);
+    assert!(
+        tested.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    for name in LIFECYCLE_CHECKS.iter().chain(&[
+        "describe-schema",
+        "validate-config-accepts-config",
+        "bad-config/missing-apiUrl",
+    ]) {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ok ") && l.split_whitespace().nth(1) == Some(name)),
+            "no passing line for {name}:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("PASS hetzner 0.1.0"),
+        "{stdout}"
+    );
+}

@@ -53,16 +53,19 @@ pub enum RunFunction {
     Check,
 }
 
-fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<T> {
+pub(crate) fn read_yaml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+) -> anyhow::Result<T> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {what} {}", path.display()))?;
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
 }
 
 /// The SSH key and known_hosts files of `plugin run --ssh-key … --known-hosts …`.
-type SshFiles<'a> = Option<(&'a Path, &'a Path)>;
+pub(crate) type SshFiles<'a> = Option<(&'a Path, &'a Path)>;
 
-async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
+pub(crate) async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
     let mut libvirt = None;
     if let Some((key, known_hosts)) = ssh {
         let read = |path: &Path, what: &str| {

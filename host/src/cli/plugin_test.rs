@@ -1,0 +1,48 @@
+//! `proxy-operator plugin test COMPONENT --config ENTRY`: the conformance suite
+//! (`crate::conformance`) against a component, with the capabilities the entry grants.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use super::plugin::{InstanceFile, SshFiles, engine, read_yaml};
+use crate::conformance::{self, Report, Subject};
+use crate::plugins::types::InstanceSpec;
+
+/// Loads `file`, binds it to the entry in `instance_file` and runs every check; `spec_file`
+/// replaces the default spec (a provider that needs a zone, an image or options).
+pub async fn test(
+    file: &Path,
+    instance_file: &Path,
+    spec_file: Option<&Path>,
+    ssh: SshFiles<'_>,
+) -> anyhow::Result<Report> {
+    let engine = engine(ssh).await?;
+    let plugin = engine.load_file(file).await?;
+    let entry: InstanceFile = read_yaml(instance_file, "provider instance file")?;
+    if let Some(t) = &entry.provider_type
+        && t != &plugin.info.name
+    {
+        bail!(
+            "{}: type `{t}` does not match the plugin, which describes itself as `{}`",
+            instance_file.display(),
+            plugin.info.name
+        );
+    }
+    let grants = entry
+        .grants
+        .validate()
+        .with_context(|| format!("{}: grants", instance_file.display()))?;
+    let spec: InstanceSpec = match spec_file {
+        Some(path) => read_yaml(path, "instance spec file")?,
+        None => conformance::default_spec(),
+    };
+    let subject = Subject {
+        engine,
+        name: entry.name.unwrap_or_else(|| plugin.info.name.clone()),
+        plugin,
+        config: entry.config,
+        grants,
+    };
+    Ok(conformance::run(&subject, spec).await)
+}
