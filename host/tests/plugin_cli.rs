@@ -495,3 +495,115 @@ fn a_new_provider_builds_and_passes_plugin_test_as_generated() {
         "{stdout}"
     );
 }
+
+/// The body of the first function `fn name(` (Rust, by braces) or `def name(` (Python, by
+/// indentation) in `text`.
+fn function_body<'a>(text: &'a str, name: &str) -> &'a str {
+    if let Some(start) = text.find(&format!("def {name}(")) {
+        let indent = text[..start].rsplit('\n').next().unwrap_or("").len();
+        let body = &text[start..];
+        let mut end = body.len();
+        let mut offset = 0;
+        for (i, line) in body.split_inclusive('\n').enumerate() {
+            let leading = line.len() - line.trim_start().len();
+            if i > 0 && !line.trim().is_empty() && leading <= indent {
+                end = offset;
+                break;
+            }
+            offset += line.len();
+        }
+        return &body[..end];
+    }
+    let start = text
+        .find(&format!("fn {name}("))
+        .unwrap_or_else(|| panic!("no function {name}"));
+    let open = start + text[start..].find('{').unwrap();
+    let mut depth = 0;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[start..open + i + 1];
+                }
+            }
+            _ => {}
+        }
+    }
+    &text[start..]
+}
+
+/// Every check reason a provider in `plugins/` (and the scaffold) can return is one of the
+/// documented set the conformance suite checks (`proxy_operator::conformance::CHECK_REASONS`),
+/// and docs/plugin-authoring.md lists exactly that set. A reason is a quoted CamelCase word in
+/// the functions that build check targets.
+#[test]
+fn providers_use_only_documented_check_reasons() {
+    use proxy_operator::conformance::{CHECK_REASONS, is_check_reason};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources: &[(&str, &[&str])] = &[
+        ("plugins/gcp/src/lib.rs", &["check"]),
+        ("plugins/kubernetes/src/lib.rs", &["check"]),
+        ("plugins/kvm/src/lib.rs", &["check_host"]),
+        ("plugins/kvm/src/outcome.rs", &["check_reason"]),
+        ("plugins/test-provider/src/lib.rs", &["check"]),
+        ("plugins/examples/python/app.py", &["check"]),
+        ("host/src/cli/scaffold/api.rs.tmpl", &["check"]),
+    ];
+    // Quoted words that are not reasons: object kinds the check lists.
+    let not_reasons = ["Pod", "ConfigMap"];
+    let mut found = Vec::new();
+    for (file, functions) in sources {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for function in *functions {
+            let body = function_body(&text, function);
+            for literal in body.split('"').skip(1).step_by(2) {
+                let camel = literal.starts_with(|c: char| c.is_ascii_uppercase())
+                    && literal.chars().all(|c| c.is_ascii_alphanumeric())
+                    && literal.chars().any(|c| c.is_ascii_lowercase());
+                if camel && !not_reasons.contains(&literal) {
+                    assert!(
+                        is_check_reason(literal),
+                        "{file} {function}: `{literal}` is not a documented check reason"
+                    );
+                    found.push(literal.to_string());
+                }
+            }
+        }
+    }
+    assert!(found.len() >= 10, "the scan sees the reasons: {found:?}");
+
+    let docs = std::fs::read_to_string(root.join("docs/plugin-authoring.md")).unwrap();
+    let section = docs
+        .split("## Check reasons")
+        .nth(1)
+        .expect("docs/plugin-authoring.md has a \"Check reasons\" section");
+    let documented: Vec<&str> = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| `"))
+        .take_while(|l| l.starts_with("| `"))
+        .filter_map(|l| l.split('`').nth(1))
+        .collect();
+    let constant: Vec<&str> = CHECK_REASONS.iter().map(|(r, _)| *r).collect();
+    assert_eq!(
+        documented, constant,
+        "the docs' table and CHECK_REASONS agree"
+    );
+}
+
+#[test]
+fn function_bodies_end_where_the_function_ends() {
+    let python = "class P:\n    def check(self):\n        return \"Ok\"\n\n    def list(self):\n        return \"Later\"\n";
+    let body = function_body(python, "check");
+    assert!(
+        body.contains("\"Ok\"") && !body.contains("Later"),
+        "{body:?}"
+    );
+    let rust = "fn check() -> X {\n    let m = format!(\"{}\", 1);\n    \"Ok\"\n}\nfn other() { \"Later\" }\n";
+    let body = function_body(rust, "check");
+    assert!(
+        body.ends_with("\"Ok\"\n}") && !body.contains("Later"),
+        "{body:?}"
+    );
+}
