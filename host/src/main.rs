@@ -155,36 +155,6 @@ fn write_crds(out: Option<&std::path::Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `plugin test`: the report as lines (or JSON), exit 0 only when every check passed.
-fn finish_test(
-    report: anyhow::Result<proxy_operator::conformance::Report>,
-    json: bool,
-) -> ExitCode {
-    match report {
-        Ok(report) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("a report serializes")
-                );
-            } else {
-                for line in report.lines() {
-                    println!("{line}");
-                }
-            }
-            if report.passed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -224,35 +194,15 @@ async fn main() -> ExitCode {
                 },
         } => {
             let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
-            let report =
-                proxy_operator::cli::plugin_test::test(file, config, spec.as_deref(), ssh).await;
-            return finish_test(report, *json);
+            let spec = spec.as_deref();
+            return proxy_operator::cli::plugin_test::command(file, config, spec, ssh, *json).await;
         }
         Command::Plugin {
             command: PluginCommand::New(args),
-        } => {
-            return match proxy_operator::cli::scaffold::new(args) {
-                Ok(summary) => {
-                    println!("{summary}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        } => return proxy_operator::cli::scaffold::command(args),
         Command::Plugin {
             command: PluginCommand::DevApi { listen },
-        } => {
-            return match proxy_operator::cli::dev_api::serve(*listen).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        } => return proxy_operator::cli::dev_api::command(*listen).await,
         Command::Plugin { command } => match command {
             PluginCommand::Inspect { file, config } => {
                 plugin::inspect(file, config.as_deref()).await

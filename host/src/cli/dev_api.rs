@@ -56,6 +56,17 @@ pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
         .context("serving the dev API")
 }
 
+/// `plugin dev-api` as a command: serves until Ctrl-C.
+pub async fn command(listen: SocketAddr) -> std::process::ExitCode {
+    match serve(listen).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The stored instances; a poisoned lock (a handler panicked) still holds valid data.
 fn lock(instances: &Instances) -> std::sync::MutexGuard<'_, BTreeMap<String, Value>> {
     instances.lock().unwrap_or_else(|e| e.into_inner())

@@ -2,6 +2,7 @@
 //! (`crate::conformance`) against a component, with the capabilities the entry grants.
 
 use std::path::Path;
+use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
@@ -45,4 +46,40 @@ pub async fn test(
         grants,
     };
     Ok(conformance::run(&subject, spec).await)
+}
+
+/// `plugin test` as a command: the report as lines (or JSON with `json`); exit 0 only when every
+/// check passed, 1 when one did not, 2 when the suite could not run at all.
+pub async fn command(
+    file: &Path,
+    instance_file: &Path,
+    spec_file: Option<&Path>,
+    ssh: SshFiles<'_>,
+    json: bool,
+) -> ExitCode {
+    let report = match test(file, instance_file, spec_file, ssh).await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("error: printing the report: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        for line in report.lines() {
+            println!("{line}");
+        }
+    }
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -158,6 +158,20 @@ pub fn new(args: &NewArgs) -> anyhow::Result<String> {
     ))
 }
 
+/// `plugin new` as a command: what to run next on stdout, or the error on stderr.
+pub fn command(args: &NewArgs) -> std::process::ExitCode {
+    match new(args) {
+        Ok(summary) => {
+            println!("{summary}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
