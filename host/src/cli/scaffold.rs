@@ -10,6 +10,11 @@ use anyhow::{Context, bail};
 /// on crates.io, so a new crate depends on it by path.
 const SDK_IN_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/sdk");
 
+/// The operator's own lock file, written as the new crate's: the SDK's dependencies at the
+/// versions this source builds and tests with, already in the local cargo cache, so the first
+/// build needs no network (cargo trims the file to the crate's own dependencies).
+const WORKSPACE_LOCK: &str = include_str!("../../../Cargo.lock");
+
 /// The flags of `plugin new`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NewArgs {
@@ -98,6 +103,7 @@ pub fn render(values: &Values) -> Result<Vec<(&'static str, String)>, String> {
             fill(include_str!("scaffold/instance.yaml.tmpl")),
         ),
         (".gitignore", fill(include_str!("scaffold/gitignore.tmpl"))),
+        ("Cargo.lock", WORKSPACE_LOCK.to_string()),
     ])
 }
 
