@@ -80,6 +80,17 @@ fn new_and_build(dir: &Path, api_url: &str) -> (PathBuf, PathBuf) {
     ] {
         assert!(crate_dir.join(file).is_file(), "{file} generated");
     }
+    // What a new author starts from passes the same formatting check as this repository.
+    let fmt = Command::new(env!("CARGO"))
+        .args(["fmt", "--check"])
+        .current_dir(&crate_dir)
+        .output()
+        .expect("running cargo fmt");
+    assert!(
+        fmt.status.success(),
+        "the generated crate is not rustfmt-clean: {}",
+        String::from_utf8_lossy(&fmt.stdout)
+    );
     let target = target_dir();
     let build = Command::new(env!("CARGO"))
         .args(["build", "--release", "--target", "wasm32-wasip2"])
