@@ -376,6 +376,59 @@ fn plugin_test_fails_a_provider_that_breaks_the_contract_and_says_why_in_json() 
     assert_eq!(outcome("check-reasons").0, "pass");
 }
 
+/// `plugin test --spec` creates the instance the author describes (a provider that needs a zone or
+/// options), and a run that cannot start at all (no component) exits 2 naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_takes_a_spec_and_exits_2_when_it_cannot_run() {
+    let store = InstanceStore::start().await;
+    let plugin = plugin_path("test").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "type: test\nconfig: {{endpoint: \"{}\"}}\ngrants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+            store.url(),
+            store.addr
+        ),
+    );
+    let spec = write(
+        dir.path(),
+        "spec.yaml",
+        "name: px-author-spec\nowner: {namespace: crawlers, name: p, uid: u-1, operatorId: op}\nzone: zone-b\n",
+    );
+    let args = [
+        "plugin", "test", &plugin, "--config", &entry, "--spec", &spec,
+    ];
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let output = tokio::task::spawn_blocking(move || {
+        operator(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("ok   create") && stdout.contains("provider id px-author-spec"),
+        "{stdout}"
+    );
+    assert!(store.ids().is_empty(), "deleted at the end");
+
+    let missing = dir.path().join("missing.wasm");
+    let output = operator(&[
+        "plugin",
+        "test",
+        missing.to_str().unwrap(),
+        "--config",
+        &entry,
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("missing.wasm"),
+        "{output:?}"
+    );
+}
+
 /// The body of the first function `fn name(` (Rust, by braces) or `def name(` (Python, by
 /// indentation) in `text`.
 fn function_body<'a>(text: &'a str, name: &str) -> &'a str {
