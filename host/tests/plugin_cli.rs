@@ -540,3 +540,39 @@ fn function_bodies_end_where_the_function_ends() {
         "{body:?}"
     );
 }
+
+/// `plugin test` of a provider granted `kube` uses the cluster of `$KUBECONFIG`: the kubernetes
+/// provider passes through the CLI against the real API server, as it does as a library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_passes_the_kubernetes_provider_against_the_cluster_of_kubeconfig() {
+    let cp = harness::ControlPlane::shared().await;
+    let ns = cp.namespace("px-cli-k8s").await.unwrap();
+    let plugin = plugin_path("kubernetes").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "type: kubernetes\nconfig: {{image: \"registry.example/squid:6\"}}\ngrants:\n  kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap]}}\n",
+            ns.name()
+        ),
+    );
+    let kubeconfig = cp.kubeconfig().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["plugin", "test", &plugin, "--config", &entry])
+            .env("KUBECONFIG", kubeconfig)
+            .env("LOG_LEVEL", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("ok   list-shows-owner"), "{stdout}");
+}
