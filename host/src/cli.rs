@@ -1,6 +1,9 @@
 //! Subcommands of the operator binary, and its log set-up.
 
 pub mod args;
+pub mod dev_api;
 pub mod logging;
 pub mod plugin;
+pub mod plugin_test;
 pub mod run;
+pub mod scaffold;

@@ -6,6 +6,7 @@ pub mod api;
 pub mod capabilities;
 pub mod cli;
 pub mod config;
+pub mod conformance;
 pub mod controller;
 pub mod digest;
 pub mod events;

@@ -97,6 +97,36 @@ enum PluginCommand {
         #[command(subcommand)]
         function: RunFunction,
     },
+    /// Run the conformance suite against a component: one line per check, non-zero exit when
+    /// one fails (docs/plugin-authoring.md, "Testing a provider").
+    Test {
+        file: PathBuf,
+        /// A providers-config entry (YAML or JSON): a good `config` and its `grants`.
+        #[arg(long)]
+        config: PathBuf,
+        /// An instance spec (YAML or JSON) to create instead of the default one.
+        #[arg(long)]
+        spec: Option<PathBuf>,
+        /// Print one JSON document (for CI) instead of lines.
+        #[arg(long)]
+        json: bool,
+        /// For `grants.libvirt`: the SSH private key (OpenSSH, unencrypted) to reach hypervisors.
+        #[arg(long, requires = "known_hosts")]
+        ssh_key: Option<PathBuf>,
+        /// For `grants.libvirt`: the known_hosts file the hypervisors' host keys are checked against.
+        #[arg(long, requires = "ssh_key")]
+        known_hosts: Option<PathBuf>,
+    },
+    /// Write a new provider crate (SDK, JSON Schema, every function, README, small release
+    /// profile) that passes `plugin test` as generated.
+    New(proxy_operator::cli::scaffold::NewArgs),
+    /// Serve the instances API the scaffold's provider talks to, in memory on loopback, so a
+    /// new provider can be tried and tested offline.
+    DevApi {
+        /// Where to listen; `127.0.0.1:0` picks a free port (printed on stdout).
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: std::net::SocketAddr,
+    },
 }
 
 /// Logs to stderr, coloured only when stderr is a terminal (log files and container logs get
@@ -164,6 +194,27 @@ async fn main() -> ExitCode {
                 }
             };
         }
+        Command::Plugin {
+            command:
+                PluginCommand::Test {
+                    file,
+                    config,
+                    spec,
+                    json,
+                    ssh_key,
+                    known_hosts,
+                },
+        } => {
+            let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
+            let spec = spec.as_deref();
+            return proxy_operator::cli::plugin_test::command(file, config, spec, ssh, *json).await;
+        }
+        Command::Plugin {
+            command: PluginCommand::New(args),
+        } => return proxy_operator::cli::scaffold::command(args),
+        Command::Plugin {
+            command: PluginCommand::DevApi { listen },
+        } => return proxy_operator::cli::dev_api::command(*listen).await,
         Command::Plugin { command } => match command {
             PluginCommand::Inspect { file, config } => {
                 plugin::inspect(file, config.as_deref()).await
@@ -193,6 +244,9 @@ async fn main() -> ExitCode {
                     kubeconfig: kubeconfig.as_deref(),
                 };
                 plugin::run(file, config, access, function).await
+            }
+            PluginCommand::Test { .. } | PluginCommand::New(_) | PluginCommand::DevApi { .. } => {
+                unreachable!("handled above")
             }
         },
     };

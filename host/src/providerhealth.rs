@@ -2,11 +2,11 @@
 //! and its own concurrency slot; the result is written to a cluster-scoped `ProviderHealth` object
 //! named after the provider instance, and to gauges.
 //!
-//! `Ready` condition reasons (fixed set): `Ok`; from the provider's verdicts `Unreachable`,
-//! `SSHHandshakeFailed`, `HostKeyMismatch`, `AuthFailed`, `PoolNotFound`, `PoolInactive`,
-//! `Forbidden`, `QuotaExceeded`, or another CamelCase reason the provider documents; from the
-//! host `Timeout` (the check did not answer within `--provider-check-timeout`), `PluginError`
-//! (the check call failed) and `PluginNotLoaded` (no plugin serves the provider's type).
+//! `Ready` condition reasons (fixed set): `Ok`; from the provider's verdicts, the first failing
+//! target's reason, one of `crate::conformance::CHECK_REASONS` (`plugin test` checks a provider
+//! keeps to them); from the host `Timeout` (the check did not answer within
+//! `--provider-check-timeout`), `PluginError` (the check call failed) and `PluginNotLoaded` (no
+//! plugin serves the provider's type).
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -525,3 +525,18 @@ async fn user_mode_vms_get_ports_of_their_own_read_back_from_the_domains() {
         restarted.delete(id).await.unwrap();
     }
 }
+
+/// The conformance suite of `proxy-operator plugin test` (as a library) against the kvm provider
+/// on the real sshd + libvirtd: the same contract every provider keeps. The VM it creates runs
+/// the tiny image under TCG and boots nothing; it is gone at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kvm_provider_is_conformant() {
+    let fx = Fixture::start().await;
+    let config = fx.config(&sha256(&fx.image));
+    common::assert_conformant(&fx.engine, "kvm", config, fx.grants(&["hv1", "hv2"]), None).await;
+    let domains = fx.virsh(&["list", "--all", "--name"]).await;
+    assert!(
+        !domains.contains("px-conformance"),
+        "nothing left behind: {domains}"
+    );
+}

@@ -2,6 +2,8 @@
 //! loopback instance store.
 
 mod common;
+#[path = "plugin_cli/scaffold.rs"]
+mod scaffold;
 
 use std::path::Path;
 use std::process::Output;
@@ -429,4 +431,309 @@ fn an_invalid_log_level_is_refused_naming_the_variable() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// The check names every passing `plugin test` run prints, in order after the bad configs.
+pub(crate) const LIFECYCLE_CHECKS: &[&str] = &[
+    "check-reasons",
+    "check-healthy",
+    "create",
+    "create-idempotent",
+    "get-after-create",
+    "list-shows-owner",
+    "delete",
+    "delete-twice",
+    "get-after-delete-is-not-found",
+    "list-after-delete-omits-it",
+];
+
+/// The conformance suite, as a library (what `plugin test` runs), against the test provider and
+/// its loopback instance store, and against the Python example on the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_test_provider_and_the_python_example_are_conformant() {
+    let store = InstanceStore::start().await;
+    let grants: proxy_operator::capabilities::Grants =
+        serde_json::from_value(json!({"http": {"allow": [format!("http://{}", store.addr)]}}))
+            .unwrap();
+    let (engine, _) = engine_with(test_options()).await;
+    let report = assert_conformant(
+        &engine,
+        "test",
+        json!({"endpoint": store.url()}),
+        grants.clone(),
+        None,
+    )
+    .await;
+    let names: Vec<&str> = report.checks.iter().map(|c| c.name.as_str()).collect();
+    for name in LIFECYCLE_CHECKS {
+        assert!(names.contains(name), "{name} ran: {names:?}");
+    }
+    assert!(names.contains(&"bad-config/missing-endpoint"), "{names:?}");
+    assert!(store.ids().is_empty(), "the suite leaves nothing behind");
+
+    // CPython's heap and start-up need more than the Rust provider's small limits.
+    let (engine, _) = engine_with(proxy_operator::plugins::EngineOptions {
+        memory_limit: 256 << 20,
+        cpu_budget: std::time::Duration::from_secs(10),
+        ..test_options()
+    })
+    .await;
+    assert_conformant(
+        &engine,
+        "python-example",
+        json!({"endpoint": store.url()}),
+        grants,
+        None,
+    )
+    .await;
+    assert!(store.ids().is_empty());
+}
+
+/// A provider that breaks the contract fails `plugin test` with a non-zero exit, and `--json`
+/// says which checks failed: the test provider's `memory:` endpoint hands out synthetic
+/// instances without owners that never go away.
+#[test]
+fn plugin_test_fails_a_provider_that_breaks_the_contract_and_says_why_in_json() {
+    let plugin = plugin_path("test");
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        "config: {endpoint: \"memory:1\"}\n",
+    );
+    let output = operator(&[
+        "plugin",
+        "test",
+        plugin.to_str().unwrap(),
+        "--config",
+        &entry,
+        "--json",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(report["plugin"], "test");
+    assert_eq!(report["passed"], false);
+    let outcome = |name: &str| {
+        let check = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {report}"));
+        (
+            check["outcome"].as_str().unwrap().to_string(),
+            check["detail"].as_str().unwrap().to_string(),
+        )
+    };
+    assert_eq!(outcome("create").0, "pass");
+    let (got, detail) = outcome("get-after-create");
+    assert_eq!(got, "fail");
+    assert!(detail.contains("no owner"), "{detail}");
+    let (got, detail) = outcome("get-after-delete-is-not-found");
+    assert_eq!(got, "fail");
+    assert!(detail.contains("still returns an instance"), "{detail}");
+    assert_eq!(outcome("check-reasons").0, "pass");
+}
+
+/// `plugin test --spec` creates the instance the author describes (a provider that needs a zone or
+/// options), and a run that cannot start at all (no component) exits 2 naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_takes_a_spec_and_exits_2_when_it_cannot_run() {
+    let store = InstanceStore::start().await;
+    let plugin = plugin_path("test").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "type: test\nconfig: {{endpoint: \"{}\"}}\ngrants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+            store.url(),
+            store.addr
+        ),
+    );
+    let spec = write(
+        dir.path(),
+        "spec.yaml",
+        "name: px-author-spec\nowner: {namespace: crawlers, name: p, uid: u-1, operatorId: op}\nzone: zone-b\n",
+    );
+    let args = [
+        "plugin", "test", &plugin, "--config", &entry, "--spec", &spec,
+    ];
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let output = tokio::task::spawn_blocking(move || {
+        operator(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("ok   create") && stdout.contains("provider id px-author-spec"),
+        "{stdout}"
+    );
+    assert!(store.ids().is_empty(), "deleted at the end");
+
+    let missing = dir.path().join("missing.wasm");
+    let output = operator(&[
+        "plugin",
+        "test",
+        missing.to_str().unwrap(),
+        "--config",
+        &entry,
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("missing.wasm"),
+        "{output:?}"
+    );
+}
+
+/// The body of the first function `fn name(` (Rust, by braces) or `def name(` (Python, by
+/// indentation) in `text`.
+fn function_body<'a>(text: &'a str, name: &str) -> &'a str {
+    if let Some(start) = text.find(&format!("def {name}(")) {
+        let indent = text[..start].rsplit('\n').next().unwrap_or("").len();
+        let body = &text[start..];
+        let mut end = body.len();
+        let mut offset = 0;
+        for (i, line) in body.split_inclusive('\n').enumerate() {
+            let leading = line.len() - line.trim_start().len();
+            if i > 0 && !line.trim().is_empty() && leading <= indent {
+                end = offset;
+                break;
+            }
+            offset += line.len();
+        }
+        return &body[..end];
+    }
+    let start = text
+        .find(&format!("fn {name}("))
+        .unwrap_or_else(|| panic!("no function {name}"));
+    let open = start + text[start..].find('{').unwrap();
+    let mut depth = 0;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[start..open + i + 1];
+                }
+            }
+            _ => {}
+        }
+    }
+    &text[start..]
+}
+
+/// Every check reason a provider in `plugins/` (and the scaffold) can return is one of the
+/// documented set the conformance suite checks (`proxy_operator::conformance::CHECK_REASONS`),
+/// and docs/plugin-authoring.md lists exactly that set. A reason is a quoted CamelCase word in
+/// the functions that build check targets.
+#[test]
+fn providers_use_only_documented_check_reasons() {
+    use proxy_operator::conformance::{CHECK_REASONS, is_check_reason};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // Not scanned, on purpose: the hostile provider returns bad reasons to test the host's bounds,
+    // and the test provider's `checkFailsWith` returns whatever a ProviderHealth test asks for.
+    let sources: &[(&str, &[&str])] = &[
+        ("plugins/gcp/src/lib.rs", &["check"]),
+        ("plugins/kubernetes/src/lib.rs", &["check"]),
+        ("plugins/kvm/src/lib.rs", &["check_host"]),
+        ("plugins/kvm/src/outcome.rs", &["check_reason"]),
+        ("plugins/test-provider/src/lib.rs", &["check"]),
+        ("plugins/examples/python/app.py", &["check"]),
+        ("host/src/cli/scaffold/api.rs.tmpl", &["check"]),
+    ];
+    // Quoted words that are not reasons: object kinds the check lists.
+    let not_reasons = ["Pod", "ConfigMap"];
+    let mut found = Vec::new();
+    for (file, functions) in sources {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for function in *functions {
+            let body = function_body(&text, function);
+            for literal in body.split('"').skip(1).step_by(2) {
+                let camel = literal.starts_with(|c: char| c.is_ascii_uppercase())
+                    && literal.chars().all(|c| c.is_ascii_alphanumeric())
+                    && literal.chars().any(|c| c.is_ascii_lowercase());
+                if camel && !not_reasons.contains(&literal) {
+                    assert!(
+                        is_check_reason(literal),
+                        "{file} {function}: `{literal}` is not a documented check reason"
+                    );
+                    found.push(literal.to_string());
+                }
+            }
+        }
+    }
+    assert!(found.len() >= 10, "the scan sees the reasons: {found:?}");
+
+    let docs = std::fs::read_to_string(root.join("docs/plugin-authoring.md")).unwrap();
+    let section = docs
+        .split("## Check reasons")
+        .nth(1)
+        .expect("docs/plugin-authoring.md has a \"Check reasons\" section");
+    let documented: Vec<&str> = section
+        .lines()
+        .skip_while(|l| !l.starts_with("| `"))
+        .take_while(|l| l.starts_with("| `"))
+        .filter_map(|l| l.split('`').nth(1))
+        .collect();
+    let constant: Vec<&str> = CHECK_REASONS.iter().map(|(r, _)| *r).collect();
+    assert_eq!(
+        documented, constant,
+        "the docs' table and CHECK_REASONS agree"
+    );
+}
+
+#[test]
+fn function_bodies_end_where_the_function_ends() {
+    let python = "class P:\n    def check(self):\n        return \"Ok\"\n\n    def list(self):\n        return \"Later\"\n";
+    let body = function_body(python, "check");
+    assert!(
+        body.contains("\"Ok\"") && !body.contains("Later"),
+        "{body:?}"
+    );
+    let rust = "fn check() -> X {\n    let m = format!(\"{}\", 1);\n    \"Ok\"\n}\nfn other() { \"Later\" }\n";
+    let body = function_body(rust, "check");
+    assert!(
+        body.ends_with("\"Ok\"\n}") && !body.contains("Later"),
+        "{body:?}"
+    );
+}
+
+/// `plugin test` of a provider granted `kube` uses the cluster of `$KUBECONFIG`: the kubernetes
+/// provider passes through the CLI against the real API server, as it does as a library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_passes_the_kubernetes_provider_against_the_cluster_of_kubeconfig() {
+    let cp = harness::ControlPlane::shared().await;
+    let ns = cp.namespace("px-cli-k8s").await.unwrap();
+    let plugin = plugin_path("kubernetes").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "type: kubernetes\nconfig: {{image: \"registry.example/squid:6\"}}\ngrants:\n  kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap]}}\n",
+            ns.name()
+        ),
+    );
+    let kubeconfig = cp.kubeconfig().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["plugin", "test", &plugin, "--config", &entry])
+            .env("KUBECONFIG", kubeconfig)
+            .env("LOG_LEVEL", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("ok   list-shows-owner"), "{stdout}");
 }

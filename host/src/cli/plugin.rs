@@ -55,7 +55,10 @@ pub enum RunFunction {
     Check,
 }
 
-fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<T> {
+pub(crate) fn read_yaml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+) -> anyhow::Result<T> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {what} {}", path.display()))?;
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
@@ -90,7 +93,7 @@ async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
-async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
+pub(crate) async fn engine(ssh: SshFiles<'_>) -> anyhow::Result<Arc<PluginEngine>> {
     engine_with_kube(ssh, None).await
 }
 

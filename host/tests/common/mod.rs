@@ -354,3 +354,34 @@ pub fn ssh_secret(
         ..Default::default()
     }
 }
+
+/// Runs the conformance suite (the code path of `proxy-operator plugin test`) against a built
+/// plugin, bound to `config` and `grants` in `engine`; fails the test naming every check that
+/// did not pass.
+pub async fn assert_conformant(
+    engine: &Arc<PluginEngine>,
+    plugin_type: &str,
+    config: serde_json::Value,
+    grants: Grants,
+    spec: Option<InstanceSpec>,
+) -> proxy_operator::conformance::Report {
+    let plugin = engine
+        .load(&format!("{plugin_type}.wasm"), plugin_bytes(plugin_type))
+        .await
+        .expect("the plugin loads");
+    let subject = proxy_operator::conformance::Subject {
+        engine: engine.clone(),
+        name: format!("{plugin_type}-conformance"),
+        plugin,
+        config,
+        grants: grants.validate().expect("valid grants"),
+    };
+    let spec = spec.unwrap_or_else(proxy_operator::conformance::default_spec);
+    let report = proxy_operator::conformance::run(&subject, spec).await;
+    assert!(
+        report.passed,
+        "{plugin_type} is not conformant:\n{}",
+        report.lines().join("\n")
+    );
+    report
+}

@@ -452,3 +452,16 @@ fn squid_accepts_the_scripts_conf(script: &str) {
         String::from_utf8_lossy(&parsed.stderr)
     );
 }
+
+/// The conformance suite of `proxy-operator plugin test` (as a library) against the gcp provider
+/// and the fake Compute Engine API, with the token the host mints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gcp_provider_is_conformant() {
+    let fake = FakeGcp::start(&ZONES).await;
+    let dir = tempfile::tempdir().unwrap();
+    let entry = entry(&fake, &key_file(&fake, &dir));
+    let (engine, _) = super::common::engine_with(test_options()).await;
+    let grants = serde_json::from_value(entry["grants"].clone()).unwrap();
+    super::common::assert_conformant(&engine, "gcp", entry["config"].clone(), grants, None).await;
+    assert!(fake.with(|s| s.instances.is_empty()), "nothing left behind");
+}

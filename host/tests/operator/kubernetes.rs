@@ -285,3 +285,26 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
     );
     health.abort();
 }
+
+/// The conformance suite of `proxy-operator plugin test` (as a library) against the kubernetes
+/// provider on the real API server: Pod and ConfigMap made, read, listed and deleted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_provider_is_conformant() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-k8s-conformance").await.unwrap();
+    let (engine, _) = super::common::engine_with(EngineOptions {
+        kube: Some(ns.client()),
+        ..test_options()
+    })
+    .await;
+    let grants = serde_json::from_value(serde_json::json!({
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap"]}
+    }))
+    .unwrap();
+    let config =
+        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"]});
+    super::common::assert_conformant(&engine, "kubernetes", config, grants, None).await;
+    let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
+    let left = pods.list(&Default::default()).await.unwrap();
+    assert!(left.items.is_empty(), "nothing left behind");
+}
