@@ -60,6 +60,11 @@ impl Fixture {
                     "port": self.sshd.port(),
                     "user": self.sshd.user(),
                     "socket": self.libvirtd.socket().to_str().unwrap(),
+                    // The pools `check` is tested on (missing, stopped) are granted too: what
+                    // it reports about them is the hypervisor's state, not the grant.
+                    "pools": [self.libvirtd.pool_name(), "no-such-pool", "stopped"],
+                    "networks": ["pxnet"],
+                    "userNetworking": true,
                 })
             })
             .collect();

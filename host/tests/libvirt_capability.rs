@@ -32,6 +32,8 @@ fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
                 "port": sshd.port(),
                 "user": sshd.user(),
                 "socket": libvirtd.socket().to_str().unwrap(),
+                "pools": [libvirtd.pool_name()],
+                "networks": ["pxnet"],
             }]
         }
     }))
@@ -296,8 +298,13 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
         other => panic!("{other:?}"),
     }
     // A libvirt error the plugin caused keeps the shared connection: the next call works.
+    // (The XML passes the host's allow-list; libvirt refuses the memory size.)
     assert!(matches!(
-        hv.define_domain("<domain".into()).await,
+        hv.define_domain(
+            "<domain type='qemu'><name>px-bad</name><memory unit='MiB'>lots</memory></domain>"
+                .into()
+        )
+        .await,
         Err(LibvirtError::Failed(_))
     ));
     hv.delete_volume(pool.clone(), "seed.iso".into())

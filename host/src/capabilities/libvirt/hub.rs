@@ -20,6 +20,9 @@ use super::import_jobs::Imports;
 use super::records::ProbeReport;
 use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
 
+/// The operator id when none is given (the default of `--operator-id`).
+pub const DEFAULT_OPERATOR_ID: &str = "proxy-operator";
+
 /// Where the SSH key and known_hosts come from.
 #[derive(Clone)]
 pub enum MaterialSource {
@@ -84,6 +87,8 @@ struct HostSlot {
 
 /// The process's libvirt connections and SSH material.
 pub struct LibvirtHub {
+    /// The operator installation: part of the owner mark on every domain its plugins define.
+    operator_id: String,
     material: MaterialSource,
     tunnel_dir: PathBuf,
     materials: tokio::sync::Mutex<HashMap<String, SshMaterial>>,
@@ -103,12 +108,24 @@ impl fmt::Debug for LibvirtHub {
 }
 
 impl LibvirtHub {
-    /// A hub whose tunnels' sockets live in new private directories under `tunnel_dir`.
+    /// A hub whose tunnels' sockets live in new private directories under `tunnel_dir`, for the
+    /// default operator id (`proxy-operator`, as `--operator-id` defaults to).
     pub fn new(material: MaterialSource, tunnel_dir: PathBuf) -> Arc<Self> {
+        Self::for_operator(DEFAULT_OPERATOR_ID, material, tunnel_dir)
+    }
+
+    /// A hub for operator installation `operator_id` (`--operator-id`): the domains its
+    /// plugins define carry it in their owner mark, and its plugins see only those.
+    pub fn for_operator(
+        operator_id: &str,
+        material: MaterialSource,
+        tunnel_dir: PathBuf,
+    ) -> Arc<Self> {
         // libvirt prints every error to stderr by default; they are returned and logged instead.
         static QUIET: OnceLock<()> = OnceLock::new();
         QUIET.get_or_init(virt::error::clear_error_callback);
         Arc::new(LibvirtHub {
+            operator_id: operator_id.to_string(),
             material,
             tunnel_dir,
             materials: Default::default(),
@@ -116,6 +133,11 @@ impl LibvirtHub {
             imports: Default::default(),
             opened: Default::default(),
         })
+    }
+
+    /// The operator installation this hub serves.
+    pub fn operator_id(&self) -> &str {
+        &self.operator_id
     }
 
     /// How many hypervisor connections this hub has opened (a reconnect counts again).

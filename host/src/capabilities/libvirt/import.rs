@@ -40,6 +40,7 @@ impl Hypervisor {
         name: String,
         source: ImageSource,
     ) -> Result<VolumeInfo, LibvirtError> {
+        self.granted_pool(&pool)?;
         if source.sha256.len() != 64
             || !source
                 .sha256
