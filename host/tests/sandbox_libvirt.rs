@@ -11,12 +11,15 @@ use std::time::Duration;
 use common::{engine_with, plugin_bytes, spec, ssh_material, test_options};
 use harness::{FileServer, Libvirtd, Sshd};
 use proxy_operator::capabilities::Grants;
-use proxy_operator::capabilities::libvirt::{HOST_METADATA_URI, LibvirtHub, MaterialSource};
+use proxy_operator::capabilities::libvirt::{
+    HOST_METADATA_URI, LibvirtHub, MaterialSource, volume_prefix,
+};
 use proxy_operator::plugins::types::ProviderError;
 use proxy_operator::plugins::{
     CallError, EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
 use rstest::rstest;
+use sha2::{Digest, Sha256};
 
 const VICTIM: &str = "victim";
 const VICTIM_VOLUME: &str = "victim-root.qcow2";
@@ -132,6 +135,7 @@ impl Fixture {
             .replace("{other_path}", self.other_pool.to_str().unwrap())
             .replace("{victim_uuid}", &self.victim_uuid)
             .replace("{host_uri}", HOST_METADATA_URI)
+            .replace("{prefix}", &volume_prefix("proxy-operator", "hostile-test"))
     }
 
     async fn hostile(&self, provider: &str, config: serde_json::Value) -> ProviderInstance {
@@ -230,6 +234,12 @@ fn volume(pool: &str, xml: &str) -> serde_json::Value {
 }
 
 const NOT_OURS: &str = "is not among this provider instance's domains";
+const NOT_OUR_VOLUME: &str =
+    "volume victim-root.qcow2 is not among this provider instance's volumes";
+
+fn on_victim_volume(attempt: &str) -> serde_json::Value {
+    serde_json::json!({"attempt": attempt, "pool": "{pool}", "name": VICTIM_VOLUME, "arg": "hostile bytes"})
+}
 
 #[rstest]
 // Another's domain: not-found, in the words a missing domain gets.
@@ -256,15 +266,15 @@ const NOT_OURS: &str = "is not among this provider instance's domains";
 )]
 #[case::disk_of_etc_shadow(
     define(&domain("hostile-1", "", "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/etc/shadow'/><target dev='vda'/></disk>")),
-    "`/etc/shadow` is not a volume of a granted pool"
+    "`/etc/shadow` is not a volume of this provider instance in a granted pool"
 )]
 #[case::disk_of_an_ungranted_pool(
     define(&domain("hostile-1", "", "<disk type='file' device='disk'><source file='{other_path}/x.qcow2'/><target dev='vda'/></disk>")),
-    "is not a volume of a granted pool"
+    "is not a volume of this provider instance in a granted pool"
 )]
 #[case::disk_out_of_the_pool_by_dot_dot(
     define(&domain("hostile-1", "", "<disk type='file' device='disk'><source file='{pool_path}/../../../../etc/shadow'/><target dev='vda'/></disk>")),
-    "is not a volume of a granted pool"
+    "is not a volume of this provider instance in a granted pool"
 )]
 #[case::hostdev(
     define(&domain("hostile-1", "", "<hostdev mode='subsystem' type='usb'><source><vendor id='0x1234'/><product id='0xbeef'/></source></hostdev>")),
@@ -294,11 +304,11 @@ const NOT_OURS: &str = "is not among this provider instance's domains";
 )]
 #[case::kernel_from_the_hypervisors_boot(
     define(&domain("hostile-1", "<kernel>/boot/vmlinuz</kernel>", "")),
-    "<kernel> `/boot/vmlinuz` is not a volume of a granted pool"
+    "<kernel> `/boot/vmlinuz` is not a volume of this provider instance in a granted pool"
 )]
 #[case::initrd_from_elsewhere(
-    define(&domain("hostile-1", "<kernel>{pool_path}/k</kernel><initrd>/etc/shadow</initrd>", "")),
-    "<initrd> `/etc/shadow` is not a volume of a granted pool"
+    define(&domain("hostile-1", "<kernel>{pool_path}/{prefix}k</kernel><initrd>/etc/shadow</initrd>", "")),
+    "<initrd> `/etc/shadow` is not a volume of this provider instance in a granted pool"
 )]
 #[case::firmware_loader_of_the_plugins_choice(
     define(&domain("hostile-1", "<loader readonly='yes' type='pflash'>/etc/shadow</loader>", "")),
@@ -322,13 +332,38 @@ const NOT_OURS: &str = "is not among this provider instance's domains";
     ),
     "may not carry the host's namespace"
 )]
-// Pools and volumes.
+// Pools and volumes: another's volume is not-found, and cannot be a disk or a backing store.
+#[case::lookup_the_victim_volume(on_victim_volume("lookup-volume"), NOT_OUR_VOLUME)]
+#[case::delete_the_victim_volume(on_victim_volume("delete-volume"), NOT_OUR_VOLUME)]
+#[case::upload_into_the_victim_volume(on_victim_volume("upload-volume"), NOT_OUR_VOLUME)]
+#[case::disk_of_the_victim_volume(
+    define(&domain("hostile-1", "", "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{pool_path}/victim-root.qcow2'/><target dev='vda'/></disk>")),
+    "`{pool_path}/victim-root.qcow2` is not a volume of this provider instance"
+)]
+#[case::kernel_of_the_victim_volume(
+    define(&domain("hostile-1", "<kernel>{pool_path}/victim-root.qcow2</kernel>", "")),
+    "is not a volume of this provider instance"
+)]
+#[case::an_overlay_over_the_victim_volume(
+    volume(
+        "{pool}",
+        "<volume><name>hostile.qcow2</name><capacity>1048576</capacity><target><format type='qcow2'/></target><backingStore><path>{pool_path}/victim-root.qcow2</path><format type='qcow2'/></backingStore></volume>"
+    ),
+    "is not a volume of this provider instance in pool"
+)]
+#[case::a_volume_named_out_of_the_pool(
+    volume(
+        "{pool}",
+        "<volume><name>../hostile</name><capacity>1</capacity></volume>"
+    ),
+    "is not a volume name"
+)]
 #[case::a_backing_store_outside_the_pool(
     volume(
         "{pool}",
         "<volume><name>hostile.qcow2</name><capacity>1048576</capacity><target><format type='qcow2'/></target><backingStore><path>/etc/shadow</path><format type='raw'/></backingStore></volume>"
     ),
-    "`/etc/shadow` is not a volume of pool"
+    "`/etc/shadow` is not a volume of this provider instance in pool"
 )]
 #[case::a_volume_at_a_path_of_the_plugins_choice(
     volume(
@@ -361,7 +396,7 @@ async fn escapes_are_refused_and_change_nothing(
     let config: serde_json::Value = serde_json::from_str(&fx.fill(&config.to_string())).unwrap();
     let hostile = fx.hostile("hostile-test", config).await;
     let refused = fx.attempt(&hostile).await.expect_err("refused");
-    assert!(refused.contains(says), "{refused}");
+    assert!(refused.contains(&fx.fill(says)), "{refused}");
     fx.assert_nothing_changed().await;
 }
 
@@ -443,4 +478,63 @@ async fn a_provider_instance_sees_only_its_own_domains() {
     fx.attempt(&a(call("undefine-domain")).await).await.unwrap();
     fx.assert_nothing_changed().await;
     assert_eq!(fx.hub.connections_opened(), 1, "one shared connection");
+}
+
+/// `import-image` returns an existing volume only once it has seen the volume's bytes have the
+/// image's digest: a volume planted under the plugin's own name (outside the operator, or by
+/// the plugin through create-volume and upload-volume) is refused, not handed back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_image_never_returns_a_volume_it_has_not_verified() {
+    let fx = Fixture::start().await;
+    let image: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
+    fx.files.serve("/base.img", image.clone());
+    let planted = format!(
+        "{}base.img",
+        volume_prefix("proxy-operator", "hostile-test")
+    );
+    let pool = fx.libvirtd.pool_name().to_string();
+    fx.libvirtd
+        .virsh_run(&["vol-create-as", &pool, &planted, "64K", "--format", "raw"])
+        .await
+        .unwrap();
+    let call = |attempt: &str| {
+        serde_json::json!({
+            "attempt": attempt, "pool": pool, "name": "base.img",
+            "arg": if attempt == "import-image" { fx.files.url("/base.img") } else { "hostile".into() },
+            "sha256": hex::encode(Sha256::digest(&image)),
+        })
+    };
+    let import = fx.hostile("hostile-test", call("import-image")).await;
+    let refused = fx.attempt(&import).await.unwrap_err();
+    assert!(
+        refused.contains("ChecksumMismatch") && refused.contains("exists with sha256"),
+        "{refused}"
+    );
+    let path = fx.libvirtd.pool_path().join(&planted);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        vec![0u8; 64 * 1024],
+        "left as it was"
+    );
+    assert_eq!(fx.files.requests("/base.img"), 0, "nothing was downloaded");
+
+    // Once it is gone, the import downloads and verifies the image.
+    let delete = fx.hostile("hostile-test", call("delete-volume")).await;
+    fx.attempt(&delete).await.unwrap();
+    fx.attempt(&import).await.unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), image);
+    fx.attempt(&import).await.unwrap();
+    assert_eq!(
+        fx.files.requests("/base.img"),
+        1,
+        "verified once, then reused"
+    );
+
+    // Written to after the import, it is no longer the image.
+    let upload = fx.hostile("hostile-test", call("upload-volume")).await;
+    fx.attempt(&upload).await.unwrap();
+    let refused = fx.attempt(&import).await.unwrap_err();
+    assert!(refused.contains("ChecksumMismatch"), "{refused}");
+    fx.attempt(&delete).await.unwrap();
+    fx.assert_nothing_changed().await;
 }

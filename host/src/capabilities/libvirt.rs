@@ -15,6 +15,7 @@ mod ops;
 mod owner;
 mod records;
 pub mod tunnel;
+mod volumes;
 mod xml;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use owner::{HOST_METADATA_URI, OwnerMark};
 pub use records::{
     DomainInfo, DomainState, ImageSource, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,
 };
+pub use volumes::volume_prefix;
 
 use crate::capabilities::grants::ValidLibvirtGrant;
 pub use crate::capabilities::grants::{
@@ -88,6 +90,7 @@ impl LibvirtCapability {
             ));
         };
         let scope = hypervisor::Scope {
+            volume_prefix: volume_prefix(hub.operator_id(), &self.provider),
             mark: OwnerMark {
                 operator: hub.operator_id().to_string(),
                 provider: self.provider.clone(),

@@ -16,6 +16,8 @@ pub struct DomainPolicy {
     pub networks: Vec<String>,
     pub bridges: Vec<String>,
     pub user_networking: bool,
+    /// What the names of this provider instance's volumes start with (`volume_prefix`).
+    pub volume_prefix: String,
 }
 
 /// A domain definition that passed: its name, and the XML with the host's owner mark in it.
@@ -318,10 +320,11 @@ fn text<'a>(node: Node<'a, '_>) -> &'a str {
     node.text().unwrap_or("").trim()
 }
 
-/// The granted pool whose directory holds `path` directly (no `..`, `//` or subdirectory).
-fn pool_of<'p>(path: &str, pools: &'p [(String, String)]) -> Option<&'p str> {
+/// The granted pool whose directory holds `path` directly (no `..`, `//` or subdirectory),
+/// when the file is one of this provider instance's volumes (its name has `prefix`).
+fn pool_of<'p>(path: &str, pools: &'p [(String, String)], prefix: &str) -> Option<&'p str> {
     let (dir, file) = path.rsplit_once('/')?;
-    if file.is_empty() || file == "." || file == ".." {
+    if file.len() <= prefix.len() || !file.starts_with(prefix) || file == "." || file == ".." {
         return None;
     }
     pools
@@ -338,7 +341,7 @@ fn pools_named(policy: &DomainPolicy) -> String {
 fn check_files(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<(), String> {
     let not_in_pool = |what: &str, path: &str| {
         format!(
-            "{what} `{path}` is not a volume of a granted pool ({}); create it with create-volume or import-image in a pool listed in grants.libvirt.hosts[].pools",
+            "{what} `{path}` is not a volume of this provider instance in a granted pool ({}); create it with create-volume or import-image in a pool listed in grants.libvirt.hosts[].pools and use the path they answer",
             pools_named(policy)
         )
     };
@@ -347,12 +350,12 @@ fn check_files(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<(), String> 
         match (parent, node.tag_name().name()) {
             (Some("disk"), "source") => {
                 let file = node.attribute("file").unwrap_or("");
-                if pool_of(file, &policy.pools).is_none() {
+                if pool_of(file, &policy.pools, &policy.volume_prefix).is_none() {
                     return Err(not_in_pool("<disk><source file>", file));
                 }
             }
             (Some("os"), what @ ("kernel" | "initrd"))
-                if pool_of(text(node), &policy.pools).is_none() =>
+                if pool_of(text(node), &policy.pools, &policy.volume_prefix).is_none() =>
             {
                 return Err(not_in_pool(&format!("<{what}>"), text(node)));
             }
@@ -501,35 +504,67 @@ fn insert_into(xml: &str, range: std::ops::Range<usize>, content: &str, tag: &st
     format!("{}{content}{}", &xml[..end_tag], &xml[end_tag..])
 }
 
+/// A volume definition that passed: the name libvirt gets (with the owner prefix), and the XML
+/// with that name in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedVolume {
+    pub real_name: String,
+    pub xml: String,
+}
+
 /// Checks a plugin's volume XML for `create-volume` in `pool` (target directory `pool_path`,
-/// `None` for a pool without one): the allow-list, and a backing store only inside the pool.
-/// Returns the volume's name.
-pub fn check_volume(xml: &str, pool: &str, pool_path: Option<&str>) -> Result<String, String> {
+/// `None` for a pool without one): the allow-list, and a backing store only of this provider
+/// instance's volumes (names with `prefix`) in the pool. The volume's name gets `prefix`.
+pub fn check_volume(
+    xml: &str,
+    pool: &str,
+    pool_path: Option<&str>,
+    prefix: &str,
+) -> Result<CheckedVolume, String> {
     let doc = parse(xml)?;
     let root = doc.root_element();
     if root.tag_name().namespace().is_some() || root.tag_name().name() != "volume" {
         return Err("the root element must be <volume>".into());
     }
     check_tree(root, "volume", VOLUME_RULES)?;
-    let name = match single(root, "name")? {
-        Some(name) => text(name).to_string(),
-        None => return Err("<name> is missing".into()),
+    let Some(name_node) = single(root, "name")? else {
+        return Err("<name> is missing".into());
     };
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(format!("<name> `{name}` is not a volume name (no '/')"));
+    // One text node, so it can be replaced by the host's name as a whole.
+    let (Some(text_node), 1) = (name_node.first_child(), name_node.children().count()) else {
+        return Err("<name> must hold the name as plain text".into());
+    };
+    let name = text(name_node).to_string();
+    if !text_node.is_text() || !is_volume_name(&name) {
+        return Err(format!(
+            "<name> `{name}` is not a volume name (1 to 200 characters, no '/')"
+        ));
     }
     if let Some(backing) = single(root, "backingStore")? {
         let path = single(backing, "path")?.map(text).unwrap_or("");
         let pools = pool_path
             .map(|p| vec![(pool.to_string(), p.to_string())])
             .unwrap_or_default();
-        if pool_of(path, &pools).is_none() {
+        if pool_of(path, &pools, prefix).is_none() {
             return Err(format!(
-                "<backingStore><path> `{path}` is not a volume of pool {pool}; a backing store must be a volume of the same pool"
+                "<backingStore><path> `{path}` is not a volume of this provider instance in pool {pool}; a backing store must be one of its volumes in the same pool"
             ));
         }
     }
-    Ok(name)
+    let real_name = format!("{prefix}{name}");
+    let range = text_node.range();
+    let xml = format!(
+        "{}{}{}",
+        &xml[..range.start],
+        super::xml::xml_escape(&real_name),
+        &xml[range.end..]
+    );
+    Ok(CheckedVolume { real_name, xml })
+}
+
+/// A name a plugin may give a volume (the host adds its owner prefix in front).
+pub fn is_volume_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 200 && !name.contains('/') && name != "." && name != ".."
 }
 
 #[cfg(test)]

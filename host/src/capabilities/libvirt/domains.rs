@@ -132,6 +132,7 @@ impl Hypervisor {
             networks: self.scope.networks.clone(),
             bridges: self.scope.bridges.clone(),
             user_networking: self.scope.user_networking,
+            volume_prefix: self.scope.volume_prefix.clone(),
         })
     }
 

@@ -1,5 +1,5 @@
 //! The handle a plugin holds on one granted hypervisor. Its operations are in `domains`,
-//! `ops` (pools and volumes) and `import` (base images).
+//! `volumes`, `ops` (pools, and volumes by their real names) and `import` (base images).
 
 use std::sync::Arc;
 
@@ -24,6 +24,8 @@ pub struct Hypervisor {
 pub(crate) struct Scope {
     /// The mark of its domains.
     pub mark: OwnerMark,
+    /// What its volumes' names start with (`volumes::volume_prefix`).
+    pub volume_prefix: String,
     pub pools: Vec<String>,
     pub networks: Vec<String>,
     pub bridges: Vec<String>,

@@ -9,7 +9,6 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
-use super::allow;
 use super::error::LibvirtError;
 use super::hypervisor::Hypervisor;
 use super::records::{PoolInfo, ProbeReport, VolumeInfo};
@@ -108,17 +107,14 @@ impl Hypervisor {
             .await
     }
 
-    /// Creates a volume from XML that passed the allow-list (no backing store outside the pool).
-    pub async fn create_volume(&self, pool: String, xml: String) -> Result<VolumeInfo> {
+    /// Creates a volume from `xml` (written or checked by the host) named `name` in it.
+    pub(crate) async fn create_real(
+        &self,
+        pool: String,
+        name: &str,
+        xml: String,
+    ) -> Result<VolumeInfo> {
         trace!(hypervisor = %self.host, pool = %pool, xml = %xml, "create-volume");
-        self.granted_pool(&pool)?;
-        let paths = self.pool_paths().await?;
-        let path = paths
-            .iter()
-            .find(|(p, _)| *p == pool)
-            .map(|(_, d)| d.as_str());
-        let name = allow::check_volume(&xml, &pool, path)
-            .map_err(|m| LibvirtError::Denied(format!("create-volume: {m}")))?;
         let ids = format!("pool={pool} volume={name}");
         self.hub
             .call(&self.endpoint, "storage-vol-create-xml", &ids, move |c| {
@@ -126,17 +122,6 @@ impl Hypervisor {
                 volume_info(&StorageVol::create_xml(&p, &xml, 0)?)
             })
             .await
-    }
-
-    pub async fn lookup_volume(&self, pool: String, name: String) -> Result<VolumeInfo> {
-        self.granted_pool(&pool)?;
-        // A volume still being imported is not there yet: using it as a base would be wrong.
-        if self.hub.imports.in_progress(&self.endpoint, &pool, &name) {
-            return Err(LibvirtError::NotFound(format!(
-                "volume {name} in pool {pool} is still being imported; call import-image to wait for it"
-            )));
-        }
-        self.volume(pool, name).await
     }
 
     /// The volume as libvirt has it, imported or not (the import job itself reads it back).
@@ -155,8 +140,8 @@ impl Hypervisor {
             .await
     }
 
-    pub async fn delete_volume(&self, pool: String, name: String) -> Result<()> {
-        self.granted_pool(&pool)?;
+    /// Deletes the volume libvirt names `name` (the host's name, prefix and all).
+    pub(crate) async fn delete_real(&self, pool: String, name: String) -> Result<()> {
         let ids = format!("pool={pool} volume={name}");
         self.hub
             .call(&self.endpoint, "storage-vol-delete", &ids, move |c| {
@@ -198,9 +183,13 @@ impl Hypervisor {
             .await
     }
 
-    /// Writes `data` (a seed ISO) over the start of an existing volume.
-    pub async fn upload_volume(&self, pool: String, name: String, data: Vec<u8>) -> Result<()> {
-        self.granted_pool(&pool)?;
+    /// Writes `data` (a seed ISO) over the start of the volume libvirt names `name`.
+    pub(crate) async fn upload_real(
+        &self,
+        pool: String,
+        name: String,
+        data: Vec<u8>,
+    ) -> Result<()> {
         if data.len() > MAX_UPLOAD_BYTES {
             return Err(LibvirtError::Failed(format!(
                 "upload-volume takes at most {MAX_UPLOAD_BYTES} bytes, got {}; import large images with import-image",

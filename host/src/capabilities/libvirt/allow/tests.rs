@@ -3,6 +3,8 @@ use rstest::rstest;
 use super::*;
 
 const POOL: &str = "/var/lib/libvirt/images";
+/// The owner prefix of this provider instance's volumes.
+const PFX: &str = "kvm-a.0123456789ab.";
 
 fn policy() -> DomainPolicy {
     DomainPolicy {
@@ -10,6 +12,7 @@ fn policy() -> DomainPolicy {
         networks: vec!["pxnet".into()],
         bridges: vec!["br0".into()],
         user_networking: true,
+        volume_prefix: PFX.into(),
     }
 }
 
@@ -29,8 +32,8 @@ fn domain(os_extra: &str, devices: &str) -> String {
          <features><acpi/><apic/><tcg><tb-cache unit='MiB'>128</tb-cache></tcg></features>\
          <clock offset='utc'/><on_poweroff>destroy</on_poweroff>\
          <devices>\
-         <disk type='file' device='disk'><driver name='qemu' type='qcow2' discard='unmap'/><source file='{POOL}/px-1-root.qcow2'/><target dev='vda' bus='virtio'/></disk>\
-         <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{POOL}/px-1-seed.iso'/><target dev='vdb' bus='virtio'/><readonly/></disk>\
+         <disk type='file' device='disk'><driver name='qemu' type='qcow2' discard='unmap'/><source file='{POOL}/{PFX}px-1-root.qcow2'/><target dev='vda' bus='virtio'/></disk>\
+         <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{POOL}/{PFX}px-1-seed.iso'/><target dev='vdb' bus='virtio'/><readonly/></disk>\
          <serial type='pty'/><console type='pty'/>\
          <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>\
          <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>\
@@ -77,7 +80,7 @@ fn what_a_proxy_vm_needs_passes(#[case] devices: &str) {
 #[test]
 fn direct_kernel_boot_from_the_pool_passes() {
     let os = format!(
-        "<kernel>{POOL}/base-k</kernel><initrd>{POOL}/base-i</initrd><cmdline>console=ttyS0</cmdline>"
+        "<kernel>{POOL}/{PFX}base-k</kernel><initrd>{POOL}/{PFX}base-i</initrd><cmdline>console=ttyS0</cmdline>"
     );
     check_domain(&domain(&os, NETWORK), &policy(), &mark()).unwrap();
 }
@@ -105,17 +108,29 @@ fn the_mark_is_added_wherever_metadata_is(#[case] xml: &str) {
     "<disk type='block' device='disk'><source dev='/dev/sda'/><target dev='vdc'/></disk>",
     "<domain/devices/disk type='block'>"
 )]
+#[case::another_owners_volume_in_the_pool(
+    "<disk type='file' device='disk'><source file='/var/lib/libvirt/images/victim-root.qcow2'/><target dev='vdc'/></disk>",
+    "is not a volume of this provider instance"
+)]
+#[case::another_provider_instances_volume(
+    "<disk type='file' device='disk'><source file='/var/lib/libvirt/images/kvm-b.0123456789ab.px-root.qcow2'/><target dev='vdc'/></disk>",
+    "is not a volume of this provider instance"
+)]
+#[case::the_bare_prefix(
+    "<disk type='file' device='disk'><source file='/var/lib/libvirt/images/kvm-a.0123456789ab.'/><target dev='vdc'/></disk>",
+    "is not a volume of this provider instance"
+)]
 #[case::file_outside_the_pools(
     "<disk type='file' device='disk'><source file='/etc/shadow'/><target dev='vdc'/></disk>",
-    "`/etc/shadow` is not a volume of a granted pool"
+    "`/etc/shadow` is not a volume of this provider instance in a granted pool"
 )]
 #[case::dot_dot_out_of_the_pool(
     "<disk type='file' device='disk'><source file='/var/lib/libvirt/images/../../../etc/shadow'/><target dev='vdc'/></disk>",
-    "is not a volume of a granted pool"
+    "is not a volume of this provider instance in a granted pool"
 )]
 #[case::subdirectory_of_the_pool(
     "<disk type='file' device='disk'><source file='/var/lib/libvirt/images/sub/x'/><target dev='vdc'/></disk>",
-    "is not a volume of a granted pool"
+    "is not a volume of this provider instance in a granted pool"
 )]
 #[case::network_disk(
     "<disk type='network' device='disk'><source protocol='nbd' name='x'/></disk>",
@@ -189,12 +204,16 @@ fn escapes_through_devices_are_refused(#[case] devices: &str, #[case] says: &str
 }
 
 #[rstest]
+#[case::kernel_of_another_owner(
+    "<kernel>/var/lib/libvirt/images/vmlinuz</kernel>",
+    "<kernel> `/var/lib/libvirt/images/vmlinuz` is not a volume of this provider instance"
+)]
 #[case::kernel_outside_the_pools(
     "<kernel>/boot/vmlinuz</kernel>",
-    "<kernel> `/boot/vmlinuz` is not a volume of a granted pool (default)"
+    "<kernel> `/boot/vmlinuz` is not a volume of this provider instance in a granted pool (default)"
 )]
 #[case::initrd_outside_the_pools(
-    "<kernel>/var/lib/libvirt/images/k</kernel><initrd>/etc/shadow</initrd>",
+    "<kernel>/var/lib/libvirt/images/kvm-a.0123456789ab.k</kernel><initrd>/etc/shadow</initrd>",
     "<initrd> `/etc/shadow`"
 )]
 #[case::loader(
@@ -259,7 +278,11 @@ fn escapes_through_the_document_are_refused(#[case] xml: &str, #[case] says: &st
     "<interface type='user'><backend type='passt'/></interface>",
     "set grants.libvirt.hosts[].userNetworking: true"
 )]
-#[case::nothing_granted(DomainPolicy::default(), NETWORK, "not a volume of a granted pool")]
+#[case::nothing_granted(
+    DomainPolicy::default(),
+    NETWORK,
+    "not a volume of this provider instance in a granted pool (none)"
+)]
 fn the_grant_decides(#[case] policy: DomainPolicy, #[case] devices: &str, #[case] says: &str) {
     let err = check_domain(&domain("", devices), &policy, &mark()).unwrap_err();
     assert!(err.contains(says), "{err}");
@@ -275,31 +298,70 @@ fn volume(extra: &str) -> String {
 #[rstest]
 #[case::plain("")]
 #[case::overlay(
-    "<backingStore><path>/var/lib/libvirt/images/base-a.qcow2</path><format type='qcow2'/></backingStore>"
+    "<backingStore><path>/var/lib/libvirt/images/kvm-a.0123456789ab.base-a.qcow2</path><format type='qcow2'/></backingStore>"
 )]
 fn volumes_a_proxy_needs_pass(#[case] extra: &str) {
+    let checked = check_volume(&volume(extra), "default", Some(POOL), PFX).unwrap();
+    assert_eq!(checked.real_name, format!("{PFX}px-1-root.qcow2"));
+    // The name libvirt gets is the prefixed one; the rest is as the plugin wrote it.
     assert_eq!(
-        check_volume(&volume(extra), "default", Some(POOL)).unwrap(),
-        "px-1-root.qcow2"
+        checked.xml,
+        volume(extra).replace(
+            "<name>px-1-root.qcow2",
+            &format!("<name>{PFX}px-1-root.qcow2")
+        )
     );
+}
+
+#[test]
+fn a_name_with_references_is_replaced_whole() {
+    let checked = check_volume(
+        "<volume><name>a&amp;b</name><capacity>1</capacity></volume>",
+        "default",
+        Some(POOL),
+        PFX,
+    )
+    .unwrap();
+    assert_eq!(checked.real_name, format!("{PFX}a&b"));
+    assert!(
+        checked.xml.contains(&format!("<name>{PFX}a&amp;b</name>")),
+        "{}",
+        checked.xml
+    );
+    // (CDATA is one text node, replaced whole like any other.)
+    for bad in [
+        "<name><!--x-->a</name>",
+        "<name>a<!--x--></name>",
+        "<name></name>",
+    ] {
+        let xml = format!("<volume>{bad}<capacity>1</capacity></volume>");
+        assert!(
+            check_volume(&xml, "default", Some(POOL), PFX).is_err(),
+            "{bad}"
+        );
+    }
 }
 
 #[rstest]
 #[case::backing_store_outside_the_pool(
     "<backingStore><path>/etc/shadow</path><format type='raw'/></backingStore>",
-    "`/etc/shadow` is not a volume of pool default"
+    "`/etc/shadow` is not a volume of this provider instance in pool default"
+)]
+#[case::backing_store_of_another_owner(
+    "<backingStore><path>/var/lib/libvirt/images/victim-root.qcow2</path></backingStore>",
+    "is not a volume of this provider instance in pool default"
 )]
 #[case::backing_store_of_a_device(
     "<backingStore><path>/dev/sda</path></backingStore>",
-    "is not a volume of pool default"
+    "is not a volume of this provider instance in pool default"
 )]
 #[case::backing_store_dot_dot(
     "<backingStore><path>/var/lib/libvirt/images/../x</path></backingStore>",
-    "is not a volume of pool default"
+    "is not a volume of this provider instance in pool default"
 )]
 #[case::backing_store_without_a_path(
     "<backingStore><format type='raw'/></backingStore>",
-    "is not a volume of pool default"
+    "is not a volume of this provider instance in pool default"
 )]
 #[case::permissions(
     "<permissions><owner>0</owner><mode>0777</mode></permissions>",
@@ -307,7 +369,7 @@ fn volumes_a_proxy_needs_pass(#[case] extra: &str) {
 )]
 #[case::foreign("<x:y xmlns:x='urn:x'/>", "of namespace urn:x")]
 fn volume_escapes_are_refused(#[case] extra: &str, #[case] says: &str) {
-    let err = check_volume(&volume(extra), "default", Some(POOL)).unwrap_err();
+    let err = check_volume(&volume(extra), "default", Some(POOL), PFX).unwrap_err();
     assert!(err.contains(says), "{err}");
 }
 
@@ -326,13 +388,15 @@ fn volume_escapes_are_refused(#[case] extra: &str, #[case] says: &str) {
 )]
 #[case::not_a_volume("<pool><name>a</name></pool>", "root element must be <volume>")]
 fn volume_documents_are_checked(#[case] xml: &str, #[case] says: &str) {
-    let err = check_volume(xml, "default", Some(POOL)).unwrap_err();
+    let err = check_volume(xml, "default", Some(POOL), PFX).unwrap_err();
     assert!(err.contains(says), "{err}");
 }
 
 #[test]
 fn a_pool_without_a_directory_takes_no_backing_store() {
-    let xml = volume("<backingStore><path>/var/lib/libvirt/images/a</path></backingStore>");
-    assert!(check_volume(&xml, "rbd", None).is_err());
-    check_volume(&volume(""), "rbd", None).unwrap();
+    let xml = volume(&format!(
+        "<backingStore><path>/var/lib/libvirt/images/{PFX}a</path></backingStore>"
+    ));
+    assert!(check_volume(&xml, "rbd", None, PFX).is_err());
+    check_volume(&volume(""), "rbd", None, PFX).unwrap();
 }
