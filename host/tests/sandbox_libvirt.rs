@@ -538,3 +538,33 @@ async fn import_image_never_returns_a_volume_it_has_not_verified() {
     fx.attempt(&delete).await.unwrap();
     fx.assert_nothing_changed().await;
 }
+
+/// An error libvirt answers, even its generic "system error" (here: a backing file that does
+/// not exist), is the plugin's failure and not the connection's: the connection every provider
+/// instance shares stays, and the next call goes through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_error_libvirt_answers_keeps_the_shared_connection() {
+    let fx = Fixture::start().await;
+    let missing = volume(
+        "{pool}",
+        "<volume><name>hostile.qcow2</name><capacity>1048576</capacity><target><format type='qcow2'/></target><backingStore><path>{pool_path}/{prefix}missing.qcow2</path><format type='qcow2'/></backingStore></volume>",
+    );
+    let missing = serde_json::from_str(&fx.fill(&missing.to_string())).unwrap();
+    let refused = fx
+        .attempt(&fx.hostile("hostile-test", missing).await)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("Failed") && refused.contains("missing.qcow2"),
+        "libvirt's own error, not transport: {refused}"
+    );
+    let list = fx
+        .hostile(
+            "hostile-test",
+            serde_json::json!({"attempt": "list-domains"}),
+        )
+        .await;
+    fx.attempt(&list).await.unwrap();
+    assert_eq!(fx.hub.connections_opened(), 1, "the connection was kept");
+    fx.assert_nothing_changed().await;
+}

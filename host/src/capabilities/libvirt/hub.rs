@@ -1,7 +1,9 @@
 //! The process's libvirt connections: one SSH tunnel + virt connection per hypervisor, opened on
 //! first use and shared by every call and provider instance that reaches it; the SSH material read
-//! from its Secret on first use and cached. Only transport failures drop a cached connection: an
-//! error libvirt answered (no such domain, a bad XML) leaves it for the next call.
+//! from its Secret on first use and cached. Only a failure of the connection itself drops a
+//! cached connection: an error libvirt answered (no such domain, a bad XML, even its generic
+//! "system error" about a file on the hypervisor) leaves it for the next call, so no plugin can
+//! make the host drop a connection every provider instance shares.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -59,6 +61,12 @@ impl Connection {
 
     fn is_alive(&self) -> bool {
         self.tunnel.is_alive()
+    }
+
+    /// Whether the tunnel and the libvirt client both still hold the connection open (no RPC:
+    /// libvirt's client marks a connection closed when its socket fails).
+    fn still_open(&self) -> bool {
+        self.is_alive() && self.virt().is_alive().unwrap_or(false)
     }
 }
 
@@ -262,7 +270,7 @@ impl LibvirtHub {
     }
 
     /// Runs one libvirt call on a blocking thread over the cached connection, logs it as one
-    /// debug line, and drops the connection when the failure was the transport's.
+    /// debug line, and drops the connection when the connection itself failed.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         endpoint: &Endpoint,
@@ -274,12 +282,20 @@ impl LibvirtHub {
         let result: Result<T, Failure> = async {
             let connection = self.connection(endpoint).await?;
             let shared = connection.clone();
-            let outcome = tokio::task::spawn_blocking(move || op(shared.virt()))
-                .await
-                .map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
-            outcome.map_err(|e| Failure {
-                error: classify(rpc, ids, &e),
-                broken: is_transport(&e).then_some(connection),
+            let (outcome, open) = tokio::task::spawn_blocking(move || {
+                let outcome = op(shared.virt());
+                // Asked after a failure only: it is what tells the two kinds apart.
+                let open = outcome.is_ok() || shared.still_open();
+                (outcome, open)
+            })
+            .await
+            .map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
+            outcome.map_err(|e| {
+                let failed = connection_failed(e.code(), open);
+                Failure {
+                    error: classify(rpc, ids, &e, failed),
+                    broken: failed.then_some(connection),
+                }
             })
         }
         .await;
@@ -386,19 +402,16 @@ async fn read_secret(
     })
 }
 
-/// Errors that mean the connection itself is gone.
-fn is_transport(e: &virt::error::Error) -> bool {
-    matches!(
-        e.code(),
-        ErrorNumber::SystemError
-            | ErrorNumber::Rpc
-            | ErrorNumber::NoConnect
-            | ErrorNumber::InvalidConn
-    )
+/// Whether a failed call means the connection itself is gone (`open`: the tunnel and libvirt's
+/// client still hold it), rather than an error libvirt answered over it. Error codes alone cannot
+/// tell: libvirt answers "system error" for a missing file on the hypervisor as well as for a
+/// reset socket.
+fn connection_failed(code: ErrorNumber, open: bool) -> bool {
+    !open || matches!(code, ErrorNumber::NoConnect | ErrorNumber::InvalidConn)
 }
 
-/// A libvirt error as the WIT variant.
-fn classify(rpc: &str, ids: &str, e: &virt::error::Error) -> LibvirtError {
+/// A libvirt error as the WIT variant; `transport` only when the connection failed.
+fn classify(rpc: &str, ids: &str, e: &virt::error::Error, connection_failed: bool) -> LibvirtError {
     let message = format!("{rpc} {ids}: {}", e.message());
     match e.code() {
         ErrorNumber::NoDomain
@@ -407,7 +420,7 @@ fn classify(rpc: &str, ids: &str, e: &virt::error::Error) -> LibvirtError {
         | ErrorNumber::NoDomainMetadata
         | ErrorNumber::NoNetwork => LibvirtError::NotFound(message),
         ErrorNumber::AuthFailed | ErrorNumber::AccessDenied => LibvirtError::AuthFailed(message),
-        _ if is_transport(e) => LibvirtError::Transport(message),
+        _ if connection_failed => LibvirtError::Transport(message),
         _ => LibvirtError::Failed(message),
     }
 }
@@ -434,5 +447,36 @@ fn from_tunnel(e: TunnelError) -> LibvirtError {
             LibvirtError::Transport(message)
         }
         TunnelError::SocketPathTooLong { .. } => LibvirtError::Failed(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_failed_connection_is_dropped() {
+        let cases = [
+            // What libvirt answers over a working connection: kept, whatever the code.
+            (ErrorNumber::SystemError, true, false),
+            (ErrorNumber::Rpc, true, false),
+            (ErrorNumber::NoDomain, true, false),
+            (ErrorNumber::XmlError, true, false),
+            (ErrorNumber::OperationFailed, true, false),
+            // The connection is closed (a reset socket, a dead tunnel): dropped.
+            (ErrorNumber::SystemError, false, true),
+            (ErrorNumber::Rpc, false, true),
+            (ErrorNumber::NoDomain, false, true),
+            // The handle itself is unusable.
+            (ErrorNumber::NoConnect, true, true),
+            (ErrorNumber::InvalidConn, true, true),
+        ];
+        for (code, open, dropped) in cases {
+            assert_eq!(
+                connection_failed(code, open),
+                dropped,
+                "{code:?} open={open}"
+            );
+        }
     }
 }
