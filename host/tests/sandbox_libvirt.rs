@@ -568,3 +568,59 @@ async fn a_system_error_libvirt_answers_keeps_the_shared_connection() {
     assert_eq!(fx.hub.connections_opened(), 1, "the connection was kept");
     fx.assert_nothing_changed().await;
 }
+
+/// The kvm provider's config for hv1 (only `get` and `delete` are called: no image is fetched).
+fn kvm_config(fx: &Fixture) -> serde_json::Value {
+    serde_json::json!({
+        "domainType": "qemu",
+        "hosts": [{"name": "hv1", "zone": "zone-a", "pool": fx.libvirtd.pool_name(), "network": "pxnet"}],
+        "images": {"tiny": {"url": fx.files.url("/tiny.raw"), "sha256": "ab".repeat(32), "firmware": "bios", "format": "raw"}},
+        "defaultImage": "tiny",
+    })
+}
+
+/// `status.providerID` patched to point at the victim: the kvm provider's `get` finds nothing
+/// and its `delete` deletes nothing, since the host shows it no domain but its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_id_patched_to_the_victim_deletes_nothing() {
+    let fx = Fixture::start().await;
+    let kvm = fx
+        .instance("kvm-test", "kvm", kvm_config(&fx), fx.grants(false))
+        .await;
+    match kvm.get("hv1/victim").await {
+        Err(CallError::Provider {
+            error: ProviderError::NotFound(m),
+            ..
+        }) => assert!(m.contains(NOT_OURS), "{m}"),
+        other => panic!("expected not-found, got {other:?}"),
+    }
+    kvm.delete("hv1/victim").await.unwrap();
+    fx.assert_nothing_changed().await;
+}
+
+/// The kvm provider checks the owner identity itself before deleting by id: a domain of its own
+/// provider instance that carries no kvm owner element (not made for a Proxy) is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kvm_provider_deletes_only_domains_with_its_owner_identity() {
+    let fx = Fixture::start().await;
+    // Defined through the same provider instance's grant, by another plugin.
+    let foreign = domain("px-foreign", "", "<serial type='pty'/>");
+    let same_instance =
+        |config| fx.instance("kvm-test", "hostile-libvirt", config, fx.grants(false));
+    fx.attempt(&same_instance(define(&foreign)).await)
+        .await
+        .unwrap();
+    let kvm = fx
+        .instance("kvm-test", "kvm", kvm_config(&fx), fx.grants(false))
+        .await;
+    kvm.delete("hv1/px-foreign").await.unwrap();
+    let domains = fx
+        .libvirtd
+        .virsh_run(&["list", "--all", "--name"])
+        .await
+        .unwrap();
+    assert!(domains.contains("px-foreign"), "not deleted: {domains}");
+    let undefine = serde_json::json!({"attempt": "undefine-domain", "name": "px-foreign"});
+    fx.attempt(&same_instance(undefine).await).await.unwrap();
+    fx.assert_nothing_changed().await;
+}
