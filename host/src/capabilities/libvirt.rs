@@ -11,6 +11,7 @@ mod hub;
 mod hypervisor;
 mod import;
 mod import_jobs;
+mod lanes;
 mod ops;
 mod owner;
 mod records;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 pub use error::LibvirtError;
 pub use hub::{LibvirtHub, MaterialSource};
 pub use hypervisor::Hypervisor;
+pub use lanes::CallLimits;
 pub use owner::{HOST_METADATA_URI, OwnerMark};
 pub use records::{
     DomainInfo, DomainState, ImageSource, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,

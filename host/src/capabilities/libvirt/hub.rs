@@ -19,6 +19,7 @@ use virt::error::ErrorNumber;
 use super::endpoint::Endpoint;
 use super::error::LibvirtError;
 use super::import_jobs::Imports;
+use super::lanes::{CallLimits, Lane, NoThread};
 use super::records::ProbeReport;
 use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
 
@@ -86,11 +87,12 @@ impl Drop for Connection {
     }
 }
 
-/// One hypervisor's cached connection. The async mutex serialises opening it; waiting for it
-/// is cancellable, so a call's deadline interrupts the wait.
-#[derive(Default)]
+/// One hypervisor's cached connection and the lane of its calls. The async mutex serialises
+/// opening the connection; waiting for it is cancellable, so a call's deadline interrupts the
+/// wait.
 struct HostSlot {
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    lane: Lane,
 }
 
 /// The process's libvirt connections and SSH material.
@@ -99,6 +101,7 @@ pub struct LibvirtHub {
     operator_id: String,
     material: MaterialSource,
     tunnel_dir: PathBuf,
+    limits: CallLimits,
     materials: tokio::sync::Mutex<HashMap<String, SshMaterial>>,
     slots: Mutex<HashMap<Endpoint, Arc<HostSlot>>>,
     pub(crate) imports: Imports,
@@ -129,6 +132,16 @@ impl LibvirtHub {
         material: MaterialSource,
         tunnel_dir: PathBuf,
     ) -> Arc<Self> {
+        Self::with_limits(operator_id, material, tunnel_dir, CallLimits::default())
+    }
+
+    /// Like [`LibvirtHub::for_operator`], with other bounds on each hypervisor's calls.
+    pub fn with_limits(
+        operator_id: &str,
+        material: MaterialSource,
+        tunnel_dir: PathBuf,
+        limits: CallLimits,
+    ) -> Arc<Self> {
         // libvirt prints every error to stderr by default; they are returned and logged instead.
         static QUIET: OnceLock<()> = OnceLock::new();
         QUIET.get_or_init(virt::error::clear_error_callback);
@@ -136,6 +149,7 @@ impl LibvirtHub {
             operator_id: operator_id.to_string(),
             material,
             tunnel_dir,
+            limits,
             materials: Default::default(),
             slots: Default::default(),
             imports: Default::default(),
@@ -146,6 +160,13 @@ impl LibvirtHub {
     /// The operator installation this hub serves.
     pub fn operator_id(&self) -> &str {
         &self.operator_id
+    }
+
+    /// Libvirt calls blocking a thread now, over all hypervisors (bounded by
+    /// [`CallLimits::threads`] per hypervisor, even when one hangs).
+    pub fn blocking_calls(&self) -> usize {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.values().map(|s| s.lane.blocking()).sum()
     }
 
     /// How many hypervisor connections this hub has opened (a reconnect counts again).
@@ -185,7 +206,12 @@ impl LibvirtHub {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(endpoint.clone())
-            .or_default()
+            .or_insert_with(|| {
+                Arc::new(HostSlot {
+                    connection: Default::default(),
+                    lane: Lane::new(&self.limits),
+                })
+            })
             .clone()
     }
 
@@ -269,8 +295,9 @@ impl LibvirtHub {
         }
     }
 
-    /// Runs one libvirt call on a blocking thread over the cached connection, logs it as one
-    /// debug line, and drops the connection when the connection itself failed.
+    /// Runs one libvirt call on a blocking thread over the cached connection, within the
+    /// hypervisor's lane and deadline ([`CallLimits`]), logs it as one debug line, and drops the
+    /// connection when the connection itself failed.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         endpoint: &Endpoint,
@@ -278,18 +305,62 @@ impl LibvirtHub {
         ids: &str,
         op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
     ) -> Result<T, LibvirtError> {
+        self.call_within(endpoint, rpc, ids, Some(self.limits.deadline), op)
+            .await
+    }
+
+    /// Like [`LibvirtHub::call`] without a deadline, for streams as long as an image (uploads,
+    /// digests, copies): still one of the lane's threads.
+    pub(crate) async fn call_streaming<T: Send + 'static>(
+        &self,
+        endpoint: &Endpoint,
+        rpc: &'static str,
+        ids: &str,
+        op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    ) -> Result<T, LibvirtError> {
+        self.call_within(endpoint, rpc, ids, None, op).await
+    }
+
+    async fn call_within<T: Send + 'static>(
+        &self,
+        endpoint: &Endpoint,
+        rpc: &'static str,
+        ids: &str,
+        deadline: Option<Duration>,
+        op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    ) -> Result<T, LibvirtError> {
         let started = Instant::now();
+        let slot = self.slot(endpoint);
         let result: Result<T, Failure> = async {
+            // Held until the caller is answered: a bounded number of callers per hypervisor.
+            let _place = slot.lane.admit().map_err(|_| self.no_thread(endpoint, rpc, ids, NoThread::Full))?;
             let connection = self.connection(endpoint).await?;
+            let left = |d: Duration| d.saturating_sub(started.elapsed());
+            let thread = slot
+                .lane
+                .thread(deadline.map(left))
+                .await
+                .map_err(|why| self.no_thread(endpoint, rpc, ids, why))?;
             let shared = connection.clone();
-            let (outcome, open) = tokio::task::spawn_blocking(move || {
+            let work = tokio::task::spawn_blocking(move || {
+                let _blocking = thread.enter();
                 let outcome = op(shared.virt());
                 // Asked after a failure only: it is what tells the two kinds apart.
                 let open = outcome.is_ok() || shared.still_open();
                 (outcome, open)
-            })
-            .await
-            .map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
+            });
+            let joined = match deadline {
+                // Past the deadline the thread goes on (blocked in C) and keeps its place.
+                Some(d) => tokio::time::timeout(left(d), work).await.map_err(|_| {
+                    LibvirtError::Timeout(format!(
+                        "{rpc} {ids}: {} did not answer within {d:?}; the call goes on in the background",
+                        endpoint.label()
+                    ))
+                })?,
+                None => work.await,
+            };
+            let (outcome, open) =
+                joined.map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
             outcome.map_err(|e| {
                 let failed = connection_failed(e.code(), open);
                 Failure {
@@ -313,6 +384,25 @@ impl LibvirtHub {
                 Err(error)
             }
         }
+    }
+
+    /// `timeout` for a call that got no thread: the hypervisor's earlier calls still block them.
+    fn no_thread(&self, endpoint: &Endpoint, rpc: &str, ids: &str, why: NoThread) -> LibvirtError {
+        let CallLimits {
+            deadline,
+            threads,
+            waiting,
+        } = self.limits;
+        LibvirtError::Timeout(match why {
+            NoThread::Full => format!(
+                "{rpc} {ids}: {} has {threads} libvirt calls under way and {waiting} waiting, none answered; not queueing more",
+                endpoint.label()
+            ),
+            NoThread::Deadline => format!(
+                "{rpc} {ids}: none of the {threads} libvirt calls under way on {} finished within {deadline:?}",
+                endpoint.label()
+            ),
+        })
     }
 
     /// SSH and libvirt reachable within `timeout`. A slow answer is given up on without dropping

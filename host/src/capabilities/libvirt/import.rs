@@ -235,13 +235,13 @@ impl Hypervisor {
         let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>, String>>(4);
         let (pool_name, volume_name) = (pool.to_string(), name.to_string());
         let ids = format!("pool={pool} volume={name} bytes={length}");
-        let upload = self
-            .hub
-            .call(&self.endpoint, "storage-vol-upload", &ids, move |c| {
-                let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool_name)?;
-                let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &volume_name)?;
-                upload(c, &volume, &mut chunks_rx.into_iter(), 0)
-            });
+        let upload =
+            self.hub
+                .call_streaming(&self.endpoint, "storage-vol-upload", &ids, move |c| {
+                    let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool_name)?;
+                    let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &volume_name)?;
+                    upload(c, &volume, &mut chunks_rx.into_iter(), 0)
+                });
         let feed = async move {
             let mut body = response.bytes_stream();
             let mut hasher = Sha256::new();

@@ -161,7 +161,7 @@ impl Hypervisor {
     ) -> Result<VolumeInfo> {
         let ids = format!("pool={pool} volume={name} from={from}");
         self.hub
-            .call(
+            .call_streaming(
                 &self.endpoint,
                 "storage-vol-create-xml-from",
                 &ids,

@@ -134,7 +134,7 @@ impl Hypervisor {
     pub(crate) async fn volume_sha256(&self, pool: String, real: String) -> Result<String> {
         let ids = format!("pool={pool} volume={real}");
         self.hub
-            .call(&self.endpoint, "storage-vol-download", &ids, move |c| {
+            .call_streaming(&self.endpoint, "storage-vol-download", &ids, move |c| {
                 let p = StoragePool::lookup_by_name(c, &pool)?;
                 let volume = StorageVol::lookup_by_name(&p, &real)?;
                 let stream = Stream::new(c, 0)?;
