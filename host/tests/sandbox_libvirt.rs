@@ -624,3 +624,67 @@ async fn the_kvm_provider_deletes_only_domains_with_its_owner_identity() {
     fx.attempt(&same_instance(undefine).await).await.unwrap();
     fx.assert_nothing_changed().await;
 }
+
+/// A qcow2 header the plugin writes itself (upload-volume into its own volume) names a backing
+/// file of its choice; QEMU would open it, and libvirt would hand it to QEMU. `define-domain`
+/// reads each qcow2 disk's backing chain as libvirt sees it (after a pool refresh) and refuses
+/// a backing file that is not the plugin's own volume in a granted pool; a disk given as another
+/// format than libvirt reads the volume as is refused too.
+#[rstest]
+#[case::as_qcow2("qcow2", "has a backing file `/etc/shadow`")]
+#[case::as_raw_though_libvirt_reads_qcow2("raw", "is qcow2 as libvirt reads it")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backing_file_planted_in_a_qcow2_header_is_refused(
+    #[case] driver: &str,
+    #[case] says: &str,
+) {
+    let fx = Fixture::start().await;
+    let header = fx._dir.path().join("evil.qcow2");
+    let made = std::process::Command::new("qemu-img")
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "cluster_size=512",
+            "-b",
+            "/etc/shadow",
+            "-F",
+            "raw",
+        ])
+        .arg(&header)
+        .arg("1M")
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let header = std::fs::read(&header).unwrap();
+    let pool = fx.libvirtd.pool_name().to_string();
+    let create = volume(
+        &pool,
+        "<volume><name>evil.img</name><capacity>1048576</capacity><target><format type='raw'/></target></volume>",
+    );
+    fx.attempt(&fx.hostile("hostile-test", create).await)
+        .await
+        .unwrap();
+    let upload = serde_json::json!({"attempt": "upload-volume", "pool": pool, "name": "evil.img", "bytes": header});
+    fx.attempt(&fx.hostile("hostile-test", upload).await)
+        .await
+        .unwrap();
+    let disk = format!(
+        "<disk type='file' device='disk'><driver name='qemu' type='{driver}'/><source file='{{pool_path}}/{{prefix}}evil.img'/><target dev='vda'/></disk>"
+    );
+    let define =
+        serde_json::from_str(&fx.fill(&define(&domain("hostile-1", "", &disk)).to_string()))
+            .unwrap();
+    let refused = fx
+        .attempt(&fx.hostile("hostile-test", define).await)
+        .await
+        .unwrap_err();
+    assert!(refused.contains(says), "{refused}");
+    let delete = serde_json::json!({"attempt": "delete-volume", "pool": pool, "name": "evil.img"});
+    fx.attempt(&fx.hostile("hostile-test", delete).await)
+        .await
+        .unwrap();
+    fx.assert_nothing_changed().await;
+}

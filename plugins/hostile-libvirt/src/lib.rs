@@ -34,6 +34,9 @@ pub struct Config {
     /// The image digest of `import-image`.
     #[serde(default)]
     pub sha256: String,
+    /// Binary bytes for `upload-volume` (instead of `arg`).
+    #[serde(default)]
+    pub bytes: Vec<u8>,
 }
 
 fn default_host() -> String {
@@ -67,7 +70,14 @@ fn call(config: &Config) -> Result<String, libvirt::LibvirtError> {
         "create-volume" => format!("{:?}", hv.create_volume(pool, xml)?),
         "lookup-volume" => format!("{:?}", hv.lookup_volume(pool, name)?),
         "delete-volume" => format!("{:?}", hv.delete_volume(pool, name)?),
-        "upload-volume" => format!("{:?}", hv.upload_volume(pool, name, config.arg.as_bytes())?),
+        "upload-volume" => {
+            let data = if config.bytes.is_empty() {
+                config.arg.as_bytes()
+            } else {
+                &config.bytes
+            };
+            format!("{:?}", hv.upload_volume(pool, name, data)?)
+        }
         "import-image" => {
             let source = ImageSource {
                 url: config.arg.clone(),

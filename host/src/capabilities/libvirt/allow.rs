@@ -8,6 +8,10 @@ use roxmltree::{Document, Node};
 
 use super::owner::{HOST_METADATA_URI, OwnerMark};
 
+mod images;
+use images::pool_of;
+pub use images::{Disk, VolumeImage, chain_problem, volume_image};
+
 /// What one provider instance's grant lets a domain use on one hypervisor.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DomainPolicy {
@@ -25,6 +29,8 @@ pub struct DomainPolicy {
 pub struct CheckedDomain {
     pub name: String,
     pub xml: String,
+    /// Its disks, whose images the caller checks with [`chain_problem`].
+    pub disks: Vec<Disk>,
 }
 
 /// Allowed values of an attribute.
@@ -320,39 +326,36 @@ fn text<'a>(node: Node<'a, '_>) -> &'a str {
     node.text().unwrap_or("").trim()
 }
 
-/// The granted pool whose directory holds `path` directly (no `..`, `//` or subdirectory),
-/// when the file is one of this provider instance's volumes (its name has `prefix`).
-fn pool_of<'p>(path: &str, pools: &'p [(String, String)], prefix: &str) -> Option<&'p str> {
-    let (dir, file) = path.rsplit_once('/')?;
-    if file.len() <= prefix.len() || !file.starts_with(prefix) || file == "." || file == ".." {
-        return None;
-    }
-    pools
-        .iter()
-        .find(|(_, p)| p.trim_end_matches('/') == dir && !dir.is_empty())
-        .map(|(name, _)| name.as_str())
-}
-
 fn pools_named(policy: &DomainPolicy) -> String {
     names(policy.pools.iter().map(|(name, _)| name.as_str()))
 }
 
-/// Disks, kernel and initrd: files of granted pools only.
-fn check_files(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<(), String> {
+/// Disks, kernel and initrd: files of granted pools only. Returns the disks.
+fn check_files(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<Vec<Disk>, String> {
     let not_in_pool = |what: &str, path: &str| {
         format!(
             "{what} `{path}` is not a volume of this provider instance in a granted pool ({}); create it with create-volume or import-image in a pool listed in grants.libvirt.hosts[].pools and use the path they answer",
             pools_named(policy)
         )
     };
+    let mut disks = Vec::new();
     for node in root.descendants().filter(Node::is_element) {
-        let parent = node.parent_element().map(|p| p.tag_name().name());
-        match (parent, node.tag_name().name()) {
+        let parent = node.parent_element();
+        match (parent.map(|p| p.tag_name().name()), node.tag_name().name()) {
             (Some("disk"), "source") => {
                 let file = node.attribute("file").unwrap_or("");
-                if pool_of(file, &policy.pools, &policy.volume_prefix).is_none() {
+                let Some(pool) = pool_of(file, &policy.pools, &policy.volume_prefix) else {
                     return Err(not_in_pool("<disk><source file>", file));
-                }
+                };
+                let format = parent
+                    .and_then(|d| d.children().find(|n| n.has_tag_name("driver")))
+                    .and_then(|d| d.attribute("type"))
+                    .unwrap_or("raw");
+                disks.push(Disk {
+                    path: file.to_string(),
+                    pool: pool.to_string(),
+                    format: format.to_string(),
+                });
             }
             (Some("os"), what @ ("kernel" | "initrd"))
                 if pool_of(text(node), &policy.pools, &policy.volume_prefix).is_none() =>
@@ -362,7 +365,7 @@ fn check_files(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<(), String> 
             _ => {}
         }
     }
-    Ok(())
+    Ok(disks)
 }
 
 /// Interfaces only of the granted networks and bridges, user mode only when granted.
@@ -472,7 +475,7 @@ pub fn check_domain(
         Some(name) if !text(name).is_empty() => text(name).to_string(),
         _ => return Err("<name> is missing".into()),
     };
-    check_files(root, policy)?;
+    let disks = check_files(root, policy)?;
     check_devices(root, policy)?;
     let element = mark.element();
     let xml = match single(root, "metadata")? {
@@ -484,7 +487,7 @@ pub fn check_domain(
             "domain",
         ),
     };
-    Ok(CheckedDomain { name, xml })
+    Ok(CheckedDomain { name, xml, disks })
 }
 
 /// `xml` with `content` added at the end of the element spanning `range` (before its end tag;

@@ -8,9 +8,11 @@ use tracing::trace;
 use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::error::ErrorNumber;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
 use virt::sys;
 
-use super::allow::{self, DomainPolicy};
+use super::allow::{self, Disk, DomainPolicy, VolumeImage};
 use super::error::LibvirtError;
 use super::hypervisor::Hypervisor;
 use super::owner::{HOST_METADATA_URI, OwnerMark};
@@ -45,6 +47,15 @@ fn owned(c: &Connect, name: &str, mark: &OwnerMark) -> VirtResult<Option<Domain>
     match Domain::lookup_by_name(c, name) {
         Ok(domain) => Ok(is_owned(&domain, mark)?.then_some(domain)),
         Err(e) if matches!(e.code(), ErrorNumber::NoDomain) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What libvirt has for the volume at `path`, `None` when it has none there.
+fn image_at(c: &Connect, path: &str) -> VirtResult<Option<VolumeImage>> {
+    match StorageVol::lookup_by_path(c, path) {
+        Ok(volume) => Ok(Some(allow::volume_image(&volume.get_xml_desc(0)?))),
+        Err(e) if matches!(e.code(), ErrorNumber::NoStorageVolume) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -141,6 +152,7 @@ impl Hypervisor {
         let policy = self.domain_policy().await?;
         let checked = allow::check_domain(&xml, &policy, &self.scope.mark)
             .map_err(|m| LibvirtError::Denied(format!("define-domain: {m}")))?;
+        self.check_images(checked.disks.clone(), policy).await?;
         let name = checked.name.clone();
         let mark = self.scope.mark.clone();
         let defined = self
@@ -169,6 +181,38 @@ impl Hypervisor {
                 self.host
             ))
         })
+    }
+
+    /// The disks' images as libvirt reads them (after refreshing their pools, so a header
+    /// written by upload-volume is seen): formats as given, backing files only of own volumes.
+    async fn check_images(&self, disks: Vec<Disk>, policy: DomainPolicy) -> Result<()> {
+        if disks.is_empty() {
+            return Ok(());
+        }
+        let mut pools: Vec<String> = disks.iter().map(|d| d.pool.clone()).collect();
+        pools.dedup();
+        let problem = self
+            .hub
+            .call(&self.endpoint, "storage-vol-get-xml-desc", "", move |c| {
+                for pool in &pools {
+                    StoragePool::lookup_by_name(c, pool)?.refresh(0)?;
+                }
+                for disk in &disks {
+                    let problem =
+                        allow::chain_problem(disk, &policy.pools, &policy.volume_prefix, |path| {
+                            image_at(c, path)
+                        })?;
+                    if problem.is_some() {
+                        return Ok(problem);
+                    }
+                }
+                Ok(None)
+            })
+            .await?;
+        match problem {
+            Some(why) => Err(LibvirtError::Denied(format!("define-domain: {why}"))),
+            None => Ok(()),
+        }
     }
 
     pub async fn lookup_domain(
