@@ -190,6 +190,7 @@ impl Hypervisor {
             return Ok(());
         }
         let mut pools: Vec<String> = disks.iter().map(|d| d.pool.clone()).collect();
+        pools.sort();
         pools.dedup();
         let problem = self
             .hub
