@@ -688,3 +688,65 @@ async fn a_backing_file_planted_in_a_qcow2_header_is_refused(
         .unwrap();
     fx.assert_nothing_changed().await;
 }
+
+/// The header rewritten after the definition: `start-domain` checks the images again, as
+/// libvirt reads the backing chain from the headers when QEMU starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backing_file_planted_after_the_definition_is_refused_at_start() {
+    let fx = Fixture::start().await;
+    let header = fx._dir.path().join("evil.qcow2");
+    let made = std::process::Command::new("qemu-img")
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "cluster_size=512",
+            "-b",
+            "/etc/shadow",
+            "-F",
+            "raw",
+        ])
+        .arg(&header)
+        .arg("1M")
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let pool = fx.libvirtd.pool_name().to_string();
+    let call = |config: serde_json::Value| async {
+        fx.attempt(&fx.hostile("hostile-test", config).await).await
+    };
+    let create = volume(
+        &pool,
+        "<volume><name>root.qcow2</name><capacity>1048576</capacity><target><format type='qcow2'/></target></volume>",
+    );
+    call(create).await.unwrap();
+    let disk = "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{pool_path}/{prefix}root.qcow2'/><target dev='vda'/></disk>";
+    let define =
+        serde_json::from_str(&fx.fill(&define(&domain("hostile-1", "", disk)).to_string()))
+            .unwrap();
+    call(define).await.unwrap();
+    let upload = serde_json::json!({"attempt": "upload-volume", "pool": pool, "name": "root.qcow2", "bytes": std::fs::read(&header).unwrap()});
+    call(upload).await.unwrap();
+    let refused = call(serde_json::json!({"attempt": "start-domain", "name": "hostile-1"}))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("start-domain: the qcow2 disk") && refused.contains("`/etc/shadow`"),
+        "{refused}"
+    );
+    let state = fx
+        .libvirtd
+        .virsh_run(&["domstate", "hostile-1"])
+        .await
+        .unwrap();
+    assert_eq!(state.trim(), "shut off", "not started");
+    call(serde_json::json!({"attempt": "undefine-domain", "name": "hostile-1"}))
+        .await
+        .unwrap();
+    call(serde_json::json!({"attempt": "delete-volume", "pool": pool, "name": "root.qcow2"}))
+        .await
+        .unwrap();
+    fx.assert_nothing_changed().await;
+}

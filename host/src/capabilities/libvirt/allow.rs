@@ -490,6 +490,41 @@ pub fn check_domain(
     Ok(CheckedDomain { name, xml, disks })
 }
 
+/// The disks of a defined domain's XML as libvirt answers it (with its own additions, so not
+/// checked against the allow-list again), for `start-domain` to check their images: a qcow2
+/// header can have been rewritten since the definition.
+pub fn disks_of(xml: &str, policy: &DomainPolicy) -> Result<Vec<Disk>, String> {
+    let doc = parse(xml)?;
+    let devices = doc
+        .root_element()
+        .children()
+        .filter(|n| n.has_tag_name("devices"));
+    let disks = devices.flat_map(|d| d.children().filter(|n| n.has_tag_name("disk")));
+    let mut found = Vec::new();
+    for disk in disks {
+        let Some(source) = disk.children().find(|n| n.has_tag_name("source")) else {
+            continue;
+        };
+        let file = source.attribute("file").unwrap_or("");
+        let Some(pool) = pool_of(file, &policy.pools, &policy.volume_prefix) else {
+            return Err(format!(
+                "the disk `{file}` is not a volume of this provider instance in a granted pool"
+            ));
+        };
+        let format = disk
+            .children()
+            .find(|n| n.has_tag_name("driver"))
+            .and_then(|d| d.attribute("type"))
+            .unwrap_or("raw");
+        found.push(Disk {
+            path: file.to_string(),
+            pool: pool.to_string(),
+            format: format.to_string(),
+        });
+    }
+    Ok(found)
+}
+
 /// `xml` with `content` added at the end of the element spanning `range` (before its end tag;
 /// a self-closing `<tag/>` is opened). The element has no attributes where it is self-closing
 /// (the rules give `<metadata>` none, and `<domain/>` has no name).

@@ -152,7 +152,8 @@ impl Hypervisor {
         let policy = self.domain_policy().await?;
         let checked = allow::check_domain(&xml, &policy, &self.scope.mark)
             .map_err(|m| LibvirtError::Denied(format!("define-domain: {m}")))?;
-        self.check_images(checked.disks.clone(), policy).await?;
+        self.check_images("define-domain", checked.disks.clone(), policy)
+            .await?;
         let name = checked.name.clone();
         let mark = self.scope.mark.clone();
         let defined = self
@@ -185,7 +186,7 @@ impl Hypervisor {
 
     /// The disks' images as libvirt reads them (after refreshing their pools, so a header
     /// written by upload-volume is seen): formats as given, backing files only of own volumes.
-    async fn check_images(&self, disks: Vec<Disk>, policy: DomainPolicy) -> Result<()> {
+    async fn check_images(&self, call: &str, disks: Vec<Disk>, policy: DomainPolicy) -> Result<()> {
         if disks.is_empty() {
             return Ok(());
         }
@@ -211,7 +212,7 @@ impl Hypervisor {
             })
             .await?;
         match problem {
-            Some(why) => Err(LibvirtError::Denied(format!("define-domain: {why}"))),
+            Some(why) => Err(LibvirtError::Denied(format!("{call}: {why}"))),
             None => Ok(()),
         }
     }
@@ -230,7 +231,17 @@ impl Hypervisor {
         Ok(info)
     }
 
+    /// Starts the domain once its disks' images pass again: libvirt reads the backing chain
+    /// from the images' headers when QEMU starts, and a plugin can rewrite a header
+    /// (upload-volume) after the definition.
     pub async fn start_domain(&self, name: String) -> Result<()> {
+        let policy = self.domain_policy().await?;
+        let xml = self
+            .on_owned("domain-get-xml-desc", name.clone(), |d| d.get_xml_desc(0))
+            .await?;
+        let disks = allow::disks_of(&xml, &policy)
+            .map_err(|m| LibvirtError::Denied(format!("start-domain: {m}")))?;
+        self.check_images("start-domain", disks, policy).await?;
         self.on_owned("domain-create", name, |d| d.create().map(drop))
             .await
     }

@@ -400,3 +400,26 @@ fn a_pool_without_a_directory_takes_no_backing_store() {
     assert!(check_volume(&xml, "rbd", None, PFX).is_err());
     check_volume(&volume(""), "rbd", None, PFX).unwrap();
 }
+
+#[test]
+fn the_disks_of_a_defined_domain_are_read_from_libvirts_xml() {
+    let xml = format!(
+        "<domain type='qemu'><name>px-1</name><devices>\
+         <disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{POOL}/{PFX}r'/>\
+         <backingStore type='file'><format type='raw'/><source file='{POOL}/{PFX}b'/></backingStore>\
+         <target dev='vda' bus='virtio'/><address type='pci' bus='0x04'/></disk>\
+         <disk type='file' device='cdrom'><target dev='sda'/></disk>\
+         <controller type='usb' model='qemu-xhci'/></devices></domain>"
+    );
+    let disks = disks_of(&xml, &policy()).unwrap();
+    assert_eq!(
+        disks,
+        [Disk {
+            path: format!("{POOL}/{PFX}r"),
+            pool: "default".into(),
+            format: "qcow2".into()
+        }]
+    );
+    let other = xml.replace(&format!("{POOL}/{PFX}r"), "/etc/shadow");
+    assert!(disks_of(&other, &policy()).is_err());
+}
