@@ -267,7 +267,8 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
         cache_dir: plugin.plugin_cache_dir.clone(),
         // SSH material for kvm hypervisors: Secrets in the operator's namespace, read on first
         // use; tunnel sockets in private directories under the scratch /tmp.
-        libvirt: Some(LibvirtHub::new(
+        libvirt: Some(LibvirtHub::for_operator(
+            &args.operator_id,
             MaterialSource::Secrets {
                 client: client.clone(),
                 namespace: args.leader.leader_election_namespace.clone(),

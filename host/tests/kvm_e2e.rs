@@ -97,8 +97,13 @@ async fn a_kvm_proxy_boots_serves_a_leased_request_and_is_removed() {
         "booted with UEFI firmware:\n{xml}"
     );
     let pool = stack.libvirtd.pool_path().to_owned();
-    let overlay = pool.join(format!("{domain}-root.qcow2"));
-    let seed = pool.join(format!("{domain}-seed.iso"));
+    // Named with the host's owner prefix of the provider instance (default operator id).
+    let prefix = proxy_operator::capabilities::libvirt::volume_prefix(
+        "proxy-operator",
+        harness::stack::PROVIDER,
+    );
+    let overlay = pool.join(format!("{prefix}{domain}-root.qcow2"));
+    let seed = pool.join(format!("{prefix}{domain}-seed.iso"));
     assert!(overlay.exists() && seed.exists());
     squid_parses_the_seeds_config(&seed, stack.scratch.path()).await;
 

@@ -13,7 +13,7 @@ use harness::bins::debian_binary;
 use harness::{FileServer, Libvirtd, Sshd};
 use proxy_operator::capabilities::Grants;
 use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
-use proxy_operator::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use proxy_operator::capabilities::libvirt::{LibvirtHub, MaterialSource, volume_prefix};
 use proxy_operator::plugins::types::{InstanceState, ProviderError};
 use proxy_operator::plugins::{
     CallError, EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
@@ -60,6 +60,11 @@ impl Fixture {
                     "port": self.sshd.port(),
                     "user": self.sshd.user(),
                     "socket": self.libvirtd.socket().to_str().unwrap(),
+                    // The pools `check` is tested on (missing, stopped) are granted too: what
+                    // it reports about them is the hypervisor's state, not the grant.
+                    "pools": [self.libvirtd.pool_name(), "no-such-pool", "stopped"],
+                    "networks": ["pxnet"],
+                    "userNetworking": true,
                 })
             })
             .collect();
@@ -125,7 +130,13 @@ impl Fixture {
     }
 
     fn volume_path(&self, name: &str) -> std::path::PathBuf {
-        self.libvirtd.pool_path().join(name)
+        self.libvirtd.pool_path().join(self.volume_name(name))
+    }
+
+    /// The name libvirt has for the plugin's volume `name`: with the host's owner prefix of
+    /// provider instance `kvm-test` (under the default operator id).
+    fn volume_name(&self, name: &str) -> String {
+        format!("{}{name}", volume_prefix("proxy-operator", "kvm-test"))
     }
 
     /// The base volume of image `tiny` with digest `sha256`: named by key and digest.
@@ -216,7 +227,7 @@ async fn a_vm_is_made_found_listed_and_removed() {
             "vol-dumpxml",
             "--pool",
             fx.libvirtd.pool_name(),
-            "px-kvm-one-root.qcow2",
+            &fx.volume_name("px-kvm-one-root.qcow2"),
         ])
         .await;
     assert!(

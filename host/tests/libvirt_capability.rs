@@ -12,7 +12,7 @@ use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
 use k8s_openapi::api::core::v1::Secret;
 use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
 use proxy_operator::capabilities::libvirt::{
-    DomainState, Hypervisor, ImageSource, LibvirtError, LibvirtHub, MaterialSource,
+    CallLimits, DomainState, Hypervisor, ImageSource, LibvirtError, LibvirtHub, MaterialSource,
 };
 use proxy_operator::capabilities::{CallContext, Declared, Grants, HostResources};
 use sha2::{Digest, Sha256};
@@ -32,6 +32,8 @@ fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
                 "port": sshd.port(),
                 "user": sshd.user(),
                 "socket": libvirtd.socket().to_str().unwrap(),
+                "pools": [libvirtd.pool_name()],
+                "networks": ["pxnet"],
             }]
         }
     }))
@@ -297,8 +299,13 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
         other => panic!("{other:?}"),
     }
     // A libvirt error the plugin caused keeps the shared connection: the next call works.
+    // (The XML passes the host's allow-list; libvirt refuses the memory size.)
     assert!(matches!(
-        hv.define_domain("<domain".into()).await,
+        hv.define_domain(
+            "<domain type='qemu'><name>px-bad</name><memory unit='MiB'>lots</memory></domain>"
+                .into()
+        )
+        .await,
         Err(LibvirtError::Failed(_))
     ));
     hv.delete_volume(pool.clone(), "seed.iso".into())
@@ -458,5 +465,62 @@ async fn a_probe_gives_up_on_a_hung_libvirtd_without_dropping_the_connection() {
 
     hv.list_domains(None).await.unwrap();
     hv.probe(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(hub.connections_opened(), 1, "the connection was kept");
+}
+
+/// A hung libvirtd (SIGSTOP) holds at most the lane's threads of the host: calls beyond
+/// `threads + waiting` are refused at once, the others give up at their deadline, and once
+/// libvirtd runs again the same connection serves calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_libvirtd_holds_a_bounded_number_of_threads() {
+    let (libvirtd, sshd) = tokio::join!(Libvirtd::start(), Sshd::start());
+    let (libvirtd, sshd) = (libvirtd.unwrap(), sshd.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let limits = CallLimits {
+        deadline: Duration::from_secs(2),
+        threads: 2,
+        waiting: 3,
+    };
+    let hub = LibvirtHub::with_limits(
+        "proxy-operator",
+        MaterialSource::Static(ssh_material(&sshd)),
+        dir.path().to_path_buf(),
+        limits,
+    );
+    let ctx = context(&grants(&sshd, &libvirtd, "kvm-ssh"), hub.clone());
+    let hv = open(&ctx).await;
+    hv.list_domains(None).await.unwrap();
+
+    let pid = libvirtd.libvirtd_pid().unwrap() as i32;
+    // SAFETY: signalling a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let hv = hv.clone();
+            tokio::spawn(async move { hv.list_domains(None).await })
+        })
+        .collect();
+    let mut refused_at_once = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Err(LibvirtError::Timeout(m)) if m.contains("not queueing more") => {
+                refused_at_once += 1
+            }
+            Err(LibvirtError::Timeout(_)) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+    let elapsed = started.elapsed();
+    let blocked = hub.blocking_calls();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert_eq!(refused_at_once, 10 - 2 - 3);
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    assert_eq!(
+        blocked, 2,
+        "only the lane's threads block on the hung libvirtd"
+    );
+
+    hv.list_domains(None).await.unwrap();
     assert_eq!(hub.connections_opened(), 1, "the connection was kept");
 }

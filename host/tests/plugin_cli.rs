@@ -66,7 +66,7 @@ fn inspect_shows_declared_against_granted_capabilities() {
     let entry = write(
         dir.path(),
         "entry.yaml",
-        "config: {endpoint: \"memory:1\"}\ngrants:\n  http: {allow: [\"http://127.0.0.1:*\"]}\n  libvirt: {hosts: [{name: hv1, address: 127.0.0.1, user: virt}]}\n",
+        "config: {endpoint: \"memory:1\"}\ngrants:\n  http: {allow: [\"http://127.0.0.1:*\"]}\n  libvirt: {hosts: [{name: hv1, address: 127.0.0.1, user: virt, pools: [default]}]}\n",
     );
     let out = json_out(&operator(&[
         "plugin",

@@ -365,7 +365,7 @@ async fn a_gzip_bomb_in_the_plugins_configmap_is_refused() {
 )]
 #[case::libvirt_granted_but_undeclared(
     "undeclared-libvirt",
-    serde_json::json!({"libvirt": {"hosts": [{"name": "hv1", "address": "127.0.0.1", "user": "virt"}]}}),
+    serde_json::json!({"libvirt": {"hosts": [{"name": "hv1", "address": "127.0.0.1", "user": "virt", "pools": ["default"]}]}}),
     "does not declare the `libvirt` capability"
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

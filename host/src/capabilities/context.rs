@@ -50,6 +50,7 @@ impl CallContext {
             plugin: plugin.to_string(),
             http: http::HttpCapability::bind(grants.http.as_ref(), declared.http)?,
             libvirt: libvirt::LibvirtCapability::bind(
+                provider,
                 grants.libvirt.as_ref(),
                 resources.libvirt.clone(),
                 declared.libvirt,
@@ -71,7 +72,7 @@ impl CallContext {
             provider: "(loading)".to_string(),
             plugin: plugin.to_string(),
             http: http::HttpCapability::bind(None, true).expect("no grant builds no client"),
-            libvirt: libvirt::LibvirtCapability::bind(None, None, true),
+            libvirt: libvirt::LibvirtCapability::bind("(loading)", None, None, true),
             kube: kube::KubeCapability::bind("(loading)", None, None, Arc::default(), true),
             log: log::PluginLog::new(plugin, "(loading)", true),
         }

@@ -3,15 +3,20 @@
 //! hypervisor shared by every call (`hub`). The SSH key and `known_hosts` come from a Secret the
 //! plugin never sees; the plugin names hypervisors only by their name in the grant.
 
+mod allow;
+mod domains;
 mod endpoint;
 mod error;
 mod hub;
 mod hypervisor;
 mod import;
 mod import_jobs;
+mod lanes;
 mod ops;
+mod owner;
 mod records;
 pub mod tunnel;
+mod volumes;
 mod xml;
 
 use std::sync::Arc;
@@ -19,9 +24,12 @@ use std::sync::Arc;
 pub use error::LibvirtError;
 pub use hub::{LibvirtHub, MaterialSource};
 pub use hypervisor::Hypervisor;
+pub use lanes::CallLimits;
+pub use owner::{HOST_METADATA_URI, OwnerMark};
 pub use records::{
     DomainInfo, DomainState, ImageSource, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,
 };
+pub use volumes::volume_prefix;
 
 use crate::capabilities::grants::ValidLibvirtGrant;
 pub use crate::capabilities::grants::{
@@ -31,6 +39,8 @@ pub use crate::capabilities::grants::{
 /// The parsed grant of one provider instance.
 #[derive(Debug, Clone)]
 pub struct LibvirtCapability {
+    /// The provider instance (its name goes into the owner mark of its domains).
+    provider: String,
     secret: String,
     hosts: Vec<HypervisorGrant>,
     /// `None`: the process has no SSH material (e.g. `plugin run` without `--ssh-key`).
@@ -40,14 +50,16 @@ pub struct LibvirtCapability {
 }
 
 impl LibvirtCapability {
-    /// Binds a valid grant to the process's connections and SSH material. `None` grants no
-    /// hypervisor.
+    /// Binds provider instance `provider`'s valid grant to the process's connections and SSH
+    /// material. `None` grants no hypervisor.
     pub fn bind(
+        provider: &str,
         grant: Option<&ValidLibvirtGrant>,
         hub: Option<Arc<LibvirtHub>>,
         declared: bool,
     ) -> Self {
         LibvirtCapability {
+            provider: provider.to_string(),
             secret: grant.map_or_else(|| DEFAULT_SSH_SECRET.into(), |g| g.secret.clone()),
             hosts: grant.map(|g| g.hosts.clone()).unwrap_or_default(),
             hub,
@@ -79,7 +91,19 @@ impl LibvirtCapability {
                 "this operator has no SSH material for hypervisors (run it in a cluster with the kvm-ssh Secret, or `plugin run` with --ssh-key and --known-hosts)".into(),
             ));
         };
+        let scope = hypervisor::Scope {
+            volume_prefix: volume_prefix(hub.operator_id(), &self.provider),
+            mark: OwnerMark {
+                operator: hub.operator_id().to_string(),
+                provider: self.provider.clone(),
+            },
+            pools: grant.pools.clone(),
+            networks: grant.networks.clone(),
+            bridges: grant.bridges.clone(),
+            user_networking: grant.user_networking,
+        };
         Ok(Hypervisor {
+            scope: Arc::new(scope),
             host: name.to_string(),
             endpoint: endpoint::Endpoint {
                 target: tunnel::SshTarget {
@@ -111,24 +135,34 @@ mod tests {
             known_hosts: String::new(),
         };
         let hub = LibvirtHub::new(MaterialSource::Static(material), std::env::temp_dir());
-        Ok(LibvirtCapability::bind(Some(&grant), Some(hub), true))
+        Ok(LibvirtCapability::bind(
+            "kvm-a",
+            Some(&grant),
+            Some(hub),
+            true,
+        ))
     }
 
     #[test]
     fn a_grant_names_the_field_that_is_wrong() {
-        let err = grant("hosts: [{name: hv1, address: 10.0.0.1, user: virt}, {name: hv1, address: 10.0.0.2, user: virt}]")
+        let err = grant("hosts: [{name: hv1, address: 10.0.0.1, user: virt, pools: [default]}, {name: hv1, address: 10.0.0.2, user: virt, pools: [default]}]")
             .unwrap_err();
         assert!(
             err.contains("hosts[1].name") && err.contains("twice"),
             "{err}"
         );
-        let err = grant("hosts: [{name: a/b, address: 10.0.0.1, user: virt}]").unwrap_err();
+        let err = grant("hosts: [{name: a/b, address: 10.0.0.1, user: virt, pools: [default]}]")
+            .unwrap_err();
         assert!(err.contains("hosts[0].name"), "{err}");
-        let err =
-            grant("hosts: [{name: hv, address: 10.0.0.1, user: virt, socket: run/s}]").unwrap_err();
+        let err = grant(
+            "hosts: [{name: hv, address: 10.0.0.1, user: virt, pools: [default], socket: run/s}]",
+        )
+        .unwrap_err();
         assert!(err.contains("hosts[0].socket"), "{err}");
-        let err =
-            grant("hosts: [{name: hv, address: 10.0.0.1, user: virt, sshKey: x}]").unwrap_err();
+        let err = grant(
+            "hosts: [{name: hv, address: 10.0.0.1, user: virt, pools: [default], sshKey: x}]",
+        )
+        .unwrap_err();
         assert!(err.contains("sshKey"), "{err}");
         let err = grant("sshSecret: Bad_Name\nhosts: []").unwrap_err();
         assert!(err.contains("sshSecret"), "{err}");
@@ -136,7 +170,8 @@ mod tests {
 
     #[test]
     fn only_granted_hypervisors_open() {
-        let capability = grant("hosts: [{name: hv1, address: 10.0.0.1, user: virt}]").unwrap();
+        let capability =
+            grant("hosts: [{name: hv1, address: 10.0.0.1, user: virt, pools: [default]}]").unwrap();
         let hv = capability.open("hv1").unwrap();
         assert_eq!(hv.endpoint.target.port, 22);
         assert_eq!(hv.endpoint.socket, DEFAULT_REMOTE_SOCKET);
@@ -145,15 +180,17 @@ mod tests {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("hv2") && m.contains("hv1"), "{m}"),
             other => panic!("{other:?}"),
         }
-        match LibvirtCapability::bind(None, None, true).open("hv1") {
+        match LibvirtCapability::bind("kvm-a", None, None, true).open("hv1") {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("nothing is granted"), "{m}"),
             other => panic!("{other:?}"),
         }
         // Granted, but the process has no SSH material.
-        let grant: LibvirtGrant =
-            serde_yaml_ng::from_str("hosts: [{name: hv1, address: 10.0.0.1, user: virt}]").unwrap();
+        let grant: LibvirtGrant = serde_yaml_ng::from_str(
+            "hosts: [{name: hv1, address: 10.0.0.1, user: virt, pools: [default]}]",
+        )
+        .unwrap();
         let grant = ValidLibvirtGrant::parse(&grant).unwrap();
-        match LibvirtCapability::bind(Some(&grant), None, true).open("hv1") {
+        match LibvirtCapability::bind("kvm-a", Some(&grant), None, true).open("hv1") {
             Err(LibvirtError::Denied(m)) => assert!(m.contains("no SSH material"), "{m}"),
             other => panic!("{other:?}"),
         }

@@ -57,7 +57,7 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
   grants:
     http: {{allow: ["http://{addr}"]}}
     libvirt:
-      hosts: [{{name: hv1, address: 127.0.0.1, port: {port}, user: {user}, socket: "{socket}"}}]
+      hosts: [{{name: hv1, address: 127.0.0.1, port: {port}, user: {user}, socket: "{socket}", pools: ["{pool}"], networks: [pxnet]}}]
 "#,
         pool = libvirtd.pool_name(),
         url = files.url("/tiny.raw"),

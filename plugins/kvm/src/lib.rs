@@ -520,6 +520,29 @@ impl Provider for KvmProvider {
             return Ok(());
         };
         let host = Host::open(host_config)?;
+        // Only a proxy VM this provider made (its owner identity in <metadata>) is deleted. The
+        // host already answers not-found for other owners' domains; this also spares a domain
+        // of the same provider instance that was not made for a Proxy. Like an id this provider
+        // never makes, it is "nothing to delete", so the Proxy's deletion still finishes.
+        match host.hv.lookup_domain(id.domain, Some(METADATA_URI)) {
+            Ok(info)
+                if info
+                    .metadata
+                    .as_deref()
+                    .and_then(xml::parse_owner)
+                    .is_none() =>
+            {
+                log(
+                    Level::Warn,
+                    "delete: the domain carries no owner identity of the kvm provider; not deleting it",
+                    &[("host", id.host), ("domain", id.domain)],
+                );
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(libvirt_error(&host.context("lookup-domain", id.domain), e)),
+        }
         match host.hv.destroy_domain(id.domain) {
             Ok(()) => {}
             Err(e) if is_not_found(&e) || outcome::is_not_running(&e) => {}

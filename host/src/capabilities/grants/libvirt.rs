@@ -41,6 +41,18 @@ pub struct HypervisorGrant {
     /// The remote libvirt socket; default `/var/run/libvirt/libvirt-sock`.
     #[serde(default)]
     pub socket: Option<String>,
+    /// The storage pools the plugin may use (volumes, disks, kernels); at least one.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// The libvirt networks a domain's `<interface type='network'>` may name.
+    #[serde(default)]
+    pub networks: Vec<String>,
+    /// The host bridges a domain's `<interface type='bridge'>` may name.
+    #[serde(default)]
+    pub bridges: Vec<String>,
+    /// Whether a domain may have `<interface type='user'>` (user-mode networking, e.g. passt).
+    #[serde(default)]
+    pub user_networking: bool,
 }
 
 fn default_ssh_port() -> u16 {
@@ -104,6 +116,33 @@ fn check_hypervisor(host: &HypervisorGrant) -> Result<(), String> {
         return Err(format!(
             "socket: `{socket}` must be an absolute path, e.g. {DEFAULT_REMOTE_SOCKET}"
         ));
+    }
+    if host.pools.is_empty() {
+        return Err(
+            "pools: name the storage pools this provider instance may use, e.g. `pools: [default]` (nothing is granted otherwise)"
+                .into(),
+        );
+    }
+    for (field, names) in [
+        ("pools", &host.pools),
+        ("networks", &host.networks),
+        ("bridges", &host.bridges),
+    ] {
+        for (index, name) in names.iter().enumerate() {
+            // They are compared with what the plugin's XML names, and printed in errors.
+            if name.is_empty()
+                || name.len() > 255
+                || name.contains(['/', '\'', '"', '<', '&'])
+                || name.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(format!(
+                    "{field}[{index}]: `{name}` is not a libvirt name (no '/', quotes, spaces)"
+                ));
+            }
+            if names[..index].contains(name) {
+                return Err(format!("{field}[{index}]: `{name}` is listed twice"));
+            }
+        }
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! The process's libvirt connections: one SSH tunnel + virt connection per hypervisor, opened on
 //! first use and shared by every call and provider instance that reaches it; the SSH material read
-//! from its Secret on first use and cached. Only transport failures drop a cached connection: an
-//! error libvirt answered (no such domain, a bad XML) leaves it for the next call.
+//! from its Secret on first use and cached. Only a failure of the connection itself drops a
+//! cached connection: an error libvirt answered (no such domain, a bad XML, even its generic
+//! "system error" about a file on the hypervisor) leaves it for the next call, so no plugin can
+//! make the host drop a connection every provider instance shares.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,8 +19,12 @@ use virt::error::ErrorNumber;
 use super::endpoint::Endpoint;
 use super::error::LibvirtError;
 use super::import_jobs::Imports;
+use super::lanes::{CallLimits, Lane, NoThread};
 use super::records::ProbeReport;
 use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
+
+/// The operator id when none is given (the default of `--operator-id`).
+pub const DEFAULT_OPERATOR_ID: &str = "proxy-operator";
 
 /// Where the SSH key and known_hosts come from.
 #[derive(Clone)]
@@ -57,6 +63,12 @@ impl Connection {
     fn is_alive(&self) -> bool {
         self.tunnel.is_alive()
     }
+
+    /// Whether the tunnel and the libvirt client both still hold the connection open (no RPC:
+    /// libvirt's client marks a connection closed when its socket fails).
+    fn still_open(&self) -> bool {
+        self.is_alive() && self.virt().is_alive().unwrap_or(false)
+    }
 }
 
 impl Drop for Connection {
@@ -75,17 +87,21 @@ impl Drop for Connection {
     }
 }
 
-/// One hypervisor's cached connection. The async mutex serialises opening it; waiting for it
-/// is cancellable, so a call's deadline interrupts the wait.
-#[derive(Default)]
+/// One hypervisor's cached connection and the lane of its calls. The async mutex serialises
+/// opening the connection; waiting for it is cancellable, so a call's deadline interrupts the
+/// wait.
 struct HostSlot {
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    lane: Lane,
 }
 
 /// The process's libvirt connections and SSH material.
 pub struct LibvirtHub {
+    /// The operator installation: part of the owner mark on every domain its plugins define.
+    operator_id: String,
     material: MaterialSource,
     tunnel_dir: PathBuf,
+    limits: CallLimits,
     materials: tokio::sync::Mutex<HashMap<String, SshMaterial>>,
     slots: Mutex<HashMap<Endpoint, Arc<HostSlot>>>,
     pub(crate) imports: Imports,
@@ -103,19 +119,54 @@ impl fmt::Debug for LibvirtHub {
 }
 
 impl LibvirtHub {
-    /// A hub whose tunnels' sockets live in new private directories under `tunnel_dir`.
+    /// A hub whose tunnels' sockets live in new private directories under `tunnel_dir`, for the
+    /// default operator id (`proxy-operator`, as `--operator-id` defaults to).
     pub fn new(material: MaterialSource, tunnel_dir: PathBuf) -> Arc<Self> {
+        Self::for_operator(DEFAULT_OPERATOR_ID, material, tunnel_dir)
+    }
+
+    /// A hub for operator installation `operator_id` (`--operator-id`): the domains its
+    /// plugins define carry it in their owner mark, and its plugins see only those.
+    pub fn for_operator(
+        operator_id: &str,
+        material: MaterialSource,
+        tunnel_dir: PathBuf,
+    ) -> Arc<Self> {
+        Self::with_limits(operator_id, material, tunnel_dir, CallLimits::default())
+    }
+
+    /// Like [`LibvirtHub::for_operator`], with other bounds on each hypervisor's calls.
+    pub fn with_limits(
+        operator_id: &str,
+        material: MaterialSource,
+        tunnel_dir: PathBuf,
+        limits: CallLimits,
+    ) -> Arc<Self> {
         // libvirt prints every error to stderr by default; they are returned and logged instead.
         static QUIET: OnceLock<()> = OnceLock::new();
         QUIET.get_or_init(virt::error::clear_error_callback);
         Arc::new(LibvirtHub {
+            operator_id: operator_id.to_string(),
             material,
             tunnel_dir,
+            limits,
             materials: Default::default(),
             slots: Default::default(),
             imports: Default::default(),
             opened: Default::default(),
         })
+    }
+
+    /// The operator installation this hub serves.
+    pub fn operator_id(&self) -> &str {
+        &self.operator_id
+    }
+
+    /// Libvirt calls blocking a thread now, over all hypervisors (bounded by
+    /// [`CallLimits::threads`] per hypervisor, even when one hangs).
+    pub fn blocking_calls(&self) -> usize {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.values().map(|s| s.lane.blocking()).sum()
     }
 
     /// How many hypervisor connections this hub has opened (a reconnect counts again).
@@ -155,7 +206,12 @@ impl LibvirtHub {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(endpoint.clone())
-            .or_default()
+            .or_insert_with(|| {
+                Arc::new(HostSlot {
+                    connection: Default::default(),
+                    lane: Lane::new(&self.limits),
+                })
+            })
             .clone()
     }
 
@@ -239,8 +295,9 @@ impl LibvirtHub {
         }
     }
 
-    /// Runs one libvirt call on a blocking thread over the cached connection, logs it as one
-    /// debug line, and drops the connection when the failure was the transport's.
+    /// Runs one libvirt call on a blocking thread over the cached connection, within the
+    /// hypervisor's lane and deadline ([`CallLimits`]), logs it as one debug line, and drops the
+    /// connection when the connection itself failed.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         endpoint: &Endpoint,
@@ -248,16 +305,68 @@ impl LibvirtHub {
         ids: &str,
         op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
     ) -> Result<T, LibvirtError> {
+        self.call_within(endpoint, rpc, ids, Some(self.limits.deadline), op)
+            .await
+    }
+
+    /// Like [`LibvirtHub::call`] without a deadline, for streams as long as an image (uploads,
+    /// digests, copies): still one of the lane's threads.
+    pub(crate) async fn call_streaming<T: Send + 'static>(
+        &self,
+        endpoint: &Endpoint,
+        rpc: &'static str,
+        ids: &str,
+        op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    ) -> Result<T, LibvirtError> {
+        self.call_within(endpoint, rpc, ids, None, op).await
+    }
+
+    async fn call_within<T: Send + 'static>(
+        &self,
+        endpoint: &Endpoint,
+        rpc: &'static str,
+        ids: &str,
+        deadline: Option<Duration>,
+        op: impl FnOnce(&Connect) -> Result<T, virt::error::Error> + Send + 'static,
+    ) -> Result<T, LibvirtError> {
         let started = Instant::now();
+        let slot = self.slot(endpoint);
         let result: Result<T, Failure> = async {
+            // Held until the caller is answered: a bounded number of callers per hypervisor.
+            let _place = slot.lane.admit().map_err(|_| self.no_thread(endpoint, rpc, ids, NoThread::Full))?;
             let connection = self.connection(endpoint).await?;
-            let shared = connection.clone();
-            let outcome = tokio::task::spawn_blocking(move || op(shared.virt()))
+            let left = |d: Duration| d.saturating_sub(started.elapsed());
+            let thread = slot
+                .lane
+                .thread(deadline.map(left))
                 .await
-                .map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
-            outcome.map_err(|e| Failure {
-                error: classify(rpc, ids, &e),
-                broken: is_transport(&e).then_some(connection),
+                .map_err(|why| self.no_thread(endpoint, rpc, ids, why))?;
+            let shared = connection.clone();
+            let work = tokio::task::spawn_blocking(move || {
+                let _blocking = thread.enter();
+                let outcome = op(shared.virt());
+                // Asked after a failure only: it is what tells the two kinds apart.
+                let open = outcome.is_ok() || shared.still_open();
+                (outcome, open)
+            });
+            let joined = match deadline {
+                // Past the deadline the thread goes on (blocked in C) and keeps its place.
+                Some(d) => tokio::time::timeout(left(d), work).await.map_err(|_| {
+                    LibvirtError::Timeout(format!(
+                        "{rpc} {ids}: {} did not answer within {d:?}; the call goes on in the background",
+                        endpoint.label()
+                    ))
+                })?,
+                None => work.await,
+            };
+            let (outcome, open) =
+                joined.map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
+            outcome.map_err(|e| {
+                let failed = connection_failed(e.code(), open);
+                Failure {
+                    error: classify(rpc, ids, &e, failed),
+                    broken: failed.then_some(connection),
+                }
             })
         }
         .await;
@@ -275,6 +384,25 @@ impl LibvirtHub {
                 Err(error)
             }
         }
+    }
+
+    /// `timeout` for a call that got no thread: the hypervisor's earlier calls still block them.
+    fn no_thread(&self, endpoint: &Endpoint, rpc: &str, ids: &str, why: NoThread) -> LibvirtError {
+        let CallLimits {
+            deadline,
+            threads,
+            waiting,
+        } = self.limits;
+        LibvirtError::Timeout(match why {
+            NoThread::Full => format!(
+                "{rpc} {ids}: {} has {threads} libvirt calls under way and {waiting} waiting, none answered; not queueing more",
+                endpoint.label()
+            ),
+            NoThread::Deadline => format!(
+                "{rpc} {ids}: none of the {threads} libvirt calls under way on {} finished within {deadline:?}",
+                endpoint.label()
+            ),
+        })
     }
 
     /// SSH and libvirt reachable within `timeout`. A slow answer is given up on without dropping
@@ -364,19 +492,16 @@ async fn read_secret(
     })
 }
 
-/// Errors that mean the connection itself is gone.
-fn is_transport(e: &virt::error::Error) -> bool {
-    matches!(
-        e.code(),
-        ErrorNumber::SystemError
-            | ErrorNumber::Rpc
-            | ErrorNumber::NoConnect
-            | ErrorNumber::InvalidConn
-    )
+/// Whether a failed call means the connection itself is gone (`open`: the tunnel and libvirt's
+/// client still hold it), rather than an error libvirt answered over it. Error codes alone cannot
+/// tell: libvirt answers "system error" for a missing file on the hypervisor as well as for a
+/// reset socket.
+fn connection_failed(code: ErrorNumber, open: bool) -> bool {
+    !open || matches!(code, ErrorNumber::NoConnect | ErrorNumber::InvalidConn)
 }
 
-/// A libvirt error as the WIT variant.
-fn classify(rpc: &str, ids: &str, e: &virt::error::Error) -> LibvirtError {
+/// A libvirt error as the WIT variant; `transport` only when the connection failed.
+fn classify(rpc: &str, ids: &str, e: &virt::error::Error, connection_failed: bool) -> LibvirtError {
     let message = format!("{rpc} {ids}: {}", e.message());
     match e.code() {
         ErrorNumber::NoDomain
@@ -385,7 +510,7 @@ fn classify(rpc: &str, ids: &str, e: &virt::error::Error) -> LibvirtError {
         | ErrorNumber::NoDomainMetadata
         | ErrorNumber::NoNetwork => LibvirtError::NotFound(message),
         ErrorNumber::AuthFailed | ErrorNumber::AccessDenied => LibvirtError::AuthFailed(message),
-        _ if is_transport(e) => LibvirtError::Transport(message),
+        _ if connection_failed => LibvirtError::Transport(message),
         _ => LibvirtError::Failed(message),
     }
 }
@@ -412,5 +537,36 @@ fn from_tunnel(e: TunnelError) -> LibvirtError {
             LibvirtError::Transport(message)
         }
         TunnelError::SocketPathTooLong { .. } => LibvirtError::Failed(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_failed_connection_is_dropped() {
+        let cases = [
+            // What libvirt answers over a working connection: kept, whatever the code.
+            (ErrorNumber::SystemError, true, false),
+            (ErrorNumber::Rpc, true, false),
+            (ErrorNumber::NoDomain, true, false),
+            (ErrorNumber::XmlError, true, false),
+            (ErrorNumber::OperationFailed, true, false),
+            // The connection is closed (a reset socket, a dead tunnel): dropped.
+            (ErrorNumber::SystemError, false, true),
+            (ErrorNumber::Rpc, false, true),
+            (ErrorNumber::NoDomain, false, true),
+            // The handle itself is unusable.
+            (ErrorNumber::NoConnect, true, true),
+            (ErrorNumber::InvalidConn, true, true),
+        ];
+        for (code, open, dropped) in cases {
+            assert_eq!(
+                connection_failed(code, open),
+                dropped,
+                "{code:?} open={open}"
+            );
+        }
     }
 }

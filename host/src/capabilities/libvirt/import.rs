@@ -32,7 +32,9 @@ const FEED_CHUNK: usize = 1024 * 1024;
 
 impl Hypervisor {
     /// Downloads `source` into a new volume `name` of `pool`, or returns the volume when it is
-    /// already there. The URL must be allowed by the provider instance's `grants.http`.
+    /// already there and has the image's digest (checked once per process: a volume this process
+    /// did not import is read back and hashed first). The URL must be allowed by the provider
+    /// instance's `grants.http`.
     pub async fn import_image(
         &self,
         context: Arc<CallContext>,
@@ -40,6 +42,7 @@ impl Hypervisor {
         name: String,
         source: ImageSource,
     ) -> Result<VolumeInfo, LibvirtError> {
+        self.granted_pool(&pool)?;
         if source.sha256.len() != 64
             || !source
                 .sha256
@@ -57,12 +60,16 @@ impl Hypervisor {
                 source.format
             )));
         }
-        let key: JobKey = (self.endpoint.clone(), pool.clone(), name.clone());
+        let real = self.real_name(&name)?;
+        let key: JobKey = (self.endpoint.clone(), pool.clone(), real.clone());
         let mut outcome = match self.hub.imports.running(&key) {
             Some(job) => job,
             None => {
-                match self.lookup_volume(pool.clone(), name.clone()).await {
-                    Ok(volume) => return Ok(volume),
+                match self.volume(pool.clone(), real.clone()).await {
+                    Ok(volume) => {
+                        self.verify_existing(&key, &source).await?;
+                        return Ok(self.plugins_view(volume));
+                    }
                     Err(LibvirtError::NotFound(_)) => {}
                     Err(e) => return Err(e),
                 }
@@ -73,7 +80,35 @@ impl Hypervisor {
             .wait_for(Option::is_some)
             .await
             .map_err(|_| LibvirtError::Failed("the import job ended without a result".into()))?;
-        done.clone().expect("waited for Some")
+        let result = done
+            .clone()
+            .unwrap_or_else(|| Err(LibvirtError::Failed("the import job has no result".into())));
+        result.map(|volume| self.plugins_view(volume))
+    }
+
+    /// An existing volume is the image only once its bytes are seen to have its digest: a
+    /// volume made another way (created and uploaded to, or left on the hypervisor before this
+    /// process started) is read back through libvirt and hashed, then remembered as verified.
+    async fn verify_existing(
+        &self,
+        key: &JobKey,
+        source: &ImageSource,
+    ) -> Result<(), LibvirtError> {
+        if self.hub.imports.is_verified(key, &source.sha256) {
+            return Ok(());
+        }
+        let (_, pool, real) = key.clone();
+        let digest = self.volume_sha256(pool, real).await?;
+        if digest != source.sha256 {
+            return Err(LibvirtError::ChecksumMismatch(format!(
+                "volume {} in pool {} exists with sha256 {digest}, not the image's {}; delete it (delete-volume) and import again",
+                self.plugin_name(&key.2),
+                key.1,
+                source.sha256
+            )));
+        }
+        self.hub.imports.record_verified(key, &source.sha256);
+        Ok(())
     }
 
     /// Starts the job for `key` unless one started meanwhile; returns its outcome channel.
@@ -102,6 +137,9 @@ impl Hypervisor {
                     hypervisor = %hypervisor.host, pool, volume = name, url = %source.url,
                     error = %e, "image import failed"
                 ),
+            }
+            if result.is_ok() {
+                hypervisor.hub.imports.record_verified(&key, &source.sha256);
             }
             hypervisor.hub.imports.finish(&key);
             let _ = done.send(Some(result));
@@ -153,7 +191,7 @@ impl Hypervisor {
         match self.volume(pool.clone(), staging.clone()).await {
             Ok(_) => {
                 warn!(hypervisor = %self.host, pool, volume = staging, "removing a staging volume left by an interrupted import");
-                self.delete_volume(pool.clone(), staging.clone()).await?;
+                self.delete_real(pool.clone(), staging.clone()).await?;
             }
             Err(LibvirtError::NotFound(_)) => {}
             Err(e) => return Err(e),
@@ -165,7 +203,7 @@ impl Hypervisor {
              <target><format type='raw'/></target></volume>",
             xml_escape(&staging)
         );
-        self.create_volume(pool.clone(), xml).await?;
+        self.create_real(pool.clone(), &staging, xml).await?;
         let uploaded = self
             .stream_into(response, &pool, &staging, length, source)
             .await;
@@ -176,7 +214,7 @@ impl Hypervisor {
             }
             Err(e) => Err(e),
         };
-        if let Err(cleanup) = self.delete_volume(pool.clone(), staging.clone()).await {
+        if let Err(cleanup) = self.delete_real(pool.clone(), staging.clone()).await {
             warn!(hypervisor = %self.host, pool, volume = staging, error = %cleanup, "cannot remove the staging volume");
         }
         copied?;
@@ -197,13 +235,13 @@ impl Hypervisor {
         let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>, String>>(4);
         let (pool_name, volume_name) = (pool.to_string(), name.to_string());
         let ids = format!("pool={pool} volume={name} bytes={length}");
-        let upload = self
-            .hub
-            .call(&self.endpoint, "storage-vol-upload", &ids, move |c| {
-                let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool_name)?;
-                let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &volume_name)?;
-                upload(c, &volume, &mut chunks_rx.into_iter(), 0)
-            });
+        let upload =
+            self.hub
+                .call_streaming(&self.endpoint, "storage-vol-upload", &ids, move |c| {
+                    let p = virt::storage_pool::StoragePool::lookup_by_name(c, &pool_name)?;
+                    let volume = virt::storage_vol::StorageVol::lookup_by_name(&p, &volume_name)?;
+                    upload(c, &volume, &mut chunks_rx.into_iter(), 0)
+                });
         let feed = async move {
             let mut body = response.bytes_stream();
             let mut hasher = Sha256::new();

@@ -19,6 +19,9 @@ pub(crate) type JobKey = (Endpoint, String, String);
 #[derive(Default)]
 pub(crate) struct Imports {
     jobs: Mutex<HashMap<JobKey, watch::Receiver<Outcome>>>,
+    /// Volumes whose bytes this process saw to have a digest (imported, or read back and
+    /// hashed), so import-image returns an existing volume only when it is the image.
+    verified: Mutex<HashMap<JobKey, String>>,
 }
 
 /// What [`Imports::join_or_register`] found.
@@ -56,6 +59,23 @@ impl Imports {
         let (done, outcome) = watch::channel(None);
         jobs.insert(key.clone(), outcome.clone());
         Job::Registered { done, outcome }
+    }
+
+    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<JobKey, String>> {
+        self.verified.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn is_verified(&self, key: &JobKey, sha256: &str) -> bool {
+        self.verified().get(key).is_some_and(|d| d == sha256)
+    }
+
+    pub(crate) fn record_verified(&self, key: &JobKey, sha256: &str) {
+        self.verified().insert(key.clone(), sha256.to_string());
+    }
+
+    /// Forgets what was verified of `key`'s volume (it was written to or deleted).
+    pub(crate) fn forget_verified(&self, key: &JobKey) {
+        self.verified().remove(key);
     }
 
     /// Forgets the job for `key` (before its result is published: a waiter that then looks the

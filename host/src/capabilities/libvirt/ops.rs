@@ -4,27 +4,16 @@
 use std::time::Duration;
 
 use tracing::trace;
-use virt::domain::Domain;
 use virt::error::ErrorNumber;
 use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
-use virt::sys;
 
 use super::error::LibvirtError;
 use super::hypervisor::Hypervisor;
-use super::records::{
-    DomainInfo, DomainState, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,
-};
+use super::records::{PoolInfo, ProbeReport, VolumeInfo};
 use super::xml::xml_escape;
 
-/// `VIR_DOMAIN_METADATA_ELEMENT`: the custom element of a namespace.
-const METADATA_ELEMENT: i32 = 2;
-/// `VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT`: ask the guest agent.
-const ADDRESSES_FROM_AGENT: u32 = 1;
-/// `VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | SNAPSHOTS_METADATA | NVRAM`: a UEFI domain (NVRAM) or
-/// one with saved state cannot be undefined without them.
-const UNDEFINE_EVERYTHING: u32 = 1 | 2 | 4;
 /// Largest payload `upload-volume` takes: it crosses the plugin boundary (a seed ISO is KiBs).
 pub const MAX_UPLOAD_BYTES: usize = 16 * 1024 * 1024;
 /// Bytes per `virStreamSend`.
@@ -32,33 +21,6 @@ const STREAM_CHUNK: usize = 256 * 1024;
 
 type Result<T> = std::result::Result<T, LibvirtError>;
 type VirtResult<T> = std::result::Result<T, virt::error::Error>;
-
-fn domain_info(domain: &Domain, metadata_uri: Option<&str>) -> VirtResult<DomainInfo> {
-    let (state, _reason) = domain.get_state()?;
-    let metadata = match metadata_uri {
-        None => None,
-        Some(uri) => match domain.get_metadata(METADATA_ELEMENT, Some(uri), 0) {
-            Ok(xml) => Some(xml),
-            Err(e) if matches!(e.code(), ErrorNumber::NoDomainMetadata) => None,
-            Err(e) => return Err(e),
-        },
-    };
-    Ok(DomainInfo {
-        name: domain.get_name()?,
-        uuid: domain.get_uuid_string()?,
-        state: match state {
-            sys::VIR_DOMAIN_RUNNING => DomainState::Running,
-            sys::VIR_DOMAIN_BLOCKED => DomainState::Blocked,
-            sys::VIR_DOMAIN_PAUSED => DomainState::Paused,
-            sys::VIR_DOMAIN_SHUTDOWN => DomainState::Shutdown,
-            sys::VIR_DOMAIN_SHUTOFF => DomainState::Shutoff,
-            sys::VIR_DOMAIN_CRASHED => DomainState::Crashed,
-            sys::VIR_DOMAIN_PMSUSPENDED => DomainState::Suspended,
-            _ => DomainState::NoState,
-        },
-        metadata,
-    })
-}
 
 fn volume_info(volume: &StorageVol) -> VirtResult<VolumeInfo> {
     let info = volume.get_info()?;
@@ -94,106 +56,30 @@ impl Hypervisor {
         self.hub.probe(&self.endpoint, timeout).await
     }
 
-    pub async fn define_domain(&self, xml: String) -> Result<DomainInfo> {
-        trace!(hypervisor = %self.host, xml = %xml, "define-domain");
+    /// Name and target directory of each granted pool the hypervisor has (a pool without a
+    /// directory, or not defined there, is left out).
+    pub(crate) async fn pool_paths(&self) -> Result<Vec<(String, String)>> {
+        let pools = self.scope.pools.clone();
         self.hub
-            .call(&self.endpoint, "domain-define-xml", "", move |c| {
-                let domain = Domain::define_xml(c, &xml)?;
-                domain_info(&domain, None)
-            })
-            .await
-    }
-
-    pub async fn lookup_domain(
-        &self,
-        name: String,
-        metadata_uri: Option<String>,
-    ) -> Result<DomainInfo> {
-        let ids = format!("domain={name}");
-        let info = self
-            .hub
-            .call(&self.endpoint, "domain-lookup-by-name", &ids, move |c| {
-                let domain = Domain::lookup_by_name(c, &name)?;
-                domain_info(&domain, metadata_uri.as_deref())
-            })
-            .await?;
-        trace!(hypervisor = %self.host, domain = %info.name, metadata = ?info.metadata, "lookup-domain");
-        Ok(info)
-    }
-
-    pub async fn start_domain(&self, name: String) -> Result<()> {
-        let ids = format!("domain={name}");
-        self.hub
-            .call(&self.endpoint, "domain-create", &ids, move |c| {
-                Domain::lookup_by_name(c, &name)?.create().map(drop)
-            })
-            .await
-    }
-
-    pub async fn destroy_domain(&self, name: String) -> Result<()> {
-        let ids = format!("domain={name}");
-        self.hub
-            .call(&self.endpoint, "domain-destroy", &ids, move |c| {
-                Domain::lookup_by_name(c, &name)?.destroy()
-            })
-            .await
-    }
-
-    pub async fn undefine_domain(&self, name: String) -> Result<()> {
-        let ids = format!("domain={name}");
-        self.hub
-            .call(&self.endpoint, "domain-undefine", &ids, move |c| {
-                Domain::lookup_by_name(c, &name)?.undefine_flags(UNDEFINE_EVERYTHING)
-            })
-            .await
-    }
-
-    pub async fn list_domains(&self, metadata_uri: Option<String>) -> Result<Vec<DomainInfo>> {
-        self.hub
-            .call(&self.endpoint, "connect-list-all-domains", "", move |c| {
-                let mut infos = Vec::new();
-                for domain in c.list_all_domains(0)? {
-                    match domain_info(&domain, metadata_uri.as_deref()) {
-                        Ok(info) => infos.push(info),
-                        // Undefined between the listing and the lookup: not there any more.
-                        Err(e) if matches!(e.code(), ErrorNumber::NoDomain) => {}
+            .call(&self.endpoint, "storage-pool-get-xml-desc", "", move |c| {
+                let mut paths = Vec::new();
+                for name in pools {
+                    let pool = match StoragePool::lookup_by_name(c, &name) {
+                        Ok(pool) => pool,
+                        Err(e) if matches!(e.code(), ErrorNumber::NoStoragePool) => continue,
                         Err(e) => return Err(e),
+                    };
+                    if let Some(path) = pool_target_path(&pool.get_xml_desc(0)?) {
+                        paths.push((name, path));
                     }
                 }
-                Ok(infos)
+                Ok(paths)
             })
-            .await
-    }
-
-    pub async fn domain_addresses(&self, name: String) -> Result<Vec<InterfaceAddress>> {
-        let ids = format!("domain={name}");
-        self.hub
-            .call(
-                &self.endpoint,
-                "domain-interface-addresses",
-                &ids,
-                move |c| {
-                    let domain = Domain::lookup_by_name(c, &name)?;
-                    let interfaces = domain.interface_addresses(ADDRESSES_FROM_AGENT, 0)?;
-                    Ok(interfaces
-                        .into_iter()
-                        .flat_map(|i| {
-                            let name = i.name;
-                            let mac = Some(i.hwaddr).filter(|m| !m.is_empty());
-                            i.addrs.into_iter().map(move |a| InterfaceAddress {
-                                name: name.clone(),
-                                mac: mac.clone(),
-                                address: a.addr,
-                                prefix: a.prefix.min(128) as u8,
-                            })
-                        })
-                        .collect())
-                },
-            )
             .await
     }
 
     pub async fn pool_info(&self, pool: String) -> Result<PoolInfo> {
+        self.granted_pool(&pool)?;
         let ids = format!("pool={pool}");
         self.hub
             .call(&self.endpoint, "storage-pool-get-info", &ids, move |c| {
@@ -212,6 +98,7 @@ impl Hypervisor {
     }
 
     pub async fn refresh_pool(&self, pool: String) -> Result<()> {
+        self.granted_pool(&pool)?;
         let ids = format!("pool={pool}");
         self.hub
             .call(&self.endpoint, "storage-pool-refresh", &ids, move |c| {
@@ -220,25 +107,21 @@ impl Hypervisor {
             .await
     }
 
-    pub async fn create_volume(&self, pool: String, xml: String) -> Result<VolumeInfo> {
+    /// Creates a volume from `xml` (written or checked by the host) named `name` in it.
+    pub(crate) async fn create_real(
+        &self,
+        pool: String,
+        name: &str,
+        xml: String,
+    ) -> Result<VolumeInfo> {
         trace!(hypervisor = %self.host, pool = %pool, xml = %xml, "create-volume");
-        let ids = format!("pool={pool}");
+        let ids = format!("pool={pool} volume={name}");
         self.hub
             .call(&self.endpoint, "storage-vol-create-xml", &ids, move |c| {
                 let p = StoragePool::lookup_by_name(c, &pool)?;
                 volume_info(&StorageVol::create_xml(&p, &xml, 0)?)
             })
             .await
-    }
-
-    pub async fn lookup_volume(&self, pool: String, name: String) -> Result<VolumeInfo> {
-        // A volume still being imported is not there yet: using it as a base would be wrong.
-        if self.hub.imports.in_progress(&self.endpoint, &pool, &name) {
-            return Err(LibvirtError::NotFound(format!(
-                "volume {name} in pool {pool} is still being imported; call import-image to wait for it"
-            )));
-        }
-        self.volume(pool, name).await
     }
 
     /// The volume as libvirt has it, imported or not (the import job itself reads it back).
@@ -257,7 +140,8 @@ impl Hypervisor {
             .await
     }
 
-    pub async fn delete_volume(&self, pool: String, name: String) -> Result<()> {
+    /// Deletes the volume libvirt names `name` (the host's name, prefix and all).
+    pub(crate) async fn delete_real(&self, pool: String, name: String) -> Result<()> {
         let ids = format!("pool={pool} volume={name}");
         self.hub
             .call(&self.endpoint, "storage-vol-delete", &ids, move |c| {
@@ -277,7 +161,7 @@ impl Hypervisor {
     ) -> Result<VolumeInfo> {
         let ids = format!("pool={pool} volume={name} from={from}");
         self.hub
-            .call(
+            .call_streaming(
                 &self.endpoint,
                 "storage-vol-create-xml-from",
                 &ids,
@@ -299,8 +183,13 @@ impl Hypervisor {
             .await
     }
 
-    /// Writes `data` (a seed ISO) over the start of an existing volume.
-    pub async fn upload_volume(&self, pool: String, name: String, data: Vec<u8>) -> Result<()> {
+    /// Writes `data` (a seed ISO) over the start of the volume libvirt names `name`.
+    pub(crate) async fn upload_real(
+        &self,
+        pool: String,
+        name: String,
+        data: Vec<u8>,
+    ) -> Result<()> {
         if data.len() > MAX_UPLOAD_BYTES {
             return Err(LibvirtError::Failed(format!(
                 "upload-volume takes at most {MAX_UPLOAD_BYTES} bytes, got {}; import large images with import-image",
