@@ -78,7 +78,9 @@ bench: plugins
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster
 
-# Example providers in other languages (target/plugins/python-example.wasm); the tests load it.
+# Example providers in other languages (target/plugins/python-example.wasm, js-example.wasm); the
+# tests load them.
 .PHONY: examples
 examples:
 	plugins/examples/python/build.sh
+	plugins/examples/js/build.sh

@@ -35,6 +35,12 @@ backports_pkgs=(
 plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
     debootstrap e2fsprogs passt ovmf iptables)
+# nodejs, npm: the JavaScript example provider is built with componentize-js (npm ci). The
+# machine's Node.js 20 and npm come first; Debian's (Node.js 18, which plugins/examples/js/build.sh
+# refuses as too old for componentize-js) are installed only where there is no npm at all.
+if ! command -v npm >/dev/null 2>&1; then
+    plain_pkgs+=(nodejs npm)
+fi
 
 # Prints the packages of "$@" that are not installed.
 missing() {

@@ -614,8 +614,19 @@ async fn the_sample_providers_config_loads() {
 /// downloaded once, compiled once (the compiled artefact is cached), and as good as the Rust one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_example_loaded_by_url_passes_the_same_lifecycle() {
+    example_loaded_by_url_passes_the_same_lifecycle("python-example").await;
+}
+
+/// The JavaScript example (componentize-js), the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_example_loaded_by_url_passes_the_same_lifecycle() {
+    example_loaded_by_url_passes_the_same_lifecycle("js-example").await;
+}
+
+async fn example_loaded_by_url_passes_the_same_lifecycle(provider_type: &str) {
     use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
-    let path = plugins_dir().join("python-example.wasm");
+    let file = format!("/{provider_type}.wasm");
+    let path = plugins_dir().join(&file[1..]);
     let bytes = std::fs::read(&path).unwrap_or_else(|e| {
         panic!(
             "{}: {e}; build it with `make examples` (part of `make test`)",
@@ -624,15 +635,15 @@ async fn the_python_example_loaded_by_url_passes_the_same_lifecycle() {
     });
     let digest = hex::encode(sha2::Sha256::digest(&bytes));
     let files = harness::FileServer::start().await.unwrap();
-    files.serve("/python-example.wasm", bytes);
+    files.serve(&file, bytes);
     let store = InstanceStore::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("providers.yaml");
     std::fs::write(
         &config,
         format!(
-            "providers:\n- name: py\n  type: python-example\n  plugin: {{url: \"{}\", sha256: {digest}}}\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
-            files.url("/python-example.wasm"),
+            "providers:\n- name: example\n  type: {provider_type}\n  plugin: {{url: \"{}\", sha256: {digest}}}\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+            files.url(&file),
             store.url(),
             store.addr
         ),
@@ -640,7 +651,8 @@ async fn the_python_example_loaded_by_url_passes_the_same_lifecycle() {
     .unwrap();
     for restart in [false, true] {
         let (engine, _) = engine_with(EngineOptions {
-            // CPython's heap and start-up need more than the Rust provider's small limits.
+            // CPython's heap and start-up need more than the Rust provider's small limits (the
+            // JavaScript example fits the operator's defaults; see plugin_cli.rs).
             memory_limit: 256 << 20,
             cpu_budget: Duration::from_secs(10),
             cache_dir: Some(dir.path().join("compiled")),
@@ -661,14 +673,14 @@ async fn the_python_example_loaded_by_url_passes_the_same_lifecycle() {
         .await
         .unwrap();
         let providers = registry.providers().current();
-        let provider = providers.get("py").expect("loaded");
-        assert_eq!(provider.plugin().info.name, "python-example");
+        let provider = providers.get("example").expect("loaded");
+        assert_eq!(provider.plugin().info.name, provider_type);
         assert_eq!(
             provider.plugin().from_cache,
             restart,
             "compiled once, then cached"
         );
         lifecycle(provider, &store).await;
-        assert_eq!(files.requests("/python-example.wasm"), 1, "downloaded once");
+        assert_eq!(files.requests(&file), 1, "downloaded once");
     }
 }
