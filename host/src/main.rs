@@ -174,91 +174,86 @@ async fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
-    let result = match &cli.command {
-        Command::Run(args) => {
-            return match proxy_operator::cli::run::run((**args).clone()).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Command::Crds { out } => {
-            return match write_crds(out.as_deref()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Command::Plugin {
-            command:
-                PluginCommand::Test {
-                    file,
-                    config,
-                    spec,
-                    json,
-                    ssh_key,
-                    known_hosts,
-                },
+    match &cli.command {
+        Command::Run(args) => match proxy_operator::cli::run::run((**args).clone()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Crds { out } => match write_crds(out.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Plugin { command } => plugin_command(command).await,
+    }
+}
+
+/// `proxy-operator plugin …`: `test`, `new` and `dev-api` say their own result; the others answer
+/// one JSON document.
+async fn plugin_command(command: &PluginCommand) -> ExitCode {
+    let result = match command {
+        PluginCommand::Test {
+            file,
+            config,
+            spec,
+            json,
+            ssh_key,
+            known_hosts,
         } => {
             let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
             let spec = spec.as_deref();
             return proxy_operator::cli::plugin_test::command(file, config, spec, ssh, *json).await;
         }
-        Command::Plugin {
-            command: PluginCommand::New(args),
-        } => return proxy_operator::cli::scaffold::command(args),
-        Command::Plugin {
-            command: PluginCommand::DevApi { listen },
-        } => return proxy_operator::cli::dev_api::command(*listen).await,
-        Command::Plugin { command } => match command {
-            PluginCommand::Inspect { file, config } => {
-                plugin::inspect(file, config.as_deref()).await
+        PluginCommand::New(args) => return proxy_operator::cli::scaffold::command(args),
+        PluginCommand::DevApi { listen } => {
+            return proxy_operator::cli::dev_api::command(*listen).await;
+        }
+        PluginCommand::Inspect { file, config } => plugin::inspect(file, config.as_deref()).await,
+        PluginCommand::Validate {
+            file,
+            config,
+            providers_config,
+            plugins_dir,
+        } => match (file, config, providers_config) {
+            (Some(file), Some(config), _) => plugin::validate(file, config).await,
+            (_, _, Some(providers_config)) => {
+                plugin::validate_providers_config(providers_config, plugins_dir).await
             }
-            PluginCommand::Validate {
-                file,
-                config,
-                providers_config,
-                plugins_dir,
-            } => match (file, config, providers_config) {
-                (Some(file), Some(config), _) => plugin::validate(file, config).await,
-                (_, _, Some(providers_config)) => {
-                    plugin::validate_providers_config(providers_config, plugins_dir).await
-                }
-                _ => unreachable!("clap requires FILE --config or --providers-config"),
-            },
-            PluginCommand::Run {
-                file,
-                config,
-                ssh_key,
-                known_hosts,
-                kubeconfig,
-                function,
-            } => {
-                let access = plugin::RunAccess {
-                    ssh: ssh_key.as_deref().zip(known_hosts.as_deref()),
-                    kubeconfig: kubeconfig.as_deref(),
-                };
-                plugin::run(file, config, access, function).await
-            }
-            PluginCommand::Test { .. } | PluginCommand::New(_) | PluginCommand::DevApi { .. } => {
-                unreachable!("handled above")
-            }
+            _ => unreachable!("clap requires FILE --config or --providers-config"),
         },
+        PluginCommand::Run {
+            file,
+            config,
+            ssh_key,
+            known_hosts,
+            kubeconfig,
+            function,
+        } => {
+            let access = plugin::RunAccess {
+                ssh: ssh_key.as_deref().zip(known_hosts.as_deref()),
+                kubeconfig: kubeconfig.as_deref(),
+            };
+            plugin::run(file, config, access, function).await
+        }
     };
+    print_json(result)
+}
+
+/// Prints a tool's JSON answer. `plugin inspect` of a file that cannot load, or `plugin validate`
+/// of a bad config, still prints what it found but fails, so a script or a CI step can tell.
+fn print_json(result: anyhow::Result<serde_json::Value>) -> ExitCode {
     match result {
         Ok(value) => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&value).expect("JSON values always serialize")
             );
-            // `plugin inspect` of a file that cannot load, or `plugin validate` of a bad config,
-            // still prints what it found, but fails,
-            // so a script or a CI step can tell.
             let refused = serde_json::Value::Bool(false);
             if value.get("loads") == Some(&refused) || value.get("valid") == Some(&refused) {
                 ExitCode::FAILURE

@@ -251,11 +251,7 @@ impl KubeCapability {
         namespace: &str,
         configmap: &str,
     ) -> Result<()> {
-        let Some(client) = &self.client else {
-            return Err(KubeError::Denied(
-                "no Kubernetes cluster: this operator runs without one (e.g. `plugin run`)".into(),
-            ));
-        };
+        let client = self.client()?;
         let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(client.clone(), namespace);
         let owned = maps
@@ -272,6 +268,15 @@ impl KubeCapability {
             "{kind} {name} references ConfigMap {configmap}, which provider instance {} did not apply; apply the ConfigMap through the kube capability first",
             self.provider
         )))
+    }
+
+    /// The operator's client, or why there is none.
+    fn client(&self) -> Result<&kube::Client> {
+        self.client.as_ref().ok_or_else(|| {
+            KubeError::Denied(
+                "no Kubernetes cluster: this operator runs without one (e.g. `plugin run`)".into(),
+            )
+        })
     }
 
     fn owns(&self, object: &DynamicObject) -> bool {
@@ -318,11 +323,7 @@ impl KubeCapability {
     async fn api(&self, api_version: &str, kind: &str) -> Result<Api<DynamicObject>> {
         let namespace = self.granted(api_version, kind)?;
         let key = (api_version.to_string(), kind.to_string());
-        let Some(client) = &self.client else {
-            return Err(KubeError::Denied(
-                "no Kubernetes cluster: this operator runs without one (e.g. `plugin run`)".into(),
-            ));
-        };
+        let client = self.client()?;
         let cached = self
             .resolved
             .lock()

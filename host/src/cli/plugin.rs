@@ -184,14 +184,29 @@ fn declared_and_granted(declared: &[Capability], grants: &Grants) -> serde_json:
         .into()
 }
 
-async fn instance(
+/// A providers-config entry read and its component loaded into an engine with what the entry
+/// grants (a cluster from the kubeconfig when it grants `kube`): what `plugin run`, `validate`
+/// and `test` start from.
+pub(crate) struct LoadedEntry {
+    pub engine: Arc<PluginEngine>,
+    pub plugin: Arc<LoadedPlugin>,
+    pub entry: InstanceFile,
+    /// The entry's name, else the plugin's.
+    pub name: String,
+}
+
+pub(crate) async fn load_entry(
     file: &Path,
     instance_file: &Path,
     access: RunAccess<'_>,
-) -> anyhow::Result<ProviderInstance> {
+) -> anyhow::Result<LoadedEntry> {
     let entry: InstanceFile = read_yaml(instance_file, "provider instance file")?;
     let kube = match entry.grants.kube {
-        Some(_) => Some(kube_client(access.kubeconfig).await?),
+        Some(_) => Some(
+            kube_client(access.kubeconfig)
+                .await
+                .with_context(|| instance_file.display().to_string())?,
+        ),
         None => None,
     };
     let engine = engine_with_kube(access.ssh, kube).await?;
@@ -209,6 +224,25 @@ async fn instance(
         .name
         .clone()
         .unwrap_or_else(|| plugin.info.name.clone());
+    Ok(LoadedEntry {
+        engine,
+        plugin,
+        entry,
+        name,
+    })
+}
+
+async fn instance(
+    file: &Path,
+    instance_file: &Path,
+    access: RunAccess<'_>,
+) -> anyhow::Result<ProviderInstance> {
+    let LoadedEntry {
+        engine,
+        plugin,
+        entry,
+        name,
+    } = load_entry(file, instance_file, access).await?;
     // As the operator does: the plugin's JSON Schema first, then its own validate-config.
     check_schema(&plugin, &entry.config).map_err(|message| {
         anyhow::anyhow!(

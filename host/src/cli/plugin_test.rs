@@ -6,10 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
-use super::plugin::{InstanceFile, SshFiles, engine, read_yaml};
+use super::plugin::{InstanceFile, LoadedEntry, RunAccess, SshFiles, load_entry, read_yaml};
 use crate::conformance::{self, Report, Subject};
 use crate::plugins::types::InstanceSpec;
-use crate::plugins::{EngineOptions, PluginEngine};
 
 /// Loads `file`, binds it to the entry in `instance_file` and runs every check; `spec_file`
 /// replaces the default spec (a provider that needs a zone, an image or options).
@@ -20,20 +19,23 @@ pub async fn test(
     ssh: SshFiles<'_>,
 ) -> anyhow::Result<Report> {
     let entry: InstanceFile = read_yaml(instance_file, "provider instance file")?;
-    let engine = match &entry.grants.kube {
-        Some(_) => engine_with_kube(instance_file, ssh).await?,
-        None => engine(ssh).await?,
-    };
-    let plugin = engine.load_file(file).await?;
-    if let Some(t) = &entry.provider_type
-        && t != &plugin.info.name
-    {
+    if entry.grants.kube.is_some() && ssh.is_some() {
         bail!(
-            "{}: type `{t}` does not match the plugin, which describes itself as `{}`",
-            instance_file.display(),
-            plugin.info.name
+            "{}: grants.kube with --ssh-key: plugin test binds one capability with a shared resource at a time; test the libvirt part with an entry without grants.kube",
+            instance_file.display()
         );
     }
+    // The cluster of a `kube` grant comes from `$KUBECONFIG` (or the in-cluster account).
+    let access = RunAccess {
+        ssh,
+        kubeconfig: None,
+    };
+    let LoadedEntry {
+        engine,
+        plugin,
+        entry,
+        name,
+    } = load_entry(file, instance_file, access).await?;
     let grants = entry
         .grants
         .validate()
@@ -44,39 +46,12 @@ pub async fn test(
     };
     let subject = Subject {
         engine,
-        name: entry.name.unwrap_or_else(|| plugin.info.name.clone()),
+        name,
         plugin,
         config: entry.config,
         grants,
     };
     Ok(conformance::run(&subject, spec).await)
-}
-
-/// An engine whose `kube` capability uses the cluster of `$KUBECONFIG` (or the in-cluster
-/// account): the lifecycle checks of a provider granted `kube` need a real API server.
-async fn engine_with_kube(
-    instance_file: &Path,
-    ssh: SshFiles<'_>,
-) -> anyhow::Result<std::sync::Arc<PluginEngine>> {
-    if ssh.is_some() {
-        bail!(
-            "{}: grants.kube with --ssh-key: plugin test binds one capability with a shared resource at a time; test the libvirt part with an entry without grants.kube",
-            instance_file.display()
-        );
-    }
-    let client = kube::Client::try_default().await.with_context(|| {
-        format!(
-            "{}: grants.kube needs a cluster: set KUBECONFIG to its kubeconfig",
-            instance_file.display()
-        )
-    })?;
-    // Tooling runs once: no pool to reserve, no cache to write.
-    let options = EngineOptions {
-        pool_instances: 0,
-        kube: Some(client),
-        ..EngineOptions::default()
-    };
-    PluginEngine::new(options, &prometheus::Registry::new())
 }
 
 /// `plugin test` as a command: the report as lines (or JSON with `json`); exit 0 only when every

@@ -50,6 +50,24 @@ fn key_file(fake: &FakeGcp, dir: &tempfile::TempDir) -> std::path::PathBuf {
     path
 }
 
+/// The controller of `ns` with one gcp provider instance `gcp-eu` against `fake` (its key file
+/// lives in the returned directory).
+async fn gcp_operator(
+    ns: &harness::TestNamespace,
+    fake: &FakeGcp,
+) -> (Operator, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut entry = entry(fake, &key_file(fake, &dir));
+    entry["name"] = "gcp-eu".into();
+    entry["type"] = "gcp".into();
+    let providers = providers_with(
+        test_options(),
+        &serde_json::json!({"providers": [entry]}).to_string(),
+    )
+    .await;
+    (Operator::with_providers(ns.client(), ns, providers), dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_is_made_with_a_token_the_host_mints_and_found_listed_and_deleted() {
     let fake = FakeGcp::start(&ZONES).await;
@@ -178,16 +196,7 @@ async fn a_proxy_of_the_gcp_provider_becomes_ready_and_its_deletion_deletes_the_
     let cp = control_plane().await;
     let ns = cp.namespace("px-gcp").await.unwrap();
     let fake = FakeGcp::start(&ZONES).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut entry = entry(&fake, &key_file(&fake, &dir));
-    entry["name"] = "gcp-eu".into();
-    entry["type"] = "gcp".into();
-    let providers = providers_with(
-        test_options(),
-        &serde_json::json!({"providers": [entry]}).to_string(),
-    )
-    .await;
-    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let (_operator, _key_dir) = gcp_operator(&ns, &fake).await;
 
     let yaml =
         proxy_yaml(ns.name(), "vm-1", "gcp-eu", "").replace("zone: zone-a", "zone: europe-west1-b");
@@ -228,16 +237,7 @@ async fn a_provider_id_patched_to_a_vm_the_operator_did_not_make_deletes_nothing
     let cp = control_plane().await;
     let ns = cp.namespace("px-gcp-victim").await.unwrap();
     let fake = FakeGcp::start(&ZONES).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut entry = entry(&fake, &key_file(&fake, &dir));
-    entry["name"] = "gcp-eu".into();
-    entry["type"] = "gcp".into();
-    let providers = providers_with(
-        test_options(),
-        &serde_json::json!({"providers": [entry]}).to_string(),
-    )
-    .await;
-    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let (_operator, _key_dir) = gcp_operator(&ns, &fake).await;
     // Somebody's own VM in the same project, made outside the operator.
     let victim = "europe-west1-b/victim";
     fake.with(|s| {
@@ -306,16 +306,7 @@ async fn a_quota_answer_shows_in_the_conditions_and_an_event() {
     let ns = cp.namespace("px-gcp-quota").await.unwrap();
     let fake = FakeGcp::start(&ZONES).await;
     fake.with(|s| s.quota_exhausted = true);
-    let dir = tempfile::tempdir().unwrap();
-    let mut entry = entry(&fake, &key_file(&fake, &dir));
-    entry["name"] = "gcp-eu".into();
-    entry["type"] = "gcp".into();
-    let providers = providers_with(
-        test_options(),
-        &serde_json::json!({"providers": [entry]}).to_string(),
-    )
-    .await;
-    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let (_operator, _key_dir) = gcp_operator(&ns, &fake).await;
     let yaml =
         proxy_yaml(ns.name(), "vm-q", "gcp-eu", "").replace("zone: zone-a", "zone: europe-west1-b");
     cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
@@ -367,16 +358,7 @@ async fn an_insert_whose_operation_fails_fails_the_proxy_with_its_error() {
                 .into(),
         ))
     });
-    let dir = tempfile::tempdir().unwrap();
-    let mut entry = entry(&fake, &key_file(&fake, &dir));
-    entry["name"] = "gcp-eu".into();
-    entry["type"] = "gcp".into();
-    let providers = providers_with(
-        test_options(),
-        &serde_json::json!({"providers": [entry]}).to_string(),
-    )
-    .await;
-    let _operator = Operator::with_providers(ns.client(), &ns, providers);
+    let (_operator, _key_dir) = gcp_operator(&ns, &fake).await;
     let yaml = proxy_yaml(ns.name(), "vm-bad-image", "gcp-eu", "")
         .replace("zone: zone-a", "zone: europe-west1-b");
     cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
