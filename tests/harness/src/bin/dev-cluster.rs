@@ -60,6 +60,13 @@ async fn main() -> Result<()> {
     let written = std::fs::read(cp.kubeconfig())?;
     claim.write(&written)?;
     let kubectl = cp.bin_dir().join("kubectl");
+    // Listen before saying "ready": a SIGTERM right after the message must stop the cluster,
+    // not kill the process with the default action.
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut interrupt) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
     println!(
         "
 dev cluster ready in {:.1} s: {url}
@@ -82,9 +89,8 @@ collection. Ctrl-C stops the cluster (its data is discarded).",
         dir = cp.dir().display(),
     );
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
+        _ = interrupt.recv() => {}
         _ = term.recv() => {}
     }
     eprintln!("\nstopping ...");
