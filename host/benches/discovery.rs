@@ -3,7 +3,9 @@
 //! 1. grant+release cycles (`POST /v1/leases`, `DELETE /v1/leases/{id}`, bearer token checked)
 //!    from 64 concurrent keep-alive clients against the real router and lease store, and the same
 //!    two requests against a bare axum handler in the same run, for the ratio;
-//! 2. health probes (`CONNECT` through real squid from the harness to a loopback target) with 64
+//! 2. the same cycles with the lease table written to a real kube-apiserver, `--lease-durability
+//!    async` (write-behind) and `sync` (a grant answered once stored) side by side;
+//! 3. health probes (`CONNECT` through real squid from the harness to a loopback target) with 64
 //!    at once.
 //!
 //! `cargo bench -p proxy-operator --bench discovery` (needs squid: `.ci/install-fixtures.sh`).
@@ -20,7 +22,8 @@ use axum::routing::{delete, post};
 use harness::{FileServer, Squid};
 use proxy_operator::health::probe;
 use proxy_operator::leases::{
-    self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry, ProxyKey,
+    self, Discovery, Durability, LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore,
+    PoolEntry, ProxyKey,
 };
 
 const CLIENTS: usize = 64;
@@ -159,6 +162,29 @@ async fn cycles(addr: SocketAddr, length: Duration) -> Run {
 }
 
 fn discovery_app() -> Router {
+    let store = pool_store();
+    leases::router(Arc::new(Discovery::new(store, TOKEN)))
+}
+
+/// The lease table written to a real API server, as the leader runs it: `Sync` answers a grant
+/// once stored (group commit), `Async` writes behind every 5 s.
+fn persisted_app(client: kube::Client, namespace: &str, durability: Durability) -> Router {
+    let store = pool_store();
+    let persistence = LeasePersistence::new(client, namespace, &format!("bench-{durability:?}"));
+    tokio::spawn(leases::persist::maintain(
+        store.clone(),
+        persistence,
+        durability,
+        Duration::from_secs(5),
+    ));
+    let mut discovery = Discovery::new(store, TOKEN);
+    if durability == Durability::Sync {
+        discovery = discovery.answer_grants_once_stored(Duration::from_secs(5));
+    }
+    leases::router(Arc::new(discovery))
+}
+
+fn pool_store() -> Arc<LeaseStore> {
     let store = Arc::new(LeaseStore::new(
         LeaseOptions::default(),
         LeaseMetrics::unregistered().unwrap(),
@@ -182,7 +208,7 @@ fn discovery_app() -> Router {
             })
             .collect(),
     );
-    leases::router(Arc::new(Discovery::new(store, TOKEN)))
+    store
 }
 
 /// The same two requests with nothing behind them: what axum + HTTP cost alone.
@@ -264,6 +290,27 @@ fn main() {
             "ratio discovery/bare:    {:.0} %",
             100.0 * real.per_second() / base.per_second()
         );
+
+        // The durability models side by side, against a real kube-apiserver + etcd.
+        let cp = harness::ControlPlane::start()
+            .await
+            .expect("a control plane (run .ci/install-fixtures.sh)");
+        let ns = cp.namespace("bench-leases").await.unwrap();
+        for durability in [Durability::Async, Durability::Sync] {
+            let app = serve(persisted_app(cp.client(), ns.name(), durability)).await;
+            cycles(app, Duration::from_millis(500)).await;
+            let mut run = cycles(app, length).await;
+            println!(
+                "lease-durability {:<5}   {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} errors (table in a ConfigMap of {} proxies)",
+                format!("{durability:?}").to_lowercase(),
+                run.per_second(),
+                run.quantile(0.50).as_secs_f64() * 1e3,
+                run.quantile(0.99).as_secs_f64() * 1e3,
+                run.errors,
+                PROXIES
+            );
+        }
+        cp.stop().await;
 
         let squid = Squid::start().await.expect("squid (run .ci/install-fixtures.sh)");
         let target = FileServer::start().await.unwrap();

@@ -5,4 +5,4 @@ pub(crate) mod conditions;
 pub mod decide;
 mod reconcile;
 
-pub use reconcile::{Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, instance_name, run};
+pub use reconcile::{Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, instance_name, run, run_until};

@@ -1,14 +1,21 @@
 //! Leader election with a Kubernetes Lease (kube-lease-manager): of several replicas only the
-//! leader reconciles and reports ready, so Services route to it; a standby takes over within a
-//! lease duration of the leader's loss.
+//! leader reconciles and grants leases; a standby takes over within a lease duration of the
+//! leader's loss.
+//!
+//! kube-lease-manager learns that it lost the Lease only from an answer of the API server, so a
+//! leader cut off from the API server (a partition, a request that never returns) would go on
+//! believing it leads while a standby takes over. The fence here closes that gap: the leader
+//! reads its Lease every second and steps down on its own clock when the last renewal it saw
+//! is about to expire, before any standby can see the Lease as free.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, bail};
-use kube::Client;
+use anyhow::Context;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
+use tokio_util::sync::CancellationToken;
 
 /// Which Lease, who we are, and how long a leader's claim lasts.
 #[derive(Debug, Clone)]
@@ -23,20 +30,38 @@ pub struct LeaderElection {
     pub renew_before_seconds: u64,
 }
 
-/// Waits to become the leader, then runs `work` while leading. Returns when `work` ends
-/// (shutdown), releasing the lease; fails when leadership is lost, so the process exits and
-/// restarts as a standby rather than reconcile beside a new leader.
+impl LeaderElection {
+    /// How long before the Lease expires (as a standby sees it) the leader stops: half the renew
+    /// window, so a renewal that succeeds on time always moves the fence first.
+    fn margin(&self) -> Duration {
+        Duration::from_millis(self.renew_before_seconds * 500).max(Duration::from_millis(500))
+    }
+}
+
+/// How a leadership term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// `stop` was cancelled (SIGTERM): the work finished and the Lease was released.
+    Shutdown,
+    /// The Lease was lost or could not be renewed in time: the caller serves as a standby and
+    /// may lead again.
+    Lost,
+}
+
+/// Waits to become the leader, then runs `work` while leading. `step_down` runs the moment the
+/// leadership is lost, before anything else (it must stop granting and turn not-ready).
 pub async fn lead<F, Fut>(
     client: Client,
     election: &LeaderElection,
-    ready: Arc<AtomicBool>,
+    stop: &CancellationToken,
+    step_down: impl FnOnce(),
     work: F,
-) -> anyhow::Result<()>
+) -> anyhow::Result<Term>
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = ()>,
 {
-    let manager = LeaseManagerBuilder::new(client, &election.lease_name)
+    let manager = LeaseManagerBuilder::new(client.clone(), &election.lease_name)
         .with_namespace(&election.namespace)
         .with_identity(&election.identity)
         .with_duration(election.lease_seconds)
@@ -51,36 +76,191 @@ where
         })?;
     let (mut leading, task) = manager.watch().await;
     tracing::info!(identity = %election.identity, lease = %election.lease_name, "waiting to become the leader");
-    while !*leading.borrow_and_update() {
-        leading
-            .changed()
-            .await
-            .context("the leader election task stopped")?;
-    }
-    tracing::info!(identity = %election.identity, "became the leader");
-    ready.store(true, Ordering::Relaxed);
-
-    let lost = async {
-        loop {
-            if leading.changed().await.is_err() || !*leading.borrow_and_update() {
-                return;
+    let became_leader = async {
+        while !*leading.borrow_and_update() {
+            if leading.changed().await.is_err() {
+                return false;
+            }
+        }
+        true
+    };
+    let term = tokio::select! {
+        () = stop.cancelled() => None,
+        leads = became_leader => {
+            anyhow::ensure!(leads, "the leader election task stopped");
+            Some(())
+        }
+    };
+    let term = match term {
+        None => Term::Shutdown,
+        Some(()) => {
+            tracing::info!(identity = %election.identity, "became the leader");
+            let api: Api<Lease> = Api::namespaced(client, &election.namespace);
+            let lost = async {
+                let why = tokio::select! {
+                    why = fence(&api, election) => why,
+                    () = flipped_off(&mut leading) => "another replica holds the Lease",
+                };
+                // First of all: no grant and no readiness past this point.
+                step_down();
+                why
+            };
+            tokio::select! {
+                () = work() => Term::Shutdown,
+                why = lost => {
+                    tracing::error!(identity = %election.identity, reason = why, "lost the leadership; serving as a standby");
+                    Term::Lost
+                }
             }
         }
     };
-    let outcome = tokio::select! {
-        () = work() => Ok(()),
-        () = lost => Err(()),
-    };
-    ready.store(false, Ordering::Relaxed);
     drop(leading);
-    // Closing the channel makes the task release the lease, so a standby takes over at once.
-    match task.await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease"),
-        Err(e) => tracing::warn!(error = %e, "leader election task"),
+    // Closing the channel makes the task release the Lease, so a standby takes over at once. A
+    // cut-off API server would hold that forever: give it a moment, then leave it.
+    let mut task = task;
+    match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
+        Ok(Ok(Ok(_))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "releasing the Lease"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "leader election task"),
+        Err(_) => {
+            task.abort();
+            tracing::warn!("the Lease was not released (no answer from the API server)");
+        }
     }
-    if outcome.is_err() {
-        bail!("lost the leader lease; exiting so that a restart rejoins as a standby");
+    Ok(term)
+}
+
+async fn flipped_off(leading: &mut tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+            return;
+        }
     }
-    Ok(())
+}
+
+/// What the leader's last read of its Lease means for its fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sighting {
+    /// Still ours: lead until this instant.
+    OursUntil(SystemTime),
+    /// Held by another identity.
+    Taken,
+    /// Not telling (no spec, no renew time): keep the last deadline.
+    Unclear,
+}
+
+/// The pure decision behind the fence.
+fn sighting(lease: &Lease, election: &LeaderElection) -> Sighting {
+    let Some(spec) = &lease.spec else {
+        return Sighting::Unclear;
+    };
+    match (&spec.holder_identity, &spec.renew_time) {
+        (Some(holder), _) if holder != &election.identity => Sighting::Taken,
+        (Some(_), Some(renewed)) => {
+            let renewed = SystemTime::from(renewed.0);
+            let duration = spec
+                .lease_duration_seconds
+                .map(|s| Duration::from_secs(s.max(0) as u64))
+                .unwrap_or(Duration::from_secs(election.lease_seconds));
+            Sighting::OursUntil(renewed + duration.saturating_sub(election.margin()))
+        }
+        _ => Sighting::Unclear,
+    }
+}
+
+/// Returns when the leader must stop: its Lease is about to expire without a renewal it saw,
+/// or it is held by someone else. Each read has a short deadline, so a request that never
+/// returns cannot keep the fence from firing.
+async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
+    let read_timeout = (election.margin() / 2).min(Duration::from_secs(1));
+    // Until the first read: the Lease was renewed no earlier than a moment before we heard.
+    let mut until = SystemTime::now()
+        + Duration::from_secs(election.lease_seconds)
+            .saturating_sub(election.margin() + Duration::from_secs(2));
+    loop {
+        match tokio::time::timeout(read_timeout, api.get_opt(&election.lease_name)).await {
+            Ok(Ok(Some(lease))) => match sighting(&lease, election) {
+                Sighting::OursUntil(at) => until = at,
+                Sighting::Taken => return "another replica holds the Lease",
+                Sighting::Unclear => {}
+            },
+            Ok(Ok(None)) => return "the Lease was deleted",
+            Ok(Err(e)) => tracing::debug!(error = %e, "reading the leader Lease"),
+            Err(_) => tracing::debug!("reading the leader Lease: no answer"),
+        }
+        let left = until
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        if left.is_zero() {
+            return "the Lease could not be renewed before it expires (API server unreachable)";
+        }
+        tokio::time::sleep(left.min(Duration::from_secs(1))).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn election() -> LeaderElection {
+        LeaderElection {
+            namespace: "ops".into(),
+            lease_name: "op-leader".into(),
+            identity: "me".into(),
+            lease_seconds: 15,
+            renew_before_seconds: 5,
+        }
+    }
+
+    fn lease(holder: Option<&str>, renewed: Option<SystemTime>, seconds: Option<i32>) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                renew_time: renewed.map(|t| MicroTime(t.try_into().unwrap())),
+                lease_duration_seconds: seconds,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_fence_stops_the_leader_before_a_standby_sees_the_lease_expire() {
+        let renewed = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let cases = [
+            (
+                lease(Some("me"), Some(renewed), Some(15)),
+                Sighting::OursUntil(renewed + Duration::from_millis(12_500)),
+            ),
+            // The Lease's own duration wins over the flag (another version may have set it).
+            (
+                lease(Some("me"), Some(renewed), Some(30)),
+                Sighting::OursUntil(renewed + Duration::from_millis(27_500)),
+            ),
+            (
+                lease(Some("me"), Some(renewed), None),
+                Sighting::OursUntil(renewed + Duration::from_millis(12_500)),
+            ),
+            (
+                lease(Some("other"), Some(renewed), Some(15)),
+                Sighting::Taken,
+            ),
+            (lease(Some("me"), None, Some(15)), Sighting::Unclear),
+            (lease(None, Some(renewed), Some(15)), Sighting::Unclear),
+            (Lease::default(), Sighting::Unclear),
+        ];
+        for (lease, expected) in cases {
+            assert_eq!(sighting(&lease, &election()), expected, "{lease:?}");
+        }
+    }
+
+    #[test]
+    fn the_margin_is_half_the_renew_window_and_never_zero() {
+        let mut e = election();
+        assert_eq!(e.margin(), Duration::from_millis(2500));
+        e.renew_before_seconds = 0;
+        assert_eq!(e.margin(), Duration::from_millis(500));
+    }
 }

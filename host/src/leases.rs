@@ -8,5 +8,5 @@ pub mod store;
 
 pub use api::{Discovery, router, serve};
 pub use metrics::LeaseMetrics;
-pub use persist::LeasePersistence;
+pub use persist::{Durability, LeasePersistence};
 pub use store::{LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey, Snapshot};

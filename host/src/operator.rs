@@ -11,7 +11,6 @@ use anyhow::Context as _;
 use axum::http::StatusCode;
 use axum::routing::get;
 use kube::CustomResourceExt;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +24,7 @@ use crate::controller::{self, Context};
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
 use crate::leader;
-use crate::leases::{self, Discovery, LeasePersistence, LeaseStore, ProxyKey};
+use crate::leases::{self, Discovery, Durability, LeasePersistence, LeaseStore};
 use crate::metrics::Metrics;
 use crate::plugins::{EngineOptions, PluginEngine};
 use crate::providerhealth;
@@ -38,7 +37,6 @@ pub struct Operator {
     metrics: Metrics,
     registry: Arc<PluginRegistry>,
     leases: Arc<LeaseStore>,
-    suspects: mpsc::Receiver<ProxyKey>,
     health_options: HealthOptions,
     ctx: Arc<Context>,
 }
@@ -82,12 +80,7 @@ impl Operator {
         let providers = registry.providers();
         tracing::info!(providers = ?providers.current().configured_names(), "providers configured");
         check_crd_installed(&client).await?;
-        let (suspects_tx, suspects) = mpsc::channel(256);
-        let leases = Arc::new(LeaseStore::new(
-            lease_options,
-            metrics.leases.clone(),
-            Some(suspects_tx),
-        ));
+        let leases = Arc::new(LeaseStore::new(lease_options, metrics.leases.clone(), None));
         let ctx = Arc::new(
             Context::new(client.clone(), providers, &args.operator_id)
                 .with_abandoned(AbandonedRecord::new(&namespace, &args.operator_id))
@@ -100,16 +93,17 @@ impl Operator {
             metrics,
             registry,
             leases,
-            suspects,
             health_options,
             ctx,
         })
     }
 
     /// Serves probes, metrics and the discovery API, follows plugin and config changes, and
-    /// reconciles (on the leader) until SIGTERM or Ctrl-C.
+    /// reconciles (on the leader) until SIGTERM or Ctrl-C. A replica that loses the leadership
+    /// stays up as a standby and leads again when it wins the Lease back.
     pub async fn run(self) -> anyhow::Result<()> {
         let stop = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(stop.clone()));
         let ready = Arc::new(AtomicBool::new(false));
         let mut tasks = vec![
             serve_probes(
@@ -118,12 +112,19 @@ impl Operator {
                 self.metrics.registry.clone(),
                 ready.clone(),
                 self.leases.clone(),
+                self.args.lease.lease_durability == Durability::Sync,
             )
             .await?,
         ];
         if let Some(token) = self.args.lease.token() {
-            let discovery = Arc::new(Discovery::new(self.leases.clone(), token));
-            tasks.push(serve_discovery(&stop, self.args.lease.discovery_addr, discovery).await?);
+            let mut discovery = Discovery::new(self.leases.clone(), token);
+            if self.args.lease.lease_durability == Durability::Sync {
+                discovery =
+                    discovery.answer_grants_once_stored(self.args.lease.lease_commit_timeout);
+            }
+            tasks.push(
+                serve_discovery(&stop, self.args.lease.discovery_addr, Arc::new(discovery)).await?,
+            );
         } else {
             tracing::warn!(
                 "DISCOVERY_TOKEN is not set: the discovery API is off; set it from a Secret to serve leases"
@@ -142,9 +143,7 @@ impl Operator {
             tasks.push(spawn_until(&stop, registry.watch_config_file(reload)));
         }
         let result = if self.args.leader.leader_election {
-            let election = self.args.leader.election(&self.args.operator_id);
-            let (client, ready) = (self.client.clone(), ready.clone());
-            leader::lead(client, &election, ready, || self.lead(&stop)).await
+            self.lead_while_elected(&stop, &ready).await
         } else {
             ready.store(true, Ordering::Relaxed);
             self.lead(&stop).await;
@@ -158,27 +157,64 @@ impl Operator {
         result
     }
 
+    /// Terms of leadership until shutdown: after a lost one, a standby again.
+    async fn lead_while_elected(
+        &self,
+        stop: &CancellationToken,
+        ready: &Arc<AtomicBool>,
+    ) -> anyhow::Result<()> {
+        let election = self.args.leader.election(&self.args.operator_id);
+        let mut lost_once = false;
+        loop {
+            let step_down = || {
+                ready.store(false, Ordering::Relaxed);
+                self.leases.close();
+            };
+            let work = || async {
+                ready.store(true, Ordering::Relaxed);
+                self.lead(stop).await;
+                ready.store(false, Ordering::Relaxed);
+            };
+            match leader::lead(self.client.clone(), &election, stop, step_down, work).await {
+                Ok(leader::Term::Shutdown) => return Ok(()),
+                Ok(leader::Term::Lost) if stop.is_cancelled() => return Ok(()),
+                Ok(leader::Term::Lost) => lost_once = true,
+                // At start a broken election (RBAC, no API server) fails the process, which
+                // says why; after a lost term the API server is likely away: wait for it.
+                Err(e) if !lost_once => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot rejoin the leader election yet; retrying in 2 s");
+                    tokio::select! {
+                        () = stop.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    }
+                }
+            }
+        }
+    }
+
     /// The leader's work: the lease table restored first, then probes, GC, provider checks and
-    /// the controller; on the way out the lease table is flushed.
-    async fn lead(self, stop: &CancellationToken) {
+    /// the controller, until `stop`; on the way out the lease table is flushed. Dropped halfway
+    /// (leadership lost), everything it started stops and nothing more is written.
+    async fn lead(&self, stop: &CancellationToken) {
         let Operator {
             args,
             client,
             metrics,
             leases,
-            suspects,
             health_options,
             ctx,
             ..
         } = self;
         let work = stop.child_token();
+        let _stop_work_if_dropped = work.clone().drop_guard();
         let persistence = LeasePersistence::new(
             client.clone(),
             &args.leader.leader_election_namespace,
             &format!("{}-leases", args.operator_id),
         );
         // The lease table first: serving grants before it is restored could lease twice.
-        if let Err(e) = persistence.restore_into(&leases).await {
+        if let Err(e) = persistence.restore_into(leases).await {
             tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
             leases.restore(Default::default());
         }
@@ -192,6 +228,7 @@ impl Operator {
                 leases::persist::maintain(
                     leases.clone(),
                     persistence.clone(),
+                    args.lease.lease_durability,
                     args.lease.lease_persist_interval,
                 ),
             ),
@@ -201,10 +238,10 @@ impl Operator {
                     client.clone(),
                     providers.clone(),
                     leases.clone(),
-                    health_options,
+                    health_options.clone(),
                     metrics.probes.clone(),
                 )
-                .run(namespace.clone(), suspects),
+                .run(namespace.clone(), leases.suspects()),
             ),
             spawn_until(
                 &work,
@@ -219,7 +256,7 @@ impl Operator {
             spawn_until(
                 &work,
                 providerhealth::run(
-                    client,
+                    client.clone(),
                     providers,
                     args.operator_id.clone(),
                     args.provider_check.provider_check_interval,
@@ -229,17 +266,43 @@ impl Operator {
             ),
         ];
         tracing::info!(namespace = ?namespace, "reconciling Proxies");
-        controller::run(ctx, namespace.as_deref()).await;
+        controller::run_until(
+            ctx.clone(),
+            namespace.as_deref(),
+            stop.clone().cancelled_owned(),
+        )
+        .await;
         work.cancel();
         for task in tasks {
             let _ = task.await;
         }
         // Graceful stop: the last changes reach the cluster before the next leader restores.
-        if let Err(e) = persistence.flush(&leases).await {
+        if let Err(e) = persistence.flush(leases).await {
             tracing::error!(configmap = %persistence.name(), error = %e, "cannot persist the lease table on shutdown");
         }
         leases.close();
     }
+}
+
+/// SIGTERM (Kubernetes stopping the Pod) or Ctrl-C cancels `stop`.
+async fn cancel_on_signal(stop: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("stop signal received");
+    stop.cancel();
 }
 
 /// Runs `work` until it ends or `stop` is cancelled, whichever comes first.
@@ -344,6 +407,7 @@ async fn serve_probes(
     registry: prometheus::Registry,
     ready: Arc<AtomicBool>,
     leases: Arc<LeaseStore>,
+    grants_wait_for_writes: bool,
 ) -> anyhow::Result<JoinHandle<()>> {
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -355,11 +419,26 @@ async fn serve_probes(
                 let (ready, leases) = (ready.clone(), leases.clone());
                 async move {
                     if !ready.load(Ordering::Relaxed) {
-                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not the leader: a standby, starting, or stepped down (see the log)"
+                                .to_string(),
+                        )
                     } else if !leases.is_ready() {
-                        (StatusCode::SERVICE_UNAVAILABLE, "restoring the lease table")
+                        (StatusCode::SERVICE_UNAVAILABLE, "restoring the lease table".into())
+                    } else if let Some(failing) = leases.unstored_for()
+                        && grants_wait_for_writes
+                        && failing > Duration::from_secs(5)
+                    {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "the lease table cannot be stored for {} s (is the API server reachable?): no lease can be granted",
+                                failing.as_secs()
+                            ),
+                        )
                     } else {
-                        (StatusCode::OK, "ready")
+                        (StatusCode::OK, "ready".into())
                     }
                 }
             }),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::gc::GcOptions;
 use crate::health::HealthOptions;
 use crate::leader::LeaderElection;
-use crate::leases::LeaseOptions;
+use crate::leases::{Durability, LeaseOptions};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
 #[derive(Debug, Clone, clap::Args)]
@@ -174,7 +174,17 @@ pub struct LeaseArgs {
     /// Consecutive `failure` reports on a proxy that make the health engine probe it at once.
     #[arg(long, env = "LEASE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub lease_failure_threshold: u32,
-    /// How often the lease table is written to its ConfigMap (a crash loses at most this much).
+    /// `sync`: a grant is answered only once the lease table holding it is in its ConfigMap,
+    /// so a failover or a crash never forgets a granted lease. `async`: answered at once,
+    /// written behind every --lease-persist-interval (faster; a crash forgets that much).
+    #[arg(long, env = "LEASE_DURABILITY", value_enum, default_value = "sync")]
+    pub lease_durability: Durability,
+    /// With `--lease-durability sync`: a grant whose write takes longer is refused (503
+    /// `lease-not-stored`) instead of answered.
+    #[arg(long, env = "LEASE_COMMIT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub lease_commit_timeout: Duration,
+    /// With `--lease-durability async`: how often the lease table is written to its ConfigMap
+    /// (a crash loses at most this much).
     #[arg(long, env = "LEASE_PERSIST_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub lease_persist_interval: Duration,
 }
@@ -230,6 +240,10 @@ impl LeaseArgs {
         anyhow::ensure!(
             !self.lease_persist_interval.is_zero(),
             "--lease-persist-interval must be more than 0s (e.g. 5s)"
+        );
+        anyhow::ensure!(
+            !self.lease_commit_timeout.is_zero(),
+            "--lease-commit-timeout must be more than 0s (e.g. 5s)"
         );
         Ok(LeaseOptions {
             default_ttl: self.default_lease_ttl,

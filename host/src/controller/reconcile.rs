@@ -92,13 +92,31 @@ pub fn instance_name(uid: &str) -> String {
     format!("px-{}", &digest[..16])
 }
 
-/// Runs the controller until the stream ends (shutdown signal).
+/// Runs the controller until SIGTERM or Ctrl-C.
 pub async fn run(ctx: Arc<Context>, namespace: Option<&str>) {
+    let controller = watch_proxies(&ctx, namespace).shutdown_on_signal();
+    drive(controller, ctx).await;
+}
+
+/// Runs the controller until `shutdown` completes; reconciles in flight finish first.
+pub async fn run_until(
+    ctx: Arc<Context>,
+    namespace: Option<&str>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let controller = watch_proxies(&ctx, namespace).graceful_shutdown_on(shutdown);
+    drive(controller, ctx).await;
+}
+
+fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     let proxies = crate::api::proxies(ctx.client.clone(), namespace);
     // A plugin loaded or a providers config changed: every Proxy waiting for it goes on at once.
     Controller::new(proxies, watcher::Config::default().any_semantic())
         .reconcile_all_on(ctx.providers.swaps())
-        .shutdown_on_signal()
+}
+
+async fn drive(controller: Controller<Proxy>, ctx: Arc<Context>) {
+    controller
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {

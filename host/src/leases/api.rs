@@ -19,7 +19,7 @@ use subtle::ConstantTimeEq;
 use tower::ServiceExt;
 
 use super::store::{
-    EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, Outcome, ProxyKey,
+    EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome, ProxyKey,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -85,6 +85,19 @@ impl Problem {
             "not-ready",
             "This replica is not serving leases",
             "the operator is starting or is not the leader; retry".into(),
+        )
+        .retry_after(Duration::from_secs(5))
+    }
+
+    fn not_stored(deadline: Duration) -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lease-not-stored",
+            "The lease table cannot be stored",
+            format!(
+                "the lease could not be written to the cluster within {} s, so it was not granted (the API server is unreachable or slow); leases already granted stay valid; retry",
+                deadline.as_secs()
+            ),
         )
         .retry_after(Duration::from_secs(5))
     }
@@ -249,15 +262,26 @@ fn rfc3339(ms: u64) -> String {
 pub struct Discovery {
     pub store: Arc<LeaseStore>,
     token_digest: [u8; 32],
+    /// With `Some(deadline)`, a grant is answered only once the table holding it is stored.
+    stored_within: Option<Duration>,
 }
 
 impl Discovery {
-    /// `token` must not be empty (checked by the caller, which knows the flag's name).
+    /// `token` must not be empty (checked by the caller, which knows the flag's name). Grants
+    /// are answered at once (the table is written behind).
     pub fn new(store: Arc<LeaseStore>, token: &str) -> Self {
         Discovery {
             store,
             token_digest: Sha256::digest(token.as_bytes()).into(),
+            stored_within: None,
         }
+    }
+
+    /// Answers a grant only once it is stored, refusing it when that takes longer than
+    /// `deadline` (`--lease-durability sync`).
+    pub fn answer_grants_once_stored(mut self, deadline: Duration) -> Self {
+        self.stored_within = Some(deadline);
+        self
     }
 }
 
@@ -453,6 +477,18 @@ async fn grant(
         ),
         GrantError::NotReady => Problem::not_ready(),
     })?;
+    if let Some(deadline) = discovery.stored_within {
+        let version = discovery.store.version();
+        if let Err(e) = discovery.store.wait_stored(version, deadline).await {
+            // Unanswered, the lease must not hold the proxy; if a later write stores it anyway,
+            // the release is stored after it.
+            let _ = discovery.store.release(&lease.id);
+            return Err(match e {
+                NotStored::Closed => Problem::not_ready(),
+                NotStored::TimedOut => Problem::not_stored(deadline),
+            });
+        }
+    }
     let location = format!("/v1/leases/{}", lease.id);
     let body = Granted {
         proxy_url: proxy_url(&entry.address, entry.port),

@@ -1,6 +1,10 @@
-//! Write-behind persistence of the lease table into a ConfigMap, so a restart or a leader
-//! failover keeps leases and cooldowns. A graceful stop writes the last state; a crash loses at
-//! most one `--lease-persist-interval`.
+//! Persistence of the lease table into a ConfigMap, so a restart or a leader failover keeps
+//! leases and cooldowns. Two models (`--lease-durability`):
+//! - `sync` (default): every change wakes one writer, which writes the whole table; a grant is
+//!   answered only once a write holding it succeeded. Grants that arrive during a write share
+//!   the next one (group commit), so the cost is one write per round trip, not per grant.
+//! - `async`: written behind every `--lease-persist-interval`; a crash or a lost leadership
+//!   forgets at most that much (a forgotten lease can be granted again to another crawler).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +14,19 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 
 use super::store::{LeaseStore, Snapshot};
+
+/// When a grant is answered, relative to its write to the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// Only once stored: nothing answered is forgotten by a failover.
+    Sync,
+    /// At once; stored within `--lease-persist-interval`.
+    Async,
+}
+
+/// Longest one write of the table may take: an API server that accepts and never answers must
+/// not hold the writer (and every grant behind it) forever.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 const KEY: &str = "leases.json";
 const FIELD_MANAGER: &str = "proxy-operator-leases";
@@ -86,19 +103,33 @@ impl LeasePersistence {
     }
 
     /// Writes the table if it changed since the last write. A failed write is retried later.
-    pub async fn flush(&self, store: &LeaseStore) -> kube::Result<()> {
+    pub async fn flush(&self, store: &LeaseStore) -> Result<(), WriteError> {
         if !store.is_dirty() {
             return Ok(());
         }
-        let Some(snapshot) = store.snapshot() else {
+        let Some((snapshot, version)) = store.snapshot_versioned() else {
             return Ok(());
         };
-        if let Err(e) = self.save(&snapshot).await {
-            store.mark_dirty_after_failed_write();
-            return Err(e);
+        let result = match tokio::time::timeout(WRITE_TIMEOUT, self.save(&snapshot)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(WriteError::Api(e)),
+            Err(_) => Err(WriteError::TimedOut),
+        };
+        match result {
+            Ok(()) => store.mark_stored(version),
+            Err(_) => store.mark_dirty_after_failed_write(),
         }
-        Ok(())
+        result
     }
+}
+
+/// A write of the table that did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("no answer from the API server within {}s", WRITE_TIMEOUT.as_secs())]
+    TimedOut,
 }
 
 /// Ends expired leases (and forgets past cooldowns) every second, until aborted.
@@ -111,22 +142,55 @@ pub async fn expire_leases(store: Arc<LeaseStore>) {
     }
 }
 
-/// Expires leases, and writes the table behind every `persist_interval` when it changed.
-/// Runs until aborted; the caller flushes once more on shutdown.
+/// Expires leases, and writes the table: at every change (`sync`) or behind every
+/// `persist_interval` (`async`). Runs until aborted; the caller flushes once more on shutdown.
 pub async fn maintain(
     store: Arc<LeaseStore>,
     persistence: LeasePersistence,
+    durability: Durability,
     persist_interval: Duration,
 ) {
-    let write_behind = async {
-        let mut tick = tokio::time::interval(persist_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if let Err(e) = persistence.flush(&store).await {
-                tracing::warn!(configmap = %persistence.name(), error = %e, "cannot persist the lease table, will retry");
-            }
+    let writer = async {
+        match durability {
+            Durability::Sync => write_at_every_change(&store, &persistence).await,
+            Durability::Async => write_behind(&store, &persistence, persist_interval).await,
         }
     };
-    tokio::join!(expire_leases(store.clone()), write_behind);
+    tokio::join!(expire_leases(store.clone()), writer);
+}
+
+async fn write_behind(store: &LeaseStore, persistence: &LeasePersistence, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = persistence.flush(store).await {
+            tracing::warn!(configmap = %persistence.name(), error = %e, "cannot persist the lease table, will retry");
+        }
+    }
+}
+
+/// One write in flight at a time; whatever changed meanwhile goes into the next. After a failure
+/// the writer backs off (0.2 s doubling to 5 s) so an unreachable API server is not hammered,
+/// while grants keep failing fast on their own deadline.
+async fn write_at_every_change(store: &LeaseStore, persistence: &LeasePersistence) {
+    const FIRST_RETRY: Duration = Duration::from_millis(200);
+    const LAST_RETRY: Duration = Duration::from_secs(5);
+    let mut retry = FIRST_RETRY;
+    loop {
+        if !store.is_dirty() {
+            // A change made without a notification (a lease found expired on access) is
+            // still written within a second.
+            let _ = tokio::time::timeout(Duration::from_secs(1), store.changed()).await;
+            continue;
+        }
+        match persistence.flush(store).await {
+            Ok(()) => retry = FIRST_RETRY,
+            Err(e) => {
+                tracing::warn!(configmap = %persistence.name(), error = %e, retry_in = ?retry, "cannot persist the lease table; grants wait for it");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(LAST_RETRY);
+            }
+        }
+    }
 }

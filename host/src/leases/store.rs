@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, watch};
 
 use super::metrics::LeaseMetrics;
 
@@ -179,6 +179,35 @@ struct Inner {
     ended_order: std::collections::VecDeque<(u64, Arc<str>)>,
     failures: FastMap<ProxyKey, u32>,
     dirty: bool,
+    /// Counts changes: a grant waits until the version it made is stored. Survives `close`, so
+    /// a version is never reused by a later term.
+    version: u64,
+    /// Since when writes of the table fail (none since the last success).
+    failing_since: Option<std::time::Instant>,
+}
+
+impl Inner {
+    fn touch(&mut self) {
+        self.dirty = true;
+        self.version += 1;
+    }
+}
+
+/// How far the table has reached the cluster.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stored {
+    version: u64,
+    /// False while closed (not the leader): a waiting grant gives up at once.
+    open: bool,
+}
+
+/// Why a change was not confirmed as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotStored {
+    /// The store closed (leadership lost or shutdown) before the write.
+    Closed,
+    /// No write succeeded in time (the API server is unreachable or slow).
+    TimedOut,
 }
 
 /// The lease table. Cheap to share (`Arc`); all methods take `&self`.
@@ -186,7 +215,9 @@ pub struct LeaseStore {
     inner: Mutex<Inner>,
     options: LeaseOptions,
     metrics: LeaseMetrics,
-    suspects: Option<mpsc::Sender<ProxyKey>>,
+    suspects: Mutex<Option<mpsc::Sender<ProxyKey>>>,
+    stored: watch::Sender<Stored>,
+    changed: Notify,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -217,8 +248,18 @@ impl LeaseStore {
             inner: Mutex::new(Inner::default()),
             options,
             metrics,
-            suspects,
+            suspects: Mutex::new(suspects),
+            stored: watch::Sender::new(Stored::default()),
+            changed: Notify::new(),
         }
+    }
+
+    /// A new channel for the proxies crawlers keep reporting failures on, replacing the last
+    /// one (each leadership term runs its own health engine).
+    pub fn suspects(&self) -> mpsc::Receiver<ProxyKey> {
+        let (tx, rx) = mpsc::channel(256);
+        *self.suspects.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
     }
 
     pub fn options(&self) -> &LeaseOptions {
@@ -255,13 +296,26 @@ impl LeaseStore {
             inner.remove_free(&key);
         }
         inner.ready = true;
+        inner.dirty = false;
+        // What was just read is what the cluster has.
+        let version = inner.version;
+        self.stored.send_replace(Stored {
+            version,
+            open: true,
+        });
         self.update_gauges(&inner);
     }
 
-    /// Closes the store (no longer the leader): requests get 503 until the next restore.
+    /// Closes the store (no longer the leader): requests get 503 until the next restore, and
+    /// grants waiting for their write give up.
     pub fn close(&self) {
         let mut inner = self.lock();
-        *inner = Inner::default();
+        let version = inner.version;
+        *inner = Inner {
+            version,
+            ..Inner::default()
+        };
+        self.stored.send_modify(|s| s.open = false);
         self.update_gauges(&inner);
     }
 
@@ -271,19 +325,53 @@ impl LeaseStore {
 
     /// What to persist; clears the dirty flag.
     pub fn snapshot(&self) -> Option<Snapshot> {
+        self.snapshot_versioned().map(|(snapshot, _)| snapshot)
+    }
+
+    /// What to persist and the version it holds; clears the dirty flag.
+    pub fn snapshot_versioned(&self) -> Option<(Snapshot, u64)> {
         let mut inner = self.lock();
         if !inner.ready {
             return None;
         }
         inner.dirty = false;
-        Some(Snapshot {
+        let snapshot = Snapshot {
             leases: inner.leases.values().cloned().collect(),
             cooldowns: inner
                 .cooldowns
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
-        })
+        };
+        Some((snapshot, inner.version))
+    }
+
+    /// The version of the latest change.
+    pub fn version(&self) -> u64 {
+        self.lock().version
+    }
+
+    /// `version` (and every change before it) is in the cluster.
+    pub fn mark_stored(&self, version: u64) {
+        self.lock().failing_since = None;
+        self.stored
+            .send_modify(|s| s.version = s.version.max(version));
+    }
+
+    /// Waits until the table holding `version` is stored.
+    pub async fn wait_stored(&self, version: u64, timeout: Duration) -> Result<(), NotStored> {
+        let mut stored = self.stored.subscribe();
+        let reached = stored.wait_for(|s| !s.open || s.version >= version);
+        match tokio::time::timeout(timeout, reached).await {
+            Ok(Ok(s)) if s.version >= version => Ok(()),
+            Ok(_) => Err(NotStored::Closed),
+            Err(_) => Err(NotStored::TimedOut),
+        }
+    }
+
+    /// Returns when a change was made since the last call (at once if one is pending).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     pub fn is_dirty(&self) -> bool {
@@ -292,11 +380,21 @@ impl LeaseStore {
 
     /// The snapshot taken was not written: keep it due.
     pub fn mark_dirty_after_failed_write(&self) {
-        self.lock().dirty = true;
+        let mut inner = self.lock();
+        inner.dirty = true;
+        inner
+            .failing_since
+            .get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// How long writes of the table have been failing, if they are.
+    pub fn unstored_for(&self) -> Option<Duration> {
+        self.lock().failing_since.map(|since| since.elapsed())
     }
 
     fn mark_dirty(&self, inner: &mut Inner) {
-        inner.dirty = true;
+        inner.touch();
+        self.changed.notify_one();
         self.update_gauges(inner);
     }
 
@@ -469,7 +567,9 @@ impl LeaseStore {
                 *count += 1;
                 if *count >= self.options.failure_threshold {
                     *count = 0;
-                    if let Some(suspects) = &self.suspects {
+                    if let Some(suspects) =
+                        &*self.suspects.lock().unwrap_or_else(|p| p.into_inner())
+                    {
                         // Full channel: a probe of it is already queued or running.
                         let _ = suspects.try_send(lease.proxy.clone());
                     }
@@ -605,7 +705,7 @@ impl Inner {
             Some(lease) if lease.expires_at_ms > now => Ok(lease.clone()),
             Some(_) => {
                 self.end(id, EndReason::Expired, metrics);
-                self.dirty = true;
+                self.touch();
                 Err(LeaseError::Ended(EndReason::Expired))
             }
             None => match self.ended.get(id) {
@@ -640,8 +740,7 @@ impl Inner {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ended_ids_are_remembered_in_bounded_memory() {
+    fn store_of_one() -> LeaseStore {
         let store = LeaseStore::new(
             LeaseOptions::default(),
             LeaseMetrics::unregistered().unwrap(),
@@ -661,6 +760,55 @@ mod tests {
             port: 3128,
             healthy: true,
         }]);
+        store
+    }
+
+    #[tokio::test]
+    async fn a_grant_is_confirmed_only_by_a_write_that_holds_it() {
+        let store = store_of_one();
+        let before = store.version();
+        store.grant(&LeaseRequest::default()).unwrap();
+        let granted = store.version();
+        assert!(granted > before);
+        let wait = Duration::from_millis(50);
+        assert_eq!(
+            store.wait_stored(granted, wait).await,
+            Err(NotStored::TimedOut)
+        );
+        // A write of an older table confirms nothing newer.
+        let (_, version) = store.snapshot_versioned().unwrap();
+        assert_eq!(version, granted);
+        store.mark_stored(before);
+        assert_eq!(
+            store.wait_stored(granted, wait).await,
+            Err(NotStored::TimedOut)
+        );
+        store.mark_stored(version);
+        assert_eq!(store.wait_stored(granted, wait).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn closing_the_store_ends_every_wait_at_once_and_versions_go_on() {
+        let store = Arc::new(store_of_one());
+        store.grant(&LeaseRequest::default()).unwrap();
+        let granted = store.version();
+        let waiting = {
+            let store = store.clone();
+            tokio::spawn(async move { store.wait_stored(granted, Duration::from_secs(3600)).await })
+        };
+        tokio::task::yield_now().await;
+        store.close();
+        assert_eq!(waiting.await.unwrap(), Err(NotStored::Closed));
+        // The next term restores what the cluster has; its changes get new versions.
+        store.restore(Snapshot::default());
+        assert_eq!(store.wait_stored(granted, Duration::ZERO).await, Ok(()));
+        store.set_pool(vec![]);
+        assert!(store.version() >= granted);
+    }
+
+    #[test]
+    fn ended_ids_are_remembered_in_bounded_memory() {
+        let store = store_of_one();
         let mut first = None;
         for _ in 0..MAX_ENDED + 10 {
             let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();

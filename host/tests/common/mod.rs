@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod fake_gcp;
+pub mod operator_process;
+pub mod relay;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -191,6 +193,15 @@ impl InstanceStore {
             .collect();
         ids.sort();
         ids
+    }
+
+    /// A providers-config entry of the test provider named `name`, keeping its instances here.
+    pub fn provider_entry(&self, name: &str) -> String {
+        format!(
+            "- name: {name}\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
+            self.url(),
+            self.addr
+        )
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -384,4 +395,12 @@ pub async fn assert_conformant(
         report.lines().join("\n")
     );
     report
+}
+
+/// A Proxy of the test provider `store` whose "instance" is whatever listens on `port` (a real
+/// squid, for the health engine to probe).
+pub fn proxy_on_port(ns: &str, name: &str, port: u16) -> String {
+    format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  provider: store\n  port: {port}\n"
+    )
 }

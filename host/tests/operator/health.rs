@@ -99,11 +99,7 @@ impl Engine {
     }
 }
 
-pub(crate) fn proxy_on_port(ns: &str, name: &str, port: u16) -> String {
-    format!(
-        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  provider: store\n  port: {port}\n"
-    )
-}
+pub(crate) use super::common::proxy_on_port;
 
 pub(crate) fn condition(proxy: Option<&Proxy>, type_: &str) -> Option<(String, String)> {
     proxy?

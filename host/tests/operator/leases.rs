@@ -2,12 +2,9 @@
 //! squid, real test provider; a crawler's view (discovery API) and Prometheus' view (/metrics).
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
-use harness::process::{Proc, free_port};
-use harness::{ControlPlane, FileServer, Squid, TestNamespace};
+use harness::{FileServer, Squid};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use proxy_operator::leases::store::GrantError;
@@ -16,9 +13,10 @@ use proxy_operator::leases::{
     ProxyKey,
 };
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::common::{InstanceStore, plugins_dir};
+use super::common::InstanceStore;
+use super::common::operator_process::OperatorProcess;
 use super::control_plane;
 use super::health::proxy_on_port;
 
@@ -108,133 +106,6 @@ async fn leases_and_cooldowns_survive_a_restart_through_the_cluster() {
     persistence.restore_into(&fresh).await.unwrap();
     fresh.set_pool(pool(ns.name()));
     assert!(fresh.grant(&LeaseRequest::default()).is_ok());
-}
-
-/// `proxy-operator run` as a Deployment runs it, against the test control plane.
-struct OperatorProcess {
-    proc: Proc,
-    metrics: SocketAddr,
-    discovery: SocketAddr,
-}
-
-const TOKEN: &str = "e2e-token";
-
-impl OperatorProcess {
-    /// Health probes CONNECT to `target` (loopback), never to the default public host.
-    fn start(
-        cp: &ControlPlane,
-        ns: &TestNamespace,
-        dir: &std::path::Path,
-        config: &str,
-        target: &str,
-    ) -> Self {
-        let (metrics, discovery): (SocketAddr, SocketAddr) = (
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-        );
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
-        cmd.args(["run", "--providers-config", config])
-            .arg("--plugins-dir")
-            .arg(plugins_dir())
-            .args(["--proxy-namespace", ns.name()])
-            .args(["--metrics-addr", &metrics.to_string()])
-            .args(["--discovery-addr", &discovery.to_string()])
-            .args([
-                "--health-interval",
-                "200ms",
-                "--health-failure-threshold",
-                "2",
-            ])
-            .args(["--health-target", target])
-            .args(["--lease-persist-interval", "1s"])
-            .args(["--operator-id", &format!("e2e-{}", ns.name())])
-            .env("KUBECONFIG", cp.kubeconfig())
-            .env("POD_NAMESPACE", ns.name())
-            .env("DISCOVERY_TOKEN", TOKEN)
-            .env("LOG_LEVEL", "info")
-            .env("PLUGIN_CACHE_DIR", dir.join("cache"));
-        let proc = Proc::spawn("proxy-operator", cmd, &dir.join("operator.log")).unwrap();
-        OperatorProcess {
-            proc,
-            metrics,
-            discovery,
-        }
-    }
-
-    async fn wait_ready(&mut self) {
-        let url = format!("http://{}/readyz", self.metrics);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(r) = reqwest::get(&url).await
-                && r.status() == StatusCode::OK
-            {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline && self.proc.try_exited().is_none(),
-                "operator not ready: {}",
-                self.proc.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = reqwest::Client::new()
-            .request(method, format!("http://{}{path}", self.discovery))
-            .bearer_auth(TOKEN);
-        if let Some(body) = body {
-            request = request.body(body.to_string());
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
-
-    /// Grants a lease on `proxy` once it is healthy.
-    async fn lease(&mut self, proxy: &str) -> String {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let (status, body) = self
-                .call(
-                    reqwest::Method::POST,
-                    "/v1/leases",
-                    Some(json!({ "proxy": proxy })),
-                )
-                .await;
-            if status == StatusCode::CREATED {
-                return body["id"].as_str().unwrap().to_string();
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no lease on {proxy}: {status} {body}\n{}",
-                self.proc.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn states(&self) -> Vec<(String, String)> {
-        let (status, body) = self.call(reqwest::Method::GET, "/v1/proxies", None).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["proxies"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                (
-                    p["name"].as_str().unwrap().to_string(),
-                    p["state"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
-    }
 }
 
 /// Metric families named in docs/metrics.md's table.

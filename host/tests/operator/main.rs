@@ -695,7 +695,10 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
                 renew_before_seconds: 1,
             };
             let ns = namespace.clone();
-            lead(client, &election, flag, || async move {
+            let stop = tokio_util::sync::CancellationToken::new();
+            let step_down = || flag.store(false, Ordering::SeqCst);
+            lead(client, &election, &stop, step_down, || async {
+                flag.store(true, Ordering::SeqCst);
                 controller::run(ctx, Some(&ns)).await
             })
             .await
@@ -894,11 +897,7 @@ async fn listed_ids(provider: &proxy_operator::plugins::ProviderInstance) -> Vec
 }
 
 fn store_provider(name: &str, store: &InstanceStore) -> String {
-    format!(
-        "- name: {name}\n  type: test\n  config: {{endpoint: \"{}\"}}\n  grants: {{http: {{allow: [\"http://{}\"]}}}}\n",
-        store.url(),
-        store.addr
-    )
+    store.provider_entry(name)
 }
 
 /// `make run` with the sample providers config: the memory store's synthetic instance is made by

@@ -39,6 +39,9 @@ const APISERVER_TIMEOUT: Duration = Duration::from_secs(180);
 pub struct ControlPlane {
     // Fields drop in order: the apiserver first, then etcd, then the directory.
     apiserver: Mutex<Proc>,
+    apiserver_bin: PathBuf,
+    apiserver_args: Vec<String>,
+    apiserver_log: PathBuf,
     etcd: Mutex<Proc>,
     url: String,
     etcd_url: String,
@@ -163,57 +166,45 @@ impl ControlPlane {
             &format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
         )?;
 
-        let mut cmd = Command::new(&apiserver_bin);
-        cmd.arg(format!("--etcd-servers={etcd_url}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
+        let apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
             // The endpoint reconciler rejects a loopback advertise address; the
             // `kubernetes` Service has no endpoints here (no in-cluster clients).
-            .arg("--endpoint-reconciler-type=none")
-            .arg(format!("--secure-port={port}"))
-            .arg(format!("--cert-dir={}", pki.display()))
-            .arg(format!("--tls-cert-file={}", tls_cert.display()))
-            .arg(format!("--tls-private-key-file={}", tls_key.display()))
-            .arg(format!("--token-auth-file={}", tokens.display()))
-            .arg("--authorization-mode=RBAC")
-            .arg(format!("--service-account-issuer={url}"))
-            .arg(format!("--service-account-key-file={}", sa_pub.display()))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                sa_key.display()
-            ))
-            .arg("--service-cluster-ip-range=10.96.0.0/16")
-            .arg("--enable-priority-and-fairness=false")
-            .arg("--profiling=false")
-            .arg("--v=1");
-        let apiserver = Mutex::new(Proc::spawn(
-            "kube-apiserver",
-            cmd,
-            &dir.join("kube-apiserver.log"),
-        )?);
+            "--endpoint-reconciler-type=none".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", pki.display()),
+            format!("--tls-cert-file={}", tls_cert.display()),
+            format!("--tls-private-key-file={}", tls_key.display()),
+            format!("--token-auth-file={}", tokens.display()),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-issuer={url}"),
+            format!("--service-account-key-file={}", sa_pub.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        let apiserver_log = dir.join("kube-apiserver.log");
+        let mut cmd = Command::new(&apiserver_bin);
+        cmd.args(&apiserver_args);
+        let apiserver = Mutex::new(Proc::spawn("kube-apiserver", cmd, &apiserver_log)?);
 
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml(&url, &certs.ca_pem, &token))
             .with_context(|| format!("write {}", kubeconfig.display()))?;
         let config = config_from_kubeconfig(&kubeconfig).await?;
-        let client = Client::try_from(config.clone()).context("kube client")?;
-        wait_for("kube-apiserver /readyz", APISERVER_TIMEOUT, || async {
-            if let Err(e) = apiserver.lock().await.ensure_running() {
-                return Check::Failed(e);
-            }
-            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
-            match client.request_text(req).await {
-                Ok(_) => Check::Ready(()),
-                Err(e) => Check::NotYet(e.to_string()),
-            }
-        })
-        .await
-        .with_context(|| format!("see {}", dir.join("kube-apiserver.log").display()))?;
+        wait_apiserver_ready(&apiserver, &config, &apiserver_log).await?;
 
         let started_in = t0.elapsed();
         tracing::info!(%url, ?started_in, dir = %dir.display(), "control plane ready");
         Ok(ControlPlane {
             apiserver,
+            apiserver_bin,
+            apiserver_args,
+            apiserver_log,
             etcd,
             url,
             etcd_url,
@@ -344,6 +335,26 @@ impl ControlPlane {
         TestNamespace::create(self, prefix).await
     }
 
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 10 s), leaving etcd
+    /// and everything stored; [`ControlPlane::start_apiserver`] brings it back
+    /// on the same address. Never call this on the shared instance.
+    pub async fn stop_apiserver(&self) {
+        self.apiserver
+            .lock()
+            .await
+            .stop(Duration::from_secs(10))
+            .await;
+    }
+
+    /// Starts kube-apiserver again after [`ControlPlane::stop_apiserver`],
+    /// with the same flags, and waits for its `/readyz`.
+    pub async fn start_apiserver(&self) -> Result<()> {
+        let mut cmd = Command::new(&self.apiserver_bin);
+        cmd.args(&self.apiserver_args);
+        *self.apiserver.lock().await = Proc::spawn("kube-apiserver", cmd, &self.apiserver_log)?;
+        wait_apiserver_ready(&self.apiserver, &self.config, &self.apiserver_log).await
+    }
+
     /// Stops the apiserver and etcd now (also done on drop). Never call this
     /// on the shared instance.
     pub async fn stop(&self) {
@@ -354,6 +365,22 @@ impl ControlPlane {
             .await;
         self.etcd.lock().await.stop(Duration::from_secs(10)).await;
     }
+}
+
+async fn wait_apiserver_ready(apiserver: &Mutex<Proc>, config: &Config, log: &Path) -> Result<()> {
+    let client = Client::try_from(config.clone()).context("kube client")?;
+    wait_for("kube-apiserver /readyz", APISERVER_TIMEOUT, || async {
+        if let Err(e) = apiserver.lock().await.ensure_running() {
+            return Check::Failed(e);
+        }
+        let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+        match client.request_text(req).await {
+            Ok(_) => Check::Ready(()),
+            Err(e) => Check::NotYet(e.to_string()),
+        }
+    })
+    .await
+    .with_context(|| format!("see {}", log.display()))
 }
 
 fn unwrap_shared(cp: &'static Result<ControlPlane, String>) -> &'static ControlPlane {

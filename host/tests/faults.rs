@@ -1,0 +1,543 @@
+//! Faults, with the real operator binary, the real test provider and real squid: a leader cut
+//! off from the API server, and the API server away for 30 s. Each test has a private control
+//! plane, since it breaks it.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::operator_process::{OperatorProcess, OperatorSetup};
+use common::relay::Relay;
+use common::{InstanceStore, proxy_on_port};
+use harness::{ControlPlane, FileServer, Squid};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+async fn private_control_plane() -> ControlPlane {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let cp = ControlPlane::start()
+        .await
+        .expect("starting a control plane");
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
+    cp.kubectl_run(&["apply", "-f", crds], None).await.unwrap();
+    cp.kubectl_run(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/proxies.crawl.example.com",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    cp
+}
+
+fn apiserver_addr(cp: &ControlPlane) -> SocketAddr {
+    cp.url()
+        .strip_prefix("https://")
+        .and_then(|a| a.parse().ok())
+        .expect("the API server's URL is https://127.0.0.1:PORT")
+}
+
+/// The control plane's kubeconfig, but through `relay`.
+fn kubeconfig_through(cp: &ControlPlane, relay: &Relay, path: &Path) {
+    let text = std::fs::read_to_string(cp.kubeconfig()).unwrap();
+    let through = text.replace(cp.url(), &format!("https://{}", relay.addr));
+    assert_ne!(text, through, "the kubeconfig names {}", cp.url());
+    std::fs::write(path, through).unwrap();
+}
+
+fn replica_flags(identity: &str) -> Vec<String> {
+    [
+        "--leader-election",
+        "--leader-election-identity",
+        identity,
+        "--leader-election-lease-seconds",
+        "15",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Everything one test runs the operator with: its namespace, the test provider's store, a
+/// real squid every Proxy points at and the loopback target the probes CONNECT to.
+struct World {
+    cp: ControlPlane,
+    ns: harness::TestNamespace,
+    store: InstanceStore,
+    squid: Squid,
+    target: FileServer,
+    dir: tempfile::TempDir,
+    config: String,
+}
+
+impl World {
+    async fn start(prefix: &str) -> World {
+        let cp = private_control_plane().await;
+        let ns = cp.namespace(prefix).await.unwrap();
+        let store = InstanceStore::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("providers.yaml");
+        std::fs::write(
+            &config,
+            format!("providers:\n{}", store.provider_entry("store")),
+        )
+        .unwrap();
+        World {
+            ns,
+            store,
+            squid: Squid::start().await.unwrap(),
+            target: FileServer::start().await.unwrap(),
+            config: config.to_str().unwrap().to_string(),
+            dir,
+            cp,
+        }
+    }
+
+    fn operator(&self, kubeconfig: &Path, identity: &str) -> OperatorProcess {
+        let target = self.target.addr().to_string();
+        OperatorProcess::start_with(OperatorSetup {
+            kubeconfig: kubeconfig.to_path_buf(),
+            namespace: self.ns.name(),
+            dir: self.dir.path(),
+            providers_config: &self.config,
+            health_target: &target,
+            operator_id: "faults".into(),
+            extra: replica_flags(identity),
+            log: &format!("{identity}.log"),
+        })
+    }
+
+    async fn apply_proxies(&self, names: &[String]) {
+        for name in names {
+            self.cp
+                .kubectl_run(
+                    &["apply", "-f", "-"],
+                    Some(&proxy_on_port(self.ns.name(), name, self.squid.port())),
+                )
+                .await
+                .unwrap();
+        }
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.ns.name())
+    }
+}
+
+/// One answer to `POST /v1/leases`, when it came.
+#[derive(Debug, Clone)]
+struct Answer {
+    at: Duration,
+    status: StatusCode,
+    body: Value,
+}
+
+/// Asks `operator` for a lease on `proxy` again and again until `stop`, recording every answer.
+fn keep_asking(
+    operator: &OperatorProcess,
+    proxy: String,
+    since: Instant,
+    stop: tokio_util::sync::CancellationToken,
+) -> Arc<Mutex<Vec<Answer>>> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let (addr, log) = (operator.discovery, answers.clone());
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        while !stop.is_cancelled() {
+            let response = client
+                .post(format!("http://{addr}/v1/leases"))
+                .bearer_auth(common::operator_process::TOKEN)
+                .body(json!({ "proxy": proxy }).to_string())
+                .send()
+                .await;
+            if let Ok(response) = response {
+                let status = response.status();
+                let text = response.text().await.unwrap_or_default();
+                let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+                log.lock().unwrap().push(Answer {
+                    at: since.elapsed(),
+                    status,
+                    body,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    answers
+}
+
+/// The partition the issue describes: the leader reaches the API server only through a relay
+/// that starts dropping everything. The leader must stop granting and turn not-ready before the
+/// standby can lead (the standby waits for the Lease to expire), and the standby must know every
+/// lease the leader granted, so no proxy is ever held twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_leads_and_no_lease_is_lost()
+ {
+    let world = World::start("px-failover").await;
+    let relay = Relay::start(apiserver_addr(&world.cp)).await;
+    let through_relay = world.dir.path().join("through-relay.kubeconfig");
+    kubeconfig_through(&world.cp, &relay, &through_relay);
+
+    let mut leader = world.operator(&through_relay, "replica-a");
+    leader.wait_ready().await;
+    let mut standby = world.operator(world.cp.kubeconfig(), "replica-b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while standby.readyz().await.is_none() {
+        assert!(Instant::now() < deadline, "{}", standby.proc.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names: Vec<String> = (0..5).map(|i| format!("p{i}")).collect();
+    world.apply_proxies(&names).await;
+    // Four leased on the leader (each answered only once stored); p4 stays free, so a leader
+    // that kept granting after the cut would hand it out.
+    let mut granted: HashMap<String, usize> = HashMap::new();
+    for name in &names[..4] {
+        leader.lease(&world.key(name)).await;
+        *granted.entry(name.clone()).or_default() += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !leader
+        .states()
+        .await
+        .contains(&("p4".to_string(), "available".to_string()))
+    {
+        assert!(Instant::now() < deadline, "{}", leader.proc.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        standby.readyz().await.map(|(s, _)| s),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "the standby is not ready while the leader leads"
+    );
+
+    relay.cut();
+    let cut = Instant::now();
+    let stop_asking = tokio_util::sync::CancellationToken::new();
+    let leader_answers = keep_asking(&leader, world.key("p4"), cut, stop_asking.clone());
+    let mut leader_unready = None;
+    let standby_ready = loop {
+        if leader_unready.is_none()
+            && let Some((status, body)) = leader.readyz().await
+            && status != StatusCode::OK
+        {
+            leader_unready = Some((cut.elapsed(), body));
+        }
+        if let Some((StatusCode::OK, _)) = standby.readyz().await {
+            break cut.elapsed();
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(60),
+            "the standby never took over:\n{}",
+            standby.proc.log_tail(30)
+        );
+        assert!(
+            leader.proc.try_exited().is_none(),
+            "the cut-off leader exited:\n{}",
+            leader.proc.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (leader_unready, why) = leader_unready.unwrap_or_else(|| {
+        panic!(
+            "the cut-off leader was still ready when the standby took over ({standby_ready:?}):\n{}",
+            leader.proc.log_tail(30)
+        )
+    });
+    assert!(
+        leader_unready < standby_ready,
+        "leader not ready after {leader_unready:?}, standby ready after {standby_ready:?}"
+    );
+    assert!(
+        why.contains("not the leader") || why.contains("cannot be stored"),
+        "/readyz says why: {why}"
+    );
+
+    // The standby leads with the leader's table: p0..p3 leased, p4 the only one to grant.
+    let first_grant = Instant::now();
+    standby.lease(&world.key("p4")).await;
+    *granted.entry("p4".into()).or_default() += 1;
+    let failover = cut.elapsed();
+    let first_grant = first_grant.elapsed();
+    stop_asking.cancel();
+    let states = standby.states().await;
+    for name in &names {
+        assert!(
+            states.contains(&(name.clone(), "leased".to_string())),
+            "{name} is leased on the new leader: {states:?}"
+        );
+    }
+    let (status, body) = standby
+        .call(Method::POST, "/v1/leases", Some(json!({})))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "every proxy is held: {body}"
+    );
+    let leader_answers = leader_answers.lock().unwrap().clone();
+    assert!(
+        !leader_answers.is_empty(),
+        "the cut-off leader kept answering"
+    );
+    for answer in &leader_answers {
+        assert_ne!(
+            answer.status,
+            StatusCode::CREATED,
+            "the cut-off leader granted p4 {:?} after the cut: {}",
+            answer.at,
+            answer.body
+        );
+    }
+    for (proxy, times) in &granted {
+        assert_eq!(*times, 1, "{proxy} was granted {times} times");
+    }
+    eprintln!(
+        "failover (lease 15 s): the cut-off leader not ready after {:.1} s, the standby ready after {:.1} s, its first grant after {:.1} s ({:.1} s from ready); the cut-off leader answered {} grants with {:?}",
+        leader_unready.as_secs_f64(),
+        standby_ready.as_secs_f64(),
+        failover.as_secs_f64(),
+        first_grant.as_secs_f64(),
+        leader_answers.len(),
+        leader_answers
+            .iter()
+            .map(|a| a.body["type"]
+                .as_str()
+                .unwrap_or("?")
+                .rsplit(':')
+                .next()
+                .unwrap_or("?")
+                .to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+
+    // Healed, the old leader stays up as a standby: not ready, not granting.
+    relay.heal();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(leader.proc.try_exited().is_none());
+    assert_eq!(
+        leader.readyz().await.map(|(s, _)| s),
+        Some(StatusCode::SERVICE_UNAVAILABLE)
+    );
+}
+
+/// Grants and releases from `clients` crawlers at once until `stop`, recording every grant's
+/// answer.
+fn crawl(
+    operator: &OperatorProcess,
+    clients: usize,
+    since: Instant,
+    stop: tokio_util::sync::CancellationToken,
+) -> Arc<Mutex<Vec<Answer>>> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    for _ in 0..clients {
+        let (addr, log, stop) = (operator.discovery, answers.clone(), stop.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            while !stop.is_cancelled() {
+                let response = client
+                    .post(format!("http://{addr}/v1/leases"))
+                    .bearer_auth(common::operator_process::TOKEN)
+                    .body("{}")
+                    .send()
+                    .await;
+                let (status, body) = match response {
+                    Ok(r) => {
+                        let status = r.status();
+                        let text = r.text().await.unwrap_or_default();
+                        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+                    }
+                    // No answer at all is what a crawler must never get: recorded as 599.
+                    Err(e) => (
+                        StatusCode::from_u16(599).unwrap(),
+                        Value::String(e.to_string()),
+                    ),
+                };
+                if status == StatusCode::CREATED
+                    && let Some(id) = body["id"].as_str()
+                {
+                    let _ = client
+                        .delete(format!("http://{addr}/v1/leases/{id}"))
+                        .bearer_auth(common::operator_process::TOKEN)
+                        .send()
+                        .await;
+                }
+                log.lock().unwrap().push(Answer {
+                    at: since.elapsed(),
+                    status,
+                    body,
+                });
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+    answers
+}
+
+fn problem_type(answer: &Answer) -> String {
+    answer.body["type"]
+        .as_str()
+        .and_then(|t| t.rsplit(':').next())
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// kube-apiserver stopped for 30 s under lease traffic, then started again (etcd keeps the
+/// data). The operator must not exit, must answer every request (a problem response for what it
+/// cannot store), say the truth on /readyz, and resume: the lease from before is still held,
+/// new Proxies are reconciled, and no Proxy got a second instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_api_server_away_for_30_s_the_operator_stays_up_answers_and_resumes() {
+    let world = World::start("px-apiserver").await;
+    let mut operator = world.operator(world.cp.kubeconfig(), "only-replica");
+    operator.wait_ready().await;
+    let names: Vec<String> = (0..3).map(|i| format!("p{i}")).collect();
+    world.apply_proxies(&names).await;
+    let held = operator.lease(&world.key("p0")).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while operator
+        .states()
+        .await
+        .iter()
+        .filter(|(_, state)| state == "available")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "{}", operator.proc.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let instances = world.store.ids();
+    assert_eq!(instances.len(), 3, "{instances:?}");
+
+    let started = Instant::now();
+    let stop_crawling = tokio_util::sync::CancellationToken::new();
+    let answers = crawl(&operator, 4, started, stop_crawling.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let away = started.elapsed();
+    world.cp.stop_apiserver().await;
+    let stopped_in = started.elapsed() - away;
+    let mut said = Vec::new();
+    while started.elapsed() < away + Duration::from_secs(30) {
+        assert!(
+            operator.proc.try_exited().is_none(),
+            "the operator exited with the API server away:\n{}",
+            operator.proc.log_tail(30)
+        );
+        let readyz = operator.readyz().await;
+        let (status, body) = readyz.expect("/readyz answers with the API server away");
+        if said
+            .last()
+            .map(|(_, s, b): &(Duration, StatusCode, String)| (s, b))
+            != Some((&status, &body))
+        {
+            said.push((started.elapsed() - away, status, body));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let restarting = started.elapsed();
+    world.cp.start_apiserver().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !matches!(operator.readyz().await, Some((StatusCode::OK, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "not ready again after the API server came back:\n{}",
+            operator.proc.log_tail(40)
+        );
+        assert!(
+            operator.proc.try_exited().is_none(),
+            "{}",
+            operator.proc.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready_again = started.elapsed() - restarting;
+    // Crawlers get leases again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !answers
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|a| a.at > restarting && a.status == StatusCode::CREATED)
+    {
+        assert!(Instant::now() < deadline, "{}", operator.proc.log_tail(40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let granting_again = started.elapsed() - restarting;
+    stop_crawling.cancel();
+
+    // /readyz told the truth: not ready while nothing could be stored, with the reason.
+    assert!(
+        said.iter().any(
+            |(_, status, body)| *status == StatusCode::SERVICE_UNAVAILABLE
+                && (body.contains("cannot be stored") || body.contains("not the leader"))
+        ),
+        "/readyz during the outage: {said:?}"
+    );
+    // Every request was answered; while the API server was away nothing was granted (a grant
+    // is answered only once stored), and the refusals say why.
+    let answers = answers.lock().unwrap().clone();
+    let during: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.at > away + Duration::from_secs(6) && a.at < restarting)
+        .collect();
+    assert!(!during.is_empty());
+    for answer in &answers {
+        assert_ne!(
+            answer.status.as_u16(),
+            599,
+            "a request got no answer: {answer:?}"
+        );
+    }
+    let mut refusals = std::collections::BTreeMap::new();
+    for answer in &during {
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "granted with the API server away: {answer:?}"
+        );
+        *refusals.entry(problem_type(answer)).or_insert(0) += 1;
+    }
+    for kind in refusals.keys() {
+        assert!(
+            ["lease-not-stored", "not-ready", "no-proxy-available"].contains(&kind.as_str()),
+            "{refusals:?}"
+        );
+    }
+
+    // The lease from before the outage is still held; reconciles resume; nothing was made twice.
+    let (status, body) = operator
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{held}/report"),
+            Some(json!({"outcome": "success"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "the lease from before: {body}");
+    world.apply_proxies(&["after".to_string()]).await;
+    operator.lease(&world.key("after")).await;
+    let after = world.store.ids();
+    assert_eq!(after.len(), 4, "one instance per Proxy: {after:?}");
+    for id in &instances {
+        assert!(after.contains(id), "{id} kept: {after:?}");
+    }
+    eprintln!(
+        "API server away 30 s (SIGTERM took {:.1} s): /readyz said {said:?}; ready again {:.1} s and granting {:.1} s after its restart began; {} grants answered during the outage: {refusals:?}",
+        stopped_in.as_secs_f64(),
+        ready_again.as_secs_f64(),
+        granting_again.as_secs_f64(),
+        during.len()
+    );
+}
