@@ -513,7 +513,7 @@ pub enum CleanupStep {
     /// restart) every instance carrying this Proxy's UID. `deleting`: the status to write first.
     Delete {
         recorded: Option<String>,
-        deleting: Option<ProxyStatus>,
+        deleting: Option<Box<ProxyStatus>>,
     },
 }
 
@@ -549,9 +549,11 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
         )),
         ProviderLookup::Loaded { .. } => {
             let status = proxy.status.clone().unwrap_or_default();
-            let deleting = (status.phase != Some(Phase::Deleting)).then_some(ProxyStatus {
-                phase: Some(Phase::Deleting),
-                ..status
+            let deleting = (status.phase != Some(Phase::Deleting)).then(|| {
+                Box::new(ProxyStatus {
+                    phase: Some(Phase::Deleting),
+                    ..status
+                })
             });
             CleanupStep::Delete { recorded, deleting }
         }

@@ -362,7 +362,7 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
         .expect("decide_cleanup deletes only through a loaded provider");
     if let Some(status) = deleting {
         // The Proxy may already be half gone; a failed status write must not block deletion.
-        if let Err(e) = write_status(api, proxy, status).await {
+        if let Err(e) = write_status(api, proxy, *status).await {
             tracing::debug!(error = %e, "cannot mark the proxy Deleting");
         }
     }
