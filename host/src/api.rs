@@ -7,7 +7,7 @@ mod proxy;
 pub use provider_health::{
     ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetVerdict,
 };
-pub use proxy::{Phase, Placement, Proxy, ProxySpec, ProxyStatus, proxies};
+pub use proxy::{Phase, Placement, PlacementRecord, Proxy, ProxySpec, ProxyStatus, proxies};
 
 use kube::CustomResourceExt;
 

@@ -1,11 +1,13 @@
 //! Orphan GC: deletes provider instances that carry this operator's identity but whose Proxy no
-//! longer exists, once they are older than a minimum age.
+//! longer exists, once they are older than a minimum age. It also deletes duplicates: an
+//! instance of a live Proxy that is not the one the Proxy recorded (`status.providerID`), left by
+//! a create that was cut off and asked again somewhere else.
 //!
 //! Order matters: each pass lists the provider's instances *before* listing Proxies. An instance in
 //! the first list was created before it, and so was its Proxy (which is created first), so the
 //! Proxy is in the second list: a Proxy created during a pass is never mistaken for missing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -46,6 +48,9 @@ pub struct GcMetrics {
     found: IntCounterVec,
     deleted: IntCounterVec,
     failed: IntCounterVec,
+    duplicates_found: IntCounterVec,
+    duplicates_deleted: IntCounterVec,
+    duplicates_failed: IntCounterVec,
 }
 
 impl GcMetrics {
@@ -68,16 +73,38 @@ impl GcMetrics {
                 "proxy_operator_gc_orphans_failed_total",
                 "Orphaned instances whose deletion failed.",
             )?,
+            duplicates_found: counter(
+                "proxy_operator_gc_duplicates_found_total",
+                "Instances of a live Proxy other than the one it recorded, found (in dry-run too).",
+            )?,
+            duplicates_deleted: counter(
+                "proxy_operator_gc_duplicates_deleted_total",
+                "Duplicate instances of a live Proxy deleted.",
+            )?,
+            duplicates_failed: counter(
+                "proxy_operator_gc_duplicates_failed_total",
+                "Duplicate instances of a live Proxy whose deletion failed.",
+            )?,
         })
     }
 }
 
-/// What one pass did, per provider instance.
+/// What one pass did, per provider instance: the orphans and duplicates it found, and every
+/// instance (of either kind) it deleted or failed to delete.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GcReport {
     pub found: Vec<String>,
+    pub duplicates: Vec<String>,
     pub deleted: Vec<String>,
     pub failed: Vec<String>,
+}
+
+/// The instance a live Proxy recorded: its provider instance (`spec.provider`) and
+/// `status.providerID`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Recorded {
+    provider: String,
+    provider_id: String,
 }
 
 fn now_seconds() -> i64 {
@@ -113,6 +140,69 @@ fn is_orphan(
         Some(created) => now.saturating_sub(created) >= options.min_age.as_secs() as i64,
         None => false,
     }
+}
+
+/// Whether `instance`, of provider instance `provider`, is a duplicate: made by this operator for
+/// a live Proxy that recorded another instance of the same provider, which `listed` shows is
+/// there and is that Proxy's, and old enough at `now` to be collected.
+///
+/// Each condition keeps a live proxy safe: a Proxy that has recorded nothing yet may still be
+/// creating; a recorded instance that is not listed (or is listed as somebody else's: a
+/// `providerID` edited by hand) cannot tell which of the two is the real one; and two listed
+/// instances created at the same second are taken for one VM seen under two names (two config
+/// entries reaching one hypervisor), never for a VM and its copy.
+fn is_duplicate(
+    instance: &Instance,
+    provider: &str,
+    operator_id: &str,
+    recorded: &HashMap<String, Recorded>,
+    listed: &[Instance],
+    options: &GcOptions,
+    now: i64,
+) -> bool {
+    let Some(owner) = &instance.owner else {
+        return false;
+    };
+    if owner.operator_id != operator_id {
+        return false;
+    }
+    let Some(recorded) = recorded.get(&owner.uid) else {
+        return false;
+    };
+    if recorded.provider != provider || recorded.provider_id == instance.provider_id {
+        return false;
+    }
+    let Some(kept) = listed
+        .iter()
+        .find(|i| i.provider_id == recorded.provider_id)
+    else {
+        return false;
+    };
+    if kept.owner.as_ref().map(|o| o.uid.as_str()) != Some(owner.uid.as_str())
+        || kept.created_at == instance.created_at
+    {
+        return false;
+    }
+    match instance.created_at {
+        Some(created) => now.saturating_sub(created) >= options.min_age.as_secs() as i64,
+        None => false,
+    }
+}
+
+/// The duplicates among `instances`, in their order (see [`is_duplicate`]).
+fn duplicates(
+    instances: &[Instance],
+    provider: &str,
+    operator_id: &str,
+    recorded: &HashMap<String, Recorded>,
+    options: &GcOptions,
+    now: i64,
+) -> Vec<Instance> {
+    instances
+        .iter()
+        .filter(|i| is_duplicate(i, provider, operator_id, recorded, instances, options, now))
+        .cloned()
+        .collect()
 }
 
 /// The orphans among `instances`, in their order (see [`is_orphan`]).
@@ -170,12 +260,28 @@ async fn collect(
             return Ok(None);
         }
     };
-    let mut live = live_proxy_uids(client, options).await?;
+    let (mut live, recorded) = live_proxies(client, options).await?;
     if let Some(abandoned) = &options.abandoned {
         live.extend(abandoned.owners(client).await?);
     }
-    let orphans = orphans(instances, operator_id, &live, options, now_seconds());
+    let now = now_seconds();
+    let duplicates = duplicates(&instances, name, operator_id, &recorded, options, now);
+    let orphans = orphans(instances, operator_id, &live, options, now);
     let mut report = GcReport::default();
+    for duplicate in &duplicates {
+        let owner = duplicate.owner.as_ref().expect("duplicates have owners");
+        let kept = &recorded[&owner.uid].provider_id;
+        tracing::info!(
+            provider = name,
+            instance = %duplicate.provider_id,
+            kept = %kept,
+            owner = %format!("{}/{} ({})", owner.namespace, owner.name, owner.uid),
+            dry_run = options.dry_run,
+            "gc: duplicate instance of a live proxy (its status.providerID names another)"
+        );
+        metrics.duplicates_found.with_label_values(&[name]).inc();
+        report.duplicates.push(duplicate.provider_id.clone());
+    }
     for orphan in &orphans {
         let owner = orphan.owner.as_ref().expect("orphans have owners");
         tracing::info!(
@@ -191,15 +297,28 @@ async fn collect(
     if options.dry_run {
         return Ok(Some(report));
     }
-    for (id, result) in delete_all(provider, orphans, options.parallelism).await {
+    let duplicate_ids: HashSet<String> = duplicates.iter().map(|d| d.provider_id.clone()).collect();
+    let condemned = duplicates.into_iter().chain(orphans).collect();
+    for (id, result) in delete_all(provider, condemned, options.parallelism).await {
+        let duplicate = duplicate_ids.contains(&id);
         match result {
             Ok(()) => {
-                metrics.deleted.with_label_values(&[name]).inc();
+                let counter = if duplicate {
+                    &metrics.duplicates_deleted
+                } else {
+                    &metrics.deleted
+                };
+                counter.with_label_values(&[name]).inc();
                 report.deleted.push(id);
             }
             Err(e) => {
                 tracing::warn!(provider = name, instance = %id, error = %e, "gc: delete failed");
-                metrics.failed.with_label_values(&[name]).inc();
+                let counter = if duplicate {
+                    &metrics.duplicates_failed
+                } else {
+                    &metrics.failed
+                };
+                counter.with_label_values(&[name]).inc();
                 report.failed.push(id);
             }
         }
@@ -207,16 +326,27 @@ async fn collect(
     Ok(Some(report))
 }
 
-/// The UIDs of the Proxies that exist (in the watched namespace, or all).
-async fn live_proxy_uids(client: &Client, options: &GcOptions) -> kube::Result<HashSet<String>> {
+/// The UIDs of the Proxies that exist (in the watched namespace, or all), and the instance each
+/// one recorded, by UID.
+async fn live_proxies(
+    client: &Client,
+    options: &GcOptions,
+) -> kube::Result<(HashSet<String>, HashMap<String, Recorded>)> {
     let proxies = crate::api::proxies(client.clone(), options.namespace.as_deref());
-    Ok(proxies
-        .list(&ListParams::default())
-        .await?
-        .items
+    let items = proxies.list(&ListParams::default()).await?.items;
+    let live = items.iter().filter_map(|p| p.uid()).collect();
+    let recorded = items
         .iter()
-        .filter_map(|p| p.uid())
-        .collect())
+        .filter_map(|p| {
+            let provider_id = p.status.as_ref()?.provider_id.clone()?;
+            let recorded = Recorded {
+                provider: p.spec.provider.clone(),
+                provider_id,
+            };
+            Some((p.uid()?, recorded))
+        })
+        .collect();
+    Ok((live, recorded))
 }
 
 /// Deletes `orphans`, `parallelism` at a time: each one's provider ID and result.
@@ -362,6 +492,81 @@ mod tests {
     ) {
         let live: HashSet<String> = ["live".to_string()].into();
         assert_eq!(is_orphan(&instance, OPERATOR, &live, &options, NOW), orphan);
+    }
+
+    /// Instance `id` of Proxy `uid`, `age` seconds old, as the provider lists it.
+    fn of(id: &str, uid: &str, operator: &str, age: Option<i64>) -> Instance {
+        Instance {
+            provider_id: id.into(),
+            ..instance(Some(operator), "crawl", uid, age)
+        }
+    }
+
+    /// Proxy `live` recorded `z1/px` at provider `gcp-eu`; the provider lists that one (an hour
+    /// old) and `candidate`.
+    #[rstest]
+    #[case::another_instance_of_a_live_proxy(of("z2/px", "live", OPERATOR, Some(900)), true)]
+    #[case::exactly_min_age(of("z2/px", "live", OPERATOR, Some(600)), true)]
+    #[case::too_young(of("z2/px", "live", OPERATOR, Some(599)), false)]
+    #[case::unknown_age(of("z2/px", "live", OPERATOR, None), false)]
+    #[case::the_recorded_one(of("z1/px", "live", OPERATOR, Some(3600)), false)]
+    #[case::the_recorded_one_under_another_name(of("hv2/px", "live", OPERATOR, Some(3600)), false)]
+    #[case::a_proxy_that_recorded_nothing_yet(of("z2/px", "creating", OPERATOR, Some(900)), false)]
+    #[case::an_orphan_is_not_a_duplicate(of("z2/px", "gone", OPERATOR, Some(900)), false)]
+    #[case::another_operators(of("z2/px", "live", "op-2", Some(900)), false)]
+    #[case::made_by_hand(Instance { owner: None, ..of("z2/px", "live", OPERATOR, Some(900)) }, false)]
+    fn which_instances_are_duplicates(#[case] candidate: Instance, #[case] duplicate: bool) {
+        let recorded: HashMap<String, Recorded> = [(
+            "live".to_string(),
+            Recorded {
+                provider: "gcp-eu".into(),
+                provider_id: "z1/px".into(),
+            },
+        )]
+        .into();
+        let listed = [of("z1/px", "live", OPERATOR, Some(3600)), candidate.clone()];
+        let options = options(None, false);
+        assert_eq!(
+            is_duplicate(
+                &candidate, "gcp-eu", OPERATOR, &recorded, &listed, &options, NOW
+            ),
+            duplicate
+        );
+    }
+
+    /// The recorded instance must be listed, as the same Proxy's, at the same provider instance.
+    #[rstest]
+    #[case::recorded_and_listed("gcp-eu", of("z1/px", "live", OPERATOR, Some(3600)), true)]
+    #[case::listed_at_another_provider("gcp-us", of("z1/px", "live", OPERATOR, Some(3600)), false)]
+    #[case::recorded_not_listed("gcp-eu", of("z9/other", "live", OPERATOR, Some(3600)), false)]
+    #[case::recorded_is_another_proxys("gcp-eu", of("z1/px", "other", OPERATOR, Some(3600)), false)]
+    fn a_duplicate_needs_the_recorded_instance_listed_as_the_proxys(
+        #[case] provider: &str,
+        #[case] listed_as_recorded: Instance,
+        #[case] duplicate: bool,
+    ) {
+        let recorded: HashMap<String, Recorded> = [(
+            "live".to_string(),
+            Recorded {
+                provider: "gcp-eu".into(),
+                provider_id: "z1/px".into(),
+            },
+        )]
+        .into();
+        let candidate = of("z2/px", "live", OPERATOR, Some(900));
+        let listed = [listed_as_recorded, candidate.clone()];
+        assert_eq!(
+            is_duplicate(
+                &candidate,
+                provider,
+                OPERATOR,
+                &recorded,
+                &listed,
+                &options(None, false),
+                NOW
+            ),
+            duplicate
+        );
     }
 
     #[test]

@@ -161,6 +161,10 @@ pub struct ProxyStatus {
     /// Zone the instance runs in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// What the operator asks the provider for, written before its first create call and asked
+    /// again by every retry until `providerID` is recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementRecord>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -177,6 +181,20 @@ pub struct ProxyStatus {
     /// The last error from the provider or the prober.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+/// The placement a create asks for. Recorded before the first create call, so that a retry
+/// (after a restart, a timeout, a kill) asks the same provider for the same zone, whatever the
+/// providers config says by then.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementRecord {
+    /// The provider instance asked (`spec.provider`).
+    pub provider: String,
+    /// The zone asked for; absent: the provider chooses (and finds an earlier try's instance by
+    /// its name in every zone it has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// The Proxies one operator watches: those of `namespace`, or of every namespace.

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::conditions::{self, Reason};
-use crate::api::{Phase, Proxy, ProxyStatus};
+use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::plugins::CallError;
 use crate::plugins::types::{Instance, InstanceState, ProviderError};
 
@@ -101,8 +101,14 @@ pub struct Effects {
 pub enum Step {
     /// No provider call: write this and stop.
     Done(Effects),
-    /// Create the instance `name`; `status` is what to build on afterwards.
-    Create { name: String, status: ProxyStatus },
+    /// Create the instance `name` in `zone` (`None`: the provider chooses); `status` carries the
+    /// placement record and is written before the call when it differs from the Proxy's, then
+    /// built on afterwards.
+    Create {
+        name: String,
+        zone: Option<String>,
+        status: ProxyStatus,
+    },
     /// Look at the recorded instance.
     Get {
         provider_id: String,
@@ -191,8 +197,12 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                     if status.phase.is_none() {
                         status.phase = Some(Phase::Pending);
                     }
+                    let record = placement(proxy, status.placement.as_ref());
+                    let zone = record.zone.clone();
+                    status.placement = Some(record);
                     Step::Create {
                         name: instance_name.to_string(),
+                        zone,
                         status,
                     }
                 }
@@ -203,6 +213,35 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
             }
         }
     }
+}
+
+/// What a create asks for: the placement an earlier try recorded for this provider, so that a
+/// retry asks for the same zone even if the providers config changed in between; otherwise (the
+/// first try) the spec's zone. With no zone anywhere the provider chooses, and keeps the create
+/// contract by finding an earlier try's instance by name wherever it may have put it.
+pub fn placement(proxy: &Proxy, recorded: Option<&PlacementRecord>) -> PlacementRecord {
+    let spec_zone = proxy.spec.placement.as_ref().and_then(|p| p.zone.clone());
+    match recorded {
+        Some(record) if record.provider == proxy.spec.provider => PlacementRecord {
+            provider: record.provider.clone(),
+            zone: record.zone.clone().or(spec_zone),
+        },
+        // None, or written for another provider (a status edited by hand: `spec.provider` is
+        // immutable): decided afresh.
+        _ => PlacementRecord {
+            provider: proxy.spec.provider.clone(),
+            zone: spec_zone,
+        },
+    }
+}
+
+/// Whether an earlier reconcile already asked the provider to create this Proxy's instance (the
+/// placement is recorded, no instance is): its answer may be on the way to the cache.
+pub fn asked_before(proxy: &Proxy) -> bool {
+    proxy
+        .status
+        .as_ref()
+        .is_some_and(|s| s.placement.is_some() && s.provider_id.is_none())
 }
 
 /// The instance was just created: say so, then record it as observed.
@@ -436,6 +475,8 @@ pub fn lost(
     );
     if proxy.spec.recreate_on_loss {
         status.provider_id = None;
+        // A new instance is a new decision: the old one's zone may have left the config.
+        status.placement = None;
         status.phase = Some(Phase::Pending);
         return Effects {
             status,
@@ -472,7 +513,7 @@ pub enum CleanupStep {
     /// restart) every instance carrying this Proxy's UID. `deleting`: the status to write first.
     Delete {
         recorded: Option<String>,
-        deleting: Option<ProxyStatus>,
+        deleting: Option<Box<ProxyStatus>>,
     },
 }
 
@@ -508,9 +549,11 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
         )),
         ProviderLookup::Loaded { .. } => {
             let status = proxy.status.clone().unwrap_or_default();
-            let deleting = (status.phase != Some(Phase::Deleting)).then_some(ProxyStatus {
-                phase: Some(Phase::Deleting),
-                ..status
+            let deleting = (status.phase != Some(Phase::Deleting)).then(|| {
+                Box::new(ProxyStatus {
+                    phase: Some(Phase::Deleting),
+                    ..status
+                })
             });
             CleanupStep::Delete { recorded, deleting }
         }

@@ -269,7 +269,7 @@ async fn write_status(api: &Api<Proxy>, proxy: &Proxy, status: ProxyStatus) -> R
     Ok(())
 }
 
-fn spec_for(proxy: &Proxy, ctx: &Context, name: &str) -> InstanceSpec {
+fn spec_for(proxy: &Proxy, ctx: &Context, name: &str, zone: Option<String>) -> InstanceSpec {
     let spec = &proxy.spec;
     let placement = spec.placement.clone().unwrap_or_default();
     InstanceSpec {
@@ -280,7 +280,7 @@ fn spec_for(proxy: &Proxy, ctx: &Context, name: &str) -> InstanceSpec {
             uid: proxy.uid().unwrap_or_default(),
             operator_id: ctx.operator_id.clone(),
         },
-        zone: placement.zone,
+        zone,
         image: placement.image,
         machine_type: placement.machine_type,
         user_data: spec.cloud_init.clone().unwrap_or_default().into_bytes(),
@@ -295,15 +295,34 @@ fn spec_for(proxy: &Proxy, ctx: &Context, name: &str) -> InstanceSpec {
     }
 }
 
-async fn apply(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
+async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
     let providers = ctx.providers.current();
-    let name = instance_name(&proxy.uid().unwrap_or_default());
-    let step = decide::decide(proxy, &lookup(&providers, &proxy.spec.provider), &name);
+    let name = instance_name(&cached.uid().unwrap_or_default());
+    let found = lookup(&providers, &cached.spec.provider);
+    let mut step = decide::decide(cached, &found, &name);
+    // The placement written before a create wakes the controller again, and the cache may not
+    // show that create's result yet: without the live object, some creates were asked twice
+    // (1 in 10 Proxies in `the_placement_written_before_a_create_does_not_make_a_second_create_call`).
+    let live;
+    let proxy = if matches!(step, Step::Create { .. }) && decide::asked_before(cached) {
+        live = api.get_status(&cached.name_any()).await?;
+        if live.uid() != cached.uid() || live.meta().deletion_timestamp.is_some() {
+            // Replaced or being deleted since the cache saw it: its own event comes next.
+            return Ok(Action::await_change());
+        }
+        step = decide::decide(&live, &found, &name);
+        &live
+    } else {
+        cached
+    };
     let provider = providers.get(&proxy.spec.provider);
     let effects = match (step, provider) {
         (Step::Done(effects), _) => effects,
-        (Step::Create { name, status }, Some(provider)) => {
-            match provider.create(spec_for(proxy, ctx, &name)).await {
+        (Step::Create { name, zone, status }, Some(provider)) => {
+            // Recorded before the call: a retry after a crash, a timeout or a kill asks for the
+            // same placement (see `decide::placement`).
+            write_status(api, proxy, status.clone()).await?;
+            match provider.create(spec_for(proxy, ctx, &name, zone)).await {
                 Ok(instance) => decide::created(
                     proxy,
                     status,
@@ -362,7 +381,7 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
         .expect("decide_cleanup deletes only through a loaded provider");
     if let Some(status) = deleting {
         // The Proxy may already be half gone; a failed status write must not block deletion.
-        if let Err(e) = write_status(api, proxy, status).await {
+        if let Err(e) = write_status(api, proxy, *status).await {
             tracing::debug!(error = %e, "cannot mark the proxy Deleting");
         }
     }

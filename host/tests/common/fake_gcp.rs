@@ -4,6 +4,8 @@
 //! and `status`, `Operation` answers to insert and delete, list answers without `items` when
 //! empty, and errors as `{"error": {"code", "message", "errors": [{"reason", …}], "status"}}`
 //! with the documented reasons (`notFound`, `alreadyExists`, `quotaExceeded`, `required`).
+//! A zone can be made unavailable (503 `backendError` to everything in it), and inserts can be
+//! held: the VM is made, the answer waits (a client killed meanwhile never learns of it).
 //! Zone operations are kept and listed (`filter=targetLink = "…"`); an insert can be accepted
 //! and then fail as its operation (`DONE` with `error.errors[].code`, the VM never made), as
 //! Google's do for an exhausted zone, a missing image or a missing permission. Lists are paged
@@ -55,11 +57,15 @@ pub struct GcpState {
     pub inserts: usize,
     /// Items per page of `instances.list` (0: Google's default, 500).
     pub page_size: usize,
+    /// Zones that answer every request with 503 `backendError`, as a zone in an outage does.
+    pub unavailable_zones: HashSet<String>,
 }
 
 pub struct FakeGcp {
     pub addr: SocketAddr,
     pub state: Arc<Mutex<GcpState>>,
+    /// `true` while inserts hold their answer (see [`FakeGcp::hold_inserts`]).
+    holding: Arc<tokio::sync::watch::Sender<bool>>,
     public_key: Vec<u8>,
     private_pem: String,
     _server: tokio::task::JoinHandle<()>,
@@ -67,6 +73,7 @@ pub struct FakeGcp {
 
 struct Shared {
     state: Arc<Mutex<GcpState>>,
+    holding: Arc<tokio::sync::watch::Sender<bool>>,
     public_key: Vec<u8>,
     /// `http://127.0.0.1:PORT`, the start of every link it answers with.
     base: String,
@@ -90,8 +97,10 @@ impl FakeGcp {
             nat_ip: "127.0.0.1".into(),
             ..GcpState::default()
         }));
+        let holding = Arc::new(tokio::sync::watch::Sender::new(false));
         let shared = Arc::new(Shared {
             state: state.clone(),
+            holding: holding.clone(),
             public_key: public_key.clone(),
             base: format!("http://{addr}"),
             token_uri: format!("http://{addr}/token"),
@@ -112,6 +121,7 @@ impl FakeGcp {
         FakeGcp {
             addr,
             state,
+            holding,
             public_key,
             private_pem,
             _server: server,
@@ -146,6 +156,22 @@ impl FakeGcp {
     pub fn with<T>(&self, f: impl FnOnce(&mut GcpState) -> T) -> T {
         f(&mut self.state.lock().unwrap())
     }
+
+    /// Insert requests seen.
+    pub fn inserts(&self) -> usize {
+        self.with(|s| s.inserts)
+    }
+
+    /// From now on, inserts make their VM at once but hold their answer until
+    /// [`FakeGcp::release_inserts`]: a client killed meanwhile never learns the VM exists.
+    pub fn hold_inserts(&self) {
+        self.holding.send_replace(true);
+    }
+
+    /// Answers the held inserts and holds no more.
+    pub fn release_inserts(&self) {
+        self.holding.send_replace(false);
+    }
 }
 
 fn error(code: u16, reason: &str, message: String) -> Response {
@@ -155,6 +181,7 @@ fn error(code: u16, reason: &str, message: String) -> Response {
         403 => "PERMISSION_DENIED",
         404 => "NOT_FOUND",
         409 => "ALREADY_EXISTS",
+        503 => "UNAVAILABLE",
         _ => "UNKNOWN",
     };
     (
@@ -260,6 +287,19 @@ fn check_zone(shared: &Shared, project: &str, zone: &str) -> Option<Response> {
             format!("The resource 'projects/{project}' was not found"),
         ));
     }
+    if shared
+        .state
+        .lock()
+        .unwrap()
+        .unavailable_zones
+        .contains(zone)
+    {
+        return Some(error(
+            503,
+            "backendError",
+            "The service is currently unavailable.".into(),
+        ));
+    }
     if !shared.state.lock().unwrap().zones.iter().any(|z| z == zone) {
         return Some(error(
             404,
@@ -309,9 +349,26 @@ async fn insert(
     State(shared): State<Arc<Shared>>,
     Path((project, zone)): Path<(String, String)>,
     headers: HeaderMap,
-    Json(mut body): Json<Value>,
+    Json(body): Json<Value>,
 ) -> Response {
-    if let Some(e) = refused(&shared, &headers, &project, &zone) {
+    // Read before the VM is made: a release that comes after it is seen by `wait_for`.
+    let mut holding = shared.holding.subscribe();
+    let answer = insert_now(&shared, &project, &zone, &headers, body);
+    if answer.status().is_success() {
+        let _ = holding.wait_for(|held| !*held).await;
+    }
+    answer
+}
+
+fn insert_now(
+    shared: &Shared,
+    project: &str,
+    zone: &str,
+    headers: &HeaderMap,
+    mut body: Value,
+) -> Response {
+    let (project, zone) = (project.to_string(), zone.to_string());
+    if let Some(e) = refused(shared, headers, &project, &zone) {
         return e;
     }
     let base = shared.base.clone();

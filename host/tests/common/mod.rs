@@ -122,6 +122,8 @@ pub struct StoreState {
     pub requests: AtomicUsize,
     /// `DELETE /instances/{id}` requests, found or not.
     pub deletes: AtomicUsize,
+    /// `PUT /instances/{id}` requests: the test provider's creates.
+    pub puts: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
     /// Delay of every instance request, to hold calls open.
@@ -281,6 +283,7 @@ async fn put(
     Json(body): Json<serde_json::Value>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let _guard = InFlight::enter(&state);
+    state.puts.fetch_add(1, Ordering::SeqCst);
     pause(&state).await;
     let lag = *state.create_lag.lock().unwrap();
     if !lag.is_zero() {

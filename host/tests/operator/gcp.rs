@@ -3,7 +3,7 @@
 //! follows the documented shapes and checks the JWT signature and the bearer token). The host
 //! mints the OAuth token from the service-account key; the plugin only makes REST calls.
 
-use proxy_operator::api::{Phase, Proxy};
+use proxy_operator::api::{Phase, PlacementRecord, Proxy};
 use proxy_operator::plugins::ProviderInstance;
 use proxy_operator::plugins::types::{InstanceState, ProviderError};
 
@@ -17,8 +17,13 @@ const ZONES: [&str; 2] = ["europe-west1-b", "europe-west1-c"];
 
 /// The providers-config entry of a gcp provider instance against `fake`, its key in `key_file`.
 fn entry(fake: &FakeGcp, key_file: &std::path::Path) -> serde_json::Value {
+    entry_in(fake, key_file, &ZONES)
+}
+
+/// [`entry`] with `config.zones` = `zones`.
+fn entry_in(fake: &FakeGcp, key_file: &std::path::Path, zones: &[&str]) -> serde_json::Value {
     serde_json::json!({
-        "config": {"project": PROJECT, "zones": ZONES, "apiBase": fake.url()},
+        "config": {"project": PROJECT, "zones": zones, "apiBase": fake.url()},
         "grants": {"http": {
             "allow": [fake.url()],
             "credentials": [{
@@ -56,8 +61,17 @@ async fn gcp_operator(
     ns: &harness::TestNamespace,
     fake: &FakeGcp,
 ) -> (Operator, tempfile::TempDir) {
+    gcp_operator_in(ns, fake, &ZONES).await
+}
+
+/// [`gcp_operator`] with `config.zones` = `zones`.
+async fn gcp_operator_in(
+    ns: &harness::TestNamespace,
+    fake: &FakeGcp,
+    zones: &[&str],
+) -> (Operator, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let mut entry = entry(fake, &key_file(fake, &dir));
+    let mut entry = entry_in(fake, &key_file(fake, &dir), zones);
     entry["name"] = "gcp-eu".into();
     entry["type"] = "gcp".into();
     let providers = providers_with(
@@ -377,6 +391,92 @@ async fn an_insert_whose_operation_fails_fails_the_proxy_with_its_error() {
     );
     assert_eq!(fake.with(|s| s.inserts), 1, "one insert, not one every 2 s");
     assert!(fake.with(|s| s.instances.is_empty()));
+}
+
+/// Issue #17 item 3: the operator is killed while its insert is in flight (Google made the VM,
+/// the answer never arrived), the providers config then puts another zone first, and the
+/// restarted operator finds the first VM instead of inserting a second one in the new zone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_cut_off_then_retried_after_a_zone_change_makes_one_vm() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gcp-moved").await.unwrap();
+    let (first, second) = (ZONES[0], ZONES[1]);
+    let fake = FakeGcp::start(&ZONES).await;
+    fake.hold_inserts();
+    let (operator, _key_dir) = gcp_operator_in(&ns, &fake, &[first]).await;
+
+    // No zone in the spec: the provider chooses (`config.zones[0]`).
+    let yaml = proxy_yaml(ns.name(), "vm-moved", "gcp-eu", "")
+        .replace("  placement: {zone: zone-a}\n", "");
+    assert!(!yaml.contains("placement"), "{yaml}");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: kube::Api<Proxy> = ns.api();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while fake.inserts() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the insert never reached the fake"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // What the create asked for was recorded before the call; nothing of its answer was.
+    let asked = proxies.get("vm-moved").await.unwrap().status.unwrap();
+    assert_eq!(
+        asked.placement,
+        Some(PlacementRecord {
+            provider: "gcp-eu".into(),
+            zone: None
+        })
+    );
+    assert_eq!(asked.provider_id, None);
+    drop(operator);
+    fake.release_inserts();
+    let made: Vec<String> = fake.with(|s| s.instances.keys().cloned().collect());
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert!(made[0].starts_with(&format!("{first}/")), "{made:?}");
+
+    // The providers config now puts another zone first.
+    let (_restarted, _key_dir) = gcp_operator_in(&ns, &fake, &[second, first]).await;
+    let ready = wait_for(&proxies, "vm-moved", "Ready", |p| {
+        phase(p) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap();
+    let status = ready.status.unwrap();
+    assert_eq!(status.provider_id.as_deref(), Some(made[0].as_str()));
+    assert_eq!(status.zone.as_deref(), Some(first));
+    assert_eq!(fake.inserts(), 1, "no second insert");
+    let now: Vec<String> = fake.with(|s| s.instances.keys().cloned().collect());
+    assert_eq!(now, made, "exactly one VM");
+}
+
+/// A zone that does not answer while create looks for an earlier try's VM stops the create with
+/// a transient error: inserting into the zone that answers could make a second VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_that_cannot_be_searched_stops_the_create_instead_of_inserting_elsewhere() {
+    let fake = FakeGcp::start(&ZONES).await;
+    let dir = tempfile::tempdir().unwrap();
+    let provider = gcp_provider(&entry(&fake, &key_file(&fake, &dir))).await;
+    fake.with(|s| s.unavailable_zones.insert(ZONES[1].to_string()));
+    let mut want = spec("px-gcp-wait", serde_json::json!({}));
+    want.zone = Some(ZONES[0].into());
+    match refused(provider.create(want.clone()).await) {
+        ProviderError::Transient { message, .. } => assert!(
+            message.contains(&format!(
+                "zone {} could not be searched for an existing instance px-gcp-wait",
+                ZONES[1]
+            )) && message.contains("503 backendError"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fake.inserts(), 0, "nothing inserted while a zone is silent");
+    fake.with(|s| s.unavailable_zones.clear());
+    let made = provider.create(want).await.unwrap();
+    assert_eq!(made.provider_id, format!("{}/px-gcp-wait", ZONES[0]));
+    assert_eq!(fake.inserts(), 1);
 }
 
 /// `list` follows `nextPageToken`: with one VM a page, all three are listed.

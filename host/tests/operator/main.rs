@@ -554,6 +554,27 @@ async fn an_operator_killed_during_create_makes_exactly_one_instance_after_resta
     assert_eq!(owned.len(), 1, "{owned:?}");
 }
 
+/// `status.placement` is written before the create call, and that write wakes the controller
+/// again while the cache may not show the create's result yet: each Proxy is still created with
+/// one create call (the retry path reads the live Proxy). A race: without the live read, about
+/// one run in two of this test saw a sixth create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_placement_written_before_a_create_does_not_make_a_second_create_call() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-one-create").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    let names = ["one", "two", "three", "four", "five"];
+    for name in names {
+        let proxy = apply_ready(cp, &ns, &api, name).await;
+        let placement = proxy.status.unwrap().placement.unwrap();
+        assert_eq!(placement.provider, "store");
+        assert_eq!(placement.zone.as_deref(), Some("zone-a"));
+    }
+    assert_eq!(store.state.puts.load(Ordering::SeqCst), names.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance() {
     let cp = control_plane().await;
@@ -1034,6 +1055,79 @@ async fn gc_deletes_only_old_orphans_with_this_operators_identity() {
     assert!(
         text.contains("proxy_operator_gc_orphans_deleted_total{provider=\"store\"} 2"),
         "{text}"
+    );
+}
+
+/// Issue #17 item 3: an instance of a live Proxy that is not the one its `status.providerID`
+/// names (a create cut off, then asked again elsewhere) is a duplicate: counted in dry-run,
+/// deleted once older than `min_age`; the Proxy's own instance stays and the Proxy stays Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_deletes_a_live_proxys_duplicate_and_keeps_its_instance() {
+    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-gc-dup").await.unwrap();
+    let store = InstanceStore::start().await;
+    let _operator = Operator::start(&ns, &store).await;
+    let api: Api<Proxy> = ns.api();
+    let alive = apply_ready(cp, &ns, &api, "alive").await;
+    let uid = alive.metadata.uid.clone().unwrap();
+    let kept = alive.status.unwrap().provider_id.unwrap();
+    let its = serde_json::json!({"namespace": ns.name(), "name": "alive", "uid": uid, "operatorId": "test-operator"});
+    store.insert("alive-copy", its.clone(), now_seconds() - 3600);
+    store.insert("alive-copy-young", its, now_seconds());
+
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let registry = prometheus::Registry::new();
+    let metrics = GcMetrics::register(&registry).unwrap();
+    let mut options = GcOptions {
+        interval: Duration::from_secs(60),
+        min_age: Duration::from_secs(600),
+        dry_run: true,
+        namespace: Some(ns.name().to_string()),
+        allow_namespaced: false,
+        parallelism: 2,
+        abandoned: None,
+    };
+    let client = ns.client();
+    let dry = pass(&client, &providers, "test-operator", &options, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(dry[0].1.duplicates, ["alive-copy"]);
+    assert!(dry[0].1.found.is_empty(), "not an orphan: {dry:?}");
+    assert!(dry[0].1.deleted.is_empty());
+    assert_eq!(store.ids().len(), 3, "dry-run deletes nothing");
+
+    options.dry_run = false;
+    let real = pass(&client, &providers, "test-operator", &options, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(real[0].1.deleted, ["alive-copy"]);
+    let mut left = vec![kept.clone(), "alive-copy-young".to_string()];
+    left.sort();
+    assert_eq!(
+        store.ids(),
+        left,
+        "its own instance and the young copy stay"
+    );
+    let proxy = api.get("alive").await.unwrap();
+    assert_eq!(phase(Some(&proxy)), Some(Phase::Ready));
+    assert_eq!(proxy.status.unwrap().provider_id, Some(kept));
+
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(
+        text.contains("proxy_operator_gc_duplicates_found_total{provider=\"store\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("proxy_operator_gc_duplicates_deleted_total{provider=\"store\"} 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("proxy_operator_gc_orphans_deleted_total{provider=\"store\"} 1"),
+        "a duplicate is not counted as an orphan: {text}"
     );
 }
 

@@ -239,6 +239,39 @@ fn time_of(operation: &Value) -> Option<i64> {
 }
 
 /// A Google API error answer as a provider error: the `reason` of its first error decides.
+/// The zones `create` looks in for a VM named like the one it is asked for, before inserting
+/// one: the zone it would insert into first (where a retry almost always finds it), then every
+/// other configured zone. An earlier try may have inserted the VM where the config pointed
+/// then; the contract says create returns that VM instead of making a second one.
+pub fn search_order<'a>(zones: &'a [String], chosen: &'a str) -> Vec<&'a str> {
+    std::iter::once(chosen)
+        .chain(zones.iter().map(String::as_str).filter(|z| *z != chosen))
+        .collect()
+}
+
+/// What `create` answers when `zone` could not be searched for VM `name`: always transient.
+/// The VM of an earlier try may be in that zone, so inserting one elsewhere could make a second
+/// VM; waiting for the zone to answer cannot. An error that would not go away by itself (a
+/// permission on that zone) is retried slowly rather than failing the Proxy for good, because
+/// the Proxy's own zone is fine and the fix is outside its spec.
+pub fn search_failed(zone: &str, name: &str, error: ProviderError) -> ProviderError {
+    let (message, retry_after_ms) = match error {
+        ProviderError::Transient(t) => (t.message, t.retry_after_ms),
+        ProviderError::NotFound(m)
+        | ProviderError::Permanent(m)
+        | ProviderError::InvalidConfig(m)
+        | ProviderError::Unauthorized(m)
+        | ProviderError::Quota(m)
+        | ProviderError::Denied(m) => (m, Some(30_000)),
+    };
+    transient(
+        format!(
+            "zone {zone} could not be searched for an existing instance {name} ({message}); not inserting one elsewhere until it answers"
+        ),
+        retry_after_ms,
+    )
+}
+
 pub fn api_error(what: &str, status: u16, body: &[u8]) -> ProviderError {
     let parsed: Value = serde_json::from_slice(body).unwrap_or_default();
     let message = parsed["error"]["message"]
@@ -333,6 +366,50 @@ mod tests {
         assert_eq!(instance.address.as_deref(), Some("203.0.113.9"));
         assert_eq!(instance.owner.unwrap().operator_id, "Prod/Operator");
         assert_eq!(instance.created_at, Some(1_796_066_553));
+    }
+
+    #[test]
+    fn create_searches_the_chosen_zone_first_then_every_other() {
+        let zones: Vec<String> = ["z2", "z1", "z3"].map(String::from).to_vec();
+        let cases: [(&str, &[&str]); 3] = [
+            ("z2", &["z2", "z1", "z3"]),
+            ("z1", &["z1", "z2", "z3"]),
+            ("z3", &["z3", "z2", "z1"]),
+        ];
+        for (chosen, want) in cases {
+            assert_eq!(search_order(&zones, chosen), want, "chosen {chosen}");
+        }
+        let one = vec!["z1".to_string()];
+        assert_eq!(search_order(&one, "z1"), ["z1"]);
+    }
+
+    #[test]
+    fn a_zone_that_cannot_be_searched_makes_create_wait_not_insert_elsewhere() {
+        let cases = [
+            (transient("HTTP 503", Some(1000)), Some(1000)),
+            (transient("connection refused", None), None),
+            (ProviderError::Unauthorized("HTTP 403".into()), Some(30_000)),
+            (ProviderError::Permanent("HTTP 400".into()), Some(30_000)),
+            (ProviderError::Quota("HTTP 429".into()), Some(30_000)),
+            (ProviderError::Denied("not granted".into()), Some(30_000)),
+        ];
+        for (error, after) in cases {
+            match search_failed("z1", "px-1", error.clone()) {
+                ProviderError::Transient(t) => {
+                    assert_eq!(t.retry_after_ms, after, "{error:?}");
+                    assert!(
+                        t.message.starts_with(
+                            "zone z1 could not be searched for an existing instance px-1"
+                        ) && t
+                            .message
+                            .ends_with("not inserting one elsewhere until it answers"),
+                        "{}",
+                        t.message
+                    );
+                }
+                other => panic!("{error:?} -> {other:?}"),
+            }
+        }
     }
 
     #[test]

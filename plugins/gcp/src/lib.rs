@@ -141,8 +141,19 @@ impl Provider for GcpProvider {
                 spec.name
             )));
         }
-        if let Some(existing) = find(&config, &zone, &spec.name)? {
-            return Ok(existing);
+        // By name, in every configured zone: a try that was cut off (a restart, a timeout) may
+        // have inserted the VM where the config pointed then (see `compute::search_order`).
+        for (i, searched) in compute::search_order(&config.zones, &zone)
+            .into_iter()
+            .enumerate()
+        {
+            match find(&config, searched, &spec.name) {
+                Ok(Some(existing)) => return Ok(existing),
+                Ok(None) => {}
+                // The zone it inserts into answers as before: its error is this create's.
+                Err(e) if i == 0 => return Err(e),
+                Err(e) => return Err(compute::search_failed(searched, &spec.name, e)),
+            }
         }
         // An insert that failed after Google accepted it answers for a minute, instead of a new
         // insert at every retry.

@@ -396,6 +396,36 @@ fn existing(host: &Host<'_>, info: DomainInfo, owner: &Owner) -> Result<Instance
     Ok(host.instance(info, true))
 }
 
+/// This Proxy's domain `name` on a host `create` did not choose, if it is there. The host shows
+/// only this provider instance's domains; one that was not made for this Proxy is not the one
+/// asked for, and is left for the chosen host's own check.
+fn elsewhere(
+    config: &HostConfig,
+    name: &str,
+    owner: &Owner,
+) -> Result<Option<Instance>, ProviderError> {
+    let host = Host::open(config)?;
+    let info = match host.hv.lookup_domain(name, Some(METADATA_URI)) {
+        Ok(info) => info,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(libvirt_error(&host.context("lookup-domain", name), e)),
+    };
+    let uid = info
+        .metadata
+        .as_deref()
+        .and_then(xml::parse_owner)
+        .map(|m| m.uid);
+    if uid.as_deref() != Some(owner.uid.as_str()) {
+        return Ok(None);
+    }
+    log(
+        Level::Info,
+        "found the domain on another host",
+        &[("host", &config.name), ("domain", name)],
+    );
+    existing(&host, info, owner).map(Some)
+}
+
 impl Provider for KvmProvider {
     type Config = Config;
 
@@ -421,6 +451,15 @@ impl Provider for KvmProvider {
             Ok(info) => return existing(&host, info, &spec.owner),
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(libvirt_error(&host.context("lookup-domain", domain), e)),
+        }
+        // Then on every other host: a try that was cut off (a restart, a timeout) may have made
+        // the domain where the config pointed then (see `spec::search_order`).
+        for other in spec::search_order(&config, plan.host).into_iter().skip(1) {
+            if let Some(found) = elsewhere(other, domain, &spec.owner)
+                .map_err(|e| outcome::search_failed(&other.name, domain, e))?
+            {
+                return Ok(found);
+            }
         }
         log(
             Level::Info,

@@ -43,6 +43,29 @@ fn denied_message(host: &str, detail: &str) -> String {
     )
 }
 
+/// What `create` answers when `host` could not be searched for domain `name`: always
+/// transient. The domain of an earlier try may be on that host, so making one on another host
+/// could make a second VM; waiting for the host to answer cannot. An error that would not go away
+/// by itself (a grant, a host key) is retried slowly rather than failing the Proxy for good: the
+/// Proxy's own host is fine and the fix is outside its spec.
+pub fn search_failed(host: &str, name: &str, error: ProviderError) -> ProviderError {
+    let (message, retry_after_ms) = match error {
+        ProviderError::Transient(t) => (t.message, t.retry_after_ms),
+        ProviderError::NotFound(m)
+        | ProviderError::Permanent(m)
+        | ProviderError::InvalidConfig(m)
+        | ProviderError::Unauthorized(m)
+        | ProviderError::Quota(m)
+        | ProviderError::Denied(m) => (m, Some(30_000)),
+    };
+    transient(
+        format!(
+            "host {host} could not be searched for an existing domain {name} ({message}); not making one elsewhere until it answers"
+        ),
+        retry_after_ms,
+    )
+}
+
 /// Whether `err` says the thing looked up does not exist.
 pub fn is_not_found(err: &LibvirtError) -> bool {
     matches!(err, LibvirtError::NotFound(_))
@@ -184,6 +207,34 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_that_cannot_be_searched_makes_create_wait_not_make_a_domain_elsewhere() {
+        let cases = [
+            (transient("transport: refused", None), None),
+            (transient("timeout", Some(500)), Some(500)),
+            (ProviderError::Unauthorized("host key".into()), Some(30_000)),
+            (ProviderError::Permanent("not granted".into()), Some(30_000)),
+            (ProviderError::Denied("pool".into()), Some(30_000)),
+        ];
+        for (error, after) in cases {
+            match search_failed("hv2", "px-1", error.clone()) {
+                ProviderError::Transient(t) => {
+                    assert_eq!(t.retry_after_ms, after, "{error:?}");
+                    assert!(
+                        t.message.starts_with(
+                            "host hv2 could not be searched for an existing domain px-1"
+                        ) && t
+                            .message
+                            .ends_with("not making one elsewhere until it answers"),
+                        "{}",
+                        t.message
+                    );
+                }
+                other => panic!("{error:?} -> {other:?}"),
+            }
+        }
+    }
 
     fn addr(name: &str, address: &str) -> InterfaceAddress {
         InterfaceAddress {

@@ -51,6 +51,17 @@ pub fn choose_host<'a>(
     Ok(candidates[index])
 }
 
+/// The hosts `create` looks on for a domain named like the one it is asked for, before making
+/// one: `chosen` first (where a retry almost always finds it), then every other configured host,
+/// whatever its zone. An earlier try may have made the domain on the host the config pointed at
+/// then (hosts added, removed or reordered since); the contract says create returns that one
+/// instead of making a second.
+pub fn search_order<'a>(config: &'a Config, chosen: &'a HostConfig) -> Vec<&'a HostConfig> {
+    std::iter::once(chosen)
+        .chain(config.hosts.iter().filter(|h| h.name != chosen.name))
+        .collect()
+}
+
 /// The base image a VM boots from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageChoice {
@@ -281,6 +292,20 @@ mod tests {
             choose_host(&c, Some(""), uid).unwrap().name,
             c.hosts[expected].name
         );
+    }
+
+    #[test]
+    fn create_searches_the_chosen_host_first_then_every_other_in_any_zone() {
+        let c = sample();
+        let names = |chosen: usize| -> Vec<String> {
+            search_order(&c, &c.hosts[chosen])
+                .into_iter()
+                .map(|h| h.name.clone())
+                .collect()
+        };
+        assert_eq!(names(0), ["hv1", "hv2", "hv3"]);
+        assert_eq!(names(1), ["hv2", "hv1", "hv3"]);
+        assert_eq!(names(2), ["hv3", "hv1", "hv2"]);
     }
 
     #[test]

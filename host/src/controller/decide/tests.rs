@@ -5,7 +5,7 @@ use std::time::Duration;
 use rstest::rstest;
 
 use super::*;
-use crate::api::{Phase, Proxy, ProxyStatus};
+use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::controller::conditions::{Type, status_of};
 use crate::plugins::types::{Instance, InstanceState, Owner};
 
@@ -67,7 +67,9 @@ fn instance(state: InstanceState, address: Option<&str>) -> Instance {
 fn summary(step: &Step) -> String {
     match step {
         Step::Done(e) => format!("done {:?} {:?}", e.status.phase, e.then),
-        Step::Create { name, status } => format!("create {name} {:?}", status.phase),
+        Step::Create { name, zone, status } => {
+            format!("create {name} in {zone:?} {:?}", status.phase)
+        }
         Step::Get {
             provider_id,
             status,
@@ -76,7 +78,7 @@ fn summary(step: &Step) -> String {
 }
 
 #[rstest]
-#[case::new_proxy_is_created(None, loaded(), "create px-1 Some(Pending)")]
+#[case::new_proxy_is_created(None, loaded(), "create px-1 in None Some(Pending)")]
 #[case::recorded_instance_is_looked_at(
     Some(with(Some(Phase::Provisioning), Some("vm-1"), Some(1))),
     loaded(),
@@ -90,7 +92,7 @@ fn summary(step: &Step) -> String {
 #[case::failed_for_an_older_generation_tries_again(
     Some(with(Some(Phase::Failed), None, Some(1))),
     loaded(),
-    "create px-1 Some(Failed)"
+    "create px-1 in None Some(Failed)"
 )]
 #[case::plugin_not_loaded_waits(None, not_loaded(), "done Some(Pending) Requeue(300s)")]
 #[case::unknown_provider_waits_for_the_config(None, unknown(), "done Some(Pending) Requeue(300s)")]
@@ -101,6 +103,89 @@ fn the_first_step_follows_the_lifecycle(
 ) {
     let step = decide(&proxy(2, status), &lookup, "px-1");
     assert_eq!(summary(&step), expected);
+}
+
+fn record(provider: &str, zone: Option<&str>) -> PlacementRecord {
+    PlacementRecord {
+        provider: provider.into(),
+        zone: zone.map(String::from),
+    }
+}
+
+fn placed(zone: Option<&str>) -> Proxy {
+    let mut p = proxy(1, None);
+    p.spec.placement = Some(crate::api::Placement {
+        zone: zone.map(String::from),
+        ..Default::default()
+    });
+    p
+}
+
+/// What a create asks for: the spec's zone the first time; on a retry, what the first try
+/// recorded (so a changed providers config cannot move it).
+#[rstest]
+#[case::first_try_without_a_zone(placed(None), None, record("kvm-home", None))]
+#[case::first_try_in_the_spec_zone(placed(Some("z1")), None, record("kvm-home", Some("z1")))]
+#[case::retry_keeps_the_recorded_zone(
+    placed(None),
+    Some(record("kvm-home", Some("z1"))),
+    record("kvm-home", Some("z1"))
+)]
+#[case::retry_without_a_recorded_zone_asks_the_spec_again(
+    placed(Some("z1")),
+    Some(record("kvm-home", None)),
+    record("kvm-home", Some("z1"))
+)]
+#[case::retry_of_a_provider_choice_stays_a_provider_choice(
+    placed(None),
+    Some(record("kvm-home", None)),
+    record("kvm-home", None)
+)]
+#[case::a_record_of_another_provider_is_decided_afresh(
+    placed(Some("z1")),
+    Some(record("gcp-eu", Some("europe-west1-b"))),
+    record("kvm-home", Some("z1"))
+)]
+fn a_create_asks_for_the_recorded_placement(
+    #[case] proxy: Proxy,
+    #[case] recorded: Option<PlacementRecord>,
+    #[case] expected: PlacementRecord,
+) {
+    assert_eq!(placement(&proxy, recorded.as_ref()), expected);
+}
+
+#[test]
+fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
+    let mut retried = placed(None);
+    retried.status = Some(ProxyStatus {
+        phase: Some(Phase::Pending),
+        placement: Some(record("kvm-home", Some("z1"))),
+        ..Default::default()
+    });
+    assert!(asked_before(&retried));
+    let Step::Create { zone, status, .. } = decide(&retried, &loaded(), "px-1") else {
+        panic!("a retried create")
+    };
+    assert_eq!(zone.as_deref(), Some("z1"));
+    assert_eq!(status.placement, Some(record("kvm-home", Some("z1"))));
+    assert_eq!(
+        Some(status),
+        retried.status,
+        "nothing new to write before the retry"
+    );
+
+    let first = placed(Some("z2"));
+    assert!(!asked_before(&first));
+    let Step::Create { zone, status, .. } = decide(&first, &loaded(), "px-1") else {
+        panic!("a first create")
+    };
+    assert_eq!(zone.as_deref(), Some("z2"));
+    assert_eq!(status.placement, Some(record("kvm-home", Some("z2"))));
+
+    // Once the instance is recorded, the placement is history, not a create to come.
+    let mut made = retried.clone();
+    made.status.as_mut().unwrap().provider_id = Some("vm-1".into());
+    assert!(!asked_before(&made));
 }
 
 #[test]
@@ -289,9 +374,12 @@ fn a_lost_instance_is_recreated_only_when_the_spec_asks(
 ) {
     let mut p = proxy(1, None);
     p.spec.recreate_on_loss = recreate;
-    let status = with(Some(Phase::Ready), Some("vm-1"), Some(1));
+    let mut status = with(Some(Phase::Ready), Some("vm-1"), Some(1));
+    status.placement = Some(record("kvm-home", Some("home")));
     let effects = lost(&p, status, "kvm-home", "vm-1", "gone");
     assert_eq!(effects.status.phase, phase);
+    // A new instance is placed afresh; a failed Proxy keeps the record of what it asked for.
+    assert_eq!(effects.status.placement.is_none(), recreate);
     assert_eq!(effects.status.provider_id.as_deref(), provider_id);
     assert_eq!(effects.status.address, None);
     assert_eq!(effects.then, then);
