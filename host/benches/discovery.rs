@@ -170,7 +170,8 @@ fn discovery_app() -> Router {
 /// once stored (group commit), `Async` writes behind every 5 s.
 fn persisted_app(client: kube::Client, namespace: &str, durability: Durability) -> Router {
     let store = pool_store();
-    let persistence = LeasePersistence::new(client, namespace, &format!("bench-{durability:?}"));
+    let name = format!("bench-{durability:?}").to_lowercase();
+    let persistence = LeasePersistence::new(client, namespace, &name);
     tokio::spawn(leases::persist::maintain(
         store.clone(),
         persistence,

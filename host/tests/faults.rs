@@ -113,6 +113,8 @@ impl World {
             providers_config: &self.config,
             health_target: &target,
             operator_id: "faults".into(),
+            health_interval: "200ms",
+            plugins_dir: common::plugins_dir(),
             extra: replica_flags(identity),
             log: &format!("{identity}.log"),
         })

@@ -26,6 +26,10 @@ pub struct OperatorSetup<'a> {
     /// Health probes CONNECT to this loopback `host:port`, never to the default public host.
     pub health_target: &'a str,
     pub operator_id: String,
+    /// `--health-interval` (`0s`: no probing; every provisioned proxy is leasable).
+    pub health_interval: &'a str,
+    /// Where it loads plugins from (`plugins_dir()`, or an empty one with a ConfigMap).
+    pub plugins_dir: PathBuf,
     /// Further flags (leader election, durability).
     pub extra: Vec<String>,
     /// Log file name in `dir`.
@@ -53,6 +57,8 @@ impl OperatorProcess {
             providers_config: config,
             health_target: target,
             operator_id: format!("e2e-{}", ns.name()),
+            health_interval: "200ms",
+            plugins_dir: plugins_dir(),
             extra: Vec::new(),
             log: "operator.log",
         })
@@ -66,16 +72,12 @@ impl OperatorProcess {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
         cmd.args(["run", "--providers-config", setup.providers_config])
             .arg("--plugins-dir")
-            .arg(plugins_dir())
+            .arg(&setup.plugins_dir)
             .args(["--proxy-namespace", setup.namespace])
             .args(["--metrics-addr", &metrics.to_string()])
             .args(["--discovery-addr", &discovery.to_string()])
-            .args([
-                "--health-interval",
-                "200ms",
-                "--health-failure-threshold",
-                "2",
-            ])
+            .args(["--health-interval", setup.health_interval])
+            .args(["--health-failure-threshold", "2"])
             .args(["--health-target", setup.health_target])
             .args(["--operator-id", &setup.operator_id])
             .args(&setup.extra)
