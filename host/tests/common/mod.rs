@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fake_gcp;
+pub mod relay;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -326,6 +327,19 @@ pub fn ssh_material(
         private_key: sshd.client_key_pem().into(),
         known_hosts: format!("{}\n", sshd.known_hosts_line()),
     }
+}
+
+/// Bytes that no compression could shrink (xorshift), so an upload really carries `len` bytes.
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 /// The `kvm-ssh` Secret with `material`, as an operator creates it.
