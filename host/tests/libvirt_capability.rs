@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ssh_material, ssh_secret};
+use common::relay::Relay;
+use common::{noise, ssh_material, ssh_secret};
 use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
 use k8s_openapi::api::core::v1::Secret;
 use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
@@ -22,6 +23,11 @@ const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
 /// Grants hypervisor `hv1` (the harness sshd, forwarding to the harness libvirtd) and HTTP to
 /// loopback (for image imports).
 fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
+    grants_at(sshd.port(), sshd, libvirtd, secret)
+}
+
+/// Like [`grants`], with SSH to `port` on loopback (a relay in front of the harness sshd).
+fn grants_at(port: u16, sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
     serde_json::from_value(serde_json::json!({
         "http": {"allow": ["http://127.0.0.1:*"]},
         "libvirt": {
@@ -29,7 +35,7 @@ fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
             "hosts": [{
                 "name": "hv1",
                 "address": "127.0.0.1",
-                "port": sshd.port(),
+                "port": port,
                 "user": sshd.user(),
                 "socket": libvirtd.socket().to_str().unwrap(),
                 "pools": [libvirtd.pool_name()],
@@ -536,4 +542,123 @@ async fn a_hung_libvirtd_holds_a_bounded_number_of_threads() {
 
     hv.list_domains(None).await.unwrap();
     assert_eq!(hub.connections_opened(), 1, "the connection was kept");
+}
+
+/// The SSH connection drops in the middle of an image import (a relay between the host and
+/// sshd cuts it after a quarter of the image): the call fails with a transport error that says
+/// the SSH connection dropped during the import and how far it got; the base volume never
+/// exists half-written; the shared connection is opened again for the next call; and the next
+/// import-image, with the network back, starts over (a new download, no stale job) and ends
+/// with every byte of the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_over() {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let relay = Relay::start(sshd.addr()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let material = SshMaterial {
+        known_hosts: format!("[127.0.0.1]:{} {}\n", relay.port(), sshd.host_pubkey()),
+        ..ssh_material(&sshd)
+    };
+    let hub = hub(MaterialSource::Static(material), dir.path());
+    let ctx = context(
+        &grants_at(relay.port(), &sshd, &libvirtd, "kvm-ssh"),
+        hub.clone(),
+    );
+    let hv = open(&ctx).await;
+    let pool = libvirtd.pool_name().to_string();
+    hv.probe(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(hub.connections_opened(), 1);
+
+    const IMAGE: usize = 24 << 20;
+    const CUT_AFTER: u64 = 6 << 20;
+    let image = noise(IMAGE);
+    files.serve("/big.raw", image.clone());
+    let source = ImageSource {
+        url: files.url("/big.raw"),
+        sha256: sha256(&image),
+        format: "raw".into(),
+    };
+    let base_path = libvirtd.pool_path().join(format!(
+        "{}base-big.img",
+        proxy_operator::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+    ));
+
+    relay.cut_after(CUT_AFTER);
+    let started = std::time::Instant::now();
+    let cut = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-big.img".into(),
+            source.clone(),
+        )
+        .await;
+    let failed_after = started.elapsed();
+    assert_eq!(relay.cuts(), 1, "the relay cut the SSH connection once");
+    let message = match cut {
+        Err(LibvirtError::Transport(m)) => m,
+        other => panic!("expected a transport error, got {other:?}"),
+    };
+    eprintln!("import cut after {failed_after:?}: {message}");
+    for needed in [
+        "SSH connection",
+        "dropped",
+        "import",
+        "base-big.img",
+        "hv1",
+        "again",
+    ] {
+        assert!(
+            message.contains(needed),
+            "`{needed}` missing from: {message}"
+        );
+    }
+    // Nothing half-written under the base's name, neither for libvirt nor on disk.
+    assert!(
+        matches!(
+            hv.lookup_volume(pool.clone(), "base-big.img".into()).await,
+            Err(LibvirtError::NotFound(_))
+        ),
+        "no base volume after a cut import"
+    );
+    assert!(!base_path.exists(), "{} exists", base_path.display());
+    let listed = libvirtd.virsh_run(&["vol-list", &pool]).await.unwrap();
+    assert!(!listed.contains("base-big.img "), "{listed}");
+
+    // The network is back: the same call starts the import over and gets every byte.
+    relay.pass();
+    let started = std::time::Instant::now();
+    let imported = tokio::time::timeout(
+        Duration::from_secs(120),
+        hv.import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-big.img".into(),
+            source.clone(),
+        ),
+    )
+    .await
+    .expect("the second import is not blocked by the first one's job")
+    .unwrap();
+    eprintln!("second import took {:?}", started.elapsed());
+    assert_eq!(
+        files.requests("/big.raw"),
+        2,
+        "the import started over with a new download"
+    );
+    let written = std::fs::read(&imported.path).unwrap();
+    assert_eq!(written.len(), IMAGE);
+    assert_eq!(
+        sha256(&written),
+        source.sha256,
+        "the base has the image's digest"
+    );
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+    assert!(
+        hub.connections_opened() >= 2,
+        "the dropped connection was replaced"
+    );
+    hv.probe(Duration::from_secs(30)).await.unwrap();
 }

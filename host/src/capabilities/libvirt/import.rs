@@ -124,10 +124,25 @@ impl Hypervisor {
         };
         let hypervisor = self.clone();
         tokio::spawn(async move {
+            // However the task ends (a panic included), the job is forgotten: a failed import
+            // never blocks the next one.
+            let registered = Registered {
+                hub: hypervisor.hub.clone(),
+                key: key.clone(),
+            };
             let (_, pool, name) = key.clone();
             let result = hypervisor
                 .run_import(&context, pool.clone(), name.clone(), &source)
-                .await;
+                .await
+                .map_err(|e| {
+                    interrupted(
+                        e,
+                        &hypervisor.host,
+                        &pool,
+                        hypervisor.plugin_name(&name),
+                        &source.url,
+                    )
+                });
             match &result {
                 Ok(volume) => info!(
                     hypervisor = %hypervisor.host, pool, volume = name, url = %source.url,
@@ -141,7 +156,9 @@ impl Hypervisor {
             if result.is_ok() {
                 hypervisor.hub.imports.record_verified(&key, &source.sha256);
             }
-            hypervisor.hub.imports.finish(&key);
+            // Forgotten before the result is out: a waiter that then looks the volume up must
+            // see it.
+            drop(registered);
             let _ = done.send(Some(result));
         });
         outcome
@@ -233,6 +250,9 @@ impl Hypervisor {
         source: &ImageSource,
     ) -> Result<(), LibvirtError> {
         let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>, String>>(4);
+        // What the upload was handed, for the error when it stops half-way.
+        let handed_total = std::sync::atomic::AtomicU64::new(0);
+        let handed = &handed_total;
         let (pool_name, volume_name) = (pool.to_string(), name.to_string());
         let ids = format!("pool={pool} volume={name} bytes={length}");
         let upload =
@@ -273,11 +293,13 @@ impl Hypervisor {
                 }
                 hasher.update(&chunk);
                 pending.extend_from_slice(&chunk);
-                if pending.len() >= FEED_CHUNK
-                    && !send_chunk(&chunks_tx, std::mem::take(&mut pending)).await
-                {
-                    // The upload stopped; its own error says why.
-                    return Ok(());
+                if pending.len() >= FEED_CHUNK {
+                    let size = pending.len() as u64;
+                    if !send_chunk(&chunks_tx, std::mem::take(&mut pending)).await {
+                        // The upload stopped; its own error says why.
+                        return Ok(());
+                    }
+                    handed.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
                 }
                 if last_report.elapsed() >= PROGRESS_EVERY {
                     last_report = Instant::now();
@@ -314,6 +336,14 @@ impl Hypervisor {
         };
         let (uploaded, fed) = tokio::join!(upload, feed);
         fed?;
+        let uploaded = uploaded.map_err(|e| match e {
+            LibvirtError::Transport(m) => LibvirtError::Transport(format!(
+                "the upload stopped with about {} of {} sent: {m}",
+                mib(handed_total.load(std::sync::atomic::Ordering::Relaxed)),
+                mib(length)
+            )),
+            other => other,
+        });
         uploaded?.map_err(|reason| {
             LibvirtError::Failed(format!("image {}: upload aborted ({reason})", source.url))
         })
@@ -345,7 +375,134 @@ async fn abort_upload(sender: &ChunkSender, reason: &str) {
     let _ = tokio::task::spawn_blocking(move || sender.send(item)).await;
 }
 
+/// Forgets its import job when dropped (see [`Hypervisor::start_import`]).
+struct Registered {
+    hub: Arc<super::hub::LibvirtHub>,
+    key: JobKey,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.hub.imports.finish(&self.key);
+    }
+}
+
+/// A failed import's error as the plugin gets it: a connection or an image server that went
+/// away mid-import says that the import was interrupted, that nothing half-written is used,
+/// and that the next call starts over; a wrong image or a refusal is left as it is (trying
+/// again would not help).
+fn interrupted(e: LibvirtError, host: &str, pool: &str, volume: &str, url: &str) -> LibvirtError {
+    let say = |m: String| {
+        format!(
+            "image import of {volume} (pool {pool} on hypervisor {host}, from {url}) was interrupted: {m}; \
+             {volume} was not written (the bytes went to a staging volume that is never used), \
+             and the next import-image starts the import again"
+        )
+    };
+    match e {
+        LibvirtError::Transport(m) => LibvirtError::Transport(say(m)),
+        LibvirtError::Timeout(m) => LibvirtError::Timeout(say(m)),
+        other => other,
+    }
+}
+
+/// `12.3 MiB`
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
 /// Where an import of `name` writes until the image is verified.
 fn staging_name(name: &str) -> String {
     format!("{name}.partial")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only what trying again can fix is called interrupted (and retried by the plugin as
+    /// transient); a wrong image or a refusal keeps its kind and its words.
+    #[test]
+    fn an_interrupted_import_says_so_and_a_wrong_image_does_not() {
+        let e = |error| interrupted(error, "hv1", "pool", "base.img", "http://i/b");
+        let cases = [
+            (LibvirtError::Transport("ssh dropped".into()), true),
+            (LibvirtError::Timeout("no data".into()), true),
+            (LibvirtError::ChecksumMismatch("sha".into()), false),
+            (LibvirtError::Denied("grant".into()), false),
+            (LibvirtError::Failed("aborted".into()), false),
+            (LibvirtError::NotFound("pool".into()), false),
+        ];
+        for (error, retried) in cases {
+            let kind = std::mem::discriminant(&error);
+            let said = e(error.clone());
+            assert_eq!(std::mem::discriminant(&said), kind, "{said}");
+            let text = said.to_string();
+            assert_eq!(text.contains("was interrupted"), retried, "{text}");
+            if retried {
+                for needed in [
+                    "base.img",
+                    "hv1",
+                    "pool",
+                    "http://i/b",
+                    "starts the import again",
+                ] {
+                    assert!(text.contains(needed), "{needed} missing: {text}");
+                }
+            } else {
+                assert_eq!(said, error);
+            }
+        }
+        assert_eq!(mib(6 << 20), "6.0 MiB");
+    }
+
+    /// A job whose task dies (a bug, a panic) is forgotten all the same, and its waiters are
+    /// told: the next import-image starts a new job instead of waiting on a dead one forever.
+    #[tokio::test]
+    async fn a_job_whose_task_panics_is_forgotten() {
+        use super::super::endpoint::Endpoint;
+        use super::super::hub::{LibvirtHub, MaterialSource};
+        use super::super::import_jobs::Job;
+        use super::super::tunnel::{SshMaterial, SshTarget};
+
+        let hub = LibvirtHub::new(
+            MaterialSource::Static(SshMaterial {
+                private_key: String::new(),
+                known_hosts: String::new(),
+            }),
+            std::env::temp_dir(),
+        );
+        let endpoint = Endpoint {
+            target: SshTarget {
+                address: "hv1".into(),
+                port: 22,
+                user: "root".into(),
+            },
+            socket: "/run/libvirt/libvirt-sock".into(),
+            secret: "kvm-ssh".into(),
+        };
+        let key: JobKey = (endpoint, "pool".into(), "base.img".into());
+        let Job::Registered { done, mut outcome } = hub.imports.join_or_register(&key) else {
+            panic!("no job was running");
+        };
+        assert!(hub.imports.running(&key).is_some());
+        let registered = Registered {
+            hub: hub.clone(),
+            key: key.clone(),
+        };
+        let task = tokio::spawn(async move {
+            let _held = (registered, done);
+            panic!("a bug in an import");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert!(hub.imports.running(&key).is_none(), "the job is forgotten");
+        assert!(
+            outcome.wait_for(Option::is_some).await.is_err(),
+            "a waiter is told the job ended without a result"
+        );
+        assert!(matches!(
+            hub.imports.join_or_register(&key),
+            Job::Registered { .. }
+        ));
+    }
 }
