@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::relay::Relay;
-use common::{noise, ssh_material, ssh_secret};
+use common::{children_of, noise, ssh_material, ssh_secret};
 use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
 use k8s_openapi::api::core::v1::Secret;
 use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
@@ -544,12 +544,13 @@ async fn a_hung_libvirtd_holds_a_bounded_number_of_threads() {
     assert_eq!(hub.connections_opened(), 1, "the connection was kept");
 }
 
-/// The SSH connection drops in the middle of an image import (a relay between the host and
-/// sshd cuts it after a quarter of the image): the call fails with a transport error that says
-/// the SSH connection dropped during the import and how far it got; the base volume never
-/// exists half-written; the shared connection is opened again for the next call; and the next
-/// import-image, with the network back, starts over (a new download, no stale job) and ends
-/// with every byte of the image.
+/// The SSH connection drops in the middle of an image import, twice: a relay between the host
+/// and sshd cuts it after a quarter of the 24 MiB image; then sshd's process for the connection
+/// is killed while the relay holds the upload at a quarter (a second call joined to the same
+/// job). Each call fails with a transport error that says the import was interrupted because
+/// the SSH connection dropped; the base volume never exists half-written; the shared connection
+/// is opened again; and the next import-image, with the network back, starts over (a new
+/// download, no stale job) and ends with every byte of the image and no staging volume left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_over() {
     let (libvirtd, sshd, files) =
@@ -660,5 +661,58 @@ async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_ove
         hub.connections_opened() >= 2,
         "the dropped connection was replaced"
     );
+
+    // The same from the server's side: sshd's process for the connection dies mid-upload (the
+    // relay holds the upload after 6 MiB meanwhile, so it is mid-transfer for sure). A second
+    // call for the volume joins the running job and gets the same answer.
+    relay.hold_after(CUT_AFTER);
+    let import = |volume: &'static str| {
+        let (hv, ctx, pool, source) = (hv.clone(), ctx.clone(), pool.clone(), source.clone());
+        async move { hv.import_image(ctx, pool, volume.into(), source).await }
+    };
+    let first = tokio::spawn(import("base-killed.img"));
+    relay.held(1).await;
+    let mut second = Box::pin(import("base-killed.img"));
+    // Polled once: past its (synchronous) look at the job table, it waits on the running job.
+    assert!(
+        tokio::time::timeout(Duration::ZERO, &mut second)
+            .await
+            .is_err()
+    );
+    let sessions = children_of(sshd.pid());
+    assert!(!sessions.is_empty(), "no sshd connection process");
+    for pid in sessions {
+        // SAFETY: kill(2) has no memory-safety preconditions; these are our sshd's children.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let (first, second) = (first.await.unwrap(), second.await);
+    relay.pass();
+    for result in [first, second] {
+        match result {
+            Err(LibvirtError::Transport(m)) => {
+                for needed in [
+                    "base-killed.img",
+                    "was interrupted",
+                    "SSH connection",
+                    "dropped",
+                ] {
+                    assert!(m.contains(needed), "`{needed}` missing from: {m}");
+                }
+            }
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        hv.lookup_volume(pool.clone(), "base-killed.img".into())
+            .await,
+        Err(LibvirtError::NotFound(_))
+    ));
+    let imported = import("base-killed.img").await.unwrap();
+    assert_eq!(
+        sha256(&std::fs::read(&imported.path).unwrap()),
+        source.sha256
+    );
+    assert_eq!(files.requests("/big.raw"), 4, "one download per job");
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
     hv.probe(Duration::from_secs(30)).await.unwrap();
 }

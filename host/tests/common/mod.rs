@@ -329,6 +329,25 @@ pub fn ssh_material(
     }
 }
 
+/// Processes whose parent is `pid`.
+pub fn children_of(pid: u32) -> Vec<libc::pid_t> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces, so split after the last ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid = rest.split_whitespace().nth(1);
+        if ppid == Some(&pid.to_string()) {
+            children.push(head.split_whitespace().next().unwrap().parse().unwrap());
+        }
+    }
+    children
+}
+
 /// Bytes that no compression could shrink (xorshift), so an upload really carries `len` bytes.
 pub fn noise(len: usize) -> Vec<u8> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;

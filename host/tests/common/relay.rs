@@ -1,30 +1,34 @@
 //! A loopback TCP relay to put between the host and sshd, so a test can drop the SSH connection
-//! at a chosen point of a transfer, as a flaky network or a rebooted router would. The cut is
+//! at a chosen point of a transfer, as a flaky network or a rebooted router would, or hold it
+//! there while the test does something else (kills sshd's connection process). The point is
 //! counted in bytes, not timed: "after N more bytes towards the server" lands mid-upload however
 //! fast the machine is.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// No cut.
-const NEVER: u64 = u64::MAX;
+/// What the relay does with each connection, counted from when the rule was set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    Pass,
+    /// Close both sockets once the connection carried this many bytes towards the server.
+    CutAfter(u64),
+    /// Stop forwarding towards the server after this many bytes, until the rule changes.
+    HoldAfter(u64),
+}
 
 /// What the relay does, shared with its connections.
 struct State {
     upstream: SocketAddr,
-    /// Bytes towards the server a connection may carry after the last [`Relay::cut_after`]
-    /// before it is cut; [`NEVER`] when passing everything.
-    limit: AtomicU64,
-    /// Bumped by every `cut_after`/`pass`, so each connection counts from then on.
-    generation: AtomicU64,
-    /// Connections cut so far; `watch` so a test can await the next one.
+    /// The rule and its generation (bumped at every change, so each connection counts anew).
+    rule: watch::Sender<(u64, Rule)>,
+    /// Connections cut so far, and held so far; `watch` so a test can await the next one.
     cuts: watch::Sender<usize>,
-    accepted: AtomicUsize,
+    holds: watch::Sender<usize>,
 }
 
 /// A TCP relay on `127.0.0.1:PORT` to `upstream`. Stops (with every connection) when dropped.
@@ -42,10 +46,9 @@ impl Relay {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             upstream,
-            limit: AtomicU64::new(NEVER),
-            generation: AtomicU64::new(0),
+            rule: watch::channel((0, Rule::Pass)).0,
             cuts: watch::channel(0).0,
-            accepted: AtomicUsize::new(0),
+            holds: watch::channel(0).0,
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -55,7 +58,6 @@ impl Relay {
                 tokio::select! {
                     accepted = listener.accept() => {
                         let Ok((client, _)) = accepted else { continue };
-                        shared.accepted.fetch_add(1, Ordering::Relaxed);
                         connections.spawn(pipe(client, shared.clone()));
                     }
                     Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -73,17 +75,27 @@ impl Relay {
         self.addr.port()
     }
 
+    fn set(&self, rule: Rule) {
+        self.state
+            .rule
+            .send_modify(|(generation, old)| (*generation, *old) = (*generation + 1, rule));
+    }
+
     /// From now on, cuts every connection (open or new) once it has carried `bytes` more towards
     /// the server: both sockets are closed, as when the path to the server goes away.
     pub fn cut_after(&self, bytes: u64) {
-        self.state.limit.store(bytes, Ordering::SeqCst);
-        self.state.generation.fetch_add(1, Ordering::SeqCst);
+        self.set(Rule::CutAfter(bytes));
     }
 
-    /// Passes everything again (connections are counted from now on).
+    /// From now on, stops forwarding a connection towards the server once it has carried
+    /// `bytes` more, until [`Relay::pass`]; the other direction still flows.
+    pub fn hold_after(&self, bytes: u64) {
+        self.set(Rule::HoldAfter(bytes));
+    }
+
+    /// Passes everything again (held connections go on).
     pub fn pass(&self) {
-        self.state.limit.store(NEVER, Ordering::SeqCst);
-        self.state.generation.fetch_add(1, Ordering::SeqCst);
+        self.set(Rule::Pass);
     }
 
     /// Connections cut so far.
@@ -91,14 +103,13 @@ impl Relay {
         *self.state.cuts.borrow()
     }
 
-    /// A receiver of the number of connections cut so far (to await the next cut).
-    pub fn watch_cuts(&self) -> watch::Receiver<usize> {
-        self.state.cuts.subscribe()
-    }
-
-    /// Connections accepted so far.
-    pub fn accepted(&self) -> usize {
-        self.state.accepted.load(Ordering::Relaxed)
+    /// Waits until `n` connections in all have been held.
+    pub async fn held(&self, n: usize) {
+        let mut holds = self.state.holds.subscribe();
+        holds
+            .wait_for(|held| *held >= n)
+            .await
+            .expect("the relay runs");
     }
 }
 
@@ -119,27 +130,45 @@ async fn pipe(mut client: TcpStream, state: Arc<State>) {
     let (mut client_read, mut client_write) = client.split();
     let (mut server_read, mut server_write) = server.split();
     let towards_server = async {
+        let mut rules = state.rule.subscribe();
         let mut buffer = vec![0u8; 64 * 1024];
-        let (mut generation, mut carried) = (state.generation.load(Ordering::SeqCst), 0u64);
+        let (mut generation, mut carried) = (rules.borrow().0, 0u64);
         loop {
             let n = match client_read.read(&mut buffer).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            let now = state.generation.load(Ordering::SeqCst);
-            if now != generation {
-                (generation, carried) = (now, 0);
-            }
-            let limit = state.limit.load(Ordering::SeqCst);
-            if carried + n as u64 >= limit {
-                let keep = (limit - carried) as usize;
-                let _ = server_write.write_all(&buffer[..keep]).await;
-                state.cuts.send_modify(|cuts| *cuts += 1);
-                return;
-            }
-            carried += n as u64;
-            if server_write.write_all(&buffer[..n]).await.is_err() {
-                return;
+            let mut chunk = &buffer[..n];
+            while !chunk.is_empty() {
+                let (now, rule) = *rules.borrow_and_update();
+                if now != generation {
+                    (generation, carried) = (now, 0);
+                }
+                let limit = match rule {
+                    Rule::Pass => u64::MAX,
+                    Rule::CutAfter(limit) | Rule::HoldAfter(limit) => limit,
+                };
+                let room = limit.saturating_sub(carried).min(chunk.len() as u64) as usize;
+                if server_write.write_all(&chunk[..room]).await.is_err() {
+                    return;
+                }
+                (carried, chunk) = (carried + room as u64, &chunk[room..]);
+                if chunk.is_empty() && carried < limit {
+                    break;
+                }
+                match rule {
+                    Rule::Pass => {}
+                    Rule::CutAfter(_) => {
+                        state.cuts.send_modify(|cuts| *cuts += 1);
+                        return;
+                    }
+                    Rule::HoldAfter(_) => {
+                        state.holds.send_modify(|holds| *holds += 1);
+                        if rules.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
             }
         }
     };

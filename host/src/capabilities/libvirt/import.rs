@@ -250,7 +250,8 @@ impl Hypervisor {
         source: &ImageSource,
     ) -> Result<(), LibvirtError> {
         let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>, String>>(4);
-        // What the upload was handed, for the error when it stops half-way.
+        // What the upload was handed (an upper bound of what reached the hypervisor), for the
+        // error when it stops half-way.
         let handed_total = std::sync::atomic::AtomicU64::new(0);
         let handed = &handed_total;
         let (pool_name, volume_name) = (pool.to_string(), name.to_string());
@@ -338,7 +339,7 @@ impl Hypervisor {
         fed?;
         let uploaded = uploaded.map_err(|e| match e {
             LibvirtError::Transport(m) => LibvirtError::Transport(format!(
-                "the upload stopped with about {} of {} sent: {m}",
+                "the upload stopped at most {} into the {} image: {m}",
                 mib(handed_total.load(std::sync::atomic::Ordering::Relaxed)),
                 mib(length)
             )),
