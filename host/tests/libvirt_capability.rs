@@ -544,6 +544,27 @@ async fn a_hung_libvirtd_holds_a_bounded_number_of_threads() {
     assert_eq!(hub.connections_opened(), 1, "the connection was kept");
 }
 
+/// The hypervisor `hv1` reached through a new [`Relay`] in front of the harness sshd, connected.
+async fn through_a_relay(
+    sshd: &Sshd,
+    libvirtd: &Libvirtd,
+    dir: &std::path::Path,
+) -> (Relay, Arc<LibvirtHub>, Arc<CallContext>, Hypervisor) {
+    let relay = Relay::start(sshd.addr()).await;
+    let material = SshMaterial {
+        known_hosts: format!("[127.0.0.1]:{} {}\n", relay.port(), sshd.host_pubkey()),
+        ..ssh_material(sshd)
+    };
+    let hub = hub(MaterialSource::Static(material), dir);
+    let ctx = context(
+        &grants_at(relay.port(), sshd, libvirtd, "kvm-ssh"),
+        hub.clone(),
+    );
+    let hv = open(&ctx).await;
+    hv.probe(Duration::from_secs(30)).await.unwrap();
+    (relay, hub, ctx, hv)
+}
+
 /// The SSH connection drops in the middle of an image import, twice: a relay between the host
 /// and sshd cuts it after a quarter of the 24 MiB image; then sshd's process for the connection
 /// is killed while the relay holds the upload at a quarter (a second call joined to the same
@@ -556,20 +577,9 @@ async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_ove
     let (libvirtd, sshd, files) =
         tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
     let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
-    let relay = Relay::start(sshd.addr()).await;
     let dir = tempfile::tempdir().unwrap();
-    let material = SshMaterial {
-        known_hosts: format!("[127.0.0.1]:{} {}\n", relay.port(), sshd.host_pubkey()),
-        ..ssh_material(&sshd)
-    };
-    let hub = hub(MaterialSource::Static(material), dir.path());
-    let ctx = context(
-        &grants_at(relay.port(), &sshd, &libvirtd, "kvm-ssh"),
-        hub.clone(),
-    );
-    let hv = open(&ctx).await;
+    let (relay, hub, ctx, hv) = through_a_relay(&sshd, &libvirtd, dir.path()).await;
     let pool = libvirtd.pool_name().to_string();
-    hv.probe(Duration::from_secs(30)).await.unwrap();
     assert_eq!(hub.connections_opened(), 1);
 
     const IMAGE: usize = 24 << 20;
@@ -715,4 +725,77 @@ async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_ove
     assert_eq!(files.requests("/big.raw"), 4, "one download per job");
     assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
     hv.probe(Duration::from_secs(30)).await.unwrap();
+}
+
+/// The SSH connection goes silent in the middle of an image import (the relay stops forwarding
+/// towards sshd after a quarter of the image: no reset, no close, as when a route or a NAT entry
+/// vanishes). The SSH keepalives (every 15 s, 3 unanswered end the session) notice: the import
+/// fails after about a minute (60.5 s here) with the same interrupted error instead of waiting forever (its
+/// job would block every later call for the volume), and the next one, with the path back,
+/// starts over and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_over_a_silently_dead_ssh_connection_fails_once_keepalives_go_unanswered_then_starts_over()
+ {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, _hub, ctx, hv) = through_a_relay(&sshd, &libvirtd, dir.path()).await;
+    let pool = libvirtd.pool_name().to_string();
+    let image = noise(24 << 20);
+    files.serve("/big.raw", image.clone());
+    let source = ImageSource {
+        url: files.url("/big.raw"),
+        sha256: sha256(&image),
+        format: "raw".into(),
+    };
+
+    relay.hold_after(6 << 20);
+    let started = std::time::Instant::now();
+    let silent = tokio::time::timeout(
+        Duration::from_secs(120),
+        hv.import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-silent.img".into(),
+            source.clone(),
+        ),
+    )
+    .await
+    .expect("a silent connection fails the import, it does not hang it");
+    let noticed = started.elapsed();
+    relay.pass();
+    eprintln!("silent drop noticed after {noticed:?}");
+    assert!(
+        noticed >= Duration::from_secs(30),
+        "{noticed:?}: keepalives, not a fluke"
+    );
+    match silent {
+        Err(LibvirtError::Transport(m)) => {
+            for needed in [
+                "base-silent.img",
+                "was interrupted",
+                "SSH connection",
+                "dropped",
+            ] {
+                assert!(m.contains(needed), "`{needed}` missing from: {m}");
+            }
+        }
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+    let imported = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-silent.img".into(),
+            source.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sha256(&std::fs::read(&imported.path).unwrap()),
+        source.sha256
+    );
+    assert_eq!(files.requests("/big.raw"), 2);
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
 }
