@@ -619,7 +619,7 @@ async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_ove
         "import",
         "base-big.img",
         "hv1",
-        "again",
+        "tries again",
     ] {
         assert!(
             message.contains(needed),
@@ -797,5 +797,139 @@ async fn an_import_over_a_silently_dead_ssh_connection_fails_once_keepalives_go_
         source.sha256
     );
     assert_eq!(files.requests("/big.raw"), 2);
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+}
+
+/// How many leading bytes of `copy` are already `image`'s, in whole MiB (libvirt allocates the
+/// whole file before it copies, so its size says nothing).
+fn copied(copy: &std::path::Path, image: &std::path::Path) -> u64 {
+    let (Ok(copy), Ok(image)) = (std::fs::read(copy), std::fs::read(image)) else {
+        return 0;
+    };
+    let same = copy
+        .chunks(1 << 20)
+        .zip(image.chunks(1 << 20))
+        .take_while(|(a, b)| a == b)
+        .count() as u64;
+    (same << 20).min(image.len() as u64)
+}
+
+/// The last MiB of the file at `path`.
+fn last_mib(path: &std::path::Path) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).unwrap();
+    file.seek(SeekFrom::End(-(1 << 20))).unwrap();
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).unwrap();
+    tail
+}
+
+/// The SSH connection drops while libvirt copies the verified staging volume (128 MiB) to the
+/// base's name: libvirtd is stopped (SIGSTOP) as soon as the copy has made the base's file, the
+/// relay cuts the connection, libvirtd goes on. libvirtd finishes a copy whose client went away
+/// on its own, and the base is there half-copied until then: the import answers only once the
+/// copy is over (interrupted, saying it was during the copy), so from then on the base is
+/// either refused or whole; the next import-image takes the finished copy after checking its
+/// digest, without a second download. (Before, the import answered at once and the very next
+/// lookup handed out the half-copied base.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_base() {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, _hub, ctx, hv) = through_a_relay(&sshd, &libvirtd, dir.path()).await;
+    let pool = libvirtd.pool_name().to_string();
+    const IMAGE: u64 = 128 << 20;
+    let image_path = dir.path().join("copy.raw");
+    let digest = {
+        let image = noise(IMAGE as usize);
+        std::fs::write(&image_path, &image).unwrap();
+        sha256(&image)
+    };
+    files.serve_file("/copy.raw", &image_path);
+    let source = ImageSource {
+        url: files.url("/copy.raw"),
+        sha256: digest.clone(),
+        format: "raw".into(),
+    };
+    let base = libvirtd.pool_path().join(format!(
+        "{}base-copy.img",
+        proxy_operator::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+    ));
+    let import = {
+        let (hv, ctx, pool, source) = (hv.clone(), ctx.clone(), pool.clone(), source.clone());
+        tokio::spawn(async move {
+            hv.import_image(ctx, pool, "base-copy.img".into(), source)
+                .await
+        })
+    };
+    // The copy makes the base's file first; there is no event for it, so it is polled.
+    let pid = libvirtd.libvirtd_pid().unwrap() as i32;
+    let started = std::time::Instant::now();
+    while !base.exists() {
+        assert!(
+            !import.is_finished(),
+            "the import ended before its copy started"
+        );
+        assert!(started.elapsed() < Duration::from_secs(120), "no copy");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // SAFETY: signalling a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    eprintln!(
+        "libvirtd stopped {:?} in, {} of the image copied",
+        started.elapsed(),
+        copied(&base, &image_path)
+    );
+    assert!(
+        copied(&base, &image_path) < IMAGE,
+        "the copy ended before libvirtd could be stopped"
+    );
+    relay.cut_now();
+    relay.cut(1).await;
+    relay.pass();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let answered = import.await.unwrap();
+    let looked_up = hv.lookup_volume(pool.clone(), "base-copy.img".into()).await;
+    eprintln!("import answered: {answered:?}");
+    match looked_up {
+        Ok(volume) => {
+            // The copy goes front to back: its last MiB tells at once whether it is done.
+            assert!(
+                last_mib(std::path::Path::new(&volume.path)) == last_mib(&image_path),
+                "a half-copied base was handed out"
+            );
+            assert_eq!(sha256(&std::fs::read(&volume.path).unwrap()), digest);
+        }
+        Err(LibvirtError::NotFound(m)) => eprintln!("refused: {m}"),
+        Err(e) => panic!("{e:?}"),
+    }
+    match answered {
+        Err(LibvirtError::Transport(m)) => {
+            for needed in [
+                "was interrupted",
+                "while libvirt copied",
+                "SSH connection",
+                "dropped",
+            ] {
+                assert!(m.contains(needed), "`{needed}` missing from: {m}");
+            }
+        }
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+    // libvirt finished the copy: the next import-image checks its digest and takes it, with no
+    // second download, and no staging volume is left.
+    let imported = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-copy.img".into(),
+            source.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sha256(&std::fs::read(&imported.path).unwrap()), digest);
+    assert_eq!(files.requests("/copy.raw"), 1);
     assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
 }

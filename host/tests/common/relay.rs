@@ -87,6 +87,20 @@ impl Relay {
         self.set(Rule::CutAfter(bytes));
     }
 
+    /// Cuts every open connection now, and every new one at its first byte, until the rule
+    /// changes.
+    pub fn cut_now(&self) {
+        self.set(Rule::CutAfter(0));
+    }
+
+    /// Waits until `n` connections in all have been cut.
+    pub async fn cut(&self, n: usize) {
+        let mut cuts = self.state.cuts.subscribe();
+        cuts.wait_for(|cut| *cut >= n)
+            .await
+            .expect("the relay runs");
+    }
+
     /// From now on, stops forwarding a connection towards the server once it has carried
     /// `bytes` more, until [`Relay::pass`]; the other direction still flows.
     pub fn hold_after(&self, bytes: u64) {
@@ -134,9 +148,26 @@ async fn pipe(mut client: TcpStream, state: Arc<State>) {
         let mut buffer = vec![0u8; 64 * 1024];
         let (mut generation, mut carried) = (rules.borrow().0, 0u64);
         loop {
-            let n = match client_read.read(&mut buffer).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
+            let n = tokio::select! {
+                read = client_read.read(&mut buffer) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                // A new rule applies at once to a quiet connection too (`cut_now`).
+                changed = rules.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let (now, rule) = *rules.borrow_and_update();
+                    if now != generation {
+                        (generation, carried) = (now, 0);
+                    }
+                    if rule == Rule::CutAfter(0) {
+                        state.cuts.send_modify(|cuts| *cuts += 1);
+                        return;
+                    }
+                    continue;
+                }
             };
             let mut chunk = &buffer[..n];
             while !chunk.is_empty() {

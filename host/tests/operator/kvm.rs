@@ -270,7 +270,7 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
             "was interrupted",
             "SSH connection",
             "dropped",
-            "import again",
+            "tries again",
             "retrying",
         ] {
             assert!(

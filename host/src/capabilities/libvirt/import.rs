@@ -224,19 +224,67 @@ impl Hypervisor {
         let uploaded = self
             .stream_into(response, &pool, &staging, length, source)
             .await;
-        let copied = match uploaded {
+        let (copied, orphaned) = match uploaded {
             Ok(()) => {
-                self.copy_volume(pool.clone(), staging.clone(), name.clone())
-                    .await
+                let copied = self
+                    .copy_volume(pool.clone(), staging.clone(), name.clone())
+                    .await;
+                // The connection went during the copy: libvirtd goes on copying without a
+                // client, and `name` is there half-copied until it is done. The job (which
+                // lookups of `name` wait for) ends only once libvirt has let go of the
+                // staging volume.
+                let orphaned = matches!(copied, Err(LibvirtError::Transport(_)));
+                (copied, orphaned)
             }
-            Err(e) => Err(e),
+            Err(e) => (Err(e), false),
         };
-        if let Err(cleanup) = self.delete_real(pool.clone(), staging.clone()).await {
+        let removed = if orphaned {
+            self.remove_after_orphaned_copy(&pool, &staging).await
+        } else {
+            self.delete_real(pool.clone(), staging.clone()).await
+        };
+        if let Err(cleanup) = removed {
             warn!(hypervisor = %self.host, pool, volume = staging, error = %cleanup, "cannot remove the staging volume");
         }
-        copied?;
+        copied.map_err(|e| match e {
+            LibvirtError::Transport(m) if orphaned => LibvirtError::Transport(format!(
+                "the connection went while libvirt copied the verified image to {}; libvirt \
+                 finished or dropped the copy on its own, and the import waited for that: {m}",
+                self.plugin_name(&name)
+            )),
+            other => other,
+        })?;
         self.refresh_pool(pool.clone()).await?;
         self.volume(pool, name).await
+    }
+
+    /// Removes the staging volume once the copy from it, which libvirtd finishes (or drops)
+    /// on its own after its client went away, is over: libvirt refuses to delete a copy's
+    /// source while it copies ("still in use"), and that refusal is the only sign of the copy
+    /// it gives (there is no volume event), so it is polled.
+    async fn remove_after_orphaned_copy(
+        &self,
+        pool: &str,
+        staging: &str,
+    ) -> Result<(), LibvirtError> {
+        let started = Instant::now();
+        loop {
+            let removed = self
+                .delete_real(pool.to_string(), staging.to_string())
+                .await;
+            match after_orphaned_copy(&removed, started.elapsed()) {
+                OrphanedCopy::Over => return Ok(()),
+                OrphanedCopy::GiveUp => return removed,
+                OrphanedCopy::Wait => {
+                    info!(
+                        hypervisor = %self.host, pool, volume = staging,
+                        waited_s = started.elapsed().as_secs(),
+                        "waiting for libvirt to finish a copy whose connection was lost"
+                    );
+                    tokio::time::sleep(ORPHANED_COPY_POLL).await;
+                }
+            }
+        }
     }
 
     /// Feeds the response body to a blocking libvirt upload through a small bounded channel,
@@ -376,6 +424,39 @@ async fn abort_upload(sender: &ChunkSender, reason: &str) {
     let _ = tokio::task::spawn_blocking(move || sender.send(item)).await;
 }
 
+/// How often a copy that lost its connection is looked at.
+const ORPHANED_COPY_POLL: Duration = Duration::from_secs(1);
+/// Past this, the import stops waiting for such a copy (a copy of the largest image takes
+/// minutes, not this long): the hypervisor is unreachable or libvirt in a state nobody can
+/// tell from here.
+const ORPHANED_COPY_MAX: Duration = Duration::from_secs(30 * 60);
+
+/// What the staging volume's delete says of a copy from it that lost its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OrphanedCopy {
+    /// The staging volume is gone: libvirt is done with the copy (the base is whole, or
+    /// libvirt removed it after a failed copy).
+    Over,
+    /// Still copying, or the hypervisor cannot be asked yet.
+    Wait,
+    GiveUp,
+}
+
+fn after_orphaned_copy(removed: &Result<(), LibvirtError>, waited: Duration) -> OrphanedCopy {
+    let copying = match removed {
+        Ok(()) | Err(LibvirtError::NotFound(_)) => return OrphanedCopy::Over,
+        Err(LibvirtError::Failed(m)) => m.contains("still in use"),
+        Err(LibvirtError::Transport(_) | LibvirtError::Timeout(_)) => true,
+        // Anything else will not change by waiting.
+        Err(_) => false,
+    };
+    if copying && waited < ORPHANED_COPY_MAX {
+        OrphanedCopy::Wait
+    } else {
+        OrphanedCopy::GiveUp
+    }
+}
+
 /// Forgets its import job when dropped (see [`Hypervisor::start_import`]).
 struct Registered {
     hub: Arc<super::hub::LibvirtHub>,
@@ -396,8 +477,8 @@ fn interrupted(e: LibvirtError, host: &str, pool: &str, volume: &str, url: &str)
     let say = |m: String| {
         format!(
             "image import of {volume} (pool {pool} on hypervisor {host}, from {url}) was interrupted: {m}; \
-             {volume} was not written (the bytes went to a staging volume that is never used), \
-             and the next import-image starts the import again"
+             nothing half-written is ever used as {volume} (the bytes go to a staging volume \
+             first), and the next import-image tries again"
         )
     };
     match e {
@@ -441,13 +522,7 @@ mod tests {
             let text = said.to_string();
             assert_eq!(text.contains("was interrupted"), retried, "{text}");
             if retried {
-                for needed in [
-                    "base.img",
-                    "hv1",
-                    "pool",
-                    "http://i/b",
-                    "starts the import again",
-                ] {
+                for needed in ["base.img", "hv1", "pool", "http://i/b", "tries again"] {
                     assert!(text.contains(needed), "{needed} missing: {text}");
                 }
             } else {
@@ -455,6 +530,42 @@ mod tests {
             }
         }
         assert_eq!(mib(6 << 20), "6.0 MiB");
+    }
+
+    /// After a copy lost its connection, the import waits while libvirt still copies (it
+    /// refuses to delete the source) or cannot be asked, and no longer than the bound.
+    #[test]
+    fn an_orphaned_copy_is_waited_for_while_libvirt_still_copies() {
+        use OrphanedCopy::{GiveUp, Over, Wait};
+        let in_use = || {
+            Err(LibvirtError::Failed(
+                "storage-vol-delete pool=p volume=b.partial: Requested operation is not valid: volume 'b.partial' is still in use.".into(),
+            ))
+        };
+        let early = Duration::from_secs(3);
+        let late = ORPHANED_COPY_MAX + Duration::from_secs(1);
+        let cases = [
+            (Ok(()), early, Over),
+            (Err(LibvirtError::NotFound("gone".into())), early, Over),
+            (in_use(), early, Wait),
+            (in_use(), late, GiveUp),
+            (Err(LibvirtError::Transport("ssh".into())), early, Wait),
+            (Err(LibvirtError::Timeout("slow".into())), early, Wait),
+            (Err(LibvirtError::Transport("ssh".into())), late, GiveUp),
+            (
+                Err(LibvirtError::Failed("permission denied".into())),
+                early,
+                GiveUp,
+            ),
+            (Err(LibvirtError::Denied("pool".into())), early, GiveUp),
+        ];
+        for (removed, waited, expected) in cases {
+            assert_eq!(
+                after_orphaned_copy(&removed, waited),
+                expected,
+                "{removed:?} after {waited:?}"
+            );
+        }
     }
 
     /// A job whose task dies (a bug, a panic) is forgotten all the same, and its waiters are
