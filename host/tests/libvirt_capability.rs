@@ -828,10 +828,10 @@ fn last_mib(path: &std::path::Path) -> Vec<u8> {
 /// base's name: libvirtd is stopped (SIGSTOP) as soon as the copy has made the base's file, the
 /// relay cuts the connection, libvirtd goes on. libvirtd finishes a copy whose client went away
 /// on its own, and the base is there half-copied until then: the import answers only once the
-/// copy is over (interrupted, saying it was during the copy), so from then on the base is
-/// either refused or whole; the next import-image takes the finished copy after checking its
-/// digest, without a second download. (Before, the import answered at once and the very next
-/// lookup handed out the half-copied base.)
+/// copy is over and its digest checked, so the base is never handed out half-copied; here the
+/// copy finished, and the import succeeds without a second download. (Before, the import
+/// answered at once with a bare transport error and the very next lookup handed out the
+/// half-copied base.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_base() {
     let (libvirtd, sshd, files) =
@@ -882,10 +882,11 @@ async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_b
         started.elapsed(),
         copied(&base, &image_path)
     );
-    assert!(
-        copied(&base, &image_path) < IMAGE,
-        "the copy ended before libvirtd could be stopped"
-    );
+    if copied(&base, &image_path) >= IMAGE {
+        // SAFETY: as above; libvirtd must not be left stopped.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        panic!("the copy ended before libvirtd could be stopped");
+    }
     relay.cut_now();
     relay.cut(1).await;
     relay.pass();
@@ -905,30 +906,9 @@ async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_b
         Err(LibvirtError::NotFound(m)) => eprintln!("refused: {m}"),
         Err(e) => panic!("{e:?}"),
     }
-    match answered {
-        Err(LibvirtError::Transport(m)) => {
-            for needed in [
-                "was interrupted",
-                "while libvirt copied",
-                "SSH connection",
-                "dropped",
-            ] {
-                assert!(m.contains(needed), "`{needed}` missing from: {m}");
-            }
-        }
-        other => panic!("expected a transport error, got {other:?}"),
-    }
-    // libvirt finished the copy: the next import-image checks its digest and takes it, with no
-    // second download, and no staging volume is left.
-    let imported = hv
-        .import_image(
-            ctx.clone(),
-            pool.clone(),
-            "base-copy.img".into(),
-            source.clone(),
-        )
-        .await
-        .unwrap();
+    // libvirt finished the copy by itself and it has the image's digest: the import recovered
+    // (no second download), and no staging volume is left.
+    let imported = answered.expect("the copy libvirt went on with is the image");
     assert_eq!(sha256(&std::fs::read(&imported.path).unwrap()), digest);
     assert_eq!(files.requests("/copy.raw"), 1);
     assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());

@@ -246,14 +246,23 @@ impl Hypervisor {
         if let Err(cleanup) = removed {
             warn!(hypervisor = %self.host, pool, volume = staging, error = %cleanup, "cannot remove the staging volume");
         }
-        copied.map_err(|e| match e {
-            LibvirtError::Transport(m) if orphaned => LibvirtError::Transport(format!(
-                "the connection went while libvirt copied the verified image to {}; libvirt \
-                 finished or dropped the copy on its own, and the import waited for that: {m}",
-                self.plugin_name(&name)
-            )),
-            other => other,
-        })?;
+        match copied {
+            Ok(_) => {}
+            Err(LibvirtError::Transport(m)) if orphaned => {
+                if !self.orphaned_copy_is_whole(&pool, &name, source).await {
+                    return Err(LibvirtError::Transport(format!(
+                        "the connection went while libvirt copied the verified image to {}, and \
+                         the copy libvirt went on with did not make it whole: {m}",
+                        self.plugin_name(&name)
+                    )));
+                }
+                info!(
+                    hypervisor = %self.host, pool, volume = name,
+                    "the copy went on without its connection and has the image's digest"
+                );
+            }
+            Err(e) => return Err(e),
+        }
         self.refresh_pool(pool.clone()).await?;
         self.volume(pool, name).await
     }
@@ -283,6 +292,32 @@ impl Hypervisor {
                     );
                     tokio::time::sleep(ORPHANED_COPY_POLL).await;
                 }
+            }
+        }
+    }
+
+    /// Whether the copy to `name` that libvirtd went on with after its connection was lost made
+    /// the whole image: only its digest can tell (a libvirtd that died mid-copy leaves a
+    /// half-written volume). A volume that is not the image is deleted, so nothing takes it for
+    /// the base.
+    async fn orphaned_copy_is_whole(&self, pool: &str, name: &str, source: &ImageSource) -> bool {
+        match self.volume(pool.to_string(), name.to_string()).await {
+            Ok(_) => {}
+            // libvirt removed it after a failed copy.
+            Err(LibvirtError::NotFound(_)) => return false,
+            Err(e) => {
+                warn!(hypervisor = %self.host, pool, volume = name, error = %e, "cannot look at a copy whose connection was lost");
+                return false;
+            }
+        }
+        match self.volume_sha256(pool.to_string(), name.to_string()).await {
+            Ok(digest) if digest == source.sha256 => true,
+            outcome => {
+                warn!(hypervisor = %self.host, pool, volume = name, digest = ?outcome, "removing a copy whose connection was lost and that is not the image");
+                if let Err(e) = self.delete_real(pool.to_string(), name.to_string()).await {
+                    warn!(hypervisor = %self.host, pool, volume = name, error = %e, "cannot remove a copy that is not the image");
+                }
+                false
             }
         }
     }
