@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::operator_process::{OperatorProcess, OperatorSetup};
-use common::relay::Relay;
+use common::black_hole::BlackHole;
 use common::{InstanceStore, proxy_on_port};
 use harness::{ControlPlane, FileServer, Squid};
 use reqwest::{Method, StatusCode};
@@ -50,7 +50,7 @@ fn apiserver_addr(cp: &ControlPlane) -> SocketAddr {
 }
 
 /// The control plane's kubeconfig, but through `relay`.
-fn kubeconfig_through(cp: &ControlPlane, relay: &Relay, path: &Path) {
+fn kubeconfig_through(cp: &ControlPlane, relay: &BlackHole, path: &Path) {
     let text = std::fs::read_to_string(cp.kubeconfig()).unwrap();
     let through = text.replace(cp.url(), &format!("https://{}", relay.addr));
     assert_ne!(text, through, "the kubeconfig names {}", cp.url());
@@ -187,7 +187,7 @@ fn keep_asking(
 async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_leads_and_no_lease_is_lost()
  {
     let world = World::start("px-failover").await;
-    let relay = Relay::start(apiserver_addr(&world.cp)).await;
+    let relay = BlackHole::start(apiserver_addr(&world.cp)).await;
     let through_relay = world.dir.path().join("through-relay.kubeconfig");
     kubeconfig_through(&world.cp, &relay, &through_relay);
 

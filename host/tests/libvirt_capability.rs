@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ssh_material, ssh_secret};
+use common::relay::Relay;
+use common::{children_of, noise, ssh_material, ssh_secret};
 use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
 use k8s_openapi::api::core::v1::Secret;
 use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
@@ -22,6 +23,11 @@ const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
 /// Grants hypervisor `hv1` (the harness sshd, forwarding to the harness libvirtd) and HTTP to
 /// loopback (for image imports).
 fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
+    grants_at(sshd.port(), sshd, libvirtd, secret)
+}
+
+/// Like [`grants`], with SSH to `port` on loopback (a relay in front of the harness sshd).
+fn grants_at(port: u16, sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
     serde_json::from_value(serde_json::json!({
         "http": {"allow": ["http://127.0.0.1:*"]},
         "libvirt": {
@@ -29,7 +35,7 @@ fn grants(sshd: &Sshd, libvirtd: &Libvirtd, secret: &str) -> Grants {
             "hosts": [{
                 "name": "hv1",
                 "address": "127.0.0.1",
-                "port": sshd.port(),
+                "port": port,
                 "user": sshd.user(),
                 "socket": libvirtd.socket().to_str().unwrap(),
                 "pools": [libvirtd.pool_name()],
@@ -536,4 +542,374 @@ async fn a_hung_libvirtd_holds_a_bounded_number_of_threads() {
 
     hv.list_domains(None).await.unwrap();
     assert_eq!(hub.connections_opened(), 1, "the connection was kept");
+}
+
+/// The hypervisor `hv1` reached through a new [`Relay`] in front of the harness sshd, connected.
+async fn through_a_relay(
+    sshd: &Sshd,
+    libvirtd: &Libvirtd,
+    dir: &std::path::Path,
+) -> (Relay, Arc<LibvirtHub>, Arc<CallContext>, Hypervisor) {
+    let relay = Relay::start(sshd.addr()).await;
+    let material = SshMaterial {
+        known_hosts: format!("[127.0.0.1]:{} {}\n", relay.port(), sshd.host_pubkey()),
+        ..ssh_material(sshd)
+    };
+    let hub = hub(MaterialSource::Static(material), dir);
+    let ctx = context(
+        &grants_at(relay.port(), sshd, libvirtd, "kvm-ssh"),
+        hub.clone(),
+    );
+    let hv = open(&ctx).await;
+    hv.probe(Duration::from_secs(30)).await.unwrap();
+    (relay, hub, ctx, hv)
+}
+
+/// The SSH connection drops in the middle of an image import, twice: a relay between the host
+/// and sshd cuts it after a quarter of the 24 MiB image; then sshd's process for the connection
+/// is killed while the relay holds the upload at a quarter (a second call joined to the same
+/// job). Each call fails with a transport error that says the import was interrupted because
+/// the SSH connection dropped; the base volume never exists half-written; the shared connection
+/// is opened again; and the next import-image, with the network back, starts over (a new
+/// download, no stale job) and ends with every byte of the image and no staging volume left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_over() {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, hub, ctx, hv) = through_a_relay(&sshd, &libvirtd, dir.path()).await;
+    let pool = libvirtd.pool_name().to_string();
+    assert_eq!(hub.connections_opened(), 1);
+
+    const IMAGE: usize = 24 << 20;
+    const CUT_AFTER: u64 = 6 << 20;
+    let image = noise(IMAGE);
+    files.serve("/big.raw", image.clone());
+    let source = ImageSource {
+        url: files.url("/big.raw"),
+        sha256: sha256(&image),
+        format: "raw".into(),
+    };
+    let base_path = libvirtd.pool_path().join(format!(
+        "{}base-big.img",
+        proxy_operator::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+    ));
+
+    relay.cut_after(CUT_AFTER);
+    let started = std::time::Instant::now();
+    let cut = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-big.img".into(),
+            source.clone(),
+        )
+        .await;
+    let failed_after = started.elapsed();
+    assert_eq!(relay.cuts(), 1, "the relay cut the SSH connection once");
+    let message = match cut {
+        Err(LibvirtError::Transport(m)) => m,
+        other => panic!("expected a transport error, got {other:?}"),
+    };
+    eprintln!("import cut after {failed_after:?}: {message}");
+    for needed in [
+        "SSH connection",
+        "dropped",
+        "import",
+        "base-big.img",
+        "hv1",
+        "tries again",
+    ] {
+        assert!(
+            message.contains(needed),
+            "`{needed}` missing from: {message}"
+        );
+    }
+    // Nothing half-written under the base's name, neither for libvirt nor on disk.
+    assert!(
+        matches!(
+            hv.lookup_volume(pool.clone(), "base-big.img".into()).await,
+            Err(LibvirtError::NotFound(_))
+        ),
+        "no base volume after a cut import"
+    );
+    assert!(!base_path.exists(), "{} exists", base_path.display());
+    let listed = libvirtd.virsh_run(&["vol-list", &pool]).await.unwrap();
+    assert!(!listed.contains("base-big.img "), "{listed}");
+
+    // The network is back: the same call starts the import over and gets every byte.
+    relay.pass();
+    let started = std::time::Instant::now();
+    let imported = tokio::time::timeout(
+        Duration::from_secs(120),
+        hv.import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-big.img".into(),
+            source.clone(),
+        ),
+    )
+    .await
+    .expect("the second import is not blocked by the first one's job")
+    .unwrap();
+    eprintln!("second import took {:?}", started.elapsed());
+    assert_eq!(
+        files.requests("/big.raw"),
+        2,
+        "the import started over with a new download"
+    );
+    let written = std::fs::read(&imported.path).unwrap();
+    assert_eq!(written.len(), IMAGE);
+    assert_eq!(
+        sha256(&written),
+        source.sha256,
+        "the base has the image's digest"
+    );
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+    assert!(
+        hub.connections_opened() >= 2,
+        "the dropped connection was replaced"
+    );
+
+    // The same from the server's side: sshd's process for the connection dies mid-upload (the
+    // relay holds the upload after 6 MiB meanwhile, so it is mid-transfer for sure). A second
+    // call for the volume joins the running job and gets the same answer.
+    relay.hold_after(CUT_AFTER);
+    let import = |volume: &'static str| {
+        let (hv, ctx, pool, source) = (hv.clone(), ctx.clone(), pool.clone(), source.clone());
+        async move { hv.import_image(ctx, pool, volume.into(), source).await }
+    };
+    let first = tokio::spawn(import("base-killed.img"));
+    relay.held(1).await;
+    let mut second = Box::pin(import("base-killed.img"));
+    // Polled once: past its (synchronous) look at the job table, it waits on the running job.
+    assert!(
+        tokio::time::timeout(Duration::ZERO, &mut second)
+            .await
+            .is_err()
+    );
+    let sessions = children_of(sshd.pid());
+    assert!(!sessions.is_empty(), "no sshd connection process");
+    for pid in sessions {
+        // SAFETY: kill(2) has no memory-safety preconditions; these are our sshd's children.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let (first, second) = (first.await.unwrap(), second.await);
+    relay.pass();
+    for result in [first, second] {
+        match result {
+            Err(LibvirtError::Transport(m)) => {
+                for needed in [
+                    "base-killed.img",
+                    "was interrupted",
+                    "SSH connection",
+                    "dropped",
+                ] {
+                    assert!(m.contains(needed), "`{needed}` missing from: {m}");
+                }
+            }
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        hv.lookup_volume(pool.clone(), "base-killed.img".into())
+            .await,
+        Err(LibvirtError::NotFound(_))
+    ));
+    let imported = import("base-killed.img").await.unwrap();
+    assert_eq!(
+        sha256(&std::fs::read(&imported.path).unwrap()),
+        source.sha256
+    );
+    assert_eq!(files.requests("/big.raw"), 4, "one download per job");
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+    hv.probe(Duration::from_secs(30)).await.unwrap();
+}
+
+/// The SSH connection goes silent in the middle of an image import (the relay stops forwarding
+/// towards sshd after a quarter of the image: no reset, no close, as when a route or a NAT entry
+/// vanishes). The SSH keepalives (every 15 s, 3 unanswered end the session) notice: the import
+/// fails after about a minute (60.5 s here) with the same interrupted error instead of waiting forever (its
+/// job would block every later call for the volume), and the next one, with the path back,
+/// starts over and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_over_a_silently_dead_ssh_connection_fails_once_keepalives_go_unanswered_then_starts_over()
+ {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, _hub, ctx, hv) = through_a_relay(&sshd, &libvirtd, dir.path()).await;
+    let pool = libvirtd.pool_name().to_string();
+    let image = noise(24 << 20);
+    files.serve("/big.raw", image.clone());
+    let source = ImageSource {
+        url: files.url("/big.raw"),
+        sha256: sha256(&image),
+        format: "raw".into(),
+    };
+
+    relay.hold_after(6 << 20);
+    let started = std::time::Instant::now();
+    let silent = tokio::time::timeout(
+        Duration::from_secs(120),
+        hv.import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-silent.img".into(),
+            source.clone(),
+        ),
+    )
+    .await
+    .expect("a silent connection fails the import, it does not hang it");
+    let noticed = started.elapsed();
+    relay.pass();
+    eprintln!("silent drop noticed after {noticed:?}");
+    assert!(
+        noticed >= Duration::from_secs(30),
+        "{noticed:?}: keepalives, not a fluke"
+    );
+    match silent {
+        Err(LibvirtError::Transport(m)) => {
+            for needed in [
+                "base-silent.img",
+                "was interrupted",
+                "SSH connection",
+                "dropped",
+            ] {
+                assert!(m.contains(needed), "`{needed}` missing from: {m}");
+            }
+        }
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+    let imported = hv
+        .import_image(
+            ctx.clone(),
+            pool.clone(),
+            "base-silent.img".into(),
+            source.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sha256(&std::fs::read(&imported.path).unwrap()),
+        source.sha256
+    );
+    assert_eq!(files.requests("/big.raw"), 2);
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
+}
+
+/// How many leading bytes of `copy` are already `image`'s, in whole MiB (libvirt allocates the
+/// whole file before it copies, so its size says nothing).
+fn copied(copy: &std::path::Path, image: &std::path::Path) -> u64 {
+    let (Ok(copy), Ok(image)) = (std::fs::read(copy), std::fs::read(image)) else {
+        return 0;
+    };
+    let same = copy
+        .chunks(1 << 20)
+        .zip(image.chunks(1 << 20))
+        .take_while(|(a, b)| a == b)
+        .count() as u64;
+    (same << 20).min(image.len() as u64)
+}
+
+/// The last MiB of the file at `path`.
+fn last_mib(path: &std::path::Path) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).unwrap();
+    file.seek(SeekFrom::End(-(1 << 20))).unwrap();
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).unwrap();
+    tail
+}
+
+/// The SSH connection drops while libvirt copies the verified staging volume (128 MiB) to the
+/// base's name: libvirtd is stopped (SIGSTOP) as soon as the copy has made the base's file, the
+/// relay cuts the connection, libvirtd goes on. libvirtd finishes a copy whose client went away
+/// on its own, and the base is there half-copied until then: the import answers only once the
+/// copy is over and its digest checked, so the base is never handed out half-copied; here the
+/// copy finished, and the import succeeds without a second download. (Before, the import
+/// answered at once with a bare transport error and the very next lookup handed out the
+/// half-copied base.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_base() {
+    let (libvirtd, sshd, files) =
+        tokio::join!(Libvirtd::start(), Sshd::start(), FileServer::start());
+    let (libvirtd, sshd, files) = (libvirtd.unwrap(), sshd.unwrap(), files.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, _hub, ctx, hv) = through_a_relay(&sshd, &libvirtd, dir.path()).await;
+    let pool = libvirtd.pool_name().to_string();
+    const IMAGE: u64 = 128 << 20;
+    let image_path = dir.path().join("copy.raw");
+    let digest = {
+        let image = noise(IMAGE as usize);
+        std::fs::write(&image_path, &image).unwrap();
+        sha256(&image)
+    };
+    files.serve_file("/copy.raw", &image_path);
+    let source = ImageSource {
+        url: files.url("/copy.raw"),
+        sha256: digest.clone(),
+        format: "raw".into(),
+    };
+    let base = libvirtd.pool_path().join(format!(
+        "{}base-copy.img",
+        proxy_operator::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+    ));
+    let import = {
+        let (hv, ctx, pool, source) = (hv.clone(), ctx.clone(), pool.clone(), source.clone());
+        tokio::spawn(async move {
+            hv.import_image(ctx, pool, "base-copy.img".into(), source)
+                .await
+        })
+    };
+    // The copy makes the base's file first; there is no event for it, so it is polled.
+    let pid = libvirtd.libvirtd_pid().unwrap() as i32;
+    let started = std::time::Instant::now();
+    while !base.exists() {
+        assert!(
+            !import.is_finished(),
+            "the import ended before its copy started"
+        );
+        assert!(started.elapsed() < Duration::from_secs(120), "no copy");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // SAFETY: signalling a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    eprintln!(
+        "libvirtd stopped {:?} in, {} of the image copied",
+        started.elapsed(),
+        copied(&base, &image_path)
+    );
+    if copied(&base, &image_path) >= IMAGE {
+        // SAFETY: as above; libvirtd must not be left stopped.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        panic!("the copy ended before libvirtd could be stopped");
+    }
+    relay.cut_now();
+    relay.cut(1).await;
+    relay.pass();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let answered = import.await.unwrap();
+    let looked_up = hv.lookup_volume(pool.clone(), "base-copy.img".into()).await;
+    eprintln!("import answered: {answered:?}");
+    match looked_up {
+        Ok(volume) => {
+            // The copy goes front to back: its last MiB tells at once whether it is done.
+            assert!(
+                last_mib(std::path::Path::new(&volume.path)) == last_mib(&image_path),
+                "a half-copied base was handed out"
+            );
+            assert_eq!(sha256(&std::fs::read(&volume.path).unwrap()), digest);
+        }
+        Err(LibvirtError::NotFound(m)) => eprintln!("refused: {m}"),
+        Err(e) => panic!("{e:?}"),
+    }
+    // libvirt finished the copy by itself and it has the image's digest: the import recovered
+    // (no second download), and no staging volume is left.
+    let imported = answered.expect("the copy libvirt went on with is the image");
+    assert_eq!(sha256(&std::fs::read(&imported.path).unwrap()), digest);
+    assert_eq!(files.requests("/copy.raw"), 1);
+    assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
 }

@@ -22,6 +22,7 @@ fn target(sshd: &Sshd) -> SshTarget {
     }
 }
 
+use common::children_of;
 use common::ssh_material as material;
 
 /// `virsh -c qemu+unix:///system?socket=<socket> <args>`; stdout, or a panic with stderr.
@@ -318,25 +319,6 @@ async fn closed_port_is_a_transient_connect_error() {
         .unwrap_err();
     assert!(matches!(err, TunnelError::Connect { .. }), "{err:?}");
     assert!(err.is_transient());
-}
-
-/// Processes whose parent is `pid`.
-fn children_of(pid: u32) -> Vec<libc::pid_t> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; comm may hold spaces, so split after the last ')'.
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let ppid = rest.split_whitespace().nth(1);
-        if ppid == Some(&pid.to_string()) {
-            children.push(head.split_whitespace().next().unwrap().parse().unwrap());
-        }
-    }
-    children
 }
 
 /// A unix socket server that echoes what it reads, standing in for libvirtd.

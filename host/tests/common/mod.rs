@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fake_gcp;
+pub mod black_hole;
 pub mod operator_process;
 pub mod relay;
 
@@ -340,6 +341,38 @@ pub fn ssh_material(
         private_key: sshd.client_key_pem().into(),
         known_hosts: format!("{}\n", sshd.known_hosts_line()),
     }
+}
+
+/// Processes whose parent is `pid`.
+pub fn children_of(pid: u32) -> Vec<libc::pid_t> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces, so split after the last ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid = rest.split_whitespace().nth(1);
+        if ppid == Some(&pid.to_string()) {
+            children.push(head.split_whitespace().next().unwrap().parse().unwrap());
+        }
+    }
+    children
+}
+
+/// Bytes that no compression could shrink (xorshift), so an upload really carries `len` bytes.
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 /// The `kvm-ssh` Secret with `material`, as an operator creates it.

@@ -65,10 +65,38 @@ impl Connection {
     }
 
     /// Whether the tunnel and the libvirt client both still hold the connection open (no RPC:
-    /// libvirt's client marks a connection closed when its socket fails).
-    fn still_open(&self) -> bool {
-        self.is_alive() && self.virt().is_alive().unwrap_or(false)
+    /// libvirt's client marks a connection closed when its socket fails), and if not, which
+    /// one let go: the SSH session, or libvirtd with the session still up.
+    fn link(&self) -> Link {
+        if !self.is_alive() {
+            Link::SshDropped
+        } else if !self.virt().is_alive().unwrap_or(false) {
+            Link::LibvirtClosed
+        } else {
+            Link::Open
+        }
     }
+}
+
+/// The state of a connection after a failed call, as [`Connection::link`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Open,
+    /// The SSH session ended (reset, closed by the server, keepalives unanswered).
+    SshDropped,
+    /// The SSH session is up but libvirt's client saw its socket close (libvirtd restarted or
+    /// closed the connection, or sshd closed the channel).
+    LibvirtClosed,
+}
+
+/// Why a call's connection is gone, so its error says it instead of libvirt's bare
+/// "Cannot write data: Broken pipe".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    Ssh,
+    Libvirt,
+    /// The libvirt handle itself is unusable (no SSH or socket failure seen).
+    Handle,
 }
 
 impl Drop for Connection {
@@ -346,8 +374,12 @@ impl LibvirtHub {
                 let _blocking = thread.enter();
                 let outcome = op(shared.virt());
                 // Asked after a failure only: it is what tells the two kinds apart.
-                let open = outcome.is_ok() || shared.still_open();
-                (outcome, open)
+                let link = if outcome.is_ok() {
+                    Link::Open
+                } else {
+                    shared.link()
+                };
+                (outcome, link)
             });
             let joined = match deadline {
                 // Past the deadline the thread goes on (blocked in C) and keeps its place.
@@ -359,13 +391,13 @@ impl LibvirtHub {
                 })?,
                 None => work.await,
             };
-            let (outcome, open) =
+            let (outcome, link) =
                 joined.map_err(|e| LibvirtError::Failed(format!("{rpc}: {e}")))?;
             outcome.map_err(|e| {
-                let failed = connection_failed(e.code(), open);
+                let lost = connection_lost(e.code(), link);
                 Failure {
-                    error: classify(rpc, ids, &e, failed),
-                    broken: failed.then_some(connection),
+                    error: classify(rpc, ids, &endpoint.label(), e.code(), e.message(), lost),
+                    broken: lost.is_some().then_some(connection),
                 }
             })
         }
@@ -492,26 +524,50 @@ async fn read_secret(
     })
 }
 
-/// Whether a failed call means the connection itself is gone (`open`: the tunnel and libvirt's
-/// client still hold it), rather than an error libvirt answered over it. Error codes alone cannot
-/// tell: libvirt answers "system error" for a missing file on the hypervisor as well as for a
-/// reset socket.
-fn connection_failed(code: ErrorNumber, open: bool) -> bool {
-    !open || matches!(code, ErrorNumber::NoConnect | ErrorNumber::InvalidConn)
+/// Whether (and how) a failed call means the connection itself is gone (`link`: what the tunnel
+/// and libvirt's client say of it), rather than an error libvirt answered over it. Error codes
+/// alone cannot tell: libvirt answers "system error" for a missing file on the hypervisor as
+/// well as for a reset socket.
+fn connection_lost(code: ErrorNumber, link: Link) -> Option<Lost> {
+    match link {
+        Link::SshDropped => Some(Lost::Ssh),
+        Link::LibvirtClosed => Some(Lost::Libvirt),
+        Link::Open if matches!(code, ErrorNumber::NoConnect | ErrorNumber::InvalidConn) => {
+            Some(Lost::Handle)
+        }
+        Link::Open => None,
+    }
 }
 
-/// A libvirt error as the WIT variant; `transport` only when the connection failed.
-fn classify(rpc: &str, ids: &str, e: &virt::error::Error, connection_failed: bool) -> LibvirtError {
-    let message = format!("{rpc} {ids}: {}", e.message());
-    match e.code() {
+/// A libvirt error as the WIT variant; `transport` only when the connection was lost, and then
+/// the message says which part of it (`host`: the hypervisor's SSH address).
+fn classify(
+    rpc: &str,
+    ids: &str,
+    host: &str,
+    code: ErrorNumber,
+    libvirt_message: &str,
+    lost: Option<Lost>,
+) -> LibvirtError {
+    let message = format!("{rpc} {ids}: {libvirt_message}");
+    match code {
         ErrorNumber::NoDomain
         | ErrorNumber::NoStoragePool
         | ErrorNumber::NoStorageVolume
         | ErrorNumber::NoDomainMetadata
         | ErrorNumber::NoNetwork => LibvirtError::NotFound(message),
+        // Answers only libvirtd gives: true even if the connection went right after.
         ErrorNumber::AuthFailed | ErrorNumber::AccessDenied => LibvirtError::AuthFailed(message),
-        _ if connection_failed => LibvirtError::Transport(message),
-        _ => LibvirtError::Failed(message),
+        _ => match lost {
+            Some(Lost::Ssh) => LibvirtError::Transport(format!(
+                "{rpc} {ids}: the SSH connection to {host} dropped ({libvirt_message})"
+            )),
+            Some(Lost::Libvirt) => LibvirtError::Transport(format!(
+                "{rpc} {ids}: libvirtd on {host} closed the connection, the SSH session still up ({libvirt_message})"
+            )),
+            Some(Lost::Handle) => LibvirtError::Transport(message),
+            None => LibvirtError::Failed(message),
+        },
     }
 }
 
@@ -546,27 +602,75 @@ mod tests {
 
     #[test]
     fn only_a_failed_connection_is_dropped() {
+        use Link::{LibvirtClosed, Open, SshDropped};
         let cases = [
             // What libvirt answers over a working connection: kept, whatever the code.
-            (ErrorNumber::SystemError, true, false),
-            (ErrorNumber::Rpc, true, false),
-            (ErrorNumber::NoDomain, true, false),
-            (ErrorNumber::XmlError, true, false),
-            (ErrorNumber::OperationFailed, true, false),
+            (ErrorNumber::SystemError, Open, None),
+            (ErrorNumber::Rpc, Open, None),
+            (ErrorNumber::NoDomain, Open, None),
+            (ErrorNumber::XmlError, Open, None),
+            (ErrorNumber::OperationFailed, Open, None),
             // The connection is closed (a reset socket, a dead tunnel): dropped.
-            (ErrorNumber::SystemError, false, true),
-            (ErrorNumber::Rpc, false, true),
-            (ErrorNumber::NoDomain, false, true),
+            (ErrorNumber::SystemError, SshDropped, Some(Lost::Ssh)),
+            (ErrorNumber::Rpc, SshDropped, Some(Lost::Ssh)),
+            (ErrorNumber::NoDomain, SshDropped, Some(Lost::Ssh)),
+            (ErrorNumber::SystemError, LibvirtClosed, Some(Lost::Libvirt)),
             // The handle itself is unusable.
-            (ErrorNumber::NoConnect, true, true),
-            (ErrorNumber::InvalidConn, true, true),
+            (ErrorNumber::NoConnect, Open, Some(Lost::Handle)),
+            (ErrorNumber::InvalidConn, Open, Some(Lost::Handle)),
         ];
-        for (code, open, dropped) in cases {
-            assert_eq!(
-                connection_failed(code, open),
-                dropped,
-                "{code:?} open={open}"
+        for (code, link, lost) in cases {
+            assert_eq!(connection_lost(code, link), lost, "{code:?} {link:?}");
+        }
+    }
+
+    /// A lost connection is a transport error that says which part was lost; an answer only
+    /// libvirtd gives keeps its kind; over a working connection, anything else is `failed`.
+    #[test]
+    fn a_lost_connection_is_named_in_the_error() {
+        let host = "root@hv1:22";
+        let cases: [(ErrorNumber, Option<Lost>, &str); 6] = [
+            (
+                ErrorNumber::SystemError,
+                Some(Lost::Ssh),
+                "transport: storage-vol-upload v: the SSH connection to root@hv1:22 dropped (Cannot write data: Broken pipe)",
+            ),
+            (
+                ErrorNumber::Rpc,
+                Some(Lost::Libvirt),
+                "transport: storage-vol-upload v: libvirtd on root@hv1:22 closed the connection, the SSH session still up (Cannot write data: Broken pipe)",
+            ),
+            (
+                ErrorNumber::NoConnect,
+                Some(Lost::Handle),
+                "transport: storage-vol-upload v: Cannot write data: Broken pipe",
+            ),
+            (
+                ErrorNumber::SystemError,
+                None,
+                "failed: storage-vol-upload v: Cannot write data: Broken pipe",
+            ),
+            (
+                ErrorNumber::NoStorageVolume,
+                Some(Lost::Ssh),
+                "not found: storage-vol-upload v: Cannot write data: Broken pipe",
+            ),
+            (
+                ErrorNumber::AccessDenied,
+                None,
+                "authentication failed: storage-vol-upload v: Cannot write data: Broken pipe",
+            ),
+        ];
+        for (code, lost, expected) in cases {
+            let error = classify(
+                "storage-vol-upload",
+                "v",
+                host,
+                code,
+                "Cannot write data: Broken pipe",
+                lost,
             );
+            assert_eq!(error.to_string(), expected, "{code:?} {lost:?}");
         }
     }
 }
