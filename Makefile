@@ -17,6 +17,7 @@ help:
 	@echo "make test         build the plugins, lint, then run every test (what .ci/run runs)"
 	@echo "make lint         cargo fmt --check and clippy -D warnings"
 	@echo "make bench        run the benchmarks"
+	@echo "make soak         the 10-minute soak (SOAK_SECONDS, SOAK_PROXIES)"
 	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator"
 
 # Debian packages, kube-apiserver/etcd/kubectl and the guest image (idempotent; needs root).
@@ -48,6 +49,9 @@ run: plugins
 # Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
 test: fixtures plugins examples lint
 	$(CARGO) test --workspace --no-fail-fast
+	@# The soak's 60-second version (host/benches/soak.rs), in the dev profile: it checks its
+	@# invariants and fails if one broke; `make soak` runs the 10-minute one in release.
+	SOAK_SECONDS=60 $(CARGO) test -p proxy-operator --bench soak
 	@# cargo test built both binaries for the integration tests; `cargo build --bin` would build
 	@# them again with another feature set (minutes on a cold tree).
 	DEV_ONCE=1 target/debug/dev
@@ -74,6 +78,11 @@ bench: plugins
 	$(CARGO) bench -p proxy-operator --bench operator_scale
 	$(CARGO) bench -p proxy-operator --bench discovery
 	$(CARGO) bench -p proxy-operator --bench hot_reload
+
+# Ten minutes of churn, lease traffic, plugin swaps and SIGKILLs; invariants checked at the end.
+.PHONY: soak
+soak: plugins
+	SOAK_SECONDS=600 $(CARGO) bench -p proxy-operator --bench soak
 
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster

@@ -5,7 +5,8 @@
 //! - lease traffic from 64 crawlers (grant, hold up to 300 ms, release), sent to whichever
 //!   replica is Ready, as the discovery Service would;
 //! - the test plugin hot-swapped (a new digest in the plugins ConfigMap) every 30 s;
-//! - the leader killed with SIGKILL every 60 s and started again (a Pod restart).
+//! - the leader killed with SIGKILL every 60 s and started again under a new identity (a Pod
+//!   replaced), so the standby takes over after the Lease expires (15 s).
 //!
 //! (With `SOAK_SECONDS` under 300, the kill and the swap come every half and quarter of it.)
 //! Then, once the churn stops, it checks: no leaked instance (the store's instances are exactly
@@ -18,7 +19,6 @@
 //! (`cargo test -p proxy-operator --bench soak`).
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -83,9 +83,10 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// One replica and its lives (each start is a new life).
+/// One replica slot and its lives: each start is a new life with a new identity, as a Pod
+/// replaced by its Deployment, so a kill makes the standby take over.
 struct Replica {
-    identity: &'static str,
+    slot: &'static str,
     process: OperatorProcess,
     life: usize,
 }
@@ -283,7 +284,8 @@ async fn main() -> anyhow::Result<()> {
     };
     put_plugin(0).await?;
 
-    let start = |identity: &'static str, life: usize| {
+    let start = |slot: &'static str, life: usize| {
+        let identity = format!("replica-{slot}-{life}");
         let process = OperatorProcess::start_with(OperatorSetup {
             kubeconfig: cp.kubeconfig().to_path_buf(),
             namespace: ns.name(),
@@ -296,7 +298,7 @@ async fn main() -> anyhow::Result<()> {
             extra: [
                 "--leader-election",
                 "--leader-election-identity",
-                identity,
+                identity.as_str(),
                 "--leader-election-lease-seconds",
                 "15",
                 "--plugins-configmap",
@@ -308,17 +310,17 @@ async fn main() -> anyhow::Result<()> {
             ]
             .map(String::from)
             .to_vec(),
-            log: &format!("{identity}.{life}.log"),
+            log: &format!("{identity}.log"),
         });
         Replica {
-            identity,
+            slot,
             process,
             life,
         }
     };
-    let mut replicas = vec![start("replica-a", 0)];
+    let mut replicas = vec![start("a", 0)];
     replicas[0].process.wait_ready().await;
-    replicas.push(start("replica-b", 0));
+    replicas.push(start("b", 0));
 
     let api: Api<Proxy> = Api::namespaced(cp.client(), ns.name());
     let created = Instant::now();
@@ -395,7 +397,7 @@ async fn main() -> anyhow::Result<()> {
             if replica.process.proc.try_exited().is_some() {
                 anyhow::bail!(
                     "{} exited by itself:\n{}",
-                    replica.identity,
+                    replica.slot,
                     replica.process.proc.log_tail(40)
                 );
             }
@@ -408,7 +410,7 @@ async fn main() -> anyhow::Result<()> {
             last_rss = Instant::now();
             for replica in &replicas {
                 if let Some(kib) = rss_kib(replica.process.proc.pid()) {
-                    rss.entry((replica.identity, replica.life))
+                    rss.entry((replica.slot, replica.life))
                         .or_default()
                         .push(kib);
                 }
@@ -423,12 +425,12 @@ async fn main() -> anyhow::Result<()> {
             && let Some(i) = leader
         {
             next_kill += kill_every;
-            let (identity, life) = (replicas[i].identity, replicas[i].life + 1);
+            let (slot, life) = (replicas[i].slot, replicas[i].life + 1);
             replicas[i].process.proc.kill();
             *serving.lock().unwrap() = None;
             *ledger.first_grant_after.lock().unwrap() = None;
             let killed = Instant::now();
-            replicas[i] = start(identity, life);
+            replicas[i] = start(slot, life);
             // Failover: from the kill to the first grant any replica answers.
             let deadline = killed + Duration::from_secs(90);
             loop {
@@ -443,7 +445,7 @@ async fn main() -> anyhow::Result<()> {
                 }
                 anyhow::ensure!(
                     Instant::now() < deadline,
-                    "no grant within 90 s of killing {identity}"
+                    "no grant within 90 s of killing replica {slot}"
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -524,9 +526,9 @@ async fn main() -> anyhow::Result<()> {
         "  settled after:               {:.1} s",
         settled.elapsed().as_secs_f64()
     );
-    for ((identity, life), samples) in &rss {
+    for ((slot, life), samples) in &rss {
         println!(
-            "  RSS {identity} life {life}:         first {:.1} MiB, max {:.1} MiB, last {:.1} MiB ({} samples)",
+            "  RSS replica {slot} life {life}:         first {:.1} MiB, max {:.1} MiB, last {:.1} MiB ({} samples)",
             samples[0] as f64 / 1024.0,
             *samples.iter().max().unwrap() as f64 / 1024.0,
             *samples.last().unwrap() as f64 / 1024.0,

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::operator_process::{OperatorProcess, OperatorSetup};
 use common::black_hole::BlackHole;
+use common::operator_process::{OperatorProcess, OperatorSetup};
 use common::{InstanceStore, proxy_on_port};
 use harness::{ControlPlane, FileServer, Squid};
 use reqwest::{Method, StatusCode};

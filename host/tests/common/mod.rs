@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-pub mod fake_gcp;
 pub mod black_hole;
+pub mod fake_gcp;
 pub mod operator_process;
 pub mod relay;
 
