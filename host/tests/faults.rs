@@ -14,16 +14,16 @@ use std::time::{Duration, Instant};
 use common::black_hole::BlackHole;
 use common::operator_process::{OperatorProcess, OperatorSetup};
 use common::{InstanceStore, proxy_on_port};
-use harness::{ControlPlane, FileServer, Squid};
+use harness::{ControlPlane, ControlPlaneOptions, FileServer, Squid};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-async fn private_control_plane() -> ControlPlane {
+async fn private_control_plane(options: ControlPlaneOptions) -> ControlPlane {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let cp = ControlPlane::start()
+    let cp = ControlPlane::start_with(options)
         .await
         .expect("starting a control plane");
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
@@ -83,7 +83,11 @@ struct World {
 
 impl World {
     async fn start(prefix: &str) -> World {
-        let cp = private_control_plane().await;
+        Self::start_with(prefix, ControlPlaneOptions::default()).await
+    }
+
+    async fn start_with(prefix: &str, options: ControlPlaneOptions) -> World {
+        let cp = private_control_plane(options).await;
         let ns = cp.namespace(prefix).await.unwrap();
         let store = InstanceStore::start().await;
         let dir = tempfile::tempdir().unwrap();
@@ -541,5 +545,129 @@ async fn with_the_api_server_away_for_30_s_the_operator_stays_up_answers_and_res
         ready_again.as_secs_f64(),
         granting_again.as_secs_f64(),
         during.len()
+    );
+}
+
+/// `apiserver_request_total` from the API server's own /metrics, summed by (resource, code).
+/// Retried: under the throttling of the test, the scrape itself can get a 429.
+async fn api_requests(cp: &ControlPlane) -> HashMap<(String, String), f64> {
+    let client = cp.client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let request = axum::http::Request::get("/metrics")
+            .body(Vec::new())
+            .unwrap();
+        match client.request_text(request).await {
+            Ok(text) => break text,
+            Err(e) => assert!(Instant::now() < deadline, "scraping the API server: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let mut counts = HashMap::new();
+    for sample in scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "apiserver_request_total")
+    {
+        let (Some(resource), Some(code)) =
+            (sample.labels.get("resource"), sample.labels.get("code"))
+        else {
+            continue;
+        };
+        if let prometheus_parse::Value::Counter(v) = sample.value {
+            *counts
+                .entry((resource.to_string(), code.to_string()))
+                .or_default() += v;
+        }
+    }
+    counts
+}
+
+/// The operator's own requests (Proxies, its Lease, its events) and all 429s, between two scrapes.
+fn operator_requests_and_throttled(
+    before: &HashMap<(String, String), f64>,
+    after: &HashMap<(String, String), f64>,
+) -> (f64, f64) {
+    let delta = |filter: &dyn Fn(&str, &str) -> bool| -> f64 {
+        after
+            .iter()
+            .filter(|((r, c), _)| filter(r, c))
+            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    (
+        delta(&|resource, _| ["proxies", "leases", "events"].contains(&resource)),
+        delta(&|_, code| code == "429"),
+    )
+}
+
+/// kube-apiserver limited to 2 requests in flight (1 mutating; beyond that it answers 429) over
+/// an etcd slowed by 20 ms on every exchange: the operator gets 20 new Proxies leasable, makes
+/// one instance each, keeps leading (its fence does not flap on slow renewals), and does not
+/// loop: a retry without backoff would send hundreds of requests per Proxy. (429s themselves are
+/// retried by the kube client, with exponential backoff and the server's Retry-After.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_request_limited_api_server_over_a_slow_etcd_the_operator_gets_there_without_looping()
+ {
+    let world = World::start_with(
+        "px-throttled",
+        ControlPlaneOptions {
+            apiserver_args: vec![
+                "--max-requests-inflight=2".into(),
+                "--max-mutating-requests-inflight=1".into(),
+            ],
+            etcd_delay: Some(Duration::from_millis(20)),
+        },
+    )
+    .await;
+    let mut operator = world.operator(world.cp.kubeconfig(), "throttled");
+    operator.wait_ready().await;
+
+    let before = api_requests(&world.cp).await;
+    let throttled_from = Instant::now();
+    let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
+    world.apply_proxies(&names).await;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let states = operator.states().await;
+        if states
+            .iter()
+            .filter(|(_, state)| state == "available")
+            .count()
+            == names.len()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every Proxy leasable under throttling: {states:?}\n{}",
+            operator.proc.log_tail(30)
+        );
+        assert!(
+            operator.proc.try_exited().is_none(),
+            "{}",
+            operator.proc.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let all_leasable = throttled_from.elapsed();
+    let after = api_requests(&world.cp).await;
+    let (requests, throttled) = operator_requests_and_throttled(&before, &after);
+    let ids = world.store.ids();
+    assert_eq!(ids.len(), names.len(), "one instance per Proxy: {ids:?}");
+    let per_proxy = requests / names.len() as f64;
+    eprintln!(
+        "throttled (2 in flight, etcd +20 ms): 20 Proxies leasable after {:.1} s; the API server counted {throttled} answers 429; the operator sent {requests} requests on proxies/leases/events ({per_proxy:.1} per Proxy)",
+        all_leasable.as_secs_f64()
+    );
+    assert!(
+        per_proxy < 50.0,
+        "{per_proxy:.1} requests per Proxy: the operator retries without backing off"
+    );
+    assert_eq!(
+        operator.readyz().await.map(|(s, _)| s),
+        Some(StatusCode::OK),
+        "still the leader, still ready"
     );
 }

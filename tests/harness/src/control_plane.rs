@@ -54,6 +54,15 @@ pub struct ControlPlane {
     scratch: Scratch,
 }
 
+/// Faults to start a private control plane with ([`ControlPlane::start_with`]).
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneOptions {
+    /// Appended to kube-apiserver's flags, e.g. `--max-requests-inflight=2` for 429s.
+    pub apiserver_args: Vec<String>,
+    /// Added before every chunk the apiserver and etcd send each other.
+    pub etcd_delay: Option<Duration>,
+}
+
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 
 impl ControlPlane {
@@ -106,6 +115,14 @@ impl ControlPlane {
 
     /// Starts a private etcd + kube-apiserver (a few seconds warm). Stopped on drop.
     pub async fn start() -> Result<ControlPlane> {
+        Self::start_with(ControlPlaneOptions::default()).await
+    }
+
+    /// [`ControlPlane::start`] with faults built in: extra kube-apiserver flags (later flags
+    /// win, so they override the defaults) and a delay on every read between the apiserver and
+    /// etcd (a slow disk or network under etcd). The delaying relay runs on the caller's tokio
+    /// runtime.
+    pub async fn start_with(options: ControlPlaneOptions) -> Result<ControlPlane> {
         let t0 = Instant::now();
         let etcd_bin = k8s_binary("etcd");
         let apiserver_bin = k8s_binary("kube-apiserver");
@@ -145,6 +162,14 @@ impl ControlPlane {
         })
         .await?;
 
+        let etcd_for_apiserver = match options.etcd_delay {
+            None => etcd_url.clone(),
+            Some(delay) => {
+                let relay = crate::process::delaying_relay(etcd_addr, delay).await?;
+                format!("http://{relay}")
+            }
+        };
+
         // Credentials: a CA, a serving certificate for 127.0.0.1, the
         // service-account signing key and the admin token.
         let port = free_port()?;
@@ -167,7 +192,7 @@ impl ControlPlane {
         )?;
 
         let apiserver_args: Vec<String> = vec![
-            format!("--etcd-servers={etcd_url}"),
+            format!("--etcd-servers={}", etcd_for_apiserver),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
             // The endpoint reconciler rejects a loopback advertise address; the
@@ -187,6 +212,10 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        let apiserver_args: Vec<String> = apiserver_args
+            .into_iter()
+            .chain(options.apiserver_args.iter().cloned())
+            .collect();
         let apiserver_log = dir.join("kube-apiserver.log");
         let mut cmd = Command::new(&apiserver_bin);
         cmd.args(&apiserver_args);

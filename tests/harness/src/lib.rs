@@ -71,7 +71,7 @@ pub mod squid;
 pub mod sshd;
 pub mod stack;
 
-pub use control_plane::{ADMIN_USER, ControlPlane, TestNamespace};
+pub use control_plane::{ADMIN_USER, ControlPlane, ControlPlaneOptions, TestNamespace};
 pub use guard::EgressGuard;
 pub use guest_image::{GuestImage, guest_image};
 pub use http::FileServer;

@@ -484,3 +484,49 @@ mod tests {
         assert_eq!(owner_pid(OsStr::new("junk")), None);
     }
 }
+
+/// A loopback TCP relay to `target` that holds every chunk for `delay` before passing it on,
+/// both ways: a slow link. Runs on the current tokio runtime until it ends.
+pub async fn delaying_relay(
+    target: std::net::SocketAddr,
+    delay: Duration,
+) -> Result<std::net::SocketAddr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("bind the delaying relay")?;
+    let addr = listener.local_addr()?;
+    async fn slow_copy(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        delay: Duration,
+    ) {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(delay).await;
+            if to.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::join!(
+                    slow_copy(client_read, server_write, delay),
+                    slow_copy(server_read, client_write, delay)
+                );
+            });
+        }
+    });
+    Ok(addr)
+}
