@@ -37,17 +37,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 async fn main() -> anyhow::Result<()> {
     let cp = ControlPlane::start().await?;
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
-    cp.kubectl_run(&["apply", "-f", crds], None).await?;
-    cp.kubectl_run(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/proxies.crawl.example.com",
-        ],
-        None,
-    )
-    .await?;
+    cp.apply_crds(crds).await?;
     let ns = cp.namespace("scale").await?;
 
     let dir = tempfile::tempdir()?;

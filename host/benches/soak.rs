@@ -240,17 +240,7 @@ async fn main() -> anyhow::Result<()> {
 
     let cp = ControlPlane::start().await?;
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
-    cp.kubectl_run(&["apply", "-f", crds], None).await?;
-    cp.kubectl_run(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/proxies.crawl.example.com",
-        ],
-        None,
-    )
-    .await?;
+    cp.apply_crds(crds).await?;
     let ns = cp.namespace("soak").await?;
     let store = InstanceStore::start().await;
     let dir = tempfile::tempdir()?;

@@ -27,18 +27,7 @@ async fn private_control_plane(options: ControlPlaneOptions) -> ControlPlane {
         .await
         .expect("starting a control plane");
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
-    cp.kubectl_run(&["apply", "-f", crds], None).await.unwrap();
-    cp.kubectl_run(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/proxies.crawl.example.com",
-        ],
-        None,
-    )
-    .await
-    .unwrap();
+    cp.apply_crds(crds).await.unwrap();
     cp
 }
 

@@ -169,19 +169,7 @@ async fn a_new_provider_builds_passes_plugin_test_as_generated_and_is_hot_loaded
 async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
     let cp = harness::ControlPlane::shared().await;
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
-    cp.kubectl_run(&["apply", "-f", crds], None).await.unwrap();
-    cp.kubectl_run(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/proxies.crawl.example.com",
-            "crd/providerhealths.crawl.example.com",
-        ],
-        None,
-    )
-    .await
-    .unwrap();
+    cp.apply_crds(crds).await.unwrap();
     let ns = cp.namespace("px-plugin-new").await.unwrap();
     let entry: serde_json::Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(crate_dir.join("instance.yaml")).unwrap())

@@ -359,6 +359,24 @@ impl ControlPlane {
         }
     }
 
+    /// `kubectl apply -f` of the CRD manifests in `dir`, then waits until every CRD of the
+    /// cluster is Established (served).
+    pub async fn apply_crds(&self, dir: &str) -> Result<()> {
+        self.kubectl_run(&["apply", "-f", dir], None).await?;
+        self.kubectl_run(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd",
+                "--all",
+            ],
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
     /// A fresh namespace for one test; see [`TestNamespace`].
     pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace> {
         TestNamespace::create(self, prefix).await

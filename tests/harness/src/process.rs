@@ -473,18 +473,6 @@ pub async fn run_output(cmd: &mut tokio::process::Command) -> Result<String> {
     String::from_utf8(out.stdout).with_context(|| format!("{display}: stdout is not UTF-8"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn owner_pid_parses_scratch_names() {
-        assert_eq!(owner_pid(OsStr::new("squid-1234-0")), Some(1234));
-        assert_eq!(owner_pid(OsStr::new("control-plane-77-12")), Some(77));
-        assert_eq!(owner_pid(OsStr::new("junk")), None);
-    }
-}
-
 /// A loopback TCP relay to `target` that holds every chunk for `delay` before passing it on,
 /// both ways: a slow link. Runs on the current tokio runtime until it ends.
 pub async fn delaying_relay(
@@ -529,4 +517,16 @@ pub async fn delaying_relay(
         }
     });
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_pid_parses_scratch_names() {
+        assert_eq!(owner_pid(OsStr::new("squid-1234-0")), Some(1234));
+        assert_eq!(owner_pid(OsStr::new("control-plane-77-12")), Some(77));
+        assert_eq!(owner_pid(OsStr::new("junk")), None);
+    }
 }
