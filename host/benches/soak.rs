@@ -279,6 +279,7 @@ async fn main() -> anyhow::Result<()> {
         let process = OperatorProcess::start_with(OperatorSetup {
             kubeconfig: cp.kubeconfig().to_path_buf(),
             namespace: ns.name(),
+            own_namespace: None,
             dir: dir.path(),
             providers_config: &config,
             health_target: "127.0.0.1:9",

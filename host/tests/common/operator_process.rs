@@ -19,8 +19,10 @@ pub const TOKEN: &str = "e2e-token";
 pub struct OperatorSetup<'a> {
     /// The cluster it talks to (a kubeconfig through a relay, for a partition).
     pub kubeconfig: PathBuf,
-    /// Namespace of its Proxies and of its own objects (Lease, lease table).
+    /// Namespace of its Proxies, and of its own objects (Lease, lease table) unless
+    /// `own_namespace` says otherwise.
     pub namespace: &'a str,
+    pub own_namespace: Option<&'a str>,
     pub dir: &'a Path,
     pub providers_config: &'a str,
     /// Health probes CONNECT to this loopback `host:port`, never to the default public host.
@@ -53,6 +55,7 @@ impl OperatorProcess {
         Self::start_with(OperatorSetup {
             kubeconfig: cp.kubeconfig().to_path_buf(),
             namespace: ns.name(),
+            own_namespace: None,
             dir,
             providers_config: config,
             health_target: target,
@@ -82,7 +85,10 @@ impl OperatorProcess {
             .args(["--operator-id", &setup.operator_id])
             .args(&setup.extra)
             .env("KUBECONFIG", &setup.kubeconfig)
-            .env("POD_NAMESPACE", setup.namespace)
+            .env(
+                "POD_NAMESPACE",
+                setup.own_namespace.unwrap_or(setup.namespace),
+            )
             .env("DISCOVERY_TOKEN", TOKEN)
             .env("LOG_LEVEL", "info")
             .env("PLUGIN_CACHE_DIR", setup.dir.join("cache"));
