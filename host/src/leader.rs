@@ -94,23 +94,13 @@ where
     let term = match term {
         None => Term::Shutdown,
         Some(()) => {
-            tracing::info!(identity = %election.identity, "became the leader");
             let api: Api<Lease> = Api::namespaced(client, &election.namespace);
-            let lost = async {
-                let why = tokio::select! {
-                    why = fence(&api, election) => why,
-                    () = flipped_off(&mut leading) => "another replica holds the Lease",
-                };
-                // First of all: no grant and no readiness past this point.
-                step_down();
-                why
-            };
-            tokio::select! {
-                () = work() => Term::Shutdown,
-                why = lost => {
-                    tracing::error!(identity = %election.identity, reason = why, "lost the leadership; serving as a standby");
+            match renewed(&api, election).await {
+                Err(why) => {
+                    tracing::warn!(identity = %election.identity, reason = why, "not leading after all");
                     Term::Lost
                 }
+                Ok(()) => lead_term(&api, election, &mut leading, step_down, work).await,
             }
         }
     };
@@ -128,6 +118,59 @@ where
         }
     }
     Ok(term)
+}
+
+/// One term, from a confirmed renewal: `work` until it ends (Shutdown) or the leadership is
+/// lost, when `step_down` runs first.
+async fn lead_term<F, Fut>(
+    api: &Api<Lease>,
+    election: &LeaderElection,
+    leading: &mut tokio::sync::watch::Receiver<bool>,
+    step_down: impl FnOnce(),
+    work: F,
+) -> Term
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    tracing::info!(identity = %election.identity, "became the leader");
+    let lost = async {
+        let why = tokio::select! {
+            why = fence(api, election) => why,
+            () = flipped_off(leading) => "another replica holds the Lease",
+        };
+        // First of all: no grant and no readiness past this point.
+        step_down();
+        why
+    };
+    tokio::select! {
+        () = work() => Term::Shutdown,
+        why = lost => {
+            tracing::error!(identity = %election.identity, reason = why, "lost the leadership; serving as a standby");
+            Term::Lost
+        }
+    }
+}
+
+/// kube-lease-manager reports leading as soon as the Lease names us, even when our last renewal
+/// has expired (a restart after an outage): lead only once the Lease shows a renewal that is
+/// still valid, or give up after a lease duration.
+async fn renewed(api: &Api<Lease>, election: &LeaderElection) -> Result<(), &'static str> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(election.lease_seconds);
+    while tokio::time::Instant::now() < deadline {
+        let read = tokio::time::timeout(Duration::from_secs(1), api.get_opt(&election.lease_name));
+        match read.await {
+            Ok(Ok(Some(lease))) => match sighting(&lease, election) {
+                Sighting::OursUntil(until) if until > SystemTime::now() => return Ok(()),
+                Sighting::Taken => return Err("another replica holds the Lease"),
+                _ => {}
+            },
+            Ok(Ok(None)) => return Err("the Lease was deleted"),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err("the Lease was not renewed within a lease duration")
 }
 
 async fn flipped_off(leading: &mut tokio::sync::watch::Receiver<bool>) {

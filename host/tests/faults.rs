@@ -344,10 +344,12 @@ fn crawl(
                 .build()
                 .unwrap();
             while !stop.is_cancelled() {
+                // Short leases, as crawlers should ask for: a grant refused during the outage
+                // whose write still reached etcd holds its proxy until it expires.
                 let response = client
                     .post(format!("http://{addr}/v1/leases"))
                     .bearer_auth(common::operator_process::TOKEN)
-                    .body("{}")
+                    .body(r#"{"ttlSeconds": 10}"#)
                     .send()
                     .await;
                 let (status, body) = match response {

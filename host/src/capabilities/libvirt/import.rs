@@ -171,31 +171,7 @@ impl Hypervisor {
         name: String,
         source: &ImageSource,
     ) -> Result<VolumeInfo, LibvirtError> {
-        let response = context
-            .http
-            .open_download(&context.provider, &source.url)
-            .await
-            .map_err(|e| match e {
-                HttpError::Denied(m) => LibvirtError::Denied(format!(
-                    "image {}: {m}; add the image server to grants.http.allow",
-                    source.url
-                )),
-                HttpError::Timeout(m) => LibvirtError::Timeout(m),
-                other => LibvirtError::Transport(format!("image {}: {other}", source.url)),
-            })?;
-        if !response.status().is_success() {
-            return Err(LibvirtError::Failed(format!(
-                "image {}: the server answered {}",
-                source.url,
-                response.status()
-            )));
-        }
-        let Some(length) = response.content_length() else {
-            return Err(LibvirtError::Failed(format!(
-                "image {}: the server sent no Content-Length; serve the image as a plain file",
-                source.url
-            )));
-        };
+        let (response, length) = open_image(context, source).await?;
         info!(
             hypervisor = %self.host, pool, volume = name, url = %source.url, bytes = length,
             "importing image"
@@ -399,20 +375,10 @@ impl Hypervisor {
             }
             // Every byte is sent but the stream is not finished: a wrong image is aborted here
             // and never becomes a volume.
-            if received != length {
-                abort_upload(&chunks_tx, "length mismatch").await;
-                return Err(LibvirtError::Transport(format!(
-                    "image {}: got {received} bytes or more, Content-Length said {length}",
-                    source.url
-                )));
-            }
             let digest = hex::encode(hasher.finalize());
-            if digest != source.sha256 {
-                abort_upload(&chunks_tx, "checksum mismatch").await;
-                return Err(LibvirtError::ChecksumMismatch(format!(
-                    "image {} has sha256 {digest}, the config expects {}; fix the sha256 or the URL",
-                    source.url, source.sha256
-                )));
+            if let Err((error, why)) = whole_image(received, length, &digest, source) {
+                abort_upload(&chunks_tx, why).await;
+                return Err(error);
             }
             // Dropping the sender ends the chunks: the upload finishes the stream.
             drop(chunks_tx);
@@ -432,6 +398,68 @@ impl Hypervisor {
             LibvirtError::Failed(format!("image {}: upload aborted ({reason})", source.url))
         })
     }
+}
+
+/// The image's download, with its length (an image server must send Content-Length).
+async fn open_image(
+    context: &CallContext,
+    source: &ImageSource,
+) -> Result<(reqwest::Response, u64), LibvirtError> {
+    let response = context
+        .http
+        .open_download(&context.provider, &source.url)
+        .await
+        .map_err(|e| match e {
+            HttpError::Denied(m) => LibvirtError::Denied(format!(
+                "image {}: {m}; add the image server to grants.http.allow",
+                source.url
+            )),
+            HttpError::Timeout(m) => LibvirtError::Timeout(m),
+            other => LibvirtError::Transport(format!("image {}: {other}", source.url)),
+        })?;
+    if !response.status().is_success() {
+        return Err(LibvirtError::Failed(format!(
+            "image {}: the server answered {}",
+            source.url,
+            response.status()
+        )));
+    }
+    let Some(length) = response.content_length() else {
+        return Err(LibvirtError::Failed(format!(
+            "image {}: the server sent no Content-Length; serve the image as a plain file",
+            source.url
+        )));
+    };
+    Ok((response, length))
+}
+
+/// Whether the bytes received are the image: its length and its digest. The error comes with
+/// the reason the upload is aborted for.
+fn whole_image(
+    received: u64,
+    length: u64,
+    digest: &str,
+    source: &ImageSource,
+) -> Result<(), (LibvirtError, &'static str)> {
+    if received != length {
+        return Err((
+            LibvirtError::Transport(format!(
+                "image {}: got {received} bytes or more, Content-Length said {length}",
+                source.url
+            )),
+            "length mismatch",
+        ));
+    }
+    if digest != source.sha256 {
+        return Err((
+            LibvirtError::ChecksumMismatch(format!(
+                "image {} has sha256 {digest}, the config expects {}; fix the sha256 or the URL",
+                source.url, source.sha256
+            )),
+            "checksum mismatch",
+        ));
+    }
+    Ok(())
 }
 
 type ChunkSender = std::sync::mpsc::SyncSender<Result<Vec<u8>, String>>;
