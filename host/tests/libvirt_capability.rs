@@ -913,3 +913,55 @@ async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_b
     assert_eq!(files.requests("/copy.raw"), 1);
     assert_eq!(staging_volumes(&libvirtd), Vec::<String>::new());
 }
+
+/// A libvirt socket that accepts the connection and never answers (a wedged libvirtd, or a
+/// tunnel whose far side holds the bytes): the connect gives up at its deadline with a timeout
+/// that says so, instead of holding the hypervisor's connection slot, and every call to it,
+/// forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_libvirt_socket_that_never_answers_times_the_connect_out() {
+    let sshd = Sshd::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let silent = dir.path().join("silent-libvirt.sock");
+    let listener = tokio::net::UnixListener::bind(&silent).unwrap();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let accepting = {
+        let held = held.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                held.lock().unwrap().push(stream);
+            }
+        })
+    };
+    let grants: Grants = serde_json::from_value(serde_json::json!({
+        "libvirt": {
+            "sshSecret": "kvm-ssh",
+            "hosts": [{
+                "name": "hv1",
+                "address": "127.0.0.1",
+                "port": sshd.port(),
+                "user": sshd.user(),
+                "socket": silent.to_str().unwrap(),
+                "pools": ["default"],
+            }]
+        }
+    }))
+    .unwrap();
+    let hub = hub(MaterialSource::Static(ssh_material(&sshd)), dir.path());
+    let ctx = context(&grants, hub.clone());
+    let hv = open(&ctx).await;
+    let answer = hv.list_domains(None).await;
+    match &answer {
+        Err(LibvirtError::Timeout(m)) => assert!(
+            m.contains("did not answer the connection"),
+            "the timeout says what did not answer: {m}"
+        ),
+        other => panic!("expected a connect timeout, got {other:?}"),
+    }
+    assert!(
+        !held.lock().unwrap().is_empty(),
+        "the connect reached the silent socket through the tunnel"
+    );
+    assert_eq!(hub.connections_opened(), 0);
+    accepting.abort();
+}

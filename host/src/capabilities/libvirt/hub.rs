@@ -23,6 +23,10 @@ use super::lanes::{CallLimits, Lane, NoThread};
 use super::records::ProbeReport;
 use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
 
+/// A libvirtd (or a tunnel) that accepts the connection but never answers its handshake must
+/// not hold the hypervisor's connection slot, and so every call to it, forever.
+const LIBVIRT_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The operator id when none is given (the default of `--operator-id`).
 pub const DEFAULT_OPERATOR_ID: &str = "proxy-operator";
 
@@ -285,8 +289,18 @@ impl LibvirtHub {
             "qemu+unix:///system?socket={}",
             tunnel.socket_path().display()
         );
-        let virt = tokio::task::spawn_blocking(move || Connect::open(Some(&uri)))
-            .await
+        let opening = tokio::task::spawn_blocking(move || Connect::open(Some(&uri)));
+        let Ok(opened) = tokio::time::timeout(LIBVIRT_OPEN_TIMEOUT, opening).await else {
+            // Dropping the tunnel closes libvirt's socket, which ends the blocking open.
+            drop(tunnel);
+            warn!(hypervisor = %endpoint.label(), "libvirt did not answer the connection; tunnel closed");
+            return Err(LibvirtError::Timeout(format!(
+                "libvirt on {} did not answer the connection within {} s",
+                endpoint.label(),
+                LIBVIRT_OPEN_TIMEOUT.as_secs()
+            )));
+        };
+        let virt = opened
             .map_err(|e| LibvirtError::Transport(format!("libvirt connect: {e}")))?
             .map_err(|e| {
                 LibvirtError::Transport(format!(
