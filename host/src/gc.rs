@@ -504,6 +504,18 @@ mod tests {
 
     /// Proxy `live` recorded `z1/px` at provider `gcp-eu`; the provider lists that one (an hour
     /// old) and `candidate`.
+    /// Proxy `live` recorded instance `z1/px` of provider instance `gcp-eu`.
+    fn live_proxy_recorded_z1() -> HashMap<String, Recorded> {
+        [(
+            "live".to_string(),
+            Recorded {
+                provider: "gcp-eu".into(),
+                provider_id: "z1/px".into(),
+            },
+        )]
+        .into()
+    }
+
     #[rstest]
     #[case::another_instance_of_a_live_proxy(of("z2/px", "live", OPERATOR, Some(900)), true)]
     #[case::exactly_min_age(of("z2/px", "live", OPERATOR, Some(600)), true)]
@@ -516,14 +528,7 @@ mod tests {
     #[case::another_operators(of("z2/px", "live", "op-2", Some(900)), false)]
     #[case::made_by_hand(Instance { owner: None, ..of("z2/px", "live", OPERATOR, Some(900)) }, false)]
     fn which_instances_are_duplicates(#[case] candidate: Instance, #[case] duplicate: bool) {
-        let recorded: HashMap<String, Recorded> = [(
-            "live".to_string(),
-            Recorded {
-                provider: "gcp-eu".into(),
-                provider_id: "z1/px".into(),
-            },
-        )]
-        .into();
+        let recorded = live_proxy_recorded_z1();
         let listed = [of("z1/px", "live", OPERATOR, Some(3600)), candidate.clone()];
         let options = options(None, false);
         assert_eq!(
@@ -545,14 +550,7 @@ mod tests {
         #[case] listed_as_recorded: Instance,
         #[case] duplicate: bool,
     ) {
-        let recorded: HashMap<String, Recorded> = [(
-            "live".to_string(),
-            Recorded {
-                provider: "gcp-eu".into(),
-                provider_id: "z1/px".into(),
-            },
-        )]
-        .into();
+        let recorded = live_proxy_recorded_z1();
         let candidate = of("z2/px", "live", OPERATOR, Some(900));
         let listed = [listed_as_recorded, candidate.clone()];
         assert_eq!(

@@ -3,7 +3,9 @@
 //! tested natively.
 
 use proxy_operator_sdk::squid::{self, SquidHost};
-use proxy_operator_sdk::{Instance, InstanceSpec, InstanceState, Owner, ProviderError, transient};
+use proxy_operator_sdk::{
+    Instance, InstanceSpec, InstanceState, Owner, ProviderError, retried_as_transient, transient,
+};
 use serde_json::{Value, json};
 
 use crate::config::Config;
@@ -255,21 +257,11 @@ pub fn search_order<'a>(zones: &'a [String], chosen: &'a str) -> Vec<&'a str> {
 /// permission on that zone) is retried slowly rather than failing the Proxy for good, because
 /// the Proxy's own zone is fine and the fix is outside its spec.
 pub fn search_failed(zone: &str, name: &str, error: ProviderError) -> ProviderError {
-    let (message, retry_after_ms) = match error {
-        ProviderError::Transient(t) => (t.message, t.retry_after_ms),
-        ProviderError::NotFound(m)
-        | ProviderError::Permanent(m)
-        | ProviderError::InvalidConfig(m)
-        | ProviderError::Unauthorized(m)
-        | ProviderError::Quota(m)
-        | ProviderError::Denied(m) => (m, Some(30_000)),
-    };
-    transient(
+    retried_as_transient(error, 30_000, |message| {
         format!(
             "zone {zone} could not be searched for an existing instance {name} ({message}); not inserting one elsewhere until it answers"
-        ),
-        retry_after_ms,
-    )
+        )
+    })
 }
 
 pub fn api_error(what: &str, status: u16, body: &[u8]) -> ProviderError {

@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 
 use proxy_operator_sdk::capabilities::libvirt::{DomainState, InterfaceAddress, LibvirtError};
-use proxy_operator_sdk::{InstanceState, ProviderError, transient};
+use proxy_operator_sdk::{InstanceState, ProviderError, retried_as_transient, transient};
 
 /// Maps a libvirt error of a call described by `context` (e.g. `hv1: define-domain px-1`).
 pub fn libvirt_error(context: &str, err: LibvirtError) -> ProviderError {
@@ -49,21 +49,11 @@ fn denied_message(host: &str, detail: &str) -> String {
 /// by itself (a grant, a host key) is retried slowly rather than failing the Proxy for good: the
 /// Proxy's own host is fine and the fix is outside its spec.
 pub fn search_failed(host: &str, name: &str, error: ProviderError) -> ProviderError {
-    let (message, retry_after_ms) = match error {
-        ProviderError::Transient(t) => (t.message, t.retry_after_ms),
-        ProviderError::NotFound(m)
-        | ProviderError::Permanent(m)
-        | ProviderError::InvalidConfig(m)
-        | ProviderError::Unauthorized(m)
-        | ProviderError::Quota(m)
-        | ProviderError::Denied(m) => (m, Some(30_000)),
-    };
-    transient(
+    retried_as_transient(error, 30_000, |message| {
         format!(
             "host {host} could not be searched for an existing domain {name} ({message}); not making one elsewhere until it answers"
-        ),
-        retry_after_ms,
-    )
+        )
+    })
 }
 
 /// Whether `err` says the thing looked up does not exist.

@@ -81,6 +81,26 @@ pub fn transient(message: impl Into<String>, retry_after_ms: Option<u64>) -> Pro
     })
 }
 
+/// Any error as a `transient` one, for a step that must be waited out rather than acted on;
+/// `describe` gets the original message. A transient error keeps its own retry hint; any other
+/// kind (one that would not clear by itself) is retried after `slow_retry_ms`.
+pub fn retried_as_transient(
+    error: ProviderError,
+    slow_retry_ms: u64,
+    describe: impl FnOnce(String) -> String,
+) -> ProviderError {
+    let (message, retry_after_ms) = match error {
+        ProviderError::Transient(t) => (t.message, t.retry_after_ms),
+        ProviderError::NotFound(m)
+        | ProviderError::Permanent(m)
+        | ProviderError::InvalidConfig(m)
+        | ProviderError::Unauthorized(m)
+        | ProviderError::Quota(m)
+        | ProviderError::Denied(m) => (m, Some(slow_retry_ms)),
+    };
+    transient(describe(message), retry_after_ms)
+}
+
 /// Exports a [`Provider`] implementation as the component's `provider` interface.
 #[macro_export]
 macro_rules! export_provider {
