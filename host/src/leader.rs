@@ -137,7 +137,7 @@ where
     let lost = async {
         let why = tokio::select! {
             why = fence(api, election) => why,
-            () = flipped_off(leading) => "another replica holds the Lease",
+            () = flipped_off(leading) => TAKEN,
         };
         // First of all: no grant and no readiness past this point.
         step_down();
@@ -158,14 +158,9 @@ where
 async fn renewed(api: &Api<Lease>, election: &LeaderElection) -> Result<(), &'static str> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(election.lease_seconds);
     while tokio::time::Instant::now() < deadline {
-        let read = tokio::time::timeout(Duration::from_secs(1), api.get_opt(&election.lease_name));
-        match read.await {
-            Ok(Ok(Some(lease))) => match sighting(&lease, election) {
-                Sighting::OursUntil(until) if until > SystemTime::now() => return Ok(()),
-                Sighting::Taken => return Err("another replica holds the Lease"),
-                _ => {}
-            },
-            Ok(Ok(None)) => return Err("the Lease was deleted"),
+        match look(api, election, Duration::from_secs(1)).await? {
+            Sighting::OursUntil(until) if until > SystemTime::now() => return Ok(()),
+            Sighting::Taken => return Err(TAKEN),
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -180,6 +175,8 @@ async fn flipped_off(leading: &mut tokio::sync::watch::Receiver<bool>) {
         }
     }
 }
+
+const TAKEN: &str = "another replica holds the Lease";
 
 /// What the leader's last read of its Lease means for its fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +211,27 @@ fn sighting(lease: &Lease, election: &LeaderElection) -> Sighting {
 /// Returns when the leader must stop: its Lease is about to expire without a renewal it saw,
 /// or it is held by someone else. Each read has a short deadline, so a request that never
 /// returns cannot keep the fence from firing.
+/// One read of the Lease within `timeout`; an error or no answer tells nothing (`Unclear`), a
+/// deleted Lease ends the leadership.
+async fn look(
+    api: &Api<Lease>,
+    election: &LeaderElection,
+    timeout: Duration,
+) -> Result<Sighting, &'static str> {
+    match tokio::time::timeout(timeout, api.get_opt(&election.lease_name)).await {
+        Ok(Ok(Some(lease))) => Ok(sighting(&lease, election)),
+        Ok(Ok(None)) => Err("the Lease was deleted"),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "reading the leader Lease");
+            Ok(Sighting::Unclear)
+        }
+        Err(_) => {
+            tracing::debug!("reading the leader Lease: no answer");
+            Ok(Sighting::Unclear)
+        }
+    }
+}
+
 async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
     let read_timeout = (election.margin() / 2).min(Duration::from_secs(1));
     // Until the first read: the Lease was renewed no earlier than a moment before we heard.
@@ -221,15 +239,11 @@ async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
         + Duration::from_secs(election.lease_seconds)
             .saturating_sub(election.margin() + Duration::from_secs(2));
     loop {
-        match tokio::time::timeout(read_timeout, api.get_opt(&election.lease_name)).await {
-            Ok(Ok(Some(lease))) => match sighting(&lease, election) {
-                Sighting::OursUntil(at) => until = at,
-                Sighting::Taken => return "another replica holds the Lease",
-                Sighting::Unclear => {}
-            },
-            Ok(Ok(None)) => return "the Lease was deleted",
-            Ok(Err(e)) => tracing::debug!(error = %e, "reading the leader Lease"),
-            Err(_) => tracing::debug!("reading the leader Lease: no answer"),
+        match look(api, election, read_timeout).await {
+            Ok(Sighting::OursUntil(at)) => until = at,
+            Ok(Sighting::Taken) => return TAKEN,
+            Ok(Sighting::Unclear) => {}
+            Err(why) => return why,
         }
         let left = until
             .duration_since(SystemTime::now())
