@@ -67,19 +67,7 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
     files.serve("/tiny.raw", image.clone());
 
     let tunnels = tempfile::tempdir().unwrap();
-    let (engine, _) = engine_with(EngineOptions {
-        call_timeout: std::time::Duration::from_secs(60),
-        // As `proxy-operator run` does: the SSH material from Secrets in the operator's namespace.
-        libvirt: Some(LibvirtHub::new(
-            MaterialSource::Secrets {
-                client: ns.client(),
-                namespace: ns.name().to_string(),
-            },
-            tunnels.path().to_path_buf(),
-        )),
-        ..test_options()
-    })
-    .await;
+    let engine = kvm_engine(&ns, tunnels.path()).await;
     let config = providers_yaml(
         &libvirtd,
         &files,
@@ -192,18 +180,7 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
         .await
         .unwrap();
     let tunnels = tempfile::tempdir().unwrap();
-    let (engine, _) = engine_with(EngineOptions {
-        call_timeout: std::time::Duration::from_secs(60),
-        libvirt: Some(LibvirtHub::new(
-            MaterialSource::Secrets {
-                client: ns.client(),
-                namespace: ns.name().to_string(),
-            },
-            tunnels.path().to_path_buf(),
-        )),
-        ..test_options()
-    })
-    .await;
+    let engine = kvm_engine(&ns, tunnels.path()).await;
     let config = providers_yaml(
         &libvirtd,
         &files,
@@ -340,4 +317,25 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
         .unwrap();
     wait_for(&api, "vm-cut", "gone", |p| p.is_none()).await;
     controller.abort();
+}
+
+/// The plugin engine as `proxy-operator run` makes it for kvm: the SSH material from Secrets in
+/// the operator's namespace, tunnel sockets under `tunnels`.
+async fn kvm_engine(
+    ns: &harness::TestNamespace,
+    tunnels: &std::path::Path,
+) -> std::sync::Arc<proxy_operator::plugins::PluginEngine> {
+    let (engine, _) = engine_with(EngineOptions {
+        call_timeout: std::time::Duration::from_secs(60),
+        libvirt: Some(LibvirtHub::new(
+            MaterialSource::Secrets {
+                client: ns.client(),
+                namespace: ns.name().to_string(),
+            },
+            tunnels.to_path_buf(),
+        )),
+        ..test_options()
+    })
+    .await;
+    engine
 }
