@@ -310,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let mut replicas = vec![start("a", 0)];
-    replicas[0].process.wait_ready().await;
+    replicas[0].process.wait_leading().await;
     replicas.push(start("b", 0));
 
     let api: Api<Proxy> = Api::namespaced(cp.client(), ns.name());
@@ -343,7 +343,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let all_ready = created.elapsed();
 
-    // The "Service": the replica whose /readyz answers 200.
+    // The "Service": the replica whose /leaderz answers 200 (the one the leader label selects).
     let serving: Arc<Mutex<Option<SocketAddr>>> = Arc::new(Mutex::new(None));
     let stop = Arc::new(AtomicBool::new(false));
     let ledger = Arc::new(Ledger::default());
@@ -392,7 +392,7 @@ async fn main() -> anyhow::Result<()> {
                     replica.process.proc.log_tail(40)
                 );
             }
-            if let Some((reqwest::StatusCode::OK, _)) = replica.process.readyz().await {
+            if let Some((reqwest::StatusCode::OK, _)) = replica.process.leaderz().await {
                 leader = Some(i);
             }
         }
@@ -426,7 +426,7 @@ async fn main() -> anyhow::Result<()> {
             let deadline = killed + Duration::from_secs(90);
             loop {
                 for replica in replicas.iter() {
-                    if let Some((reqwest::StatusCode::OK, _)) = replica.process.readyz().await {
+                    if let Some((reqwest::StatusCode::OK, _)) = replica.process.leaderz().await {
                         *serving.lock().unwrap() = Some(replica.process.discovery);
                     }
                 }

@@ -9,7 +9,9 @@
 //! is about to expire, before any standby can see the Lease as free.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -35,6 +37,72 @@ impl LeaderElection {
     /// window, so a renewal that succeeds on time always moves the fence first.
     fn margin(&self) -> Duration {
         Duration::from_millis(self.renew_before_seconds * 500).max(Duration::from_millis(500))
+    }
+}
+
+/// What this replica knows of the leadership, shared by the probes, the discovery API and the
+/// election: whether this replica serves (leads with its lease table restored) and who holds the
+/// Lease as last read. Every replica reads the Lease ([`follow`]), so a standby can name the
+/// leader to a crawler that reached it, and says it is unhealthy when it cannot read it.
+#[derive(Debug, Clone, Default)]
+pub struct LeaderView(Arc<ViewState>);
+
+#[derive(Debug, Default)]
+struct ViewState {
+    serving: AtomicBool,
+    /// The Lease's holder at the last successful read, and when that was.
+    seen: Mutex<Option<(Option<String>, Instant)>>,
+}
+
+impl LeaderView {
+    /// A view of a replica that serves from the start (no leader election).
+    pub fn always_serving() -> Self {
+        let view = LeaderView::default();
+        view.set_serving(true);
+        view
+    }
+
+    pub fn set_serving(&self, serving: bool) {
+        self.0.serving.store(serving, Ordering::Relaxed);
+    }
+
+    /// Leads with its lease table restored: grants are answered here.
+    pub fn is_serving(&self) -> bool {
+        self.0.serving.load(Ordering::Relaxed)
+    }
+
+    /// The holder at the last read, and how long ago that read was; `None` before the first.
+    pub fn last_seen(&self) -> Option<(Option<String>, Duration)> {
+        let seen = self.0.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.as_ref()
+            .map(|(holder, at)| (holder.clone(), at.elapsed()))
+    }
+
+    fn saw(&self, holder: Option<String>) {
+        *self.0.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some((holder, Instant::now()));
+    }
+}
+
+/// How often every replica reads the Lease for its [`LeaderView`].
+pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Reads the Lease every [`FOLLOW_INTERVAL`] into `view` until dropped. A read that fails or
+/// takes longer than a second leaves the last sighting as it was (it grows old).
+pub async fn follow(client: Client, election: LeaderElection, view: LeaderView) {
+    let api: Api<Lease> = Api::namespaced(client, &election.namespace);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), api.get_opt(&election.lease_name)).await
+        {
+            Ok(Ok(lease)) => view.saw(
+                lease
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity)
+                    .filter(|h| !h.is_empty()),
+            ),
+            Ok(Err(e)) => tracing::debug!(error = %e, "following the leader Lease"),
+            Err(_) => tracing::debug!("following the leader Lease: no answer"),
+        }
+        tokio::time::sleep(FOLLOW_INTERVAL).await;
     }
 }
 

@@ -4,12 +4,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::http::StatusCode;
-use axum::routing::get;
 use kube::CustomResourceExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -23,10 +20,12 @@ use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
-use crate::leader;
+use crate::leader::{self, LeaderView};
+use crate::leader_label::LeaderLabel;
 use crate::leases::{self, Discovery, Durability, LeasePersistence, LeaseStore};
 use crate::metrics::Metrics;
 use crate::plugins::{EngineOptions, PluginEngine};
+use crate::probes::{self, ProbeState};
 use crate::providerhealth;
 use crate::registry::{PluginRegistry, RegistryOptions};
 
@@ -104,23 +103,37 @@ impl Operator {
     pub async fn run(self) -> anyhow::Result<()> {
         let stop = CancellationToken::new();
         tokio::spawn(cancel_on_signal(stop.clone()));
-        let ready = Arc::new(AtomicBool::new(false));
+        let election = self
+            .args
+            .leader
+            .leader_election
+            .then(|| self.args.leader.election(&self.args.operator_id));
+        let view = match election {
+            Some(_) => LeaderView::default(),
+            None => LeaderView::always_serving(),
+        };
+        let sync = self.args.lease.lease_durability == Durability::Sync;
         let mut tasks = vec![
-            serve_probes(
+            probes::serve(
                 &stop,
                 self.args.metrics_addr,
                 self.metrics.registry.clone(),
-                ready.clone(),
-                self.leases.clone(),
-                self.args.lease.lease_durability == Durability::Sync,
+                ProbeState {
+                    view: view.clone(),
+                    leases: self.leases.clone(),
+                    grants_wait_for_writes: sync,
+                },
             )
             .await?,
         ];
         if let Some(token) = self.args.lease.token() {
             let mut discovery = Discovery::new(self.leases.clone(), token);
-            if self.args.lease.lease_durability == Durability::Sync {
+            if sync {
                 discovery =
                     discovery.answer_grants_once_stored(self.args.lease.lease_commit_timeout);
+            }
+            if let Some(election) = &election {
+                discovery = discovery.naming_the_leader(view.clone(), &election.identity);
             }
             tasks.push(
                 serve_discovery(&stop, self.args.lease.discovery_addr, Arc::new(discovery)).await?,
@@ -136,17 +149,20 @@ impl Operator {
             &stop,
             registry
                 .clone()
-                .watch_configmap(self.client.clone(), ready.clone()),
+                .watch_configmap(self.client.clone(), view.clone()),
         ));
         let reload = self.args.plugin.providers_config_reload_interval;
         if !reload.is_zero() {
             tasks.push(spawn_until(&stop, registry.watch_config_file(reload)));
         }
-        let result = if self.args.leader.leader_election {
-            self.lead_while_elected(&stop, &ready).await
+        let result = if let Some(election) = &election {
+            tasks.push(spawn_until(
+                &stop,
+                leader::follow(self.client.clone(), election.clone(), view.clone()),
+            ));
+            self.lead_while_elected(&stop, election, &view).await
         } else {
-            ready.store(true, Ordering::Relaxed);
-            self.lead(&stop).await;
+            self.lead(&stop, &view).await;
             Ok(())
         };
         tracing::info!("shutting down");
@@ -161,21 +177,20 @@ impl Operator {
     async fn lead_while_elected(
         &self,
         stop: &CancellationToken,
-        ready: &Arc<AtomicBool>,
+        election: &leader::LeaderElection,
+        view: &LeaderView,
     ) -> anyhow::Result<()> {
-        let election = self.args.leader.election(&self.args.operator_id);
         let mut lost_once = false;
         loop {
             let step_down = || {
-                ready.store(false, Ordering::Relaxed);
+                view.set_serving(false);
                 self.leases.close();
+                if let Some(label) = self.leader_label() {
+                    tokio::spawn(async move { label.unmark().await });
+                }
             };
-            let work = || async {
-                ready.store(true, Ordering::Relaxed);
-                self.lead(stop).await;
-                ready.store(false, Ordering::Relaxed);
-            };
-            match leader::lead(self.client.clone(), &election, stop, step_down, work).await {
+            let work = || self.lead(stop, view);
+            match leader::lead(self.client.clone(), election, stop, step_down, work).await {
                 Ok(leader::Term::Shutdown) => return Ok(()),
                 Ok(leader::Term::Lost) if stop.is_cancelled() => return Ok(()),
                 Ok(leader::Term::Lost) => lost_once = true,
@@ -193,10 +208,25 @@ impl Operator {
         }
     }
 
+    /// The label on this replica's Pod that routes the discovery Service to the leader; `None`
+    /// outside a Pod (no `POD_NAME`).
+    fn leader_label(&self) -> Option<LeaderLabel> {
+        let leader = &self.args.leader;
+        let pod = leader
+            .pod_name
+            .as_deref()
+            .filter(|_| leader.leader_election)?;
+        Some(LeaderLabel::new(
+            self.client.clone(),
+            &leader.leader_election_namespace,
+            pod,
+        ))
+    }
+
     /// The leader's work: the lease table restored first, then probes, GC, provider checks and
     /// the controller, until `stop`; on the way out the lease table is flushed. Dropped halfway
     /// (leadership lost), everything it started stops and nothing more is written.
-    async fn lead(&self, stop: &CancellationToken) {
+    async fn lead(&self, stop: &CancellationToken, view: &LeaderView) {
         let Operator {
             args,
             client,
@@ -218,11 +248,13 @@ impl Operator {
             tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
             leases.restore(Default::default());
         }
+        view.set_serving(true);
+        let label = self.leader_label();
         let providers = ctx.providers.clone();
         let namespace = args.proxy_namespace.clone();
         let abandoned =
             AbandonedRecord::new(&args.leader.leader_election_namespace, &args.operator_id);
-        let tasks = vec![
+        let mut tasks = vec![
             spawn_until(
                 &work,
                 leases::persist::maintain(
@@ -265,6 +297,9 @@ impl Operator {
                 ),
             ),
         ];
+        if let Some(label) = label.clone() {
+            tasks.push(spawn_until(&work, label.keep()));
+        }
         tracing::info!(namespace = ?namespace, "reconciling Proxies");
         controller::run_until(
             ctx.clone(),
@@ -272,6 +307,11 @@ impl Operator {
             stop.clone().cancelled_owned(),
         )
         .await;
+        // Crawlers go to the next leader from here on; grants still in flight finish.
+        view.set_serving(false);
+        if let Some(label) = &label {
+            label.unmark().await;
+        }
         work.cancel();
         for task in tasks {
             let _ = task.await;
@@ -399,73 +439,6 @@ async fn warn_about_missing_ssh_secrets(
             ),
         }
     }
-}
-
-async fn serve_probes(
-    stop: &CancellationToken,
-    addr: std::net::SocketAddr,
-    registry: prometheus::Registry,
-    ready: Arc<AtomicBool>,
-    leases: Arc<LeaseStore>,
-    grants_wait_for_writes: bool,
-) -> anyhow::Result<JoinHandle<()>> {
-    let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            // Ready means serving: the leader with its lease table restored, so a Service never
-            // routes a crawler to a replica that would answer 503.
-            get(move || {
-                let (ready, leases) = (ready.clone(), leases.clone());
-                async move {
-                    if !ready.load(Ordering::Relaxed) {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "not the leader: a standby, starting, or stepped down (see the log)"
-                                .to_string(),
-                        )
-                    } else if !leases.is_ready() {
-                        (StatusCode::SERVICE_UNAVAILABLE, "restoring the lease table".into())
-                    } else if let Some(failing) = leases.unstored_for()
-                        && grants_wait_for_writes
-                        && failing > Duration::from_secs(5)
-                    {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!(
-                                "the lease table cannot be stored for {} s (is the API server reachable?): no lease can be granted",
-                                failing.as_secs()
-                            ),
-                        )
-                    } else {
-                        (StatusCode::OK, "ready".into())
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut text = String::new();
-                    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text)
-                    {
-                        Ok(()) => (StatusCode::OK, text),
-                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                    }
-                }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding --metrics-addr {addr}"))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
-    Ok(spawn_until(stop, async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "probe server failed");
-        }
-    }))
 }
 
 async fn serve_discovery(

@@ -446,7 +446,7 @@ impl PluginRegistry {
     pub async fn watch_configmap(
         self: Arc<Self>,
         client: Client,
-        leading: Arc<std::sync::atomic::AtomicBool>,
+        leading: crate::leader::LeaderView,
     ) {
         let Some((namespace, name)) = self.sources.options.configmap.clone() else {
             return;
@@ -483,7 +483,7 @@ impl PluginRegistry {
                 }
             };
             let changes = self.apply_configmap(content).await;
-            let gate = leading.load(std::sync::atomic::Ordering::Relaxed);
+            let gate = leading.is_serving();
             let events = map.as_ref().filter(|_| gate).map(|m| (&recorder, m));
             self.report(&changes, events).await;
         }

@@ -53,6 +53,9 @@ fn replica_flags(identity: &str) -> Vec<String> {
         identity,
         "--leader-election-lease-seconds",
         "15",
+        // A Pod of that name (made by tests that check the leader label) gets the label.
+        "--pod-name",
+        identity,
     ]
     .map(String::from)
     .to_vec()
@@ -112,6 +115,42 @@ impl World {
             extra: replica_flags(identity),
             log: &format!("{identity}.log"),
         })
+    }
+
+    /// A Pod named `name` in the test namespace (Pending: there is no kubelet).
+    async fn pod(&self, name: &str) {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = self.ns.api();
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "operator", "image": "proxy-operator:dev"}]},
+        }))
+        .unwrap();
+        pods.create(&Default::default(), &pod).await.unwrap();
+    }
+
+    /// Waits until `leader` is the only Pod with the leader label.
+    async fn wait_leader_label(&self, leader: &str) {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = self.ns.api();
+        let selector = kube::api::ListParams::default().labels("proxy-operator.dev/leader=true");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let labelled: Vec<String> = pods
+                .list(&selector)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            if labelled == [leader] {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Pods with the leader label: {labelled:?}, expected only {leader}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn apply_proxies(&self, names: &[String]) {
@@ -181,12 +220,17 @@ fn keep_asking(
 async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_leads_and_no_lease_is_lost()
  {
     let world = World::start("px-failover").await;
+    // Stand-ins for the replicas' Pods (nothing runs them here), for the leader label.
+    for replica in ["replica-a", "replica-b"] {
+        world.pod(replica).await;
+    }
     let relay = BlackHole::start(apiserver_addr(&world.cp)).await;
     let through_relay = world.dir.path().join("through-relay.kubeconfig");
     kubeconfig_through(&world.cp, &relay, &through_relay);
 
     let mut leader = world.operator(&through_relay, "replica-a");
-    leader.wait_ready().await;
+    leader.wait_leading().await;
+    world.wait_leader_label("replica-a").await;
     let mut standby = world.operator(world.cp.kubeconfig(), "replica-b");
     let deadline = Instant::now() + Duration::from_secs(60);
     while standby.readyz().await.is_none() {
@@ -212,10 +256,25 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_lead
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        standby.readyz().await.map(|(s, _)| s),
+        standby.leaderz().await.map(|(s, _)| s),
         Some(StatusCode::SERVICE_UNAVAILABLE),
-        "the standby is not ready while the leader leads"
+        "the standby does not serve leases while the leader leads"
     );
+    // ... but it is Ready (a rollout can go on), and a crawler that reaches it is told who leads.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(standby.readyz().await, Some((StatusCode::OK, _))) {
+        assert!(Instant::now() < deadline, "{}", standby.proc.log_tail(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = standby
+        .call(Method::POST, "/v1/leases", Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(
+        body["type"], "urn:proxy-operator:problem:not-leader",
+        "{body}"
+    );
+    assert_eq!(body["leader"], "replica-a", "{body}");
 
     relay.cut();
     let cut = Instant::now();
@@ -224,12 +283,12 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_lead
     let mut leader_unready = None;
     let standby_ready = loop {
         if leader_unready.is_none()
-            && let Some((status, body)) = leader.readyz().await
+            && let Some((status, body)) = leader.leaderz().await
             && status != StatusCode::OK
         {
             leader_unready = Some((cut.elapsed(), body));
         }
-        if let Some((StatusCode::OK, _)) = standby.readyz().await {
+        if let Some((StatusCode::OK, _)) = standby.leaderz().await {
             break cut.elapsed();
         }
         assert!(
@@ -256,7 +315,7 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_lead
     );
     assert!(
         why.contains("not the leader") || why.contains("cannot be stored"),
-        "/readyz says why: {why}"
+        "/leaderz says why: {why}"
     );
 
     // The standby leads with the leader's table: p0..p3 leased, p4 the only one to grant.
@@ -317,14 +376,28 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_the_standby_lead
             .collect::<std::collections::BTreeSet<_>>()
     );
 
-    // Healed, the old leader stays up as a standby: not ready, not granting.
+    // The discovery Service now selects the new leader's Pod only (the old leader, cut off,
+    // could not take its own label off: the new one did).
+    world.wait_leader_label("replica-b").await;
+
+    // Healed, the old leader stays up as a standby: Ready again once it reads the Lease, not
+    // serving, and it names the new leader to a crawler that reaches it.
     relay.heal();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(leader.proc.try_exited().is_none());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(leader.readyz().await, Some((StatusCode::OK, _))) {
+        assert!(Instant::now() < deadline, "{}", leader.proc.log_tail(30));
+        assert!(leader.proc.try_exited().is_none());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
-        leader.readyz().await.map(|(s, _)| s),
+        leader.leaderz().await.map(|(s, _)| s),
         Some(StatusCode::SERVICE_UNAVAILABLE)
     );
+    let (status, body) = leader
+        .call(Method::POST, "/v1/leases", Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["leader"], "replica-b", "{body}");
 }
 
 /// Grants and releases from `clients` crawlers at once until `stop`, recording every grant's
@@ -401,7 +474,7 @@ fn problem_type(answer: &Answer) -> String {
 async fn with_the_api_server_away_for_30_s_the_operator_stays_up_answers_and_resumes() {
     let world = World::start("px-apiserver").await;
     let mut operator = world.operator(world.cp.kubeconfig(), "only-replica");
-    operator.wait_ready().await;
+    operator.wait_leading().await;
     let names: Vec<String> = (0..3).map(|i| format!("p{i}")).collect();
     world.apply_proxies(&names).await;
     let held = operator.lease(&world.key("p0")).await;
@@ -602,7 +675,7 @@ async fn over_a_slow_etcd_the_operator_gets_there_without_looping() {
     )
     .await;
     let mut operator = world.operator(world.cp.kubeconfig(), "slow-etcd");
-    operator.wait_ready().await;
+    operator.wait_leading().await;
 
     let before = api_requests(&world.cp).await;
     let started = Instant::now();
@@ -646,8 +719,8 @@ async fn over_a_slow_etcd_the_operator_gets_there_without_looping() {
         "{per_proxy:.1} requests per Proxy: the operator retries without backing off"
     );
     assert_eq!(
-        operator.readyz().await.map(|(s, _)| s),
+        operator.leaderz().await.map(|(s, _)| s),
         Some(StatusCode::OK),
-        "still the leader, still ready"
+        "still the leader, still serving"
     );
 }

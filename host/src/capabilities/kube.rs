@@ -3,7 +3,8 @@
 //! instance, and a plugin sees, changes and deletes only objects with that label: a namespace
 //! shared with people or other provider instances stays theirs. Secrets cannot be granted (a
 //! plugin never sees a secret); every Pod a plugin makes passes the allow-list of
-//! [`pod_policy`] (no host access, no API token, no Secret, only its own ConfigMaps); and the
+//! [`pod_policy`] (no host access, no API token, no Secret, only its own ConfigMaps); Services
+//! and NetworkPolicies reach only its own Pods ([`traffic_policy`]); and the
 //! operator's own objects ([`OperatorObjects`]) are out of reach whatever the grant.
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
 
 mod operator_objects;
 pub mod pod_policy;
+pub mod traffic_policy;
 
 pub use super::grants::KubeGrant;
 use super::grants::ValidKubeGrant;
@@ -176,6 +178,18 @@ impl KubeCapability {
             self.refuse_foreign_configmap(&types.kind, &name, &namespace, configmap)
                 .await?;
         }
+        traffic_policy::confine(
+            &types.api_version,
+            &types.kind,
+            &mut object.data,
+            &self.provider,
+        )
+        .map_err(|problem| {
+            KubeError::Denied(format!(
+                "{} {name}: {problem}; see docs/security.md (kube)",
+                types.kind
+            ))
+        })?;
         let labels = object.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(PROVIDER_LABEL.into(), self.provider.clone());
         labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
@@ -423,6 +437,11 @@ mod tests {
         assert!(error(grant("proxies", &["v1/pod"])).contains("kinds[0]"));
         assert!(
             error(grant("proxies", &["v1/Pod", "v1/Secret"])).contains("kinds[1]: Secrets cannot")
+        );
+        assert!(error(grant("proxies", &["v1/Endpoints"])).contains("kinds[0]: Endpoints cannot"));
+        assert!(
+            error(grant("proxies", &["discovery.k8s.io/v1/EndpointSlice"]))
+                .contains("EndpointSlice cannot")
         );
         let ok = bound(&grant("proxies", &["v1/Pod", "apps/v1/Deployment"]));
         assert_eq!(ok.namespace(), "proxies");

@@ -81,7 +81,7 @@ pub struct PluginArgs {
 /// Leader election among replicas, and the operator's own namespace.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LeaderArgs {
-    /// Run as one of several replicas: only the holder of a Lease reconciles and reports ready.
+    /// Run as one of several replicas: only the holder of a Lease reconciles and serves leases.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
     pub leader_election: bool,
     /// Namespace of the Lease (usually the operator's own).
@@ -93,6 +93,11 @@ pub struct LeaderArgs {
     /// Seconds a leader's claim lasts without renewal; a standby takes over after this.
     #[arg(long, env = "LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
     pub leader_election_lease_seconds: u64,
+    /// This replica's Pod (in the Lease's namespace): while it serves leases, the leader labels
+    /// it `proxy-operator.dev/leader=true`, which the discovery Service selects. Unset (outside
+    /// a cluster), no Pod is labelled.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
 }
 
 /// The orphan garbage collector.

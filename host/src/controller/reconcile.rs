@@ -287,7 +287,12 @@ fn spec_for(proxy: &Proxy, ctx: &Context, name: &str, zone: Option<String>) -> I
         vendor_data: spec.vendor_data.clone().unwrap_or_default().into_bytes(),
         install_guest_agent: spec.install_guest_agent,
         port: spec.port,
-        labels: Vec::new(),
+        // The Proxy's own labels reach what the provider makes (the kubernetes provider's Pod).
+        labels: proxy
+            .labels()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         options: spec
             .provider_options
             .clone()

@@ -18,6 +18,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tower::ServiceExt;
 
+use crate::leader::LeaderView;
+
 use super::store::{
     EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome, ProxyKey,
 };
@@ -43,6 +45,8 @@ pub struct Problem {
     title: &'static str,
     detail: String,
     retry_after: Option<Duration>,
+    /// `not-leader`: the replica that serves leases.
+    leader: Option<String>,
 }
 
 impl Problem {
@@ -53,6 +57,7 @@ impl Problem {
             title,
             detail,
             retry_after: None,
+            leader: None,
         }
     }
 
@@ -87,6 +92,22 @@ impl Problem {
             "the operator is starting or is not the leader; retry".into(),
         )
         .retry_after(Duration::from_secs(5))
+    }
+
+    /// A standby was asked: it names the replica that serves leases (`leader`, an extension
+    /// member) so a crawler that reached it directly can tell what happened.
+    fn not_leader(leader: &str) -> Self {
+        let mut problem = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not-leader",
+            "This replica is a standby",
+            format!(
+                "leases are served by the leader, {leader}; the discovery Service routes to it (retry through the Service)"
+            ),
+        )
+        .retry_after(Duration::from_secs(1));
+        problem.leader = Some(leader.to_string());
+        problem
     }
 
     fn not_stored(deadline: Duration) -> Self {
@@ -132,12 +153,15 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "type": format!("urn:proxy-operator:problem:{}", self.kind),
             "title": self.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
+        if let Some(leader) = self.leader {
+            body["leader"] = leader.into();
+        }
         let mut response = (self.status, body.to_string()).into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -264,6 +288,8 @@ pub struct Discovery {
     token_digest: [u8; 32],
     /// With `Some(deadline)`, a grant is answered only once the table holding it is stored.
     stored_within: Option<Duration>,
+    /// With leader election: who serves, and this replica's identity.
+    leader: Option<(LeaderView, String)>,
 }
 
 impl Discovery {
@@ -274,6 +300,28 @@ impl Discovery {
             store,
             token_digest: Sha256::digest(token.as_bytes()).into(),
             stored_within: None,
+            leader: None,
+        }
+    }
+
+    /// A standby answers every authorized request with a `not-leader` problem naming the leader
+    /// (from `view`), never a grant.
+    pub fn naming_the_leader(mut self, view: LeaderView, identity: &str) -> Self {
+        self.leader = Some((view, identity.to_string()));
+        self
+    }
+
+    /// The answer of a replica that does not serve: `None` on the one that does, and where the
+    /// leader is unknown or is this replica (starting or stepping down), the store's own
+    /// `not-ready` follows.
+    fn standby_answer(&self) -> Option<Problem> {
+        let (view, identity) = self.leader.as_ref()?;
+        if view.is_serving() {
+            return None;
+        }
+        match view.last_seen() {
+            Some((Some(holder), _)) if &holder != identity => Some(Problem::not_leader(&holder)),
+            _ => None,
         }
     }
 
@@ -366,7 +414,10 @@ impl FromRequestParts<Arc<Discovery>> for Authorized {
             .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
         // Compare digests: constant time, and the token's length does not leak either.
         if presented.is_some_and(|d| bool::from(d.as_slice().ct_eq(&discovery.token_digest))) {
-            Ok(Authorized)
+            match discovery.standby_answer() {
+                Some(problem) => Err(problem),
+                None => Ok(Authorized),
+            }
         } else {
             Err(Problem::new(
                 StatusCode::UNAUTHORIZED,

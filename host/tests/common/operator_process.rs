@@ -100,24 +100,35 @@ impl OperatorProcess {
         }
     }
 
-    /// `/readyz`: its status and body, `None` when nothing answers.
+    /// `/readyz` (a healthy replica: the leader or a standby): its status and body, `None` when
+    /// nothing answers.
     pub async fn readyz(&self) -> Option<(StatusCode, String)> {
-        let response = reqwest::get(format!("http://{}/readyz", self.metrics))
+        self.probe("/readyz").await
+    }
+
+    /// `/leaderz` (200 only on the replica that serves leases), as [`Self::readyz`].
+    pub async fn leaderz(&self) -> Option<(StatusCode, String)> {
+        self.probe("/leaderz").await
+    }
+
+    async fn probe(&self, path: &str) -> Option<(StatusCode, String)> {
+        let response = reqwest::get(format!("http://{}{path}", self.metrics))
             .await
             .ok()?;
         let status = response.status();
         Some((status, response.text().await.unwrap_or_default()))
     }
 
-    pub async fn wait_ready(&mut self) {
+    /// Waits until this replica serves leases.
+    pub async fn wait_leading(&mut self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some((StatusCode::OK, _)) = self.readyz().await {
+            if let Some((StatusCode::OK, _)) = self.leaderz().await {
                 return;
             }
             assert!(
                 tokio::time::Instant::now() < deadline && self.proc.try_exited().is_none(),
-                "operator not ready: {}",
+                "operator not serving leases: {}",
                 self.proc.log_tail(40)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -263,3 +263,88 @@ async fn the_operators_own_objects_are_out_of_reach_in_its_namespace(
         }
     }
 }
+
+/// A plugin's Services and NetworkPolicies reach its own Pods only: the fields that send traffic
+/// elsewhere are refused (and nothing is made), and the selectors it sends are confined to its
+/// provider instance's label, so a Service "selecting everything" never reaches someone else's Pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_and_network_policies_reach_only_the_plugins_own_pods() {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-kube-traffic").await.unwrap();
+    let provider = kube_plugin(
+        ns.client(),
+        ns.name(),
+        &["v1/Service", "networking.k8s.io/v1/NetworkPolicy"],
+        OperatorObjects::default(),
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(ns.client(), ns.name());
+    let policies: Api<NetworkPolicy> = Api::namespaced(ns.client(), ns.name());
+    let service = |name: &str, spec: Value| json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec});
+    let ports = json!([{"port": 3128}]);
+    for (name, spec, words) in [
+        (
+            "hijack",
+            json!({"selector": {"app": "victim"}, "ports": ports, "externalIPs": ["127.0.0.53"]}),
+            "spec.externalIPs is not allowed",
+        ),
+        (
+            "alias",
+            json!({"type": "ExternalName", "externalName": "kubernetes.default"}),
+            "ExternalName is not allowed",
+        ),
+        (
+            "by-hand",
+            json!({"ports": ports}),
+            "spec.selector is required",
+        ),
+        (
+            "squat",
+            json!({"selector": {"app": "x"}, "ports": ports, "clusterIP": "10.0.0.200"}),
+            "spec.clusterIP is not allowed",
+        ),
+    ] {
+        match apply(&provider, &service(name, spec)).await {
+            Err(ProviderError::Denied(m)) => assert!(m.contains(words), "{name}: {m}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        assert!(
+            services.get_opt(name).await.unwrap().is_none(),
+            "{name} was made"
+        );
+    }
+    // Selecting the victim's Pods by their labels still selects only this instance's Pods.
+    apply(
+        &provider,
+        &service(
+            "front",
+            json!({"selector": {"app": "victim"}, "ports": ports}),
+        ),
+    )
+    .await
+    .unwrap();
+    let selector = services
+        .get("front")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .selector
+        .unwrap();
+    assert_eq!(selector["app"], "victim");
+    assert_eq!(selector["proxy-operator.dev/provider"], "kube-sandbox");
+    // A policy for "every Pod" (which would cut everyone else's traffic) covers its own only.
+    let policy = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    });
+    apply(&provider, &policy).await.unwrap();
+    let made = policies.get("deny-all").await.unwrap().spec.unwrap();
+    assert_eq!(
+        made.pod_selector.unwrap().match_labels.unwrap()["proxy-operator.dev/provider"],
+        "kube-sandbox"
+    );
+}

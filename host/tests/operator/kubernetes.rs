@@ -1,13 +1,15 @@
 //! The kubernetes provider component through the real runtime, its `kube` capability and the real
-//! API server: a Proxy's squid Pod and ConfigMap are made, read back, listed and removed. The test
-//! control plane has no kubelet, so the test writes the Pod status a kubelet would (phase, IP,
-//! readiness). The squid.conf the provider writes is run by real squid and used as a proxy.
+//! API server: a Proxy's squid Pod, ConfigMap, Service and NetworkPolicy are made, read back,
+//! listed and removed. The test control plane has no kubelet, so the test writes the Pod status a
+//! kubelet would (phase, IP, readiness). The squid.conf the provider writes is run by real squid
+//! and used as a proxy. (host/tests/cluster_e2e.rs runs the same provider on a real node.)
 
 use std::time::Duration;
 
 use harness::process::{Check, Proc, Scratch, free_port, wait_for};
 use harness::{FileServer, TestNamespace};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, Patch, PatchParams};
 use proxy_operator::plugins::types::InstanceState;
 use proxy_operator::plugins::{EngineOptions, ProviderInstance};
@@ -24,7 +26,7 @@ async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> P
         ..test_options()
     };
     let grants = serde_json::json!({
-        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap"]}
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]}
     });
     bound_provider(options, "kubernetes", "in-cluster", &config, grants)
         .await
@@ -56,13 +58,17 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     .await;
     let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
     let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let services: Api<Service> = Api::namespaced(ns.client(), ns.name());
+    let policies: Api<NetworkPolicy> = Api::namespaced(ns.client(), ns.name());
     let mut want = spec("px-k8s-one", serde_json::json!({}));
     want.port = port;
+    want.labels = vec![("team".into(), "crawl".into())];
 
     let created = provider.create(want.clone()).await.unwrap();
     assert_eq!(created.provider_id, "px-k8s-one");
     assert_eq!(created.state, InstanceState::Provisioning);
-    assert_eq!(created.address, None);
+    // The Service's cluster IP is the address from the start (the Pod is not running yet).
+    let created_address = created.address.clone().expect("the Service's address");
     let pod = pods.get("px-k8s-one").await.unwrap();
     let annotations = pod.metadata.annotations.clone().unwrap();
     assert_eq!(
@@ -79,6 +85,32 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         "zone-a"
     );
     assert_eq!(pod_spec.automount_service_account_token, Some(false));
+    assert_eq!(pod.metadata.labels.as_ref().unwrap()["team"], "crawl");
+    // The Service in front of it (confined by the host to this instance's Pods) gives the
+    // address; the NetworkPolicy admits allowFrom on the squid port.
+    let service = services.get("px-k8s-one").await.unwrap();
+    let service_spec = service.spec.unwrap();
+    assert_eq!(service_spec.type_.as_deref(), Some("ClusterIP"));
+    let selector = service_spec.selector.unwrap();
+    assert_eq!(selector["proxy-operator.dev/proxy"], "px-k8s-one");
+    assert_eq!(selector["proxy-operator.dev/provider"], "in-cluster");
+    assert_eq!(service_spec.ports.unwrap()[0].port, i32::from(port));
+    let cluster_ip = service_spec.cluster_ip.unwrap();
+    assert_eq!(created_address, cluster_ip);
+    let policy = policies.get("px-k8s-one").await.unwrap().spec.unwrap();
+    let ingress = &policy.ingress.unwrap()[0];
+    assert_eq!(
+        ingress.from.as_ref().unwrap()[0]
+            .ip_block
+            .as_ref()
+            .unwrap()
+            .cidr,
+        "127.0.0.0/8"
+    );
+    assert_eq!(
+        policy.pod_selector.unwrap().match_labels.unwrap()["proxy-operator.dev/proxy"],
+        "px-k8s-one"
+    );
     // Idempotent: the same instance again, no second Pod.
     let again = provider.create(want.clone()).await.unwrap();
     assert_eq!(again.provider_id, created.provider_id);
@@ -86,7 +118,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     kubelet_reports_ready(&pods, "px-k8s-one", "127.0.0.1").await;
     let running = provider.get("px-k8s-one").await.unwrap();
     assert_eq!(running.state, InstanceState::Running);
-    assert_eq!(running.address.as_deref(), Some("127.0.0.1"));
+    assert_eq!(running.address.as_deref(), Some(cluster_ip.as_str()));
     assert_eq!(running.port, port);
     assert_eq!(running.owner.unwrap().name, "proxy-px-k8s-one");
     assert_eq!(listed_ids(&provider).await, ["px-k8s-one"]);
@@ -132,6 +164,8 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     provider.delete("px-k8s-one").await.unwrap();
     assert!(pods.get_opt("px-k8s-one").await.unwrap().is_none());
     assert!(maps.get_opt("px-k8s-one-squid").await.unwrap().is_none());
+    assert!(services.get_opt("px-k8s-one").await.unwrap().is_none());
+    assert!(policies.get_opt("px-k8s-one").await.unwrap().is_none());
     provider
         .delete("px-k8s-one")
         .await
@@ -189,7 +223,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             ..test_options()
         },
         &format!(
-        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}]}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap]}}}}\n",
+        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy]}}}}\n",
         target.addr().port(),
         ns.name(),
         ),
@@ -298,7 +332,7 @@ async fn the_kubernetes_provider_is_conformant() {
     })
     .await;
     let grants = serde_json::from_value(serde_json::json!({
-        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap"]}
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]}
     }))
     .unwrap();
     let config =

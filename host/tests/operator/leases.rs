@@ -135,7 +135,7 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
     let config = config.to_str().unwrap().to_string();
     let target = target.addr().to_string();
     let mut operator = OperatorProcess::start(cp, &ns, dir.path(), &config, &target);
-    operator.wait_ready().await;
+    operator.wait_leading().await;
 
     for name in ["held", "blocked"] {
         cp.kubectl_run(
@@ -225,7 +225,7 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
         operator.proc.log_tail(40)
     );
     let mut operator = OperatorProcess::start(cp, &ns, dir.path(), &config, &target);
-    operator.wait_ready().await;
+    operator.wait_leading().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let states = operator.states().await;

@@ -41,6 +41,10 @@ async fn control_plane() -> &'static ControlPlane {
         cp.kubectl_run(&["apply", "-f", crds], None)
             .await
             .expect("applying the CRDs");
+        let namespaces = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/namespace.yaml");
+        cp.kubectl_run(&["apply", "-f", namespaces], None)
+            .await
+            .expect("applying deploy/namespace.yaml");
         let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml");
         cp.kubectl_run(&["apply", "-f", rbac], None)
             .await
@@ -789,10 +793,18 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
 
     // The lease table is written into and read back from the operator's own namespace.
     use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
-    let persistence = LeasePersistence::new(
+    // Only the names of the default operator id are granted (deploy/rbac.yaml says so).
+    let foreign = LeasePersistence::new(
         service_account.clone(),
         "proxy-operator",
         &format!("{}-leases", ns.name()),
+    );
+    let refused = foreign.load().await.unwrap_err().to_string();
+    assert!(refused.contains("forbidden"), "{refused}");
+    let persistence = LeasePersistence::new(
+        service_account.clone(),
+        "proxy-operator",
+        "proxy-operator-leases",
     );
     let table = LeaseStore::new(
         LeaseOptions::default(),

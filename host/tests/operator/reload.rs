@@ -100,11 +100,10 @@ impl Setup {
     }
 
     fn watch(&mut self, ns: &TestNamespace) {
-        self.watch = Some(tokio::spawn(
-            self.registry
-                .clone()
-                .watch_configmap(ns.client(), Arc::new(AtomicBool::new(true))),
-        ));
+        self.watch = Some(tokio::spawn(self.registry.clone().watch_configmap(
+            ns.client(),
+            proxy_operator::leader::LeaderView::always_serving(),
+        )));
     }
 
     fn config_file(&self) -> std::path::PathBuf {

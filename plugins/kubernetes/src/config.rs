@@ -36,6 +36,64 @@ pub struct Config {
     /// (the Pod Security "restricted" profile). 13 is `proxy` in Debian's and Ubuntu's squid.
     #[serde(default = "default_run_as_user")]
     pub run_as_user: u32,
+    /// The Service in front of each proxy Pod; a Proxy may choose another in
+    /// `spec.providerOptions.serviceType`.
+    #[serde(default)]
+    pub service_type: ServiceType,
+    /// Which address a Proxy reports (and the operator probes and leases).
+    #[serde(default)]
+    pub address: AddressFrom,
+}
+
+/// `spec.type` of a proxy's Service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum ServiceType {
+    /// Crawlers in the cluster.
+    #[default]
+    ClusterIP,
+    /// Crawlers outside the cluster, through a port on every node.
+    NodePort,
+    /// Crawlers outside the cluster, through the cloud's load balancer.
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// Where a Proxy's address comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum AddressFrom {
+    /// The Service: its load balancer's address once it has one (LoadBalancer), else its
+    /// cluster IP. Stable while the Pod restarts.
+    #[default]
+    Service,
+    /// The Pod's IP (no Service hop; for clusters where crawlers reach Pods directly).
+    Pod,
+}
+
+/// What one Proxy may choose in `spec.providerOptions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProxyOptions {
+    pub service_type: Option<ServiceType>,
+}
+
+impl ProxyOptions {
+    /// `spec.providerOptions` as the host passes it (JSON); errors name the field.
+    pub fn parse(options: &str) -> Result<Self, ProviderError> {
+        serde_json::from_str(options).map_err(|e| {
+            ProviderError::InvalidConfig(format!(
+                "spec.providerOptions: {e}; the kubernetes provider takes {{serviceType: ClusterIP|NodePort|LoadBalancer}}"
+            ))
+        })
+    }
 }
 
 fn default_run_as_user() -> u32 {

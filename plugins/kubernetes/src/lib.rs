@@ -1,8 +1,9 @@
-//! The `kubernetes` provider: a proxy is a squid Pod, with its squid.conf in a ConfigMap, in the
-//! namespace the host grants (`grants.kube`). The Pod is named after the instance, so create is
+//! The `kubernetes` provider: a proxy is a squid Pod, with its squid.conf in a ConfigMap, a
+//! Service in front of it and a NetworkPolicy admitting `config.allowFrom`, in the namespace the
+//! host grants (`grants.kube`). The objects are named after the instance, so create is
 //! idempotent; the Proxy's identity is in the Pod's annotations, which `get` and `list` read back
-//! for the garbage collector. The Pod's IP is the proxy's address: crawlers in the cluster (the
-//! ranges in `config.allowFrom`) use it directly.
+//! for the garbage collector. The Service's address is the proxy's (or the Pod's IP, with
+//! `config.address: Pod`).
 //!
 //! Everything that decides something is a plain function in a module (tested natively); this file
 //! only sequences the kube calls.
@@ -16,7 +17,7 @@ use proxy_operator_sdk::{
     export_provider,
 };
 
-use crate::config::Config;
+use crate::config::{Config, ProxyOptions};
 
 /// The provider type in the providers config.
 pub const PROVIDER_TYPE: &str = "kubernetes";
@@ -30,18 +31,30 @@ fn parse_object(json: &str) -> Result<serde_json::Value, ProviderError> {
     })
 }
 
-/// The Pod named `name`, `None` when there is none of ours.
-fn find_pod(name: &str) -> Result<Option<serde_json::Value>, ProviderError> {
-    match kube::get("v1", "Pod", name) {
-        Ok(pod) => parse_object(&pod).map(Some),
+/// The object `kind` named `name`, `None` when there is none of ours.
+fn find(kind: &str, name: &str) -> Result<Option<serde_json::Value>, ProviderError> {
+    match kube::get("v1", kind, name) {
+        Ok(object) => parse_object(&object).map(Some),
         Err(kube::KubeError::NotFound(_)) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
 
+/// The instance of a Pod, its address from the Pod and its Service as the config says.
+fn instance_of(
+    config: &Config,
+    pod: &serde_json::Value,
+    service: Option<&serde_json::Value>,
+) -> Instance {
+    Instance {
+        address: objects::address(pod, service, config.address),
+        ..objects::instance(pod)
+    }
+}
+
 /// Deletes an object; already gone is fine.
-fn delete_object(kind: &str, name: &str) -> Result<(), ProviderError> {
-    match kube::delete("v1", kind, name) {
+fn delete_object(api_version: &str, kind: &str, name: &str) -> Result<(), ProviderError> {
+    match kube::delete(api_version, kind, name) {
         Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -65,32 +78,43 @@ impl Provider for KubernetesProvider {
     }
 
     fn create(config: Config, spec: InstanceSpec) -> Result<Instance, ProviderError> {
-        // The host ran validate-config on the config before binding it. A Pod's spec cannot be
-        // changed in place: an existing one is the instance.
-        if let Some(pod) = find_pod(&spec.name)? {
-            return Ok(objects::instance(&pod));
-        }
-        if !spec.user_data.is_empty() {
-            capabilities::log(
-                Level::Info,
-                "cloud-init is not used by the kubernetes provider (squid runs from its image)",
-                &[("pod", &spec.name)],
-            );
-        }
-        let configmap = objects::configmap(&config, &spec);
-        kube::apply(&configmap.to_string())?;
-        let pod = kube::apply(&objects::pod(&config, &spec).to_string())?;
-        capabilities::log(
-            Level::Info,
-            "created squid pod",
-            &[("pod", &spec.name), ("namespace", &kube::namespace())],
-        );
-        Ok(objects::instance(&parse_object(&pod)?))
+        // The host ran validate-config on the config before binding it.
+        let options = ProxyOptions::parse(&spec.options)?;
+        // A Pod's spec cannot be changed in place: an existing one is the instance.
+        let pod = match find("Pod", &spec.name)? {
+            Some(pod) => pod,
+            None => {
+                if !spec.user_data.is_empty() {
+                    capabilities::log(
+                        Level::Info,
+                        "cloud-init is not used by the kubernetes provider (squid runs from its image)",
+                        &[("pod", &spec.name)],
+                    );
+                }
+                kube::apply(&objects::configmap(&config, &spec).to_string())?;
+                let pod = kube::apply(&objects::pod(&config, &spec).to_string())?;
+                capabilities::log(
+                    Level::Info,
+                    "created squid pod",
+                    &[("pod", &spec.name), ("namespace", &kube::namespace())],
+                );
+                parse_object(&pod)?
+            }
+        };
+        // Applied on every create, so a Pod made before the provider had them gets them too.
+        let service_type = options.service_type.unwrap_or(config.service_type);
+        let service = kube::apply(&objects::service(&spec, service_type).to_string())?;
+        kube::apply(&objects::network_policy(&config, &spec).to_string())?;
+        Ok(instance_of(&config, &pod, Some(&parse_object(&service)?)))
     }
 
-    fn get(_config: Config, provider_id: String) -> Result<Instance, ProviderError> {
-        match find_pod(&provider_id)? {
-            Some(pod) => Ok(objects::instance(&pod)),
+    fn get(config: Config, provider_id: String) -> Result<Instance, ProviderError> {
+        match find("Pod", &provider_id)? {
+            Some(pod) => Ok(instance_of(
+                &config,
+                &pod,
+                find("Service", &provider_id)?.as_ref(),
+            )),
             None => Err(ProviderError::NotFound(format!(
                 "Pod {}/{provider_id} not found",
                 kube::namespace()
@@ -99,8 +123,10 @@ impl Provider for KubernetesProvider {
     }
 
     fn delete(_config: Config, provider_id: String) -> Result<(), ProviderError> {
-        delete_object("Pod", &provider_id)?;
-        delete_object("ConfigMap", &objects::configmap_name(&provider_id))
+        delete_object("v1", "Pod", &provider_id)?;
+        delete_object("v1", "Service", &provider_id)?;
+        delete_object("networking.k8s.io/v1", "NetworkPolicy", &provider_id)?;
+        delete_object("v1", "ConfigMap", &objects::configmap_name(&provider_id))
     }
 
     fn list(_config: Config) -> Result<Vec<Instance>, ProviderError> {

@@ -1,11 +1,12 @@
-//! The Kubernetes objects of one proxy (a ConfigMap with its squid.conf and the squid Pod) and
-//! the instance read back from a Pod. Plain functions over JSON, tested natively.
+//! The Kubernetes objects of one proxy (a ConfigMap with its squid.conf, the squid Pod, the
+//! Service in front of it and the NetworkPolicy that admits only `allowFrom`) and the instance
+//! read back from the Pod and its Service. Plain functions over JSON, tested natively.
 
 use proxy_operator_sdk::squid::{self, SquidHost};
 use proxy_operator_sdk::{Instance, InstanceSpec, InstanceState, Owner};
 use serde_json::{Value, json};
 
-use crate::config::Config;
+use crate::config::{AddressFrom, Config, ServiceType};
 
 /// On every Pod and ConfigMap of a proxy: which Proxy instance it belongs to.
 pub const PROXY_LABEL: &str = "proxy-operator.dev/proxy";
@@ -49,6 +50,44 @@ pub fn configmap(config: &Config, spec: &InstanceSpec) -> Value {
             "labels": {PROXY_LABEL: spec.name},
         },
         "data": {"squid.conf": squid_conf(config, spec)},
+    })
+}
+
+/// The Service in front of the squid Pod (same name). It selects the Pod by its proxy label; the
+/// host confines it further to this provider instance's Pods.
+pub fn service(spec: &InstanceSpec, service_type: ServiceType) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": spec.name,
+            "labels": {PROXY_LABEL: spec.name, "app.kubernetes.io/component": "egress-proxy"},
+        },
+        "spec": {
+            "type": service_type.as_str(),
+            "selector": {PROXY_LABEL: spec.name},
+            "ports": [{"name": "proxy", "port": spec.port, "targetPort": "proxy", "protocol": "TCP"}],
+        },
+    })
+}
+
+/// Admits connections to the squid port from `allowFrom` only (squid's own ACL says the same;
+/// this stops them before squid where the cluster enforces NetworkPolicies).
+pub fn network_policy(config: &Config, spec: &InstanceSpec) -> Value {
+    let from: Vec<Value> = config
+        .allow_from
+        .iter()
+        .map(|cidr| json!({"ipBlock": {"cidr": cidr}}))
+        .collect();
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": spec.name, "labels": {PROXY_LABEL: spec.name}},
+        "spec": {
+            "podSelector": {"matchLabels": {PROXY_LABEL: spec.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": from, "ports": [{"protocol": "TCP", "port": spec.port}]}],
+        },
     })
 }
 
@@ -133,7 +172,28 @@ pub fn pod(config: &Config, spec: &InstanceSpec) -> Value {
     })
 }
 
-/// The instance a Pod is; its owner is `None` for a Pod without the owner annotations.
+/// The address crawlers use: the Service's (its load balancer's once assigned, else its cluster
+/// IP) or the Pod's IP, as the config says; `None` until there is one.
+pub fn address(pod: &Value, service: Option<&Value>, from: AddressFrom) -> Option<String> {
+    let text = |v: &Value| {
+        v.as_str()
+            .filter(|a| !a.is_empty() && *a != "None")
+            .map(str::to_string)
+    };
+    match (from, service) {
+        (AddressFrom::Pod, _) => text(&pod["status"]["podIP"]),
+        (AddressFrom::Service, Some(service)) => {
+            let ingress = &service["status"]["loadBalancer"]["ingress"][0];
+            text(&ingress["ip"])
+                .or_else(|| text(&ingress["hostname"]))
+                .or_else(|| text(&service["spec"]["clusterIP"]))
+        }
+        (AddressFrom::Service, None) => None,
+    }
+}
+
+/// The instance a Pod is (its address from the Pod alone: see [`address`] for the Service's);
+/// its owner is `None` for a Pod without the owner annotations.
 pub fn instance(pod: &Value) -> Instance {
     let metadata = &pod["metadata"];
     let text = |v: &Value| v.as_str().map(str::to_string);

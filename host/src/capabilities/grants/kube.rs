@@ -76,6 +76,16 @@ impl KubeKind {
         if api_version == "v1" && kind == "Secret" {
             return Err("Secrets cannot be granted: a plugin never sees a secret; let the host add credentials (grants.http.credentials)".into());
         }
+        // Hand-written endpoints attach any address to any Service of the namespace, including
+        // Services that are not the plugin's: Services select their Pods (the host checks it).
+        if matches!(
+            (api_version, kind),
+            ("v1", "Endpoints") | ("discovery.k8s.io/v1", "EndpointSlice")
+        ) {
+            return Err(format!(
+                "{kind} cannot be granted: endpoints written by hand would attach addresses to other Services of the namespace; a plugin's Services select its Pods"
+            ));
+        }
         Ok(KubeKind {
             api_version: api_version.to_string(),
             kind: kind.to_string(),

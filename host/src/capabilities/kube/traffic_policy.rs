@@ -1,0 +1,176 @@
+//! What a plugin's Services and NetworkPolicies may be: they reach the plugin's own Pods and
+//! nothing else. The host confines both to the Pods carrying the provider instance's label (the
+//! label it puts on everything the instance applies), and refuses the Service fields that send
+//! traffic somewhere else: `externalIPs` (a ClusterIP Service with an external IP captures that
+//! IP's traffic for the whole cluster, CVE-2020-8554), `ExternalName` (a DNS alias to any host),
+//! a chosen `clusterIP`, and a Service without a selector (it would take hand-written endpoints).
+
+use serde_json::{Map, Value, json};
+
+use super::PROVIDER_LABEL;
+
+/// Checks a Service or NetworkPolicy and confines its selector to `provider`'s Pods; other kinds
+/// pass unchanged. `Err` names the field.
+pub fn confine(
+    api_version: &str,
+    kind: &str,
+    data: &mut Value,
+    provider: &str,
+) -> Result<(), String> {
+    match (api_version, kind) {
+        ("v1", "Service") => confine_service(data, provider),
+        ("networking.k8s.io/v1", "NetworkPolicy") => confine_network_policy(data, provider),
+        _ => Ok(()),
+    }
+}
+
+fn confine_service(data: &mut Value, provider: &str) -> Result<(), String> {
+    let spec = &data["spec"];
+    if spec["type"] == "ExternalName" || !spec["externalName"].is_null() {
+        return Err("spec.type ExternalName is not allowed (a DNS alias to any host)".into());
+    }
+    if spec["externalIPs"]
+        .as_array()
+        .is_some_and(|ips| !ips.is_empty())
+    {
+        return Err(
+            "spec.externalIPs is not allowed (it would capture that address's traffic in the whole cluster)"
+                .into(),
+        );
+    }
+    let chosen = |ip: &Value| ip.as_str().is_some_and(|ip| ip != "None" && !ip.is_empty());
+    if chosen(&spec["clusterIP"])
+        || spec["clusterIPs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(chosen)
+    {
+        return Err("spec.clusterIP is not allowed; the cluster assigns it (or use None)".into());
+    }
+    if !spec["selector"].as_object().is_some_and(|s| !s.is_empty()) {
+        return Err(
+            "spec.selector is required: a plugin's Service selects its own Pods (no hand-written endpoints)"
+                .into(),
+        );
+    }
+    own_pods(&mut data["spec"]["selector"], "spec.selector", provider)
+}
+
+fn confine_network_policy(data: &mut Value, provider: &str) -> Result<(), String> {
+    if !data["spec"].is_object() {
+        return Err("spec is missing".into());
+    }
+    let selector = &mut data["spec"]["podSelector"];
+    if selector.is_null() {
+        *selector = json!({});
+    }
+    if !selector["matchLabels"].is_object() {
+        selector["matchLabels"] = Value::Object(Map::new());
+    }
+    own_pods(
+        &mut data["spec"]["podSelector"]["matchLabels"],
+        "spec.podSelector.matchLabels",
+        provider,
+    )
+}
+
+/// Adds `PROVIDER_LABEL: provider` to a label map; another value there is refused.
+fn own_pods(labels: &mut Value, field: &str, provider: &str) -> Result<(), String> {
+    let Some(labels) = labels.as_object_mut() else {
+        return Err(format!("{field} must be a map of labels"));
+    };
+    match labels.get(PROVIDER_LABEL).and_then(Value::as_str) {
+        Some(value) if value != provider => Err(format!(
+            "{field}.{PROVIDER_LABEL} `{value}` selects another provider instance's Pods"
+        )),
+        _ => {
+            labels.insert(PROVIDER_LABEL.into(), json!(provider));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(spec: Value) -> Value {
+        json!({"spec": spec})
+    }
+
+    #[test]
+    fn a_service_selects_only_the_plugins_own_pods() {
+        let mut ok = service(
+            json!({"selector": {"proxy-operator.dev/proxy": "px-1"}, "ports": [{"port": 3128}]}),
+        );
+        confine("v1", "Service", &mut ok, "in-cluster").unwrap();
+        assert_eq!(ok["spec"]["selector"][PROVIDER_LABEL], "in-cluster");
+        assert_eq!(ok["spec"]["selector"]["proxy-operator.dev/proxy"], "px-1");
+        let mut headless = service(json!({"clusterIP": "None", "selector": {"a": "b"}}));
+        assert!(confine("v1", "Service", &mut headless, "p").is_ok());
+        let mut lb = service(json!({"type": "LoadBalancer", "selector": {"a": "b"}}));
+        assert!(confine("v1", "Service", &mut lb, "p").is_ok());
+    }
+
+    #[test]
+    fn services_that_send_traffic_elsewhere_are_refused_naming_the_field() {
+        let cases = [
+            (
+                json!({"type": "ExternalName", "externalName": "example.com"}),
+                "ExternalName",
+            ),
+            (
+                json!({"selector": {"a": "b"}, "externalIPs": ["1.2.3.4"]}),
+                "spec.externalIPs",
+            ),
+            (
+                json!({"selector": {"a": "b"}, "clusterIP": "10.96.0.10"}),
+                "spec.clusterIP",
+            ),
+            (
+                json!({"selector": {"a": "b"}, "clusterIPs": ["10.96.0.10"]}),
+                "spec.clusterIP",
+            ),
+            (
+                json!({"ports": [{"port": 80}]}),
+                "spec.selector is required",
+            ),
+            (json!({"selector": {}}), "spec.selector is required"),
+            (
+                json!({"selector": {PROVIDER_LABEL: "someone-else"}}),
+                "selects another provider instance's Pods",
+            ),
+        ];
+        for (spec, words) in cases {
+            let mut object = service(spec.clone());
+            let error = confine("v1", "Service", &mut object, "p").unwrap_err();
+            assert!(error.contains(words), "{spec}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_network_policy_applies_to_the_plugins_own_pods_only() {
+        let mut everything = json!({"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}});
+        confine(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            &mut everything,
+            "p",
+        )
+        .unwrap();
+        assert_eq!(
+            everything["spec"]["podSelector"]["matchLabels"][PROVIDER_LABEL],
+            "p"
+        );
+        let mut foreign = json!({"spec": {"podSelector": {"matchLabels": {PROVIDER_LABEL: "q"}}}});
+        assert!(
+            confine("networking.k8s.io/v1", "NetworkPolicy", &mut foreign, "p")
+                .unwrap_err()
+                .contains("spec.podSelector.matchLabels")
+        );
+        let mut pod = json!({"spec": {"containers": []}});
+        confine("v1", "Pod", &mut pod, "p").unwrap();
+        assert_eq!(pod, json!({"spec": {"containers": []}}));
+    }
+}
