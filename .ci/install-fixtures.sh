@@ -5,6 +5,8 @@
 #     (tests/fixtures/k8s/build.sh).
 #   - the proxy VM guest image, from Debian packages, into the same cache
 #     (tests/fixtures/guest-image/build.sh).
+#   - the single-node cluster's container images (pause, squid, web), from Debian packages
+#     and Kubernetes' pause.c, into the same cache (tests/fixtures/node-images/build.sh).
 # Idempotent; a few hundred milliseconds when everything is present.
 # Needs root for apt (run as root or through sudo).
 set -euo pipefail
@@ -32,9 +34,12 @@ backports_pkgs=(
 # debootstrap, e2fsprogs, passt, ovmf, iptables: the proxy VM guest image
 # (tests/fixtures/guest-image/build.sh), booted with passt user networking (BIOS or UEFI)
 # behind an iptables egress guard (tests/harness/src/guard.rs).
+# containerd, runc, containernetworking-plugins, umoci, gcc: the single-node cluster
+# (tests/harness/src/node.rs) and its images (tests/fixtures/node-images/build.sh).
 plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
-    debootstrap e2fsprogs passt ovmf iptables)
+    debootstrap e2fsprogs passt ovmf iptables
+    containerd runc containernetworking-plugins umoci gcc)
 # nodejs, npm: the JavaScript example provider is built with componentize-js (npm ci). The
 # machine's Node.js 20 and npm come first; Debian's (Node.js 18, which plugins/examples/js/build.sh
 # refuses as too old for componentize-js) are installed only where there is no npm at all.
@@ -141,8 +146,14 @@ as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/pro
     "$repo/tests/fixtures/guest-image/build.sh" >"$image_out" &
 image_pid=$!
 
-step "kube-apiserver, kubectl, etcd (tests/fixtures/k8s/build.sh)"
+step "kube-apiserver, kubectl, etcd, kubelet, controller-manager, scheduler, kube-proxy (tests/fixtures/k8s/build.sh)"
 bin="$("$repo/tests/fixtures/k8s/build.sh" | tail -n1)"
+step_done
+
+# After the Go build: pause.c comes from its module cache.
+step "node images: pause, squid, web (tests/fixtures/node-images/build.sh)"
+node_images="$(as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
+    GOMODCACHE="$(go env GOMODCACHE)" PATH="$PATH" "$repo/tests/fixtures/node-images/build.sh" | tail -n1)"
 step_done
 
 step "waiting for the guest image"
@@ -154,4 +165,4 @@ guest_image="$(tail -n1 "$image_out")"
 rm -f "$image_out"
 step_done
 
-log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; guest image: $guest_image"
+log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; guest image: $guest_image; node images: $node_images"

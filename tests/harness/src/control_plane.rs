@@ -329,34 +329,7 @@ impl ControlPlane {
     /// Runs kubectl with `args` (and `stdin`, e.g. a manifest for `apply -f -`);
     /// returns stdout, or an error carrying stderr.
     pub async fn kubectl_run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut cmd = self.kubectl();
-        cmd.args(args);
-        match stdin {
-            None => run_output(&mut cmd).await,
-            Some(input) => {
-                use tokio::io::AsyncWriteExt;
-                let display = format!("kubectl {}", args.join(" "));
-                let mut child = cmd
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .kill_on_drop(true)
-                    .spawn()
-                    .with_context(|| format!("run {display}"))?;
-                let mut pipe = child.stdin.take().unwrap();
-                pipe.write_all(input.as_bytes()).await?;
-                drop(pipe);
-                let out = child.wait_with_output().await?;
-                if !out.status.success() {
-                    return Err(anyhow!(
-                        "{display} failed ({}):\n{}",
-                        out.status,
-                        String::from_utf8_lossy(&out.stderr)
-                    ));
-                }
-                Ok(String::from_utf8(out.stdout)?)
-            }
-        }
+        kubectl_run(self.kubectl(), args, stdin).await
     }
 
     /// `kubectl apply -f` of the CRD manifests in `dir`, then waits until every CRD of the
@@ -414,7 +387,11 @@ impl ControlPlane {
     }
 }
 
-async fn wait_apiserver_ready(apiserver: &Mutex<Proc>, config: &Config, log: &Path) -> Result<()> {
+pub(crate) async fn wait_apiserver_ready(
+    apiserver: &Mutex<Proc>,
+    config: &Config,
+    log: &Path,
+) -> Result<()> {
     let client = Client::try_from(config.clone()).context("kube client")?;
     wait_for("kube-apiserver /readyz", APISERVER_TIMEOUT, || async {
         if let Err(e) = apiserver.lock().await.ensure_running() {
@@ -430,6 +407,42 @@ async fn wait_apiserver_ready(apiserver: &Mutex<Proc>, config: &Config, log: &Pa
     .with_context(|| format!("see {}", log.display()))
 }
 
+/// Runs `cmd` (a kubectl with its kubeconfig) with `args` and `stdin`; returns stdout, or an
+/// error carrying stderr.
+pub(crate) async fn kubectl_run(
+    mut cmd: tokio::process::Command,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String> {
+    cmd.args(args);
+    match stdin {
+        None => run_output(&mut cmd).await,
+        Some(input) => {
+            use tokio::io::AsyncWriteExt;
+            let display = format!("kubectl {}", args.join(" "));
+            let mut child = cmd
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("run {display}"))?;
+            let mut pipe = child.stdin.take().unwrap();
+            pipe.write_all(input.as_bytes()).await?;
+            drop(pipe);
+            let out = child.wait_with_output().await?;
+            if !out.status.success() {
+                return Err(anyhow!(
+                    "{display} failed ({}):\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(String::from_utf8(out.stdout)?)
+        }
+    }
+}
+
 fn unwrap_shared(cp: &'static Result<ControlPlane, String>) -> &'static ControlPlane {
     match cp {
         Ok(cp) => cp,
@@ -437,14 +450,14 @@ fn unwrap_shared(cp: &'static Result<ControlPlane, String>) -> &'static ControlP
     }
 }
 
-async fn config_from_kubeconfig(path: &Path) -> Result<Config> {
+pub(crate) async fn config_from_kubeconfig(path: &Path) -> Result<Config> {
     let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
     Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("load {}", path.display()))
 }
 
-fn kubeconfig_yaml(url: &str, ca_pem: &str, token: &str) -> String {
+pub(crate) fn kubeconfig_yaml(url: &str, ca_pem: &str, token: &str) -> String {
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
         "apiVersion: v1
@@ -469,16 +482,25 @@ current-context: harness
     )
 }
 
-struct Pki {
-    ca_pem: String,
-    serving_cert_pem: String,
-    serving_key_pem: String,
-    sa_key_pem: String,
-    sa_pub_pem: String,
+/// The control plane's credentials: a CA, kube-apiserver's serving certificate and the
+/// service-account key pair.
+pub(crate) struct Pki {
+    pub(crate) ca_pem: String,
+    pub(crate) serving_cert_pem: String,
+    pub(crate) serving_key_pem: String,
+    pub(crate) sa_key_pem: String,
+    pub(crate) sa_pub_pem: String,
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
 }
 
 impl Pki {
-    fn generate() -> Result<Pki> {
+    /// Serving certificate for 127.0.0.1 and the `kubernetes` Service's names.
+    pub(crate) fn generate() -> Result<Pki> {
+        Self::generate_with_sans(&[])
+    }
+
+    /// [`Pki::generate`] with more subject alternative names (IP addresses or DNS names).
+    pub(crate) fn generate_with_sans(extra_sans: &[String]) -> Result<Pki> {
         use rcgen::{
             BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
             IsCa, KeyPair, KeyUsagePurpose,
@@ -494,13 +516,15 @@ impl Pki {
         ];
         let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
 
-        let mut serving = CertificateParams::new(vec![
+        let mut sans = vec![
             "127.0.0.1".to_owned(),
             "localhost".to_owned(),
             "kubernetes".to_owned(),
             "kubernetes.default".to_owned(),
             "kubernetes.default.svc".to_owned(),
-        ])?;
+        ];
+        sans.extend(extra_sans.iter().cloned());
+        let mut serving = CertificateParams::new(sans)?;
         serving
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
@@ -516,7 +540,25 @@ impl Pki {
             serving_key_pem: serving_key.serialize_pem(),
             sa_key_pem: sa.serialize_pem(),
             sa_pub_pem: sa.public_key_pem(),
+            ca,
         })
+    }
+
+    /// A client certificate signed by the CA: `(cert PEM, key PEM)` for user `cn` in `groups`.
+    pub(crate) fn client_cert(&self, cn: &str, groups: &[&str]) -> Result<(String, String)> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        for group in groups {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *group);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 }
 

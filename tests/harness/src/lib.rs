@@ -3,6 +3,7 @@
 //! | fixture | what | start |
 //! |---|---|---|
 //! | [`ControlPlane`] | etcd + kube-apiserver (built from Go modules), RBAC, admin token | ~4 s, once per test binary |
+//! | [`Cluster`] | a real single-node cluster: etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy, containerd + runc, bridge CNI, in a network namespace with no uplink; local pause/squid/web images | ~15 s (8 s of it importing the images), once per test binary; needs root |
 //! | [`TestNamespace`] | a fresh namespace (+ `default` ServiceAccount) per test | ~20 ms |
 //! | [`Squid`] | squid on a free port, CONNECT to any port from loopback | ~0.1 s |
 //! | [`Sshd`] | sshd with generated ed25519 host and client keys | ~0.05 s |
@@ -66,6 +67,7 @@ pub mod guard;
 pub mod guest_image;
 pub mod http;
 pub mod libvirtd;
+pub mod node;
 pub mod process;
 pub mod squid;
 pub mod sshd;
@@ -76,5 +78,6 @@ pub use guard::EgressGuard;
 pub use guest_image::{GuestImage, guest_image};
 pub use http::FileServer;
 pub use libvirtd::Libvirtd;
+pub use node::{Cluster, Images};
 pub use squid::Squid;
 pub use sshd::{SshKey, Sshd};

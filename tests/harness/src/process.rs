@@ -385,6 +385,7 @@ fn sweep_stale(root: &Path) {
         }
         let path = entry.path();
         crate::libvirtd::kill_stale_qemu(&path);
+        crate::node::sweep_stale(&path);
         tracing::debug!(dir = %path.display(), "removing stale scratch directory");
         let _ = fs::remove_dir_all(&path);
     }

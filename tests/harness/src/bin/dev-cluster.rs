@@ -1,6 +1,9 @@
 //! A local kube-apiserver + etcd for development, in the foreground.
 //!
-//!     cargo run -p proxy-operator-harness --bin dev-cluster -- [--kubeconfig PATH]
+//!     cargo run -p proxy-operator-harness --bin dev-cluster -- [--node] [--kubeconfig PATH]
+//!
+//! `--node` starts a real single-node cluster instead (kubelet, containerd, kube-proxy, ... in a
+//! network namespace with no uplink, `harness::Cluster`; as root).
 //!
 //! Writes an admin kubeconfig (default `target/dev-cluster-<pid>.kubeconfig`, one per run, so two
 //! runs on one checkout never share one), prints how to use it, and stops everything on Ctrl-C
@@ -15,16 +18,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use harness::ControlPlane;
 
-const USAGE: &str = "usage: dev-cluster [--kubeconfig PATH]
+const USAGE: &str = "usage: dev-cluster [--node] [--kubeconfig PATH]
 
 Starts etcd + kube-apiserver on free 127.0.0.1 ports (RBAC on, admin user in
 system:masters), writes a kubeconfig (default target/dev-cluster-<pid>.kubeconfig)
 and runs until Ctrl-C.
+--node: a real single-node cluster (controller-manager, scheduler, kubelet,
+kube-proxy, containerd) in a network namespace with no uplink; the apiserver is
+reached through a 127.0.0.1 relay. Needs root.
 Binaries: $PROXY_OPERATOR_K8S_BIN or the cache filled by tests/fixtures/k8s/build.sh.";
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut kubeconfig: Option<PathBuf> = None;
+    let mut node = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -34,6 +41,7 @@ async fn main() -> Result<()> {
             s if s.starts_with("--kubeconfig=") => {
                 kubeconfig = Some(s["--kubeconfig=".len()..].into())
             }
+            "--node" => node = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -48,6 +56,9 @@ async fn main() -> Result<()> {
     // Held until exit: a second run told to use the same file is refused instead of taking it.
     let claim = claim(&kubeconfig)?;
 
+    if node {
+        return run_node(&kubeconfig, claim).await;
+    }
     eprintln!("starting etcd + kube-apiserver ...");
     let cp = match ControlPlane::start().await {
         Ok(cp) => cp,
@@ -105,6 +116,71 @@ collection. Ctrl-C stops the cluster (its data is discarded).",
             "stopped; {} was changed by someone else, left alone",
             kubeconfig.display()
         );
+    }
+    drop(claim);
+    Ok(())
+}
+
+/// `--node`: the single-node cluster, until Ctrl-C or SIGTERM.
+async fn run_node(kubeconfig: &Path, claim: Claim) -> Result<()> {
+    eprintln!(
+        "starting a single-node cluster (etcd, apiserver, controller-manager, scheduler, kubelet, kube-proxy, containerd) ..."
+    );
+    let cluster = match harness::Cluster::start().await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_file(kubeconfig);
+            return Err(e);
+        }
+    };
+    let written = std::fs::read(cluster.kubeconfig())?;
+    claim.write(&written)?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut interrupt) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
+    let kubectl = cluster.bin_dir().join("kubectl");
+    let phases: Vec<String> = cluster
+        .phases()
+        .iter()
+        .map(|(name, d)| format!("{name} {:.1} s", d.as_secs_f64()))
+        .collect();
+    let images = cluster.images();
+    println!(
+        "
+node cluster ready in {:.1} s ({phases}): {url}
+  kubeconfig:  {kc}
+  kubectl:     {kubectl}
+  logs:        {dir}
+  images:      {pause} {squid} {web} (imagePullPolicy: Never)
+  netns:       {netns} (run a command in it: nsenter --net={netns} CMD)
+
+Use it:
+  export KUBECONFIG={kc}
+  {kubectl} get nodes -o wide
+
+Ctrl-C stops the cluster (its data is discarded).",
+        cluster.started_in().as_secs_f64(),
+        phases = phases.join(", "),
+        url = cluster.url(),
+        kc = kubeconfig.display(),
+        kubectl = kubectl.display(),
+        dir = cluster.dir().display(),
+        pause = images.pause,
+        squid = images.squid,
+        web = images.web,
+        netns = cluster.netns_path().display(),
+    );
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("\nstopping ...");
+    drop(cluster);
+    if std::fs::read(kubeconfig).is_ok_and(|now| now == written) {
+        let _ = std::fs::remove_file(kubeconfig);
+        eprintln!("stopped; removed {}", kubeconfig.display());
     }
     drop(claim);
     Ok(())
