@@ -182,7 +182,7 @@ impl KubeCapability {
             &types.api_version,
             &types.kind,
             &mut object.data,
-            &self.provider,
+            (PROVIDER_LABEL, &self.provider),
         )
         .map_err(|problem| {
             KubeError::Denied(format!(

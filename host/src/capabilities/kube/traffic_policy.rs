@@ -7,24 +7,25 @@
 
 use serde_json::{Map, Value, json};
 
-use super::PROVIDER_LABEL;
+/// The label (key, value) every Pod of the plugin's provider instance carries.
+pub type OwnLabel<'a> = (&'a str, &'a str);
 
-/// Checks a Service or NetworkPolicy and confines its selector to `provider`'s Pods; other kinds
-/// pass unchanged. `Err` names the field.
+/// Checks a Service or NetworkPolicy and confines its selector to the Pods with the `own` label;
+/// other kinds pass unchanged. `Err` names the field.
 pub fn confine(
     api_version: &str,
     kind: &str,
     data: &mut Value,
-    provider: &str,
+    own: OwnLabel,
 ) -> Result<(), String> {
     match (api_version, kind) {
-        ("v1", "Service") => confine_service(data, provider),
-        ("networking.k8s.io/v1", "NetworkPolicy") => confine_network_policy(data, provider),
+        ("v1", "Service") => confine_service(data, own),
+        ("networking.k8s.io/v1", "NetworkPolicy") => confine_network_policy(data, own),
         _ => Ok(()),
     }
 }
 
-fn confine_service(data: &mut Value, provider: &str) -> Result<(), String> {
+fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
     let spec = &data["spec"];
     if spec["type"] == "ExternalName" || !spec["externalName"].is_null() {
         return Err("spec.type ExternalName is not allowed (a DNS alias to any host)".into());
@@ -54,10 +55,10 @@ fn confine_service(data: &mut Value, provider: &str) -> Result<(), String> {
                 .into(),
         );
     }
-    own_pods(&mut data["spec"]["selector"], "spec.selector", provider)
+    own_pods(&mut data["spec"]["selector"], "spec.selector", own)
 }
 
-fn confine_network_policy(data: &mut Value, provider: &str) -> Result<(), String> {
+fn confine_network_policy(data: &mut Value, own: OwnLabel) -> Result<(), String> {
     if !data["spec"].is_object() {
         return Err("spec is missing".into());
     }
@@ -71,21 +72,21 @@ fn confine_network_policy(data: &mut Value, provider: &str) -> Result<(), String
     own_pods(
         &mut data["spec"]["podSelector"]["matchLabels"],
         "spec.podSelector.matchLabels",
-        provider,
+        own,
     )
 }
 
-/// Adds `PROVIDER_LABEL: provider` to a label map; another value there is refused.
-fn own_pods(labels: &mut Value, field: &str, provider: &str) -> Result<(), String> {
+/// Adds the `own` label to a label map; another value under its key is refused.
+fn own_pods(labels: &mut Value, field: &str, (key, own): OwnLabel) -> Result<(), String> {
     let Some(labels) = labels.as_object_mut() else {
         return Err(format!("{field} must be a map of labels"));
     };
-    match labels.get(PROVIDER_LABEL).and_then(Value::as_str) {
-        Some(value) if value != provider => Err(format!(
-            "{field}.{PROVIDER_LABEL} `{value}` selects another provider instance's Pods"
+    match labels.get(key).and_then(Value::as_str) {
+        Some(value) if value != own => Err(format!(
+            "{field}.{key} `{value}` selects another provider instance's Pods"
         )),
         _ => {
-            labels.insert(PROVIDER_LABEL.into(), json!(provider));
+            labels.insert(key.into(), json!(own));
             Ok(())
         }
     }
@@ -94,6 +95,8 @@ fn own_pods(labels: &mut Value, field: &str, provider: &str) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PROVIDER_LABEL: &str = "proxy-operator.dev/provider";
 
     fn service(spec: Value) -> Value {
         json!({"spec": spec})
@@ -104,13 +107,13 @@ mod tests {
         let mut ok = service(
             json!({"selector": {"proxy-operator.dev/proxy": "px-1"}, "ports": [{"port": 3128}]}),
         );
-        confine("v1", "Service", &mut ok, "in-cluster").unwrap();
+        confine("v1", "Service", &mut ok, (PROVIDER_LABEL, "in-cluster")).unwrap();
         assert_eq!(ok["spec"]["selector"][PROVIDER_LABEL], "in-cluster");
         assert_eq!(ok["spec"]["selector"]["proxy-operator.dev/proxy"], "px-1");
         let mut headless = service(json!({"clusterIP": "None", "selector": {"a": "b"}}));
-        assert!(confine("v1", "Service", &mut headless, "p").is_ok());
+        assert!(confine("v1", "Service", &mut headless, (PROVIDER_LABEL, "p")).is_ok());
         let mut lb = service(json!({"type": "LoadBalancer", "selector": {"a": "b"}}));
-        assert!(confine("v1", "Service", &mut lb, "p").is_ok());
+        assert!(confine("v1", "Service", &mut lb, (PROVIDER_LABEL, "p")).is_ok());
     }
 
     #[test]
@@ -144,7 +147,7 @@ mod tests {
         ];
         for (spec, words) in cases {
             let mut object = service(spec.clone());
-            let error = confine("v1", "Service", &mut object, "p").unwrap_err();
+            let error = confine("v1", "Service", &mut object, (PROVIDER_LABEL, "p")).unwrap_err();
             assert!(error.contains(words), "{spec}: {error}");
         }
     }
@@ -156,7 +159,7 @@ mod tests {
             "networking.k8s.io/v1",
             "NetworkPolicy",
             &mut everything,
-            "p",
+            (PROVIDER_LABEL, "p"),
         )
         .unwrap();
         assert_eq!(
@@ -165,12 +168,17 @@ mod tests {
         );
         let mut foreign = json!({"spec": {"podSelector": {"matchLabels": {PROVIDER_LABEL: "q"}}}});
         assert!(
-            confine("networking.k8s.io/v1", "NetworkPolicy", &mut foreign, "p")
-                .unwrap_err()
-                .contains("spec.podSelector.matchLabels")
+            confine(
+                "networking.k8s.io/v1",
+                "NetworkPolicy",
+                &mut foreign,
+                (PROVIDER_LABEL, "p")
+            )
+            .unwrap_err()
+            .contains("spec.podSelector.matchLabels")
         );
         let mut pod = json!({"spec": {"containers": []}});
-        confine("v1", "Pod", &mut pod, "p").unwrap();
+        confine("v1", "Pod", &mut pod, (PROVIDER_LABEL, "p")).unwrap();
         assert_eq!(pod, json!({"spec": {"containers": []}}));
     }
 }

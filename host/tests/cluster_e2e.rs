@@ -1,0 +1,495 @@
+//! The operator installed the way the README says, in a real single-node cluster (kubelet,
+//! containerd, kube-proxy in a network namespace with no uplink): its image built from the
+//! Dockerfile is imported into the node, `kubectl apply -k` of an overlay of `deploy/` (the local
+//! squid image, a health target inside the cluster), the token Secret, both replicas Ready →
+//! a kubernetes-provider Proxy → a real squid Pod runs → the in-cluster operator probes it →
+//! `Ready` → leased through the discovery Service → a request through the proxy returns a page
+//! from a server in the cluster → `kubectl rollout restart` finishes and the lease is still held →
+//! evictions respect the PodDisruptionBudget → deleting the Proxy removes its Pod, Service,
+//! ConfigMap and NetworkPolicy. Each phase is printed with its time (`make e2e-cluster`).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use harness::node::{Cluster, WEB_BODY};
+use harness::stack::Phases;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, EvictParams, ListParams};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "e2e-cluster-token";
+const OPERATOR_IMAGE: &str = "docker.io/library/proxy-operator:dev";
+/// The plugin's objects carry this label with the provider instance's name.
+const PROVIDER_SELECTOR: &str = "proxy-operator.dev/provider=in-cluster";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The operator's image as an OCI archive, built from the Dockerfile by
+/// `tests/fixtures/operator-image/build.sh` (cached by the hash of its inputs; `.ci/install-fixtures.sh`
+/// builds it before the tests).
+fn operator_image_archive() -> PathBuf {
+    let script = repo().join("tests/fixtures/operator-image/build.sh");
+    let out = std::process::Command::new(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "building the operator image failed (run .ci/install-fixtures.sh):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("build.sh prints the archive path")
+            .trim(),
+    )
+}
+
+async fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
+    cluster
+        .kubectl_run(args, None)
+        .await
+        .unwrap_or_else(|e| panic!("kubectl {}: {e:#}", args.join(" ")))
+}
+
+async fn kubectl_stdin(cluster: &Cluster, args: &[&str], stdin: &str) -> String {
+    cluster
+        .kubectl_run(args, Some(stdin))
+        .await
+        .unwrap_or_else(|e| panic!("kubectl {}: {e:#}\n{stdin}", args.join(" ")))
+}
+
+/// `curl` from inside the node's network namespace (where the ClusterIPs are): status and body.
+async fn curl(cluster: &Cluster, args: &[&str]) -> (u16, String) {
+    let out = cluster
+        .netns_command("curl")
+        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .await
+        .expect("curl in the node's network namespace");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The discovery API through its Service, with the token.
+async fn discovery(cluster: &Cluster, service_ip: &str, method: &str, path: &str) -> (u16, Value) {
+    let url = format!("http://{service_ip}:8090{path}");
+    let auth = format!("Authorization: Bearer {TOKEN}");
+    let (status, body) = curl(cluster, &["-X", method, "-H", &auth, &url]).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, for at most `limit`.
+async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn cluster_ip(cluster: &Cluster, namespace: &str, service: &str) -> String {
+    let services: Api<Service> = Api::namespaced(cluster.client(), namespace);
+    services
+        .get(service)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("a ClusterIP")
+}
+
+/// A busybox web server and its Service in `e2e-web`: the site crawlers fetch and the health
+/// probes' CONNECT target. Returns its ClusterIP.
+async fn start_web_server(cluster: &Cluster) -> String {
+    let web = cluster.images().web.clone();
+    let manifest = format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: e2e-web}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: e2e-web, labels: {{app: web}}}}
+spec:
+  containers:
+    - name: web
+      image: {web}
+      imagePullPolicy: Never
+      ports: [{{containerPort: 8080}}]
+      readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: e2e-web}}
+spec:
+  selector: {{app: web}}
+  ports: [{{port: 8080, targetPort: 8080}}]
+"#
+    );
+    kubectl_stdin(cluster, &["apply", "-f", "-"], &manifest).await;
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "e2e-web",
+            "wait",
+            "--for=condition=Ready",
+            "pod/web",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    cluster_ip(cluster, "e2e-web", "web").await
+}
+
+/// An overlay of `deploy/` as a user writes one: the squid image the node has, and a health
+/// target inside the cluster (it has no uplink).
+fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
+    let dir = repo().join("target/e2e-cluster/overlay");
+    std::fs::create_dir_all(&dir).unwrap();
+    let providers = format!(
+        r#"providers:
+  - name: in-cluster
+    type: kubernetes
+    config:
+      image: {squid_image}
+      allowFrom: ["10.0.0.0/8"]
+      connectPorts: [443, 8080]
+    grants:
+      kube:
+        namespace: proxies
+        kinds: ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]
+"#
+    );
+    let kustomization = json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../../../deploy"],
+        "patches": [
+            {"patch": serde_json::to_string(&json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "providers-config", "namespace": "proxy-operator"},
+                "data": {"providers.yaml": providers},
+            })).unwrap()},
+            {"patch": serde_json::to_string(&json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "proxy-operator", "namespace": "proxy-operator"},
+                "spec": {"template": {"spec": {"containers": [{
+                    "name": "operator",
+                    "imagePullPolicy": "Never",
+                    "env": [
+                        {"name": "HEALTH_TARGET", "value": health_target},
+                        {"name": "HEALTH_INTERVAL", "value": "2s"},
+                    ],
+                }]}}},
+            })).unwrap()},
+        ],
+    });
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        serde_json::to_string_pretty(&kustomization).unwrap(),
+    )
+    .unwrap();
+    dir
+}
+
+async fn operator_pods(cluster: &Cluster) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "proxy-operator");
+    pods.list(&ListParams::default().labels("app.kubernetes.io/name=proxy-operator"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// Pods of the Deployment that carry the leader label.
+async fn labelled_leaders(cluster: &Cluster) -> Vec<String> {
+    operator_pods(cluster)
+        .await
+        .into_iter()
+        .filter(|p| {
+            p.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("proxy-operator.dev/leader")
+                    .is_some_and(|v| v == "true")
+            })
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+async fn rollout_status(cluster: &Cluster) {
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "rollout",
+            "status",
+            "deployment/proxy-operator",
+            "--timeout=240s",
+        ],
+    )
+    .await;
+}
+
+/// What a crawler sees of one proxy in `GET /v1/proxies`.
+async fn proxy_view(cluster: &Cluster, discovery_ip: &str, name: &str) -> Option<Value> {
+    let (status, body) = discovery(cluster, discovery_ip, "GET", "/v1/proxies").await;
+    if status != 200 {
+        return None;
+    }
+    body["proxies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls_out() {
+    let mut phases = Phases::new();
+    let cluster = Cluster::shared().await;
+    phases.done("single-node cluster ready");
+    let archive = operator_image_archive();
+    phases.done("operator image built (or cached)");
+    cluster
+        .import_image(&archive, OPERATOR_IMAGE)
+        .await
+        .expect("importing the operator image into the node");
+    phases.done("operator image imported into containerd");
+    let web_ip = start_web_server(cluster).await;
+    phases.done("web server Pod ready");
+
+    // Install as the README says: apply -k, the token Secret.
+    let overlay = write_overlay(&cluster.images().squid, &format!("{web_ip}:8080"));
+    kubectl(cluster, &["apply", "-k", overlay.to_str().unwrap()]).await;
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "create",
+            "secret",
+            "generic",
+            "proxy-operator-discovery",
+            &format!("--from-literal=token={TOKEN}"),
+        ],
+    )
+    .await;
+    rollout_status(cluster).await;
+    let ready = operator_pods(cluster).await;
+    assert_eq!(ready.len(), 2, "two replicas");
+    let leader = until(
+        "one replica labelled the leader",
+        Duration::from_secs(60),
+        || async {
+            let leaders = labelled_leaders(cluster).await;
+            (leaders.len() == 1).then(|| leaders[0].clone())
+        },
+    )
+    .await;
+    phases.done(&format!(
+        "operator installed: 2 replicas Ready, {leader} leads"
+    ));
+
+    // A kubernetes-provider Proxy: a real squid Pod, probed by the operator in the cluster.
+    kubectl(cluster, &["create", "namespace", "crawlers"]).await;
+    let sample = repo().join("deploy/samples/proxy_kubernetes.yaml");
+    kubectl(cluster, &["apply", "-f", sample.to_str().unwrap()]).await;
+    let applied = Instant::now();
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "crawlers",
+            "wait",
+            "--for=jsonpath={.status.phase}=Ready",
+            "proxy/egress-pod-1",
+            "--timeout=180s",
+        ],
+    )
+    .await;
+    let apply_to_ready = applied.elapsed();
+    phases.done(&format!(
+        "Proxy Ready {:.1} s after kubectl apply (squid Pod running, probed through its Service)",
+        apply_to_ready.as_secs_f64()
+    ));
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "proxies");
+    let squid_pods = pods
+        .list(&ListParams::default().labels(PROVIDER_SELECTOR))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(squid_pods.len(), 1, "one squid Pod");
+    assert_eq!(
+        squid_pods[0].metadata.labels.as_ref().unwrap()["team"],
+        "crawl",
+        "the Proxy's labels reach its Pod"
+    );
+
+    // Lease it through the discovery Service and fetch a page through it.
+    let discovery_ip = cluster_ip(cluster, "proxy-operator", "proxy-operator-discovery").await;
+    let (status, lease) = until("a lease", Duration::from_secs(60), || async {
+        let (status, body) = discovery(cluster, &discovery_ip, "POST", "/v1/leases").await;
+        (status == 201).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 201);
+    let proxy_url = lease["proxyUrl"].as_str().unwrap().to_string();
+    let lease_id = lease["id"].as_str().unwrap().to_string();
+    let squid_service_ip = cluster_ip(
+        cluster,
+        "proxies",
+        squid_pods[0].metadata.name.as_ref().unwrap(),
+    )
+    .await;
+    assert_eq!(
+        lease["proxy"]["address"], squid_service_ip,
+        "the Proxy's address is its Service's"
+    );
+    let (status, page) = curl(
+        cluster,
+        &["-x", &proxy_url, &format!("http://{web_ip}:8080/")],
+    )
+    .await;
+    assert_eq!(
+        (status, page.trim()),
+        (200, WEB_BODY),
+        "through {proxy_url}"
+    );
+    phases.done("leased through the discovery Service; a page fetched through the proxy");
+
+    // A standby answers crawlers with the leader's name, never a grant.
+    let standby = ready
+        .iter()
+        .find(|p| p.metadata.name.as_deref() != Some(leader.as_str()))
+        .unwrap();
+    let standby_ip = standby.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let (status, body) = discovery(cluster, &standby_ip, "POST", "/v1/leases").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["type"], "urn:proxy-operator:problem:not-leader",
+        "{body}"
+    );
+    assert_eq!(body["leader"], leader.as_str(), "{body}");
+
+    // A rolling restart finishes, and the lease is still held afterwards.
+    let held_until = proxy_view(cluster, &discovery_ip, "egress-pod-1")
+        .await
+        .unwrap()["leaseExpiresAt"]
+        .clone();
+    let restart = Instant::now();
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "rollout",
+            "restart",
+            "deployment/proxy-operator",
+        ],
+    )
+    .await;
+    rollout_status(cluster).await;
+    let rolled_out = restart.elapsed();
+    eprintln!("rolled out");
+    phases.done(&format!(
+        "rollout restart of 2 replicas finished in {:.1} s",
+        rolled_out.as_secs_f64()
+    ));
+    let view = until(
+        "the lease table served by the new leader",
+        Duration::from_secs(90),
+        || async { proxy_view(cluster, &discovery_ip, "egress-pod-1").await },
+    )
+    .await;
+    assert_eq!(view["state"], "leased", "{view}");
+    assert_eq!(view["leaseExpiresAt"], held_until, "the same lease: {view}");
+    let (status, _) = discovery(
+        cluster,
+        &discovery_ip,
+        "DELETE",
+        &format!("/v1/leases/{lease_id}"),
+    )
+    .await;
+    assert_eq!(status, 204, "the lease from before the rollout is released");
+    phases.done("the lease survived the rollout");
+
+    // Evictions (as `kubectl drain` makes them) respect the PodDisruptionBudget.
+    let api: Api<Pod> = Api::namespaced(cluster.client(), "proxy-operator");
+    let names: Vec<String> = operator_pods(cluster)
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(names.len(), 2);
+    api.evict(&names[0], &EvictParams::default())
+        .await
+        .expect("the first eviction is allowed");
+    match api.evict(&names[1], &EvictParams::default()).await {
+        Err(kube::Error::Api(status)) if status.code == 429 => {}
+        other => panic!("the second eviction, with one replica down, must be refused: {other:?}"),
+    }
+    rollout_status(cluster).await;
+    until(
+        "the replacement Ready and counted by the budget",
+        Duration::from_secs(120),
+        || async { api.evict(&names[1], &EvictParams::default()).await.ok() },
+    )
+    .await;
+    rollout_status(cluster).await;
+    phases.done("evictions respected the PodDisruptionBudget");
+
+    // Deleting the Proxy removes everything the provider made.
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "crawlers",
+            "delete",
+            "proxy",
+            "egress-pod-1",
+            "--wait=true",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    let by_label = ListParams::default().labels(PROVIDER_SELECTOR);
+    let services: Api<Service> = Api::namespaced(cluster.client(), "proxies");
+    let maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "proxies");
+    let policies: Api<NetworkPolicy> = Api::namespaced(cluster.client(), "proxies");
+    until("the squid Pod gone", Duration::from_secs(60), || async {
+        pods.list(&by_label)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert!(services.list(&by_label).await.unwrap().items.is_empty());
+    assert!(maps.list(&by_label).await.unwrap().items.is_empty());
+    assert!(policies.list(&by_label).await.unwrap().items.is_empty());
+    phases.done("Proxy deleted: its Pod, Service, ConfigMap and NetworkPolicy are gone");
+    for (what, step, total) in phases.all() {
+        eprintln!("e2e-cluster phase: {what}: {step:.1} s (at {total:.1} s)");
+    }
+}
