@@ -6,7 +6,7 @@ PLUGINS_DIR := target/plugins
 # crate name -> provider type (the file name the host looks for)
 PLUGIN_CRATES := test-provider:test test-provider-next:test-next hostile-provider:hostile hostile-libvirt-provider:hostile-libvirt kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp
 
-.PHONY: help fixtures toolchain plugins build run test lint fmt bench dev dev-cluster
+.PHONY: help fixtures toolchain plugins build run test lint fmt bench dev dev-cluster image
 
 help:
 	@echo "make dev          the real thing on this machine: a kvm proxy VM boots, is leased and serves a request"
@@ -19,6 +19,8 @@ help:
 	@echo "make bench        run the benchmarks"
 	@echo "make soak         the 10-minute soak (SOAK_SECONDS, SOAK_PROXIES)"
 	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator"
+	@echo "make image        the operator's image (Dockerfile) as an OCI archive, built offline with buildah"
+	@echo "                  (CARGO_PROFILE=image-ci for a cheaper build; docs/image.md)"
 
 # Debian packages, kube-apiserver/etcd/kubectl and the guest image (idempotent; needs root).
 fixtures:
@@ -86,6 +88,13 @@ soak: plugins
 
 dev-cluster:
 	$(CARGO) run -p proxy-operator-harness --bin dev-cluster
+
+# The operator's image from the Dockerfile, with buildah and locally made base images (no
+# registry), as an OCI archive in the fixtures cache (path printed last), then checked without a
+# cluster. Needs root; docs/image.md.
+image:
+	@archive="$$(tests/fixtures/operator-image/build.sh)" && \
+		tests/fixtures/operator-image/check.sh "$$archive" && echo "$$archive"
 
 # Example providers in other languages (target/plugins/python-example.wasm, js-example.wasm); the
 # tests load them.
