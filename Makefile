@@ -18,7 +18,8 @@ help:
 	@echo "make lint         cargo fmt --check and clippy -D warnings"
 	@echo "make bench        run the benchmarks"
 	@echo "make soak         the 10-minute soak (SOAK_SECONDS, SOAK_PROXIES)"
-	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator"
+	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator (ARGS=--node: a real node too)"
+	@echo "make e2e-cluster  the operator from its image in a real single-node cluster, end to end"
 	@echo "make image        the operator's image (Dockerfile) as an OCI archive, built offline with buildah"
 	@echo "                  (CARGO_PROFILE=image-ci for a cheaper build; docs/image.md)"
 
@@ -49,7 +50,8 @@ run: plugins
 		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
 
 # Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
-test: fixtures plugins examples lint
+# The operator's image first: the cluster test (host/tests/cluster_e2e.rs) installs it.
+test: fixtures plugins examples lint test-image
 	$(CARGO) test --workspace --no-fail-fast
 	@# The soak's 60-second version (host/benches/soak.rs), in the dev profile: it checks its
 	@# invariants and fails if one broke; `make soak` runs the 10-minute one in release.
@@ -87,7 +89,7 @@ soak: plugins
 	SOAK_SECONDS=600 $(CARGO) bench -p proxy-operator --bench soak
 
 dev-cluster:
-	$(CARGO) run -p proxy-operator-harness --bin dev-cluster
+	$(CARGO) run -p proxy-operator-harness --bin dev-cluster -- $(ARGS)
 
 # The operator's image from the Dockerfile, with buildah and locally made base images (no
 # registry), as an OCI archive in the fixtures cache (path printed last), then checked without a
@@ -95,6 +97,20 @@ dev-cluster:
 image:
 	@archive="$$(tests/fixtures/operator-image/build.sh)" && \
 		tests/fixtures/operator-image/check.sh "$$archive" && echo "$$archive"
+
+# The image the tests install: the same Dockerfile with the cheaper image-ci profile (release at
+# opt-level 1, docs/image.md), checked the same way.
+IMAGE_PROFILE ?= image-ci
+.PHONY: test-image e2e-cluster
+test-image:
+	@archive="$$(CARGO_PROFILE=$(IMAGE_PROFILE) tests/fixtures/operator-image/build.sh)" && \
+		tests/fixtures/operator-image/check.sh "$$archive"
+
+# The operator installed from its image with `kubectl apply -k` in a real single-node cluster
+# (kubelet, containerd, kube-proxy in a network namespace with no uplink), a kubernetes-provider
+# Proxy serving real traffic, a rollout restart and evictions (host/tests/cluster_e2e.rs).
+e2e-cluster: fixtures test-image
+	CARGO_PROFILE=$(IMAGE_PROFILE) $(CARGO) test -p proxy-operator --test cluster_e2e -- --nocapture
 
 # Example providers in other languages (target/plugins/python-example.wasm, js-example.wasm); the
 # tests load them.

@@ -1,0 +1,214 @@
+//! What `deploy/` installs, read the way kubectl reads it (`kubectl kustomize`, the kubectl built
+//! for the tests): the objects of `kubectl apply -k deploy/`, a providers config that is no test
+//! stand-in, and the monitoring component, whose alerts and dashboard may only query metrics the
+//! operator documents (docs/metrics.md). The cluster test (cluster_e2e.rs) applies all of it to a
+//! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `kubectl kustomize DIR`, as objects.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let kubectl = harness::bins::k8s_binary("kubectl");
+    let out = std::process::Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", kubectl.display()));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("kustomize prints YAML objects"))
+        .collect()
+}
+
+fn kind_and_name(object: &Value) -> String {
+    format!(
+        "{}/{}",
+        object["kind"].as_str().unwrap_or("?"),
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+#[test]
+fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
+    let objects = kustomize(&repo().join("deploy"));
+    let names: BTreeSet<String> = objects.iter().map(kind_and_name).collect();
+    for expected in [
+        "Namespace/proxy-operator",
+        "Namespace/proxies",
+        "CustomResourceDefinition/proxies.crawl.example.com",
+        "CustomResourceDefinition/providerhealths.crawl.example.com",
+        "ServiceAccount/proxy-operator",
+        "ClusterRole/proxy-operator",
+        "ClusterRole/proxy-operator-view",
+        "ClusterRole/proxy-operator-edit",
+        "Role/proxy-operator",
+        "Role/proxy-operator-plugin-objects",
+        "Deployment/proxy-operator",
+        "Service/proxy-operator-discovery",
+        "Service/proxy-operator-metrics",
+        "PodDisruptionBudget/proxy-operator",
+        "NetworkPolicy/proxy-operator",
+        "ConfigMap/providers-config",
+    ] {
+        assert!(
+            names.contains(expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    let find = |name: &str| objects.iter().find(|o| kind_and_name(o) == name).unwrap();
+    let deployment = find("Deployment/proxy-operator");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "proxy-operator:dev");
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    // The discovery Service follows the leader's label; the PDB lets one replica go at a time.
+    let discovery = find("Service/proxy-operator-discovery");
+    assert_eq!(
+        discovery["spec"]["selector"]["proxy-operator.dev/leader"],
+        "true"
+    );
+    assert_eq!(
+        find("PodDisruptionBudget/proxy-operator")["spec"]["maxUnavailable"],
+        1
+    );
+    let providers = find("ConfigMap/providers-config")["data"]["providers.yaml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let parsed: Value = serde_yaml_ng::from_str(&providers).unwrap();
+    for entry in parsed["providers"].as_array().unwrap() {
+        assert_ne!(
+            entry["type"], "test",
+            "the installed config is no test stand-in"
+        );
+    }
+}
+
+/// Metric names a PromQL expression reads (`proxy_operator_…` and `up`).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("proxy_operator_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.insert(name);
+    }
+    names
+}
+
+/// Metric names documented in docs/metrics.md's table (histograms with their series suffixes).
+fn documented_metrics() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
+    let mut names = BTreeSet::new();
+    for line in doc.lines().filter(|l| l.starts_with("| `proxy_operator_")) {
+        let name = line[3..].split('`').next().unwrap().to_string();
+        for suffix in ["", "_bucket", "_count", "_sum"] {
+            names.insert(format!("{name}{suffix}"));
+        }
+    }
+    names
+}
+
+#[test]
+fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
+    // An overlay as a user writes one (kustomize takes relative paths).
+    let scratch = repo().join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let overlay = tempfile::tempdir_in(scratch).unwrap();
+    let relative = |p: &str| pathdiff(&repo().join(p), overlay.path());
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}]\n",
+            relative("deploy"),
+            relative("deploy/monitoring")
+        ),
+    )
+    .unwrap();
+    let objects = kustomize(overlay.path());
+    let documented = documented_metrics();
+    let rule = objects
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule");
+    let mut alerts = BTreeSet::new();
+    for r in rule["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        let expr = r["expr"].as_str().unwrap();
+        for name in metric_names(expr) {
+            assert!(
+                documented.contains(&name),
+                "alert {}: {name} is not a metric of the operator",
+                r["alert"]
+            );
+        }
+        assert!(r["annotations"]["description"].is_string());
+        alerts.insert(r["alert"].as_str().unwrap().to_string());
+    }
+    // Capacity, provider health, reconcile errors, plugin load failures.
+    for wanted in [
+        "ProxyOperatorNoLeasableCapacity",
+        "ProxyOperatorProviderUnhealthy",
+        "ProxyOperatorReconcileErrors",
+        "ProxyOperatorPluginLoadFailed",
+    ] {
+        assert!(alerts.contains(wanted), "{wanted} in {alerts:?}");
+    }
+    assert!(objects.iter().any(|o| o["kind"] == "ServiceMonitor"));
+    let dashboard = objects
+        .iter()
+        .find(|o| kind_and_name(o) == "ConfigMap/proxy-operator-dashboard")
+        .expect("the Grafana dashboard ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["grafana-dashboard.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let text = json.to_string();
+    let charted = metric_names(&text);
+    assert!(!charted.is_empty());
+    for name in charted {
+        assert!(
+            documented.contains(&name),
+            "the dashboard charts {name}, which is not a metric of the operator"
+        );
+    }
+}
+
+/// `to` relative to `from` (both under the repository), for kustomize's relative paths.
+fn pathdiff(to: &Path, from: &Path) -> String {
+    let to = to.canonicalize().unwrap();
+    let from = from.canonicalize().unwrap();
+    let common = to
+        .components()
+        .zip(from.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let ups = from.components().count() - common;
+    let mut path = PathBuf::new();
+    for _ in 0..ups {
+        path.push("..");
+    }
+    for part in to.components().skip(common) {
+        path.push(part);
+    }
+    path.to_string_lossy().into_owned()
+}
