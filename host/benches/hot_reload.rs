@@ -6,8 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use harness::ControlPlane;
@@ -70,7 +68,7 @@ fn main() {
         let watch = tokio::spawn(
             plugins
                 .clone()
-                .watch_configmap(ns.client(), Arc::new(AtomicBool::new(false))),
+                .watch_configmap(ns.client(), proxy_operator::leader::LeaderView::default()),
         );
         let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
         let base = test_plugin();

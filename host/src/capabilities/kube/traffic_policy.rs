@@ -49,7 +49,7 @@ fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
     {
         return Err("spec.clusterIP is not allowed; the cluster assigns it (or use None)".into());
     }
-    if !spec["selector"].as_object().is_some_and(|s| !s.is_empty()) {
+    if spec["selector"].as_object().is_none_or(|s| s.is_empty()) {
         return Err(
             "spec.selector is required: a plugin's Service selects its own Pods (no hand-written endpoints)"
                 .into(),
