@@ -392,4 +392,43 @@ mod tests {
         pod["metadata"]["annotations"] = json!({});
         assert!(instance(&pod).owner.is_none());
     }
+
+    #[test]
+    fn the_service_gives_the_address_and_a_proxy_may_choose_its_type() {
+        use crate::config::ProxyOptions;
+        let options = ProxyOptions::parse(r#"{"serviceType": "LoadBalancer"}"#).unwrap();
+        let lb = service(&spec(), options.service_type.unwrap());
+        assert_eq!(lb["spec"]["type"], "LoadBalancer");
+        assert_eq!(lb["spec"]["selector"][PROXY_LABEL], "px-0123abcd");
+        assert_eq!(lb["spec"]["ports"][0]["port"], 3128);
+        let bad = ProxyOptions::parse(r#"{"serviceType": "Ingress"}"#).unwrap_err();
+        assert!(
+            format!("{bad:?}").contains("spec.providerOptions"),
+            "{bad:?}"
+        );
+        let mut pod = pod(&config(), &spec());
+        pod["status"] = json!({"podIP": "10.244.0.7"});
+        let mut svc = service(&spec(), ServiceType::ClusterIP);
+        svc["spec"]["clusterIP"] = json!("10.96.0.9");
+        assert_eq!(
+            address(&pod, Some(&svc), AddressFrom::Service).as_deref(),
+            Some("10.96.0.9")
+        );
+        assert_eq!(
+            address(&pod, Some(&svc), AddressFrom::Pod).as_deref(),
+            Some("10.244.0.7")
+        );
+        assert_eq!(address(&pod, None, AddressFrom::Service), None);
+        svc["status"] = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.5"}]}});
+        assert_eq!(
+            address(&pod, Some(&svc), AddressFrom::Service).as_deref(),
+            Some("203.0.113.5")
+        );
+        let policy = network_policy(&config(), &spec());
+        assert_eq!(
+            policy["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"],
+            "10.0.0.0/8"
+        );
+        assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 3128);
+    }
 }
