@@ -3,7 +3,6 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,7 @@ use tokio::sync::Mutex;
 use crate::bins::k8s_binary;
 use crate::http::http_get;
 use crate::process::{Check, Proc, Scratch, free_port, run_output, wait_for};
+use crate::shared::Shared;
 
 /// The user in `system:masters` that the kubeconfig and [`ControlPlane::client`] use.
 pub const ADMIN_USER: &str = "harness-admin";
@@ -63,7 +63,7 @@ pub struct ControlPlaneOptions {
     pub etcd_delay: Option<Duration>,
 }
 
-static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static SHARED: Shared<ControlPlane> = Shared::new("control plane");
 
 impl ControlPlane {
     /// The process-wide instance, started on first use and shared by every test
@@ -77,40 +77,12 @@ impl ControlPlane {
     /// If the control plane cannot start (every later call panics with the same
     /// message), or if a fixture binary is missing.
     pub async fn shared() -> &'static ControlPlane {
-        if let Some(cp) = SHARED.get() {
-            return unwrap_shared(cp);
-        }
-        match tokio::task::spawn_blocking(Self::shared_blocking).await {
-            Ok(cp) => cp,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        SHARED.get(ControlPlane::start).await
     }
 
     /// [`ControlPlane::shared`] for synchronous code (blocks the thread).
     pub fn shared_blocking() -> &'static ControlPlane {
-        unwrap_shared(SHARED.get_or_init(|| {
-            // Start on a thread with its own runtime: nothing of the shared
-            // instance may depend on the runtime of the test that came first.
-            std::thread::Builder::new()
-                .name("harness-control-plane".into())
-                .spawn(|| {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| format!("tokio runtime: {e}"))?
-                        .block_on(ControlPlane::start())
-                        .map_err(|e| format!("{e:#}"))
-                })
-                .expect("spawn harness-control-plane thread")
-                .join()
-                .unwrap_or_else(|panic| {
-                    Err(panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panicked".into()))
-                })
-        }))
+        SHARED.get_blocking(ControlPlane::start)
     }
 
     /// Starts a private etcd + kube-apiserver (a few seconds warm). Stopped on drop.
@@ -440,13 +412,6 @@ pub(crate) async fn kubectl_run(
             }
             Ok(String::from_utf8(out.stdout)?)
         }
-    }
-}
-
-fn unwrap_shared(cp: &'static Result<ControlPlane, String>) -> &'static ControlPlane {
-    match cp {
-        Ok(cp) => cp,
-        Err(e) => panic!("the shared control plane failed to start: {e}"),
     }
 }
 

@@ -69,6 +69,7 @@ pub mod http;
 pub mod libvirtd;
 pub mod node;
 pub mod process;
+pub mod shared;
 pub mod squid;
 pub mod sshd;
 pub mod stack;

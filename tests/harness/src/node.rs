@@ -22,7 +22,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -37,6 +37,7 @@ use crate::control_plane::{
     wait_apiserver_ready,
 };
 use crate::process::{Check, ExitHook, Proc, Scratch, at_exit, free_port, run_output, wait_for};
+use crate::shared::Shared;
 
 /// The node's IP: a /32 on the namespace's `lo` (the kernel here has no `dummy` module).
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
@@ -125,7 +126,7 @@ pub struct Cluster {
     scratch: Scratch,
 }
 
-static SHARED: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static SHARED: Shared<Cluster> = Shared::new("node cluster");
 
 impl Cluster {
     /// The process-wide cluster, started on first use and shared by every test in this test
@@ -136,39 +137,12 @@ impl Cluster {
     /// If the cluster cannot start (every later call panics with the same message), or if a
     /// fixture is missing.
     pub async fn shared() -> &'static Cluster {
-        if let Some(c) = SHARED.get() {
-            return unwrap_shared(c);
-        }
-        match tokio::task::spawn_blocking(Self::shared_blocking).await {
-            Ok(c) => c,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        SHARED.get(Cluster::start).await
     }
 
     /// [`Cluster::shared`] for synchronous code (blocks the thread).
     pub fn shared_blocking() -> &'static Cluster {
-        unwrap_shared(SHARED.get_or_init(|| {
-            // Its own thread and runtime: nothing shared may depend on the first test's runtime.
-            std::thread::Builder::new()
-                .name("harness-node-cluster".into())
-                .spawn(|| {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| format!("tokio runtime: {e}"))?
-                        .block_on(Cluster::start())
-                        .map_err(|e| format!("{e:#}"))
-                })
-                .expect("spawn harness-node-cluster thread")
-                .join()
-                .unwrap_or_else(|panic| {
-                    Err(panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panicked".into()))
-                })
-        }))
+        SHARED.get_blocking(Cluster::start)
     }
 
     /// Starts a private cluster (fresh etcd data, new namespaces, its own cgroup root). Torn
@@ -796,13 +770,6 @@ impl Drop for Cluster {
             p.kill();
         }
         self.teardown.run();
-    }
-}
-
-fn unwrap_shared(c: &'static Result<Cluster, String>) -> &'static Cluster {
-    match c {
-        Ok(c) => c,
-        Err(e) => panic!("the shared node cluster failed to start: {e}"),
     }
 }
 
