@@ -3,11 +3,16 @@
 
 mod provider_health;
 mod proxy;
+mod proxy_pool;
 
 pub use provider_health::{
     ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetVerdict,
 };
 pub use proxy::{Phase, Placement, PlacementRecord, Proxy, ProxySpec, ProxyStatus, proxies};
+pub use proxy_pool::{
+    MAX_POOL_REPLICAS, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, SpreadTarget,
+    TemplateMetadata,
+};
 
 use kube::CustomResourceExt;
 
@@ -19,6 +24,7 @@ pub fn crd_manifests() -> Vec<(&'static str, String)> {
     vec![
         ("proxies.yaml", to_yaml(&Proxy::crd())),
         ("providerhealths.yaml", to_yaml(&ProviderHealth::crd())),
+        ("proxypools.yaml", to_yaml(&ProxyPool::crd())),
     ]
 }
 
@@ -191,6 +197,10 @@ mod tests {
             (
                 "providerhealths",
                 serde_json::to_value(ProviderHealth::crd()).unwrap(),
+            ),
+            (
+                "proxypools",
+                serde_json::to_value(ProxyPool::crd()).unwrap(),
             ),
         ] {
             visit(&crd, name, &mut unknown);

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod names;
 pub mod operator;
 pub mod plugins;
+pub mod pool;
 pub mod probes;
 pub mod providerhealth;
 pub mod providers;

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::abandoned::AbandonedRecord;
-use crate::api::Proxy;
+use crate::api::{Proxy, ProxyPool};
 use crate::capabilities::kube::OperatorObjects;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::cli::args::RunArgs;
@@ -25,6 +25,7 @@ use crate::leader_label::LeaderLabel;
 use crate::leases::{self, Discovery, Durability, LeasePersistence, LeaseStore};
 use crate::metrics::Metrics;
 use crate::plugins::{EngineOptions, PluginEngine};
+use crate::pool::{self, PoolContext};
 use crate::probes::{self, ProbeState};
 use crate::providerhealth;
 use crate::registry::{PluginRegistry, RegistryOptions};
@@ -300,13 +301,20 @@ impl Operator {
         if let Some(label) = label.clone() {
             tasks.push(spawn_until(&work, label.keep()));
         }
-        tracing::info!(namespace = ?namespace, "reconciling Proxies");
-        controller::run_until(
-            ctx.clone(),
-            namespace.as_deref(),
-            stop.clone().cancelled_owned(),
-        )
-        .await;
+        tracing::info!(namespace = ?namespace, "reconciling Proxies and ProxyPools");
+        let pools = Arc::new(PoolContext::new(
+            client.clone(),
+            ctx.providers.clone(),
+            leases.clone(),
+        ));
+        tokio::join!(
+            controller::run_until(
+                ctx.clone(),
+                namespace.as_deref(),
+                stop.clone().cancelled_owned(),
+            ),
+            pool::run_until(pools, namespace.as_deref(), stop.clone().cancelled_owned()),
+        );
         // Crawlers go to the next leader from here on; grants still in flight finish.
         view.set_serving(false);
         if let Some(label) = &label {
@@ -401,12 +409,11 @@ async fn check_crd_installed(client: &kube::Client) -> anyhow::Result<()> {
     let crds: kube::Api<
         k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     > = kube::Api::all(client.clone());
-    crds.get(Proxy::crd_name()).await.with_context(|| {
-        format!(
-            "the CRD {} is not installed: kubectl apply -f deploy/crds/",
-            Proxy::crd_name()
-        )
-    })?;
+    for name in [Proxy::crd_name(), ProxyPool::crd_name()] {
+        crds.get(name).await.with_context(|| {
+            format!("the CRD {name} is not installed: kubectl apply -f deploy/crds/")
+        })?;
+    }
     Ok(())
 }
 

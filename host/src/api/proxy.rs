@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
     kind = "Proxy",
     plural = "proxies",
     shortname = "px",
+    category = "crawl",
     namespaced,
     status = "ProxyStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,

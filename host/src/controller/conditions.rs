@@ -127,7 +127,27 @@ pub fn set(
     message: &str,
     generation: Option<i64>,
 ) {
-    let (type_, reason) = (type_.as_str(), reason.as_ref());
+    set_named(
+        conditions,
+        type_.as_str(),
+        status,
+        reason,
+        message,
+        generation,
+    );
+}
+
+/// Sets (or replaces) the condition named `type_`; its transition time moves only when its
+/// status does. (`set` for the Proxy's own types; pools have theirs.)
+pub fn set_named(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: impl AsRef<str>,
+    message: &str,
+    generation: Option<i64>,
+) {
+    let reason = reason.as_ref();
     let status = if status { "True" } else { "False" };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = conditions.iter().position(|c| c.type_ == type_);

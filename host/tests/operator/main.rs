@@ -11,6 +11,7 @@ mod kube_sandbox;
 mod kubernetes;
 mod kvm;
 mod leases;
+mod pools;
 mod reload;
 
 use std::sync::Arc;
@@ -55,6 +56,7 @@ async fn control_plane() -> &'static ControlPlane {
                 "--for=condition=Established",
                 "--timeout=60s",
                 "crd/proxies.crawl.example.com",
+                "crd/proxypools.crawl.example.com",
             ],
             None,
         )

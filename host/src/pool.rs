@@ -1,0 +1,11 @@
+//! The ProxyPool controller: keeps `replicas` Proxies made from a template, rolls them within a
+//! budget when the template changes, rotates them by age and replaces the ones crawlers keep
+//! reporting blocked (docs/pools.md). Decisions in `decide` (pure), I/O in `reconcile`.
+
+pub mod decide;
+mod reconcile;
+
+pub use reconcile::{
+    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, Invalid, LeaseUsage, POOL_FINALIZER, POOL_LABEL,
+    PoolContext, TEMPLATE_LABEL, resolve, run_until, template_hash,
+};

@@ -1,0 +1,835 @@
+//! The pool controller's I/O: reads a pool and its Proxies, asks `decide::plan` what to do, and
+//! does it (creates, drain annotations, deletes, the status), one pool at a time.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
+use crate::api::{MAX_POOL_REPLICAS, Proxy, ProxyPool, ProxyPoolStatus};
+use crate::controller::conditions::set_named;
+use crate::events;
+use crate::leases::{LeaseStore, ProxyKey};
+use crate::providers::ProviderSet;
+
+/// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
+/// by it, and it is the pool's `status.selector`).
+pub const POOL_LABEL: &str = "proxy-operator.dev/pool";
+/// The hash of the template a pool's Proxy was made from.
+pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
+/// `"true"` on a Proxy its pool is removing: it takes no new lease and is deleted once its
+/// lease ends.
+pub const DRAINING_ANNOTATION: &str = "proxy-operator.dev/draining";
+/// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`).
+pub const DRAIN_REASON_ANNOTATION: &str = "proxy-operator.dev/drain-reason";
+/// Deleting a pool deletes its Proxies first (each through its own finalizer), also where no
+/// garbage collector runs.
+pub const POOL_FINALIZER: &str = "crawl.example.com/pool-cleanup";
+/// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
+/// stay inside the API server's default in-flight limits.
+const CONCURRENT_WRITES: usize = 16;
+
+/// What the lease table knows of a proxy, for the pool: when its lease ends and how often
+/// crawlers reported it blocked.
+pub trait LeaseUsage: Send + Sync {
+    fn usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)>;
+}
+
+impl LeaseUsage for LeaseStore {
+    fn usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)> {
+        self.proxies()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|view| {
+                (
+                    ProxyKey {
+                        namespace: view.namespace,
+                        name: view.name,
+                    },
+                    (view.lease_expires_at_ms, 0),
+                )
+            })
+            .collect()
+    }
+}
+
+/// What every pool reconcile shares.
+pub struct PoolContext {
+    pub client: Client,
+    pub providers: ProviderSet,
+    pub recorder: Recorder,
+    pub leases: Arc<dyn LeaseUsage>,
+}
+
+impl PoolContext {
+    pub fn new(client: Client, providers: ProviderSet, leases: Arc<dyn LeaseUsage>) -> Self {
+        PoolContext {
+            recorder: events::recorder(client.clone()),
+            client,
+            providers,
+            leases,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// Runs the pool controller until `shutdown`; a pool is reconciled when it or one of its
+/// Proxies changes, when a plugin or the providers config changes, and when its plan asks.
+pub async fn run_until(
+    ctx: Arc<PoolContext>,
+    namespace: Option<&str>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (pools, proxies): (Api<ProxyPool>, Api<Proxy>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(ctx.client.clone(), ns),
+            Api::namespaced(ctx.client.clone(), ns),
+        ),
+        None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
+    };
+    Controller::new(pools, watcher::Config::default().any_semantic())
+        .owns(
+            proxies,
+            watcher::Config::default().labels(POOL_LABEL).any_semantic(),
+        )
+        .reconcile_all_on(ctx.providers.swaps())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "pool reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(
+    pool: Arc<ProxyPool>,
+    error: &kube::runtime::finalizer::Error<Error>,
+    _: Arc<PoolContext>,
+) -> Action {
+    tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), error = %error, "pool reconcile error");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tracing::instrument(skip_all, fields(pool = %pool.name_any(), namespace = ?pool.namespace()))]
+async fn reconcile(
+    pool: Arc<ProxyPool>,
+    ctx: Arc<PoolContext>,
+) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer(&api, POOL_FINALIZER, pool, |event| async {
+        match event {
+            Finalizer::Apply(pool) => apply(&pool, &ctx).await,
+            Finalizer::Cleanup(pool) => cleanup(&pool, &ctx).await,
+        }
+    })
+    .await
+}
+
+/// One step towards the pool's spec.
+async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
+    let desired = match resolve(pool, &ctx.providers.current()) {
+        Ok(desired) => desired,
+        Err(invalid) => {
+            write_invalid(pool, ctx, &invalid).await?;
+            // A providers config or plugin change reconciles every pool again.
+            return Ok(Action::await_change());
+        }
+    };
+    let members = members(pool, &proxies, ctx.leases.as_ref()).await?;
+    let plan = decide::plan(&desired, &members, crate::leases::store::now_ms());
+    carry_out(pool, &proxies, ctx, &desired, &plan).await?;
+    write_status(pool, ctx, &desired, &plan).await?;
+    Ok(match plan.requeue_after {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+/// Deleting a pool deletes its Proxies; each goes through its own finalizer (the instance is
+/// deleted at the provider), and their leases end.
+async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
+    let owned = owned_proxies(pool, &proxies).await?;
+    let count = owned.len();
+    for proxy in owned {
+        if proxy.metadata.deletion_timestamp.is_none() {
+            delete_proxy(&proxies, &proxy.name_any()).await?;
+        }
+    }
+    if count > 0 {
+        publish(
+            pool,
+            ctx,
+            EventType::Normal,
+            "Deleting",
+            "Delete",
+            format!("the pool is deleted: deleting its {count} Proxies"),
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Why a pool cannot be acted on: the condition's reason and a message naming the field.
+#[derive(Debug, PartialEq)]
+pub struct Invalid {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The pool's spec, checked against the providers config and resolved to counts and slots.
+pub fn resolve(
+    pool: &ProxyPool,
+    providers: &crate::providers::Providers,
+) -> Result<Desired, Invalid> {
+    let spec = &pool.spec;
+    let invalid_spec = |message: String| Invalid {
+        reason: "InvalidSpec",
+        message,
+    };
+    if !(0..=MAX_POOL_REPLICAS).contains(&spec.replicas) {
+        return Err(invalid_spec(format!(
+            "spec.replicas: {} is outside 0..={MAX_POOL_REPLICAS}",
+            spec.replicas
+        )));
+    }
+    let replicas = spec.replicas as usize;
+    let template = &spec.template.spec;
+    let template_zone = template.placement.as_ref().and_then(|p| p.zone.clone());
+    let mut slots: Vec<(String, Slot)> = Vec::new();
+    if spec.spread.is_empty() {
+        slots.push((
+            "spec.template.spec.provider".into(),
+            Slot {
+                provider: template.provider.clone(),
+                zone: template_zone,
+            },
+        ));
+    } else {
+        for (index, target) in spec.spread.iter().enumerate() {
+            let slot = Slot {
+                provider: target
+                    .provider
+                    .clone()
+                    .unwrap_or_else(|| template.provider.clone()),
+                zone: target.zone.clone().or_else(|| template_zone.clone()),
+            };
+            let field = if target.provider.is_some() {
+                format!("spec.spread[{index}].provider")
+            } else {
+                "spec.template.spec.provider".into()
+            };
+            if slots.iter().any(|(_, s)| *s == slot) {
+                return Err(invalid_spec(format!(
+                    "spec.spread[{index}]: the same provider and zone as an earlier entry; list each place once"
+                )));
+            }
+            slots.push((field, slot));
+        }
+    }
+    let expire_after = spec
+        .expire_after
+        .as_deref()
+        .map(|text| {
+            humantime::parse_duration(text).map_err(|e| {
+                invalid_spec(format!(
+                    "spec.expireAfter: `{text}` is not a duration such as 30m or 24h: {e}"
+                ))
+            })
+        })
+        .transpose()?;
+    let (max_surge, max_unavailable) = decide::budget(
+        spec.max_surge.as_ref(),
+        spec.max_unavailable.as_ref(),
+        replicas,
+    )
+    .map_err(invalid_spec)?;
+    for (field, slot) in &slots {
+        if !providers.is_configured(&slot.provider) {
+            return Err(Invalid {
+                reason: "UnknownProvider",
+                message: format!(
+                    "{field}: `{}` is not a provider of the operator's providers config (configured: {}); name one of them",
+                    slot.provider,
+                    providers.configured_names().join(", ")
+                ),
+            });
+        }
+    }
+    // A spec error first (the user's to fix), then what the operator's config is missing.
+    for (field, slot) in &slots {
+        if providers.get(&slot.provider).is_none() {
+            let why = providers
+                .not_loaded(&slot.provider)
+                .map_or("its plugin is not loaded", |n| n.reason.as_str());
+            return Err(Invalid {
+                reason: "ProviderNotLoaded",
+                message: format!(
+                    "{field}: provider `{}` cannot make Proxies: {why}; the pool makes none until it loads",
+                    slot.provider
+                ),
+            });
+        }
+    }
+    Ok(Desired {
+        replicas,
+        template_hash: template_hash(pool),
+        slots: slots.into_iter().map(|(_, slot)| slot).collect(),
+        expire_after,
+        recycle_after: spec.recycle_after,
+        max_surge,
+        max_unavailable,
+    })
+}
+
+/// A short digest of the template: a Proxy made from another one is replaced.
+pub fn template_hash(pool: &ProxyPool) -> String {
+    let bytes = serde_json::to_vec(&pool.spec.template).expect("a template always serializes");
+    hex::encode(&Sha256::digest(&bytes)[..5])
+}
+
+/// The pool's Proxies: labelled with its name and owned by it (not a same-named pool's from
+/// before, nor a hand-made Proxy carrying the label). A fresh list, not a cache: a create or a
+/// drain of the step before is always seen, so nothing is made or drained twice.
+async fn owned_proxies(pool: &ProxyPool, proxies: &Api<Proxy>) -> Result<Vec<Proxy>, Error> {
+    let uid = pool.uid().unwrap_or_default();
+    let selector = format!("{POOL_LABEL}={}", pool.name_any());
+    let list = proxies
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|proxy| {
+            proxy
+                .owner_references()
+                .iter()
+                .any(|owner| owner.controller == Some(true) && owner.uid == uid)
+        })
+        .collect())
+}
+
+async fn members(
+    pool: &ProxyPool,
+    proxies: &Api<Proxy>,
+    leases: &dyn LeaseUsage,
+) -> Result<Vec<Member>, Error> {
+    let usage = leases.usage();
+    Ok(owned_proxies(pool, proxies)
+        .await?
+        .iter()
+        .map(|proxy| member_of(proxy, &usage))
+        .collect())
+}
+
+fn member_of(proxy: &Proxy, usage: &BTreeMap<ProxyKey, (Option<u64>, u32)>) -> Member {
+    let key = ProxyKey {
+        namespace: proxy.namespace().unwrap_or_default(),
+        name: proxy.name_any(),
+    };
+    let (lease_ends_ms, blocked_reports) = usage.get(&key).copied().unwrap_or((None, 0));
+    Member {
+        name: key.name,
+        slot: Slot {
+            provider: proxy.spec.provider.clone(),
+            zone: proxy.spec.placement.as_ref().and_then(|p| p.zone.clone()),
+        },
+        template_hash: proxy.labels().get(TEMPLATE_LABEL).cloned(),
+        created_ms: proxy
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond().max(0) as u64)
+            .unwrap_or(0),
+        ready: proxy
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p == crate::api::Phase::Ready),
+        deleting: proxy.metadata.deletion_timestamp.is_some(),
+        draining: proxy
+            .annotations()
+            .get(DRAINING_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        lease_ends_ms,
+        blocked_reports,
+    }
+}
+
+async fn carry_out(
+    pool: &ProxyPool,
+    proxies: &Api<Proxy>,
+    ctx: &PoolContext,
+    desired: &Desired,
+    plan: &Plan,
+) -> Result<(), Error> {
+    // Owned values in the streams: borrowed items make the future not provably `Send`
+    // (rust-lang/rust#102211).
+    let creates: Vec<Proxy> = plan
+        .create
+        .iter()
+        .map(|slot| new_proxy(pool, desired, slot))
+        .collect();
+    let made: Vec<Result<String, kube::Error>> = futures_util::stream::iter(creates)
+        .map(|proxy| async move {
+            let name = proxy.name_any();
+            proxies.create(&PostParams::default(), &proxy).await?;
+            Ok(name)
+        })
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect()
+        .await;
+    let made_count = made.iter().filter(|r| r.is_ok()).count();
+    if made_count > 0 {
+        publish(
+            pool,
+            ctx,
+            EventType::Normal,
+            "Created",
+            "Create",
+            format!("made {made_count} Proxies ({} wanted)", desired.replicas),
+        )
+        .await;
+    }
+    if let Some(Err(e)) = made.into_iter().find(Result::is_err) {
+        publish(
+            pool,
+            ctx,
+            EventType::Warning,
+            "CreateFailed",
+            "Create",
+            format!("cannot make a Proxy: {e}"),
+        )
+        .await;
+        return Err(e.into());
+    }
+
+    let drained: Vec<Result<(), kube::Error>> = futures_util::stream::iter(plan.drain.clone())
+        .map(|(name, reason)| async move { drain(proxies, &name, reason).await })
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect()
+        .await;
+    for (name, reason) in &plan.drain {
+        tracing::info!(proxy = %name, reason = reason.as_str(), "draining");
+    }
+    if !plan.drain.is_empty() {
+        publish(
+            pool,
+            ctx,
+            EventType::Normal,
+            "Draining",
+            "Drain",
+            drain_note(&plan.drain),
+        )
+        .await;
+    }
+    drained.into_iter().collect::<Result<Vec<()>, _>>()?;
+
+    for name in &plan.delete {
+        delete_proxy(proxies, name).await?;
+    }
+    if !plan.delete.is_empty() {
+        publish(
+            pool,
+            ctx,
+            EventType::Normal,
+            "Deleted",
+            "Delete",
+            format!(
+                "deleted {} drained Proxies that hold no lease: {}",
+                plan.delete.len(),
+                plan.delete.join(", ")
+            ),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+fn drain_note(drain: &[(String, DrainReason)]) -> String {
+    let mut by_reason: BTreeMap<DrainReason, Vec<&str>> = BTreeMap::new();
+    for (name, reason) in drain {
+        by_reason.entry(*reason).or_default().push(name);
+    }
+    by_reason
+        .iter()
+        .map(|(reason, names)| {
+            format!(
+                "{} ({}): {}",
+                reason.as_str(),
+                names.len(),
+                names.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A Proxy of the pool: the template, placed in `slot`, labelled, owned by the pool. Its name
+/// is new (a random suffix), never a deleted member's: the lease table keeps what it knows of
+/// a proxy (blocked reports, sessions) by name.
+fn new_proxy(pool: &ProxyPool, desired: &Desired, slot: &Slot) -> Proxy {
+    let template = &pool.spec.template;
+    let metadata = template.metadata.clone().unwrap_or_default();
+    let mut labels = metadata.labels;
+    labels.insert(POOL_LABEL.into(), pool.name_any());
+    labels.insert(TEMPLATE_LABEL.into(), desired.template_hash.clone());
+    let mut spec = template.spec.clone();
+    spec.provider = slot.provider.clone();
+    if slot.zone.is_some() || spec.placement.is_some() {
+        spec.placement.get_or_insert_with(Default::default).zone = slot.zone.clone();
+    }
+    Proxy {
+        metadata: ObjectMeta {
+            name: Some(member_name(&pool.name_any())),
+            namespace: pool.namespace(),
+            labels: Some(labels),
+            annotations: (!metadata.annotations.is_empty()).then_some(metadata.annotations),
+            owner_references: pool.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    }
+}
+
+/// `<pool>-<5 random characters>`, the pool's part cut so the whole stays a short DNS label
+/// (instance names at providers are derived from it).
+fn member_name(pool: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let prefix: String = pool.chars().take(40).collect();
+    let prefix = prefix.trim_end_matches('-');
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{prefix}-{suffix}")
+}
+
+async fn drain(proxies: &Api<Proxy>, name: &str, reason: DrainReason) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {
+            DRAINING_ANNOTATION: "true",
+            DRAIN_REASON_ANNOTATION: reason.as_str(),
+        }}
+    });
+    match proxies
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn delete_proxy(proxies: &Api<Proxy>, name: &str) -> Result<(), kube::Error> {
+    match proxies.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn write_status(
+    pool: &ProxyPool,
+    ctx: &PoolContext,
+    desired: &Desired,
+    plan: &Plan,
+) -> Result<(), Error> {
+    let generation = pool.metadata.generation;
+    let mut status = pool.status.clone().unwrap_or_default();
+    let counts = &plan.counts;
+    status.replicas = counts.replicas as i32;
+    status.ready_replicas = counts.ready as i32;
+    status.leased_replicas = counts.leased as i32;
+    status.updated_replicas = counts.updated as i32;
+    status.draining_replicas = counts.draining as i32;
+    status.selector = Some(format!("{POOL_LABEL}={}", pool.name_any()));
+    status.observed_generation = generation;
+    let ready = counts.ready >= desired.replicas;
+    let (reason, message) = if ready {
+        (
+            "PoolReady",
+            format!("{} of {} Proxies are Ready", counts.ready, desired.replicas),
+        )
+    } else {
+        (
+            "ScalingUp",
+            format!(
+                "{} of {} Proxies are Ready; the others are being made or probed",
+                counts.ready, desired.replicas
+            ),
+        )
+    };
+    set_named(
+        &mut status.conditions,
+        "Ready",
+        ready,
+        reason,
+        &message,
+        generation,
+    );
+    let (reason, message) = if !plan.progressing {
+        (
+            "Settled",
+            "every Proxy is made from the current template".to_string(),
+        )
+    } else if counts.updated < counts.replicas || !plan.drain.is_empty() {
+        (
+            "Rolling",
+            format!(
+                "{} of {} Proxies are up to date; {} draining",
+                counts.updated, counts.replicas, counts.draining
+            ),
+        )
+    } else {
+        (
+            "Scaling",
+            format!("{} of {} Proxies are Ready", counts.ready, desired.replicas),
+        )
+    };
+    set_named(
+        &mut status.conditions,
+        "Progressing",
+        plan.progressing,
+        reason,
+        &message,
+        generation,
+    );
+    patch_status(pool, ctx, status).await
+}
+
+async fn write_invalid(
+    pool: &ProxyPool,
+    ctx: &PoolContext,
+    invalid: &Invalid,
+) -> Result<(), Error> {
+    let generation = pool.metadata.generation;
+    let mut status = pool.status.clone().unwrap_or_default();
+    let already = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.reason == invalid.reason && c.message == invalid.message);
+    status.selector = Some(format!("{POOL_LABEL}={}", pool.name_any()));
+    status.observed_generation = generation;
+    set_named(
+        &mut status.conditions,
+        "Ready",
+        false,
+        invalid.reason,
+        &invalid.message,
+        generation,
+    );
+    set_named(
+        &mut status.conditions,
+        "Progressing",
+        false,
+        invalid.reason,
+        "nothing is made or removed until the spec or the providers config is fixed",
+        generation,
+    );
+    if !already {
+        tracing::warn!(pool = %pool.name_any(), reason = invalid.reason, message = %invalid.message, "pool cannot be acted on");
+        publish(
+            pool,
+            ctx,
+            EventType::Warning,
+            invalid.reason,
+            "Validate",
+            invalid.message.clone(),
+        )
+        .await;
+    }
+    patch_status(pool, ctx, status).await
+}
+
+async fn patch_status(
+    pool: &ProxyPool,
+    ctx: &PoolContext,
+    status: ProxyPoolStatus,
+) -> Result<(), Error> {
+    if pool.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<ProxyPool> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    api.patch_status(
+        &pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn publish(
+    pool: &ProxyPool,
+    ctx: &PoolContext,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let reference: ObjectReference = pool.object_ref(&());
+    events::publish(&ctx.recorder, &reference, type_, reason, action, note).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::providers::{NotLoaded, Providers};
+
+    fn pool(spec: serde_json::Value) -> ProxyPool {
+        let mut full = serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1",
+            "kind": "ProxyPool",
+            "metadata": {"name": "web", "namespace": "crawl"},
+            "spec": {"replicas": 4, "template": {"spec": {"provider": "store"}}},
+        });
+        for (key, value) in spec.as_object().unwrap() {
+            full["spec"][key] = value.clone();
+        }
+        serde_json::from_value(full).unwrap()
+    }
+
+    /// `store` configured but not loaded; nothing else configured.
+    fn providers() -> Providers {
+        let not_loaded = HashMap::from([(
+            "store".to_string(),
+            NotLoaded {
+                provider_type: "test".into(),
+                reason: "the plugin test.wasm is not in the plugins directory".into(),
+            },
+        )]);
+        Providers::from_parts(HashMap::new(), not_loaded, HashMap::new())
+    }
+
+    #[test]
+    fn a_pool_that_cannot_be_acted_on_says_which_field_and_why() {
+        let cases = [
+            (
+                serde_json::json!({"template": {"spec": {"provider": "nowhere"}}}),
+                "UnknownProvider",
+                "spec.template.spec.provider: `nowhere` is not a provider of the operator's providers config (configured: store)",
+            ),
+            (
+                serde_json::json!({"spread": [{"zone": "a"}, {"provider": "elsewhere"}]}),
+                "UnknownProvider",
+                "spec.spread[1].provider: `elsewhere`",
+            ),
+            (
+                serde_json::json!({}),
+                "ProviderNotLoaded",
+                "spec.template.spec.provider: provider `store` cannot make Proxies: the plugin test.wasm is not in the plugins directory",
+            ),
+            (
+                serde_json::json!({"maxSurge": "lots"}),
+                "InvalidSpec",
+                "spec.maxSurge: `lots` is neither a count nor a percentage",
+            ),
+            (
+                serde_json::json!({"expireAfter": "soon"}),
+                "InvalidSpec",
+                "spec.expireAfter: `soon` is not a duration",
+            ),
+            (
+                serde_json::json!({"spread": [{"zone": "a"}, {"zone": "a"}]}),
+                "InvalidSpec",
+                "spec.spread[1]: the same provider and zone",
+            ),
+            (
+                serde_json::json!({"replicas": 5001}),
+                "InvalidSpec",
+                "spec.replicas: 5001 is outside 0..=5000",
+            ),
+        ];
+        for (spec, reason, message) in cases {
+            let invalid = resolve(&pool(spec.clone()), &providers()).unwrap_err();
+            assert_eq!(invalid.reason, reason, "{spec}: {invalid:?}");
+            assert!(
+                invalid.message.starts_with(message),
+                "{spec}: {}",
+                invalid.message
+            );
+        }
+    }
+
+    #[test]
+    fn durations_read_as_kubernetes_writes_them() {
+        for (text, seconds) in [("90m", 5400), ("1h30m", 5400), ("24h", 86400), ("45s", 45)] {
+            assert_eq!(
+                humantime::parse_duration(text).unwrap(),
+                Duration::from_secs(seconds),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_member_is_the_template_in_its_slot_owned_and_labelled() {
+        let mut pool = pool(serde_json::json!({
+            "template": {
+                "metadata": {"labels": {"team": "crawl"}},
+                "spec": {"provider": "store", "placement": {"zone": "a", "machineType": "small"}},
+            },
+        }));
+        pool.metadata.uid = Some("uid-1".into());
+        let desired = Desired {
+            replicas: 1,
+            template_hash: template_hash(&pool),
+            slots: vec![],
+            expire_after: None,
+            recycle_after: None,
+            max_surge: 1,
+            max_unavailable: 0,
+        };
+        let slot = Slot {
+            provider: "other".into(),
+            zone: Some("b".into()),
+        };
+        let proxy = new_proxy(&pool, &desired, &slot);
+        let name = proxy.name_any();
+        assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+        assert_eq!(proxy.spec.provider, "other");
+        let placement = proxy.spec.placement.unwrap();
+        assert_eq!(placement.zone.as_deref(), Some("b"));
+        assert_eq!(placement.machine_type.as_deref(), Some("small"));
+        let labels = proxy.metadata.labels.unwrap();
+        assert_eq!(labels["team"], "crawl");
+        assert_eq!(labels[POOL_LABEL], "web");
+        assert_eq!(labels[TEMPLATE_LABEL], desired.template_hash);
+        let owner = &proxy.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            ("uid-1", Some(true))
+        );
+        assert_ne!(
+            member_name("web"),
+            member_name("web"),
+            "names are never reused"
+        );
+    }
+}

@@ -1,0 +1,345 @@
+//! ProxyPools with the real operator binary, the real API server, real squid and the real test
+//! provider: what a platform engineer does with kubectl, and what a crawler sees.
+
+use std::time::Duration;
+
+use harness::{ControlPlane, FileServer, Squid, TestNamespace};
+use kube::ResourceExt;
+use kube::api::Api;
+use proxy_operator::api::{Proxy, ProxyPool};
+use proxy_operator::pool::{DRAINING_ANNOTATION, POOL_LABEL};
+use reqwest::StatusCode;
+
+use super::common::InstanceStore;
+use super::common::operator_process::OperatorProcess;
+use super::control_plane;
+
+struct Setup {
+    cp: &'static ControlPlane,
+    ns: TestNamespace,
+    operator: OperatorProcess,
+    squid: Squid,
+    _store: InstanceStore,
+    _target: FileServer,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(prefix: &str) -> Setup {
+    let cp = control_plane().await;
+    let ns = cp.namespace(prefix).await.unwrap();
+    let store = InstanceStore::start().await;
+    let target = FileServer::start().await.unwrap();
+    let squid = Squid::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.yaml");
+    std::fs::write(
+        &config,
+        format!("providers:\n{}", super::store_provider("store", &store)),
+    )
+    .unwrap();
+    let mut operator = OperatorProcess::start(
+        cp,
+        &ns,
+        dir.path(),
+        config.to_str().unwrap(),
+        &target.addr().to_string(),
+    );
+    operator.wait_leading().await;
+    Setup {
+        cp,
+        ns,
+        operator,
+        squid,
+        _store: store,
+        _target: target,
+        _dir: dir,
+    }
+}
+
+fn pool_yaml(ns: &str, name: &str, replicas: i32, port: u16, extra: &str) -> String {
+    format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n{extra}  template:\n    metadata:\n      labels: {{team: crawl}}\n    spec:\n      provider: store\n      port: {port}\n"
+    )
+}
+
+impl Setup {
+    async fn apply(&self, yaml: &str) {
+        self.cp
+            .kubectl_run(&["apply", "-f", "-"], Some(yaml))
+            .await
+            .unwrap();
+    }
+
+    async fn pool(&self, name: &str) -> ProxyPool {
+        self.ns.api::<ProxyPool>().get(name).await.unwrap()
+    }
+
+    async fn members(&self, pool: &str) -> Vec<Proxy> {
+        let api: Api<Proxy> = self.ns.api();
+        api.list(&kube::api::ListParams::default().labels(&format!("{POOL_LABEL}={pool}")))
+            .await
+            .unwrap()
+            .items
+    }
+
+    /// Waits until the pool's status satisfies `done`, calling `each` on every status seen.
+    async fn wait_pool(
+        &self,
+        name: &str,
+        what: &str,
+        mut each: impl FnMut(&ProxyPool),
+        done: impl Fn(&ProxyPool) -> bool,
+    ) -> ProxyPool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let pool = self.pool(name).await;
+            each(&pool);
+            if done(&pool) {
+                return pool;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: {:#?}\n{}",
+                pool.status,
+                self.operator.proc.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn counts(pool: &ProxyPool) -> (i32, i32, i32, i32) {
+    let status = pool.status.clone().unwrap_or_default();
+    (
+        status.replicas,
+        status.ready_replicas,
+        status.leased_replicas,
+        status.draining_replicas,
+    )
+}
+
+/// A pool made, scaled with `kubectl scale`, rolled by a template change within its budget
+/// (never fewer Ready than asked), a leased Proxy drained but kept until its lease ends, and
+/// deleted with its Proxies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_after_its_lease() {
+    let mut s = setup("pp-roll").await;
+    let ns = s.ns.name().to_string();
+    let port = s.squid.port();
+    s.apply(&pool_yaml(&ns, "web", 2, port, "")).await;
+    let pool = s
+        .wait_pool("web", "2 Ready", |_| {}, |p| counts(p).1 == 2)
+        .await;
+    let status = pool.status.clone().unwrap();
+    assert_eq!(
+        status.selector.as_deref(),
+        Some("proxy-operator.dev/pool=web")
+    );
+    let members = s.members("web").await;
+    assert_eq!(members.len(), 2);
+    for proxy in &members {
+        let owner = &proxy.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("ProxyPool", "web")
+        );
+        assert_eq!(proxy.metadata.labels.as_ref().unwrap()["team"], "crawl");
+    }
+    let table =
+        s.cp.kubectl_run(&["get", "pp", "-n", &ns], None)
+            .await
+            .unwrap();
+    assert!(
+        table.contains("DESIRED") && table.contains("READY") && table.contains("LEASED"),
+        "{table}"
+    );
+    let both =
+        s.cp.kubectl_run(&["get", "crawl", "-n", &ns, "-o", "name"], None)
+            .await
+            .unwrap();
+    assert!(
+        both.contains("proxypool.crawl.example.com/web")
+            && both.contains("proxy.crawl.example.com/web-"),
+        "the `crawl` category lists pools and Proxies: {both}"
+    );
+
+    // The scale subresource, as an HPA or `kubectl scale` uses it.
+    s.cp.kubectl_run(&["scale", "-n", &ns, "pp/web", "--replicas=3"], None)
+        .await
+        .unwrap();
+    s.wait_pool(
+        "web",
+        "3 Ready after kubectl scale",
+        |_| {},
+        |p| counts(p).1 == 3,
+    )
+    .await;
+
+    // A crawler holds one of them.
+    let held = s.members("web").await[0].name_any();
+    let lease = s.operator.lease(&format!("{ns}/{held}")).await;
+
+    // A template change rolls the pool: default budget (maxSurge 25% → 1, maxUnavailable 0).
+    let rolled = pool_yaml(&ns, "web", 3, port, "").replace("team: crawl", "team: crawl2");
+    s.cp.kubectl_run(&["apply", "-f", "-"], Some(&rolled))
+        .await
+        .unwrap();
+    let mut fewest_ready = i32::MAX;
+    let pool = s
+        .wait_pool(
+            "web",
+            "every member replaced by one from the new template",
+            |p| fewest_ready = fewest_ready.min(counts(p).1),
+            |p| {
+                let status = p.status.clone().unwrap_or_default();
+                status.updated_replicas == 3 && status.ready_replicas == 3 && status.replicas == 3
+            },
+        )
+        .await;
+    assert!(
+        fewest_ready >= 3,
+        "Ready dropped to {fewest_ready} during the roll"
+    );
+    assert_eq!(counts(&pool).2, 1, "the held proxy still counts as leased");
+    // The unleased old ones are deleted; the held one stays, draining, while its lease lasts.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let members = s.members("web").await;
+        let draining: Vec<String> = members
+            .iter()
+            .filter(|p| p.annotations().get(DRAINING_ANNOTATION).is_some())
+            .map(|p| p.name_any())
+            .collect();
+        if draining == [held.clone()] && members.len() == 4 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected only {held} left draining, beside 3 new ones: {draining:?} of {}\n{}",
+            members.len(),
+            s.operator.proc.log_tail(60)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.wait_pool("web", "drainingReplicas 1", |_| {}, |p| counts(p).3 == 1)
+        .await;
+
+    // Its lease ends: the pool removes it.
+    let (status, body) = s
+        .operator
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/leases/{lease}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    s.wait_pool(
+        "web",
+        "the drained proxy removed",
+        |_| {},
+        |p| counts(p).3 == 0,
+    )
+    .await;
+    let api: Api<Proxy> = s.ns.api();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while api.get_opt(&held).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{held} still exists"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Deleting the pool deletes its Proxies (through their finalizers).
+    s.cp.kubectl_run(&["delete", "pp", "web", "-n", &ns, "--wait=true"], None)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !s.members("web").await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Proxies left after the pool was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Bad input: refused by the API server where a schema can say it, a condition naming the field
+/// otherwise; nothing is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_pool_is_refused_or_says_why_and_makes_nothing() {
+    let s = setup("pp-bad").await;
+    let ns = s.ns.name().to_string();
+    for (extra, replicas, expected) in [
+        ("", -1, "spec.replicas"),
+        ("", 5001, "spec.replicas"),
+        ("  expireAfter: 10s\n", 1, "expireAfter must be at least 1m"),
+        ("  expireAfter: soon\n", 1, "spec.expireAfter"),
+        ("  recycleAfter: 0\n", 1, "spec.recycleAfter"),
+    ] {
+        let error =
+            s.cp.kubectl_run(
+                &["apply", "-f", "-"],
+                Some(&pool_yaml(&ns, "bad", replicas, 3128, extra)),
+            )
+            .await
+            .expect_err("the API server refuses it");
+        assert!(
+            format!("{error:#}").contains(expected),
+            "{extra} {replicas}: {error:#}"
+        );
+    }
+
+    // An unknown provider: the API server cannot know the providers config; the pool says it.
+    let unknown =
+        pool_yaml(&ns, "lost", 2, 3128, "").replace("provider: store", "provider: nowhere");
+    s.apply(&unknown).await;
+    let pool = s
+        .wait_pool(
+            "lost",
+            "the pool says its provider is unknown",
+            |_| {},
+            |p| {
+                p.status.as_ref().is_some_and(|st| {
+                    st.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == "UnknownProvider")
+                })
+            },
+        )
+        .await;
+    let ready = pool
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        ready.message.contains("spec.template.spec.provider") && ready.message.contains("store"),
+        "names the field and the providers there are: {}",
+        ready.message
+    );
+    assert!(s.members("lost").await.is_empty(), "nothing half-made");
+
+    // A bad budget: a condition naming the field.
+    let budget = pool_yaml(&ns, "budget", 2, 3128, "  maxSurge: lots\n");
+    s.apply(&budget).await;
+    s.wait_pool(
+        "budget",
+        "the pool says maxSurge is wrong",
+        |_| {},
+        |p| {
+            p.status.as_ref().is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.type_ == "Ready"
+                        && c.reason == "InvalidSpec"
+                        && c.message.contains("spec.maxSurge")
+                })
+            })
+        },
+    )
+    .await;
+    assert!(s.members("budget").await.is_empty());
+}
