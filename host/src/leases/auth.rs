@@ -232,8 +232,7 @@ impl Auth {
             return Ok(Caller::StaticToken);
         }
         match &self.kube {
-            // Only what can be a Kubernetes token costs a review.
-            Some(kube) if looks_like_jwt(token) => kube
+            Some(kube) => kube
                 .identify(token, digest)
                 .await?
                 .map(|user| Caller::Kubernetes {
@@ -241,7 +240,7 @@ impl Auth {
                     token: digest,
                 })
                 .ok_or_else(|| self.unauthenticated()),
-            _ => Err(self.unauthenticated()),
+            None => Err(self.unauthenticated()),
         }
     }
 
@@ -259,9 +258,10 @@ impl Auth {
                 _ => Ok(()),
             },
             Caller::Kubernetes { user, token } => {
-                let access = Access::lease(scope);
-                self.decide(user, token, access, &format!("lease from {scope}"))
-                    .await
+                self.decide(user, token, Access::lease(scope), || {
+                    format!("lease from {scope}")
+                })
+                .await
             }
         }
     }
@@ -274,8 +274,10 @@ impl Auth {
             )),
             Caller::StaticToken => Ok(()),
             Caller::Kubernetes { user, token } => {
-                self.decide(user, token, Access::list_proxies(), "list every proxy")
-                    .await
+                self.decide(user, token, Access::list_proxies(), || {
+                    "list every proxy".into()
+                })
+                .await
             }
         }
     }
@@ -295,26 +297,27 @@ impl Auth {
         )))
     }
 
+    /// Allowed, or a denial naming the right `access` (built only then, off the hot path).
     async fn decide(
         &self,
         user: &User,
         token: &TokenDigest,
         access: Access,
-        what: &str,
+        what: impl FnOnce() -> String,
     ) -> Result<(), AuthError> {
         let Some(kube) = &self.kube else {
             return Err(AuthError::Forbidden(
                 "Kubernetes tokens are not accepted".into(),
             ));
         };
-        let describe = access.describe();
-        if kube.allowed(user, token, access).await? {
-            Ok(())
-        } else {
-            Err(AuthError::Forbidden(format!(
-                "{} may not {what}: it needs {describe} (e.g. deploy/samples/crawler-rbac.yaml)",
-                user.username
-            )))
+        match kube.allowed(user, token, access).await? {
+            (true, _) => Ok(()),
+            (false, access) => Err(AuthError::Forbidden(format!(
+                "{} may not {}: it needs {} (e.g. deploy/samples/crawler-rbac.yaml)",
+                user.username,
+                what(),
+                access.describe()
+            ))),
         }
     }
 }
@@ -330,6 +333,10 @@ impl KubeAuth {
         if let Some(known) = self.identities.get(&digest, now) {
             return Ok(known);
         }
+        // Only what can be a Kubernetes token costs a review (and a cache entry).
+        if !looks_like_jwt(token) {
+            return Ok(None);
+        }
         let user = self
             .bounded("TokenReview", self.reviewer.review_token(token))
             .await?
@@ -342,16 +349,17 @@ impl KubeAuth {
         Ok(user)
     }
 
+    /// Whether `user` may do `access`, reviewed or cached; `access` is handed back.
     async fn allowed(
         &self,
         user: &User,
         token: &TokenDigest,
         access: Access,
-    ) -> Result<bool, AuthError> {
+    ) -> Result<(bool, Access), AuthError> {
         let now = Instant::now();
         let key = (*token, access);
         if let Some(allowed) = self.decisions.get(&key, now) {
-            return Ok(allowed);
+            return Ok((allowed, key.1));
         }
         let allowed = self
             .bounded(
@@ -364,8 +372,8 @@ impl KubeAuth {
         } else {
             self.options.deny_ttl
         };
-        self.decisions.insert(key, allowed, ttl, now);
-        Ok(allowed)
+        self.decisions.insert(key.clone(), allowed, ttl, now);
+        Ok((allowed, key.1))
     }
 
     /// `review` within the deadline and a review slot; a failure is `Unavailable`, never an
