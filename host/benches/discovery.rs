@@ -4,7 +4,9 @@
 //!    from 64 concurrent keep-alive clients against the real router and lease store, and the same
 //!    two requests against a bare axum handler in the same run, for the ratio;
 //! 2. the same cycles with the lease table written to a real kube-apiserver, `--lease-durability
-//!    async` (write-behind) and `sync` (a grant answered once stored) side by side;
+//!    async` (write-behind) and `sync` (a grant answered once stored) side by side; then the
+//!    cycles of a pool (`{"pool": …}`) with the static token and with a real ServiceAccount token
+//!    (TokenReview and SubjectAccessReview cached) side by side;
 //! 3. health probes (`CONNECT` through real squid from the harness to a loopback target) with 64
 //!    at once.
 //!
@@ -22,8 +24,8 @@ use axum::routing::{delete, post};
 use harness::{FileServer, Squid};
 use proxy_operator::health::probe;
 use proxy_operator::leases::{
-    self, Discovery, Durability, LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore,
-    PoolEntry, ProxyKey,
+    self, Auth, Discovery, Durability, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions,
+    LeasePersistence, LeaseStore, PoolEntry, ProxyKey,
 };
 
 const CLIENTS: usize = 64;
@@ -71,15 +73,17 @@ async fn serve(app: Router) -> SocketAddr {
 struct RawClient {
     stream: tokio::io::BufStream<tokio::net::TcpStream>,
     addr: SocketAddr,
+    token: Arc<str>,
 }
 
 impl RawClient {
-    async fn connect(addr: SocketAddr) -> RawClient {
+    async fn connect(addr: SocketAddr, token: Arc<str>) -> RawClient {
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         stream.set_nodelay(true).unwrap();
         RawClient {
             stream: tokio::io::BufStream::new(stream),
             addr,
+            token,
         }
     }
 
@@ -87,8 +91,9 @@ impl RawClient {
     async fn send(&mut self, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             self.addr,
+            self.token,
             body.len()
         );
         self.stream.write_all(head.as_bytes()).await.unwrap();
@@ -118,16 +123,23 @@ impl RawClient {
 
 /// `CLIENTS` loops of grant+release for `length`; a cycle's latency is both requests.
 async fn cycles(addr: SocketAddr, length: Duration) -> Run {
+    cycles_as(addr, length, TOKEN, "{}").await
+}
+
+/// [`cycles`] with this bearer token and grant body.
+async fn cycles_as(addr: SocketAddr, length: Duration, token: &str, grant: &str) -> Run {
     let started = Instant::now();
     let deadline = started + length;
+    let (token, grant): (Arc<str>, Arc<str>) = (token.into(), grant.into());
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| {
+            let (token, grant) = (token.clone(), grant.clone());
             tokio::spawn(async move {
-                let mut http = RawClient::connect(addr).await;
+                let mut http = RawClient::connect(addr, token).await;
                 let (mut latencies, mut errors) = (Vec::new(), 0usize);
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let (status, body) = http.send("POST", "/v1/leases", "{}").await;
+                    let (status, body) = http.send("POST", "/v1/leases", &grant).await;
                     if status != 201 {
                         errors += 1;
                         continue;
@@ -186,6 +198,11 @@ fn persisted_app(client: kube::Client, namespace: &str, durability: Durability) 
 }
 
 fn pool_store() -> Arc<LeaseStore> {
+    pool_store_in("crawlers", BTreeMap::new())
+}
+
+/// `PROXIES` healthy proxies in `namespace` with these labels.
+fn pool_store_in(namespace: &str, labels: BTreeMap<String, String>) -> Arc<LeaseStore> {
     let store = Arc::new(LeaseStore::new(
         LeaseOptions::default(),
         LeaseMetrics::unregistered().unwrap(),
@@ -196,12 +213,12 @@ fn pool_store() -> Arc<LeaseStore> {
         (0..PROXIES)
             .map(|i| PoolEntry {
                 key: ProxyKey {
-                    namespace: "crawlers".into(),
+                    namespace: namespace.into(),
                     name: format!("proxy-{i}"),
                 },
                 provider: "bench".into(),
                 zone: Some("zone-a".into()),
-                labels: BTreeMap::new(),
+                labels: labels.clone(),
                 address: format!("10.0.{}.{}", i / 256, i % 256),
                 port: 3128,
                 exit_ip: None,
@@ -228,6 +245,67 @@ fn bare_app() -> Router {
             "/v1/leases/{id}",
             delete(|| async { StatusCode::NO_CONTENT }),
         )
+}
+
+/// Grant+release from a pool with the static token and with a ServiceAccount token (reviewed
+/// once by the real API server, then cached), in one run.
+async fn auth_side_by_side(cp: &harness::ControlPlane, length: Duration) {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::PostParams;
+
+    let ns = cp.namespace("bench-auth").await.unwrap();
+    let rbac = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [proxy-operator.dev], resources: [proxypools/lease], resourceNames: [pool], verbs: [create]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease}}\n\
+         subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",
+        ns = ns.name()
+    );
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&rbac))
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec!["proxy-operator".into()]),
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = ns
+        .api::<ServiceAccount>()
+        .create_token_request("crawler", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .unwrap();
+    let options = KubeAuthOptions::default();
+    let reviewer = KubeReviewer::new(cp.client(), &options.audience);
+    let auth = Auth::none()
+        .with_static_token(TOKEN, None)
+        .with_kubernetes(Arc::new(reviewer), options);
+    let in_pool = BTreeMap::from([("proxy-operator.dev/pool".to_string(), "pool".to_string())]);
+    let store = pool_store_in(ns.name(), in_pool);
+    let app = serve(leases::router(Arc::new(Discovery::with_auth(store, auth)))).await;
+    let grant = format!("{{\"pool\":\"{}/pool\"}}", ns.name());
+    for (what, token) in [
+        ("static token", TOKEN),
+        ("ServiceAccount token", token.as_str()),
+    ] {
+        cycles_as(app, Duration::from_millis(500), token, &grant).await;
+        let mut run = cycles_as(app, length, token, &grant).await;
+        println!(
+            "pool grant, {what:<20} {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
+            run.per_second(),
+            run.quantile(0.50).as_secs_f64() * 1e3,
+            run.quantile(0.99).as_secs_f64() * 1e3,
+            run.errors
+        );
+    }
 }
 
 async fn probes(squid: &Squid, target: &str, length: Duration) -> (usize, usize, Duration) {
@@ -311,6 +389,7 @@ fn main() {
                 PROXIES
             );
         }
+        auth_side_by_side(&cp, length).await;
         cp.stop().await;
 
         let squid = Squid::start().await.expect("squid (run .ci/install-fixtures.sh)");

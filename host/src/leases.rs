@@ -2,11 +2,13 @@
 //! HTTP API over it.
 
 pub mod api;
+pub mod auth;
 pub mod metrics;
 pub mod persist;
 pub mod store;
 
 pub use api::{Discovery, router, serve};
+pub use auth::{Auth, KubeAuthOptions, KubeReviewer, TokenPools};
 pub use metrics::LeaseMetrics;
 pub use persist::{Durability, LeasePersistence};
 pub use store::{LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey, Snapshot};

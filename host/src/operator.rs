@@ -22,7 +22,9 @@ use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
 use crate::leader::{self, LeaderView};
 use crate::leader_label::LeaderLabel;
-use crate::leases::{self, Discovery, Durability, LeasePersistence, LeaseStore};
+use crate::leases::{
+    self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
+};
 use crate::metrics::Metrics;
 use crate::plugins::{EngineOptions, PluginEngine};
 use crate::pool::{self, PoolContext};
@@ -46,6 +48,9 @@ impl Operator {
     /// and checks that the CRD is installed.
     pub async fn build(args: RunArgs) -> anyhow::Result<Self> {
         let lease_options = args.lease.options()?;
+        // Fail fast on bad discovery auth flags (the Auth itself is made when serving).
+        args.discovery_auth.token_pools()?;
+        args.discovery_auth.kube_options()?;
         let health_options = args.health.options()?;
         let metrics = Metrics::register()?;
         // Fail fast on a broken providers config before anything else (no cluster needed).
@@ -127,8 +132,9 @@ impl Operator {
             )
             .await?,
         ];
-        if let Some(token) = self.args.lease.token() {
-            let mut discovery = Discovery::new(self.leases.clone(), token);
+        let auth = self.discovery_auth()?;
+        if auth.accepts_anyone() {
+            let mut discovery = Discovery::with_auth(self.leases.clone(), auth);
             if sync {
                 discovery =
                     discovery.answer_grants_once_stored(self.args.lease.lease_commit_timeout);
@@ -141,7 +147,7 @@ impl Operator {
             );
         } else {
             tracing::warn!(
-                "DISCOVERY_TOKEN is not set: the discovery API is off; set it from a Secret to serve leases"
+                "DISCOVERY_TOKEN is not set and --discovery-kubernetes-auth=false: the discovery API is off; set either to serve leases"
             );
         }
         // Plugins and config follow their sources on every replica, so a standby takes over warm.
@@ -207,6 +213,31 @@ impl Operator {
                 }
             }
         }
+    }
+
+    /// Who may call the discovery API: the static token (maybe limited to pools) and, unless
+    /// turned off, ServiceAccount tokens reviewed with the operator's own identity.
+    fn discovery_auth(&self) -> anyhow::Result<Auth> {
+        let flags = &self.args.discovery_auth;
+        let pools = flags.token_pools()?;
+        let mut auth = Auth::none();
+        if let Some(token) = self.args.lease.token() {
+            auth = auth.with_static_token(token, pools.clone());
+        } else if pools.is_some() {
+            tracing::warn!(
+                "--discovery-token-pools is set but DISCOVERY_TOKEN is not: it limits nothing"
+            );
+        }
+        if let Some(options) = flags.kube_options()? {
+            tracing::info!(
+                audience = %options.audience,
+                cache_ttl = ?options.allow_ttl,
+                "the discovery API accepts ServiceAccount tokens; RBAC decides who leases from which pool"
+            );
+            let reviewer = KubeReviewer::new(self.client.clone(), &options.audience);
+            auth = auth.with_kubernetes(Arc::new(reviewer), options);
+        }
+        Ok(auth)
     }
 
     /// The label on this replica's Pod that routes the discovery Service to the leader; `None`

@@ -85,6 +85,39 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
         find("PodDisruptionBudget/proxy-operator")["spec"]["maxUnavailable"],
         1
     );
+    // The discovery API reviews ServiceAccount tokens and asks RBAC; `edit` may lease.
+    let grants = |role: &str, group: &str, resource: &str, verb: &str| {
+        find(role)["rules"].as_array().unwrap().iter().any(|rule| {
+            let has = |field: &str, value: &str| {
+                rule[field]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|x| x == value))
+            };
+            has("apiGroups", group) && has("resources", resource) && has("verbs", verb)
+        })
+    };
+    for (role, group, resource) in [
+        (
+            "ClusterRole/proxy-operator",
+            "authentication.k8s.io",
+            "tokenreviews",
+        ),
+        (
+            "ClusterRole/proxy-operator",
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+        ),
+        (
+            "ClusterRole/proxy-operator-edit",
+            "crawl.example.com",
+            "proxypools/lease",
+        ),
+    ] {
+        assert!(
+            grants(role, group, resource, "create"),
+            "{role}: create {resource}"
+        );
+    }
     let providers = find("ConfigMap/providers-config")["data"]["providers.yaml"]
         .as_str()
         .unwrap()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::gc::GcOptions;
 use crate::health::HealthOptions;
 use crate::leader::LeaderElection;
-use crate::leases::{Durability, LeaseOptions};
+use crate::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,6 +35,8 @@ pub struct RunArgs {
     pub health: HealthArgs,
     #[command(flatten)]
     pub lease: LeaseArgs,
+    #[command(flatten)]
+    pub discovery_auth: DiscoveryAuthArgs,
 }
 
 /// Where plugins and the providers config come from, and what a plugin call may use.
@@ -193,6 +195,75 @@ pub struct LeaseArgs {
     #[arg(long, env = "LEASE_PERSIST_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub lease_persist_interval: Duration,
 }
+/// Who may call the discovery API (docs/security.md, "Who may lease what").
+#[derive(Debug, Clone, clap::Args)]
+pub struct DiscoveryAuthArgs {
+    /// Limits the static token (DISCOVERY_TOKEN) to these ProxyPools: `namespace/name` or
+    /// `namespace/*`, comma-separated. Unset: every pool and every proxy.
+    #[arg(long, env = "DISCOVERY_TOKEN_POOLS")]
+    pub discovery_token_pools: Option<String>,
+    /// Accept ServiceAccount tokens: the API server reviews each (TokenReview) and RBAC decides
+    /// which pools it may lease from (SubjectAccessReview of `create` on `proxypools/lease`).
+    #[arg(long, env = "DISCOVERY_KUBERNETES_AUTH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub discovery_kubernetes_auth: bool,
+    /// The audience a ServiceAccount token must be for (a projected serviceAccountToken
+    /// volume); empty: the API server's own audience (the Pod's default token).
+    #[arg(
+        long,
+        env = "DISCOVERY_TOKEN_AUDIENCE",
+        default_value = "proxy-operator"
+    )]
+    pub discovery_token_audience: String,
+    /// How long an accepted token and an allowed decision are reused before they are reviewed
+    /// again: an RBAC change takes effect within this long.
+    #[arg(long, env = "DISCOVERY_AUTH_CACHE_TTL", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub discovery_auth_cache_ttl: Duration,
+    /// How long a refused token and a denied decision are reused.
+    #[arg(long, env = "DISCOVERY_AUTH_DENY_CACHE_TTL", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub discovery_auth_deny_cache_ttl: Duration,
+    /// Deadline of one TokenReview or SubjectAccessReview; past it the request gets 503
+    /// `auth-unavailable`.
+    #[arg(long, env = "DISCOVERY_AUTH_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub discovery_auth_timeout: Duration,
+}
+
+impl DiscoveryAuthArgs {
+    /// The static token's pools; blank counts as unset.
+    pub fn token_pools(&self) -> anyhow::Result<Option<TokenPools>> {
+        self.discovery_token_pools
+            .as_deref()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| {
+                v.parse()
+                    .map_err(|e| anyhow::anyhow!("--discovery-token-pools: {e}"))
+            })
+            .transpose()
+    }
+
+    /// How ServiceAccount tokens are checked; `None` when they are not accepted.
+    pub fn kube_options(&self) -> anyhow::Result<Option<KubeAuthOptions>> {
+        if !self.discovery_kubernetes_auth {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            !self.discovery_auth_timeout.is_zero(),
+            "--discovery-auth-timeout must be more than 0s (e.g. 3s)"
+        );
+        anyhow::ensure!(
+            self.discovery_auth_cache_ttl <= Duration::from_secs(300)
+                && self.discovery_auth_deny_cache_ttl <= Duration::from_secs(300),
+            "--discovery-auth-cache-ttl and --discovery-auth-deny-cache-ttl are at most 5m (a revoked RoleBinding must take effect)"
+        );
+        Ok(Some(KubeAuthOptions {
+            allow_ttl: self.discovery_auth_cache_ttl,
+            deny_ttl: self.discovery_auth_deny_cache_ttl,
+            timeout: self.discovery_auth_timeout,
+            audience: self.discovery_token_audience.trim().to_string(),
+            ..KubeAuthOptions::default()
+        }))
+    }
+}
+
 pub(crate) fn parse_exit_ip_url(value: &str) -> Result<String, String> {
     match reqwest::Url::parse(value) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {

@@ -14,12 +14,11 @@ use axum::{Json, Router};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 use tower::ServiceExt;
 
 use crate::leader::LeaderView;
 
+use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{
     EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome, ProxyKey,
 };
@@ -37,7 +36,10 @@ const TRANSPORT_MAX_HEADERS: usize = 1024;
 /// The OpenAPI document of this API, committed under docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
-/// An RFC 9457 problem. `kind` is the last part of its stable `type` URI.
+mod problem_response;
+
+/// An RFC 9457 problem. `kind` is the last part of its stable `type` URI (answered as
+/// `application/problem+json` by `api/problem_response.rs`).
 #[derive(Debug)]
 pub struct Problem {
     status: StatusCode,
@@ -110,6 +112,69 @@ impl Problem {
         problem
     }
 
+    fn from_auth(error: AuthError) -> Self {
+        match error {
+            AuthError::Unauthenticated(detail) => Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Missing or wrong bearer token",
+                detail,
+            ),
+            AuthError::Forbidden(detail) => Problem::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "The caller may not do this",
+                detail,
+            ),
+            AuthError::Unavailable(detail) => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "auth-unavailable",
+                "The caller cannot be checked now",
+                detail,
+            )
+            .retry_after(Duration::from_secs(5)),
+        }
+    }
+
+    fn from_grant_error(error: GrantError, proxy: Option<&ProxyKey>) -> Self {
+        match error {
+            GrantError::NoProxy { retry_after } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no-proxy-available",
+                "No proxy available",
+                "every matching proxy is leased, cooling down or unhealthy".into(),
+            )
+            .retry_after(retry_after),
+            GrantError::CoolingDown { retry_after } => Problem::new(
+                StatusCode::CONFLICT,
+                "proxy-cooling-down",
+                "The proxy is cooling down",
+                format!(
+                    "it was reported blocked; it can be leased again in {} s",
+                    retry_after.as_secs()
+                ),
+            )
+            .retry_after(retry_after),
+            GrantError::Leased { retry_after } => Problem::new(
+                StatusCode::CONFLICT,
+                "proxy-leased",
+                "The proxy is leased",
+                "another crawler holds it".into(),
+            )
+            .retry_after(retry_after),
+            GrantError::UnknownProxy => Problem::new(
+                StatusCode::NOT_FOUND,
+                "proxy-not-found",
+                "No such proxy",
+                format!(
+                    "proxy {}: no provisioned Proxy of that namespace/name",
+                    proxy.map(|k| k.to_string()).unwrap_or_default()
+                ),
+            ),
+            GrantError::NotReady => Problem::not_ready(),
+        }
+    }
+
     fn not_stored(deadline: Duration) -> Self {
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -148,39 +213,6 @@ impl Problem {
             ),
             LeaseError::NotReady => Problem::not_ready(),
         }
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let mut body = serde_json::json!({
-            "type": format!("urn:proxy-operator:problem:{}", self.kind),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        if let Some(leader) = self.leader {
-            body["leader"] = leader.into();
-        }
-        let mut response = (self.status, body.to_string()).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(after) = self.retry_after {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(after.as_secs().max(1)),
-            );
-        }
-        if self.status == StatusCode::UNAUTHORIZED {
-            headers.insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"proxy-operator\""),
-            );
-        }
-        response
     }
 }
 
@@ -242,6 +274,8 @@ struct GrantBody {
     /// `namespace/name` of a particular proxy.
     proxy: Option<String>,
     ttl_seconds: Option<u64>,
+    /// `namespace/name` of a ProxyPool.
+    pool: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -282,10 +316,10 @@ fn rfc3339(ms: u64) -> String {
         .unwrap_or_default()
 }
 
-/// What the API needs: the store and the token it checks.
+/// What the API needs: the store and who may call it.
 pub struct Discovery {
     pub store: Arc<LeaseStore>,
-    token_digest: [u8; 32],
+    pub auth: Auth,
     /// With `Some(deadline)`, a grant is answered only once the table holding it is stored.
     stored_within: Option<Duration>,
     /// With leader election: who serves, and this replica's identity.
@@ -296,11 +330,27 @@ impl Discovery {
     /// `token` must not be empty (checked by the caller, which knows the flag's name). Grants
     /// are answered at once (the table is written behind).
     pub fn new(store: Arc<LeaseStore>, token: &str) -> Self {
+        Self::with_auth(store, Auth::none().with_static_token(token, None))
+    }
+
+    /// Callers checked by `auth` (the static token, Kubernetes tokens, or both).
+    pub fn with_auth(store: Arc<LeaseStore>, auth: Auth) -> Self {
         Discovery {
             store,
-            token_digest: Sha256::digest(token.as_bytes()).into(),
+            auth,
             stored_within: None,
             leader: None,
+        }
+    }
+
+    /// Only the caller a lease was granted to may use it; an id that is no live lease is left
+    /// to the store's own answer.
+    fn check_holder(&self, caller: &Caller, id: &str) -> Result<(), Problem> {
+        match self.store.holder(id) {
+            Some(holder) => {
+                Auth::authorize_holder(caller, holder.as_deref(), id).map_err(Problem::from_auth)
+            }
+            None => Ok(()),
         }
     }
 
@@ -392,10 +442,10 @@ pub async fn serve(mut listener: tokio::net::TcpListener, router: Router) {
     }
 }
 
-/// Proof that a request carries the discovery token. An extractor rather than a middleware
-/// layer: it runs before the body is read, and costs no boxed service per request (the grant
-/// path is benchmarked against a bare handler).
-struct Authorized;
+/// Who called, checked: the static token, or a Kubernetes token the API server accepted. An
+/// extractor rather than a middleware layer: it runs before the body is read, and costs no
+/// boxed service per request (the grant path is benchmarked against a bare handler).
+struct Authorized(Caller);
 
 impl FromRequestParts<Arc<Discovery>> for Authorized {
     type Rejection = Problem;
@@ -405,27 +455,21 @@ impl FromRequestParts<Arc<Discovery>> for Authorized {
         discovery: &Arc<Discovery>,
     ) -> Result<Self, Problem> {
         // The scheme name is case-insensitive (RFC 9110 §11.1).
-        let presented = parts
+        let bearer = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
-        // Compare digests: constant time, and the token's length does not leak either.
-        if presented.is_some_and(|d| bool::from(d.as_slice().ct_eq(&discovery.token_digest))) {
-            match discovery.standby_answer() {
-                Some(problem) => Err(problem),
-                None => Ok(Authorized),
-            }
-        } else {
-            Err(Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Missing or wrong bearer token",
-                "send `Authorization: Bearer <token>` with the token of the discovery Secret"
-                    .into(),
-            ))
+            .map(|(_, token)| token);
+        let caller = discovery
+            .auth
+            .authenticate(bearer)
+            .await
+            .map_err(Problem::from_auth)?;
+        match discovery.standby_answer() {
+            Some(problem) => Err(problem),
+            None => Ok(Authorized(caller)),
         }
     }
 }
@@ -455,7 +499,8 @@ impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
     }
 }
 
-fn parse_proxy(value: &str) -> Result<ProxyKey, Problem> {
+/// `namespace/name` of a `kind` in the body's `field`.
+fn parse_key(field: &str, kind: &str, value: &str) -> Result<ProxyKey, Problem> {
     match value.split_once('/') {
         Some((namespace, name))
             if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
@@ -466,14 +511,14 @@ fn parse_proxy(value: &str) -> Result<ProxyKey, Problem> {
             })
         }
         _ => Err(Problem::bad_request(format!(
-            "proxy: `{value}` must be `namespace/name` of a Proxy"
+            "{field}: `{value}` must be `namespace/name` of a {kind}"
         ))),
     }
 }
 
 async fn grant(
     State(discovery): State<Arc<Discovery>>,
-    _: Authorized,
+    Authorized(caller): Authorized,
     JsonBody(body): JsonBody<GrantBody>,
 ) -> Result<Response, Problem> {
     if body.ttl_seconds == Some(0) {
@@ -481,53 +526,32 @@ async fn grant(
             "ttlSeconds: must be at least 1 (omit it for the default)".into(),
         ));
     }
+    let parse = |field, kind, value: &Option<String>| {
+        value
+            .as_deref()
+            .map(|v| parse_key(field, kind, v))
+            .transpose()
+    };
+    let pool = parse("pool", "ProxyPool", &body.pool)?;
+    let proxy = parse("proxy", "Proxy", &body.proxy)?;
+    discovery
+        .auth
+        .authorize_lease(&caller, &Scope::of_grant(pool.as_ref(), proxy.as_ref()))
+        .await
+        .map_err(Problem::from_auth)?;
     let request = LeaseRequest {
         provider: body.provider,
         zone: body.zone,
         selector: body.selector.unwrap_or_default(),
-        proxy: body.proxy.as_deref().map(parse_proxy).transpose()?,
+        proxy,
         ttl: body.ttl_seconds.map(Duration::from_secs),
+        pool,
+        holder: caller.holder().map(str::to_string),
     };
-    let (lease, entry) = discovery.store.grant(&request).map_err(|e| match e {
-        GrantError::NoProxy { retry_after } => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no-proxy-available",
-            "No proxy available",
-            "every matching proxy is leased, cooling down or unhealthy".into(),
-        )
-        .retry_after(retry_after),
-        GrantError::CoolingDown { retry_after } => Problem::new(
-            StatusCode::CONFLICT,
-            "proxy-cooling-down",
-            "The proxy is cooling down",
-            format!(
-                "it was reported blocked; it can be leased again in {} s",
-                retry_after.as_secs()
-            ),
-        )
-        .retry_after(retry_after),
-        GrantError::Leased { retry_after } => Problem::new(
-            StatusCode::CONFLICT,
-            "proxy-leased",
-            "The proxy is leased",
-            "another crawler holds it".into(),
-        )
-        .retry_after(retry_after),
-        GrantError::UnknownProxy => Problem::new(
-            StatusCode::NOT_FOUND,
-            "proxy-not-found",
-            "No such proxy",
-            format!(
-                "proxy {}: no provisioned Proxy of that namespace/name",
-                request
-                    .proxy
-                    .as_ref()
-                    .map(|k| k.to_string())
-                    .unwrap_or_default()
-            ),
-        ),
-        GrantError::NotReady => Problem::not_ready(),
-    })?;
+    let (lease, entry) = discovery
+        .store
+        .grant(&request)
+        .map_err(|e| Problem::from_grant_error(e, request.proxy.as_ref()))?;
     if let Some(deadline) = discovery.stored_within {
         let version = discovery.store.version();
         if let Err(e) = discovery.store.wait_stored(version, deadline).await {
@@ -575,10 +599,11 @@ fn proxy_url(address: &str, port: u16) -> String {
 
 async fn report(
     State(discovery): State<Arc<Discovery>>,
-    _: Authorized,
+    Authorized(caller): Authorized,
     LeaseId(id): LeaseId,
     JsonBody(body): JsonBody<ReportBody>,
 ) -> Result<Response, Problem> {
+    discovery.check_holder(&caller, &id)?;
     let outcome = body.outcome.ok_or_else(|| {
         Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
     })?;
@@ -600,9 +625,10 @@ async fn report(
 
 async fn release(
     State(discovery): State<Arc<Discovery>>,
-    _: Authorized,
+    Authorized(caller): Authorized,
     LeaseId(id): LeaseId,
 ) -> Result<StatusCode, Problem> {
+    discovery.check_holder(&caller, &id)?;
     discovery
         .store
         .release(&id)
@@ -612,8 +638,13 @@ async fn release(
 
 async fn proxies(
     State(discovery): State<Arc<Discovery>>,
-    _: Authorized,
+    Authorized(caller): Authorized,
 ) -> Result<Response, Problem> {
+    discovery
+        .auth
+        .authorize_list(&caller)
+        .await
+        .map_err(Problem::from_auth)?;
     let views = discovery
         .store
         .proxies()

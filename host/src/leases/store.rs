@@ -4,6 +4,7 @@
 
 mod options;
 mod outcomes;
+mod views;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -55,7 +56,14 @@ pub struct LeaseRequest {
     /// A particular proxy.
     pub proxy: Option<ProxyKey>,
     pub ttl: Option<Duration>,
+    /// Only proxies of this ProxyPool (its namespace, and the label [`POOL_LABEL`]).
+    pub pool: Option<ProxyKey>,
+    /// Who the lease is granted to (a Kubernetes username; `None`: the static token).
+    pub holder: Option<String>,
 }
+
+/// The label that makes a Proxy part of a ProxyPool of its namespace.
+pub const POOL_LABEL: &str = "proxy-operator.dev/pool";
 
 /// A granted lease.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -65,6 +73,9 @@ pub struct Lease {
     pub proxy: ProxyKey,
     pub granted_at_ms: u64,
     pub expires_at_ms: u64,
+    /// Who it was granted to; only they may use it (`None`: the static token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 /// Why a grant was refused.
@@ -447,6 +458,7 @@ impl LeaseStore {
             proxy: key.clone(),
             granted_at_ms: now,
             expires_at_ms: now + ttl.as_millis() as u64,
+            holder: request.holder.clone(),
         };
         inner.remove_free(&key);
         inner.leased.insert(key.clone(), lease.id.clone());
@@ -566,6 +578,12 @@ impl LeaseStore {
         Ok(lease)
     }
 
+    /// The holder of a live lease (`Some(None)`: the static token); `None` when there is no
+    /// such live lease.
+    pub fn holder(&self, id: &str) -> Option<Option<String>> {
+        self.lock().leases.get(id).map(|l| l.holder.clone())
+    }
+
     /// Ends a lease (idempotent: an unknown or ended lease is already released).
     pub fn release(&self, id: &str) -> Result<(), LeaseError> {
         let mut inner = self.lock();
@@ -606,46 +624,6 @@ impl LeaseStore {
             self.mark_dirty(&mut inner);
         }
     }
-
-    /// Every provisioned proxy with its lease state, sorted by namespace and name.
-    pub fn proxies(&self) -> Result<Vec<ProxyView>, LeaseError> {
-        let now = now_ms();
-        let inner = self.lock();
-        if !inner.ready {
-            return Err(LeaseError::NotReady);
-        }
-        let mut views: Vec<ProxyView> = inner
-            .pool
-            .values()
-            .map(|e| {
-                let cooldown = inner.cooldowns.get(&e.key).copied().filter(|u| *u > now);
-                let lease = inner.leased.get(&e.key).map(|id| &inner.leases[id]);
-                let state = if !e.healthy {
-                    "unhealthy"
-                } else if lease.is_some() {
-                    "leased"
-                } else if cooldown.is_some() {
-                    "coolingDown"
-                } else {
-                    "available"
-                };
-                ProxyView {
-                    namespace: e.key.namespace.clone(),
-                    name: e.key.name.clone(),
-                    provider: e.provider.clone(),
-                    zone: e.zone.clone(),
-                    address: e.address.clone(),
-                    port: e.port,
-                    exit_ip: e.exit_ip.clone(),
-                    state,
-                    cooldown_until_ms: cooldown,
-                    lease_expires_at_ms: lease.map(|l| l.expires_at_ms),
-                }
-            })
-            .collect();
-        views.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        Ok(views)
-    }
 }
 
 fn matches(entry: &PoolEntry, request: &LeaseRequest) -> bool {
@@ -661,6 +639,10 @@ fn matches(entry: &PoolEntry, request: &LeaseRequest) -> bool {
             .selector
             .iter()
             .all(|(k, v)| entry.labels.get(k) == Some(v))
+        && request.pool.as_ref().is_none_or(|pool| {
+            entry.key.namespace == pool.namespace
+                && entry.labels.get(POOL_LABEL) == Some(&pool.name)
+        })
 }
 
 impl Inner {

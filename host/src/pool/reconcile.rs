@@ -24,7 +24,7 @@ use crate::providers::ProviderSet;
 
 /// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
 /// by it, and it is the pool's `status.selector`).
-pub const POOL_LABEL: &str = "proxy-operator.dev/pool";
+pub use crate::leases::store::POOL_LABEL;
 /// The hash of the template a pool's Proxy was made from.
 pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
 /// `"true"` on a Proxy its pool is removing: it takes no new lease and is deleted once its

@@ -16,7 +16,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use super::common::InstanceStore;
-use super::common::operator_process::OperatorProcess;
+use super::common::operator_process::{OperatorProcess, OperatorSetup};
 use super::control_plane;
 use super::health::proxy_on_port;
 
@@ -263,4 +263,123 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "still cooling down: {body}");
+}
+
+/// The operator binary with its defaults (ServiceAccount tokens accepted, audience
+/// `proxy-operator`): a crawler's real ServiceAccount token leases from the pool its Role names,
+/// and from no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::PostParams;
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-auth").await.unwrap();
+    let store = InstanceStore::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.yaml");
+    std::fs::write(
+        &config,
+        format!("providers:\n{}", super::store_provider("store", &store)),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let mut operator = OperatorProcess::start_with(OperatorSetup {
+        kubeconfig: cp.kubeconfig().to_path_buf(),
+        namespace: ns.name(),
+        own_namespace: None,
+        dir: dir.path(),
+        providers_config: &config,
+        health_target: "127.0.0.1:9",
+        operator_id: format!("e2e-{}", ns.name()),
+        health_interval: "0s",
+        plugins_dir: super::common::plugins_dir(),
+        extra: vec!["--discovery-auth-cache-ttl".into(), "2s".into()],
+        log: "operator.log",
+    });
+    operator.wait_leading().await;
+    let manifest = |name: &str, pool: &str| {
+        format!(
+            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {}\n  labels: {{proxy-operator.dev/pool: {pool}}}\nspec:\n  provider: store\n  port: 3128\n",
+            ns.name()
+        )
+    };
+    let rbac = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [crawl.example.com], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease-pool-a}}\n\
+         subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",
+        ns = ns.name()
+    );
+    let objects = [manifest("px-a", "pool-a"), manifest("px-b", "pool-b"), rbac].join("---\n");
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&objects))
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec!["proxy-operator".into()]),
+            expiration_seconds: Some(600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = ns
+        .api::<ServiceAccount>()
+        .create_token_request("crawler", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .unwrap();
+    let grant = |pool: &str| {
+        reqwest::Client::new()
+            .post(format!("http://{}/v1/leases", operator.discovery))
+            .bearer_auth(&token)
+            .body(json!({ "pool": format!("{}/{pool}", ns.name()) }).to_string())
+            .send()
+    };
+    // Allowed once the proxy is provisioned (503 no-proxy-available until then).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let lease = loop {
+        let response = grant("pool-a").await.unwrap();
+        let status = response.status();
+        let body: serde_json::Value =
+            serde_json::from_str(&response.text().await.unwrap()).unwrap_or_default();
+        if status == StatusCode::CREATED {
+            break body;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lease: {body}\n{}",
+            operator.proc.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(lease["proxy"]["name"], "px-a");
+    let denied = grant("pool-b").await.unwrap();
+    assert_eq!(denied.status(), StatusCode::FORBIDDEN);
+    let body: serde_json::Value =
+        serde_json::from_str(&denied.text().await.unwrap()).unwrap_or_default();
+    assert_eq!(
+        body["type"], "urn:proxy-operator:problem:forbidden",
+        "{body}"
+    );
+    // The static token still works beside it, and a wrong token is 401.
+    let (status, body) = operator
+        .call(reqwest::Method::GET, "/v1/proxies", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let wrong = reqwest::Client::new()
+        .post(format!("http://{}/v1/leases", operator.discovery))
+        .bearer_auth(format!("{token}x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let log = operator.proc.log_tail(400);
+    assert!(!log.contains(&token), "a token reached the log");
 }

@@ -305,15 +305,18 @@ fn an_expiring_pool_comes_back_when_the_oldest_member_expires() {
     assert_eq!(step.requeue_after, Some(Duration::from_secs(3000)));
 }
 
+/// maxSurge, maxUnavailable, replicas, and the counts (or the start of the error).
+type BudgetCase = (
+    Option<IntOrString>,
+    Option<IntOrString>,
+    usize,
+    Result<(usize, usize), &'static str>,
+);
+
 #[test]
 fn budgets_resolve_like_a_deployments() {
     use IntOrString::{Int, String as Text};
-    let cases: &[(
-        Option<IntOrString>,
-        Option<IntOrString>,
-        usize,
-        Result<(usize, usize), &str>,
-    )] = &[
+    let cases: &[BudgetCase] = &[
         (None, None, 100, Ok((25, 0))),
         (None, None, 1, Ok((1, 0))),
         (None, None, 0, Ok((1, 0))),

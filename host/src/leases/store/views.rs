@@ -1,0 +1,45 @@
+//! The lease table as `GET /v1/proxies` shows it.
+
+use super::{LeaseError, LeaseStore, ProxyView, now_ms};
+
+impl LeaseStore {
+    /// Every provisioned proxy with its lease state, sorted by namespace and name.
+    pub fn proxies(&self) -> Result<Vec<ProxyView>, LeaseError> {
+        let now = now_ms();
+        let inner = self.lock();
+        if !inner.ready {
+            return Err(LeaseError::NotReady);
+        }
+        let mut views: Vec<ProxyView> = inner
+            .pool
+            .values()
+            .map(|e| {
+                let cooldown = inner.cooldowns.get(&e.key).copied().filter(|u| *u > now);
+                let lease = inner.leased.get(&e.key).map(|id| &inner.leases[id]);
+                let state = if !e.healthy {
+                    "unhealthy"
+                } else if lease.is_some() {
+                    "leased"
+                } else if cooldown.is_some() {
+                    "coolingDown"
+                } else {
+                    "available"
+                };
+                ProxyView {
+                    namespace: e.key.namespace.clone(),
+                    name: e.key.name.clone(),
+                    provider: e.provider.clone(),
+                    zone: e.zone.clone(),
+                    address: e.address.clone(),
+                    port: e.port,
+                    exit_ip: e.exit_ip.clone(),
+                    state,
+                    cooldown_until_ms: cooldown,
+                    lease_expires_at_ms: lease.map(|l| l.expires_at_ms),
+                }
+            })
+            .collect();
+        views.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Ok(views)
+    }
+}
