@@ -2,14 +2,17 @@
 //!
 //! 1. grant+release cycles (`POST /v1/leases`, `DELETE /v1/leases/{id}`, bearer token checked)
 //!    from 64 concurrent keep-alive clients against the real router and lease store, and the same
-//!    two requests against a bare axum handler in the same run, for the ratio;
+//!    two requests against a bare axum handler in the same run, for the ratio; then side by side
+//!    (alternating, two rounds each) plain grants (`{}`) and fleet grants that name a pool, a
+//!    sticky session and a target, on proxies in 10 pools with per-target cooldowns;
 //! 2. the same cycles with the lease table written to a real kube-apiserver, `--lease-durability
 //!    async` (write-behind) and `sync` (a grant answered once stored) side by side;
 //! 3. health probes (`CONNECT` through real squid from the harness to a loopback target) with 64
 //!    at once.
 //!
 //! `cargo bench -p proxy-operator --bench discovery` (needs squid: `.ci/install-fixtures.sh`).
-//! `BENCH_SECONDS` sets each phase's length (default 5).
+//! `BENCH_SECONDS` sets each phase's length (default 5); `BENCH_GRANTS_ONLY=1` stops after the
+//! grant phases (no control plane, no squid).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,8 +25,8 @@ use axum::routing::{delete, post};
 use harness::{FileServer, Squid};
 use proxy_operator::health::probe;
 use proxy_operator::leases::{
-    self, Discovery, Durability, LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore,
-    PoolEntry, ProxyKey,
+    self, Discovery, Durability, LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest,
+    LeaseStore, Outcome, PoolEntry, ProxyKey,
 };
 
 const CLIENTS: usize = 64;
@@ -116,18 +119,43 @@ impl RawClient {
     }
 }
 
+/// The grant body of client `client`'s `n`th cycle.
+type Ask = fn(usize, usize) -> String;
+
+fn plain(_: usize, _: usize) -> String {
+    "{}".into()
+}
+
+const POOLS: usize = 10;
+
+/// A pool, one of 8 sessions of the client's own, and a target some proxies cool down for.
+fn fleet(client: usize, n: usize) -> String {
+    format!(
+        r#"{{"pool":"crawlers/pool-{}","session":"client-{client}-{}","target":"shop.example"}}"#,
+        client % POOLS,
+        n % 8
+    )
+}
+
 /// `CLIENTS` loops of grant+release for `length`; a cycle's latency is both requests.
 async fn cycles(addr: SocketAddr, length: Duration) -> Run {
+    cycles_of(addr, length, plain).await
+}
+
+async fn cycles_of(addr: SocketAddr, length: Duration, ask: Ask) -> Run {
     let started = Instant::now();
     let deadline = started + length;
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
+        .map(|client| {
             tokio::spawn(async move {
                 let mut http = RawClient::connect(addr).await;
                 let (mut latencies, mut errors) = (Vec::new(), 0usize);
+                let mut n = 0;
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let (status, body) = http.send("POST", "/v1/leases", "{}").await;
+                    let body = ask(client, n);
+                    n += 1;
+                    let (status, body) = http.send("POST", "/v1/leases", &body).await;
                     if status != 201 {
                         errors += 1;
                         continue;
@@ -166,6 +194,44 @@ fn discovery_app() -> Router {
     leases::router(Arc::new(Discovery::new(store, TOKEN)))
 }
 
+/// The same 1000 proxies in `POOLS` ProxyPools, each cooling down for one target and every
+/// fourth also for `shop.example` (the fleet grants' target): 1250 per-target cooldowns.
+fn fleet_app() -> Router {
+    let store = Arc::new(LeaseStore::new(
+        LeaseOptions::default(),
+        LeaseMetrics::unregistered().unwrap(),
+        None,
+    ));
+    store.restore(Default::default());
+    store.set_pool(
+        proxies()
+            .into_iter()
+            .enumerate()
+            .map(|(i, entry)| PoolEntry {
+                pool: Some(format!("pool-{}", i % POOLS)),
+                ..entry
+            })
+            .collect(),
+    );
+    for (i, entry) in proxies().into_iter().enumerate() {
+        let by_name = LeaseRequest {
+            proxy: Some(entry.key.clone()),
+            ..Default::default()
+        };
+        let mut targets = vec![format!("site-{i}.example")];
+        if i % 4 == 0 {
+            targets.push("shop.example".into());
+        }
+        for target in targets {
+            let (lease, _) = store.grant(&by_name).unwrap();
+            store
+                .report_for(&lease.id, Outcome::Blocked, Some(&target))
+                .unwrap();
+        }
+    }
+    leases::router(Arc::new(Discovery::new(store, TOKEN)))
+}
+
 /// The lease table written to a real API server, as the leader runs it: `Sync` answers a grant
 /// once stored (group commit), `Async` writes behind every 5 s.
 fn persisted_app(client: kube::Client, namespace: &str, durability: Durability) -> Router {
@@ -192,24 +258,28 @@ fn pool_store() -> Arc<LeaseStore> {
         None,
     ));
     store.restore(Default::default());
-    store.set_pool(
-        (0..PROXIES)
-            .map(|i| PoolEntry {
-                key: ProxyKey {
-                    namespace: "crawlers".into(),
-                    name: format!("proxy-{i}"),
-                },
-                provider: "bench".into(),
-                zone: Some("zone-a".into()),
-                labels: BTreeMap::new(),
-                address: format!("10.0.{}.{}", i / 256, i % 256),
-                port: 3128,
-                exit_ip: None,
-                healthy: true,
-            })
-            .collect(),
-    );
+    store.set_pool(proxies());
     store
+}
+
+fn proxies() -> Vec<PoolEntry> {
+    (0..PROXIES)
+        .map(|i| PoolEntry {
+            key: ProxyKey {
+                namespace: "crawlers".into(),
+                name: format!("proxy-{i}"),
+            },
+            provider: "bench".into(),
+            zone: Some("zone-a".into()),
+            labels: BTreeMap::new(),
+            address: format!("10.0.{}.{}", i / 256, i % 256),
+            port: 3128,
+            exit_ip: None,
+            healthy: true,
+            pool: None,
+            draining: false,
+        })
+        .collect()
 }
 
 /// The same two requests with nothing behind them: what axum + HTTP cost alone.
@@ -291,6 +361,38 @@ fn main() {
             "ratio discovery/bare:    {:.0} %",
             100.0 * real.per_second() / base.per_second()
         );
+
+        // Plain and fleet grants side by side: alternating rounds, so drift hits both alike.
+        let with_fleet = serve(fleet_app()).await;
+        cycles_of(with_fleet, Duration::from_millis(500), fleet).await;
+        let (mut plain_runs, mut fleet_runs) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            plain_runs.push(cycles_of(discovery, length, plain).await);
+            fleet_runs.push(cycles_of(with_fleet, length, fleet).await);
+        }
+        let summary = |name: &str, runs: &mut Vec<Run>| {
+            let rates: Vec<f64> = runs.iter().map(Run::per_second).collect();
+            let p99: Vec<f64> = runs
+                .iter_mut()
+                .map(|r| r.quantile(0.99).as_secs_f64() * 1e3)
+                .collect();
+            let errors: usize = runs.iter().map(|r| r.errors).sum();
+            let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+            println!(
+                "{name:<24} {mean:.0} cycles/s (rounds {:.0} / {:.0}), p99 {:.2} / {:.2} ms, {errors} errors",
+                rates[0], rates[1], p99[0], p99[1]
+            );
+            mean
+        };
+        let plain_rate = summary("plain grants {}:", &mut plain_runs);
+        let fleet_rate = summary("pool+session+target:", &mut fleet_runs);
+        println!(
+            "ratio fleet/plain:       {:.1} %",
+            100.0 * fleet_rate / plain_rate
+        );
+        if std::env::var("BENCH_GRANTS_ONLY").is_ok_and(|v| v == "1") {
+            return;
+        }
 
         // The durability models side by side, against a real kube-apiserver + etcd.
         let cp = harness::ControlPlane::start()

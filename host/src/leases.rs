@@ -9,4 +9,7 @@ pub mod store;
 pub use api::{Discovery, router, serve};
 pub use metrics::LeaseMetrics;
 pub use persist::{Durability, LeasePersistence};
-pub use store::{LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey, Snapshot};
+pub use store::{
+    LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, PoolKey, ProxyKey, ProxyUsage,
+    Snapshot,
+};

@@ -9,7 +9,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
@@ -21,7 +21,8 @@ use tower::ServiceExt;
 use crate::leader::LeaderView;
 
 use super::store::{
-    EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome, ProxyKey,
+    EndReason, GrantError, Lease, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome,
+    PoolEntry, ProxyKey, normalize_target, validate_session,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -146,7 +147,91 @@ impl Problem {
                     }
                 ),
             ),
+            LeaseError::Draining => Problem::draining(),
             LeaseError::NotReady => Problem::not_ready(),
+        }
+    }
+
+    /// A draining proxy (its pool is removing it): no new lease, session or renewal on it.
+    fn draining() -> Self {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "proxy-draining",
+            "The proxy is being removed",
+            "its pool is removing it: it gets no new lease and no renewal; request a new lease \
+             without `proxy` (leases on it run until they end)"
+                .into(),
+        )
+    }
+
+    fn from_grant_error(error: GrantError, request: &LeaseRequest) -> Self {
+        match error {
+            GrantError::NoProxy { retry_after } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no-proxy-available",
+                "No proxy available",
+                "every matching proxy is leased, cooling down or unhealthy".into(),
+            )
+            .retry_after(retry_after),
+            GrantError::NoMatch => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no-matching-proxy",
+                "No proxy matches the request",
+                "no provisioned proxy, in any state, has this provider, zone, pool and labels; \
+                 retrying will not help until such a proxy is provisioned (compare with GET \
+                 /v1/proxies)"
+                    .into(),
+            ),
+            GrantError::UnknownPool => Problem::new(
+                StatusCode::NOT_FOUND,
+                "unknown-pool",
+                "No such pool",
+                format!(
+                    "pool {}: no ProxyPool of that namespace/name",
+                    request
+                        .pool
+                        .as_ref()
+                        .map(|k| k.to_string())
+                        .unwrap_or_default()
+                ),
+            ),
+            GrantError::CoolingDown { retry_after } => Problem::new(
+                StatusCode::CONFLICT,
+                "proxy-cooling-down",
+                "The proxy is cooling down",
+                format!(
+                    "it was reported blocked{}; it can be leased again in {} s",
+                    if request.target.is_some() {
+                        " (for this target)"
+                    } else {
+                        ""
+                    },
+                    retry_after.as_secs()
+                ),
+            )
+            .retry_after(retry_after),
+            GrantError::Leased { retry_after } => Problem::new(
+                StatusCode::CONFLICT,
+                "proxy-leased",
+                "The proxy is leased",
+                "another crawler holds it".into(),
+            )
+            .retry_after(retry_after),
+            GrantError::Draining => Problem::draining(),
+            GrantError::UnknownProxy => Problem::new(
+                StatusCode::NOT_FOUND,
+                "proxy-not-found",
+                "No such proxy",
+                format!(
+                    "proxy {}: no provisioned Proxy of that namespace/name",
+                    request
+                        .proxy
+                        .as_ref()
+                        .map(|k| k.to_string())
+                        .unwrap_or_default()
+                ),
+            ),
+            GrantError::NotReady => Problem::not_ready(),
         }
     }
 }
@@ -241,6 +326,12 @@ struct GrantBody {
     selector: Option<BTreeMap<String, String>>,
     /// `namespace/name` of a particular proxy.
     proxy: Option<String>,
+    /// `namespace/name` of a ProxyPool.
+    pool: Option<String>,
+    /// A sticky session key.
+    session: Option<String>,
+    /// The host the crawler will visit.
+    target: Option<String>,
     ttl_seconds: Option<u64>,
 }
 
@@ -248,6 +339,14 @@ struct GrantBody {
 #[serde(deny_unknown_fields)]
 struct ReportBody {
     outcome: Option<Outcome>,
+    /// With `blocked`: the host that blocked the proxy.
+    target: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RenewBody {
+    ttl_seconds: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -264,7 +363,8 @@ struct ProxyRef {
     exit_ip: Option<String>,
 }
 
-/// The answer to a grant (see `Lease` in the OpenAPI document).
+/// A lease as the API shows it: the answer to a grant, a renewal and `GET /v1/leases/{id}` (see
+/// `Lease` in the OpenAPI document).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Granted {
@@ -274,6 +374,38 @@ struct Granted {
     granted_at: String,
     expires_at: String,
     ttl_seconds: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
+}
+
+impl Granted {
+    fn new(lease: Lease, entry: PoolEntry) -> Self {
+        let pool = lease.pool_key().map(|k| k.to_string());
+        Granted {
+            proxy_url: proxy_url(&entry.address, entry.port),
+            granted_at: rfc3339(lease.granted_at_ms),
+            expires_at: rfc3339(lease.expires_at_ms),
+            ttl_seconds: if lease.ttl_ms > 0 {
+                lease.ttl_ms / 1000
+            } else {
+                (lease.expires_at_ms - lease.granted_at_ms) / 1000
+            },
+            proxy: ProxyRef {
+                namespace: entry.key.namespace,
+                name: entry.key.name,
+                provider: entry.provider,
+                zone: entry.zone,
+                address: entry.address,
+                port: entry.port,
+                exit_ip: entry.exit_ip,
+            },
+            pool,
+            session: lease.session,
+            id: lease.id,
+        }
+    }
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -339,8 +471,9 @@ pub fn router(discovery: Arc<Discovery>) -> Router {
     Router::new()
         .route("/openapi.json", get(openapi))
         .route("/v1/leases", post(grant))
-        .route("/v1/leases/{id}", delete(release))
+        .route("/v1/leases/{id}", get(show).delete(release))
         .route("/v1/leases/{id}/report", post(report))
+        .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/proxies", get(proxies))
         .fallback(|_: Authorized| async {
             Problem::new(
@@ -455,20 +588,75 @@ impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
     }
 }
 
-fn parse_proxy(value: &str) -> Result<ProxyKey, Problem> {
-    match value.split_once('/') {
-        Some((namespace, name))
-            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
-        {
-            Ok(ProxyKey {
-                namespace: namespace.into(),
-                name: name.into(),
-            })
-        }
-        _ => Err(Problem::bad_request(format!(
-            "proxy: `{value}` must be `namespace/name` of a Proxy"
-        ))),
+/// `namespace/name` of a `kind` in `field`.
+fn parse_key(field: &str, kind: &str, value: &str) -> Result<ProxyKey, Problem> {
+    ProxyKey::parse(value).ok_or_else(|| {
+        Problem::bad_request(format!(
+            "{field}: `{value}` must be `namespace/name` of a {kind}"
+        ))
+    })
+}
+
+/// The request a grant body asks for, every field checked.
+fn lease_request(body: GrantBody) -> Result<LeaseRequest, Problem> {
+    if body.ttl_seconds == Some(0) {
+        return Err(Problem::bad_request(
+            "ttlSeconds: must be at least 1 (omit it for the default)".into(),
+        ));
     }
+    if let Some(session) = &body.session {
+        validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))?;
+    }
+    let target = body
+        .target
+        .as_deref()
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    Ok(LeaseRequest {
+        provider: body.provider,
+        zone: body.zone,
+        selector: body.selector.unwrap_or_default(),
+        proxy: body
+            .proxy
+            .as_deref()
+            .map(|p| parse_key("proxy", "Proxy", p))
+            .transpose()?,
+        pool: body
+            .pool
+            .as_deref()
+            .map(|p| parse_key("pool", "ProxyPool", p))
+            .transpose()?,
+        session: body.session,
+        target,
+        ttl: body.ttl_seconds.map(Duration::from_secs),
+    })
+}
+
+/// With `--lease-durability sync`: waits until the table holding the latest change is stored.
+async fn confirm_stored(discovery: &Discovery) -> Result<(), Problem> {
+    let Some(deadline) = discovery.stored_within else {
+        return Ok(());
+    };
+    let version = discovery.store.version();
+    discovery
+        .store
+        .wait_stored(version, deadline)
+        .await
+        .map_err(|e| match e {
+            NotStored::Closed => Problem::not_ready(),
+            NotStored::TimedOut => Problem::not_stored(deadline),
+        })
+}
+
+fn lease_response(status: StatusCode, lease: Lease, entry: PoolEntry) -> Response {
+    let location = format!("/v1/leases/{}", lease.id);
+    (
+        status,
+        [(header::LOCATION, location)],
+        Json(Granted::new(lease, entry)),
+    )
+        .into_response()
 }
 
 async fn grant(
@@ -476,93 +664,59 @@ async fn grant(
     _: Authorized,
     JsonBody(body): JsonBody<GrantBody>,
 ) -> Result<Response, Problem> {
+    let request = lease_request(body)?;
+    let grant = discovery
+        .store
+        .grant_or_join(&request)
+        .map_err(|e| Problem::from_grant_error(e, &request))?;
+    if grant.joined {
+        // The session's own lease again: nothing new to store.
+        return Ok(lease_response(StatusCode::OK, grant.lease, grant.entry));
+    }
+    if let Err(problem) = confirm_stored(&discovery).await {
+        // Unanswered, the lease must not hold the proxy; if a later write stores it anyway,
+        // the release is stored after it.
+        let _ = discovery.store.release(&grant.lease.id);
+        return Err(problem);
+    }
+    Ok(lease_response(
+        StatusCode::CREATED,
+        grant.lease,
+        grant.entry,
+    ))
+}
+
+async fn show(
+    State(discovery): State<Arc<Discovery>>,
+    _: Authorized,
+    LeaseId(id): LeaseId,
+) -> Result<Response, Problem> {
+    let (lease, entry) = discovery
+        .store
+        .lease(&id)
+        .map_err(|e| Problem::from_lease_error(e, &id))?;
+    Ok(Json(Granted::new(lease, entry)).into_response())
+}
+
+async fn renew(
+    State(discovery): State<Arc<Discovery>>,
+    _: Authorized,
+    LeaseId(id): LeaseId,
+    JsonBody(body): JsonBody<RenewBody>,
+) -> Result<Response, Problem> {
     if body.ttl_seconds == Some(0) {
         return Err(Problem::bad_request(
-            "ttlSeconds: must be at least 1 (omit it for the default)".into(),
+            "ttlSeconds: must be at least 1 (omit it for the lease's own lifetime)".into(),
         ));
     }
-    let request = LeaseRequest {
-        provider: body.provider,
-        zone: body.zone,
-        selector: body.selector.unwrap_or_default(),
-        proxy: body.proxy.as_deref().map(parse_proxy).transpose()?,
-        ttl: body.ttl_seconds.map(Duration::from_secs),
-    };
-    let (lease, entry) = discovery.store.grant(&request).map_err(|e| match e {
-        GrantError::NoProxy { retry_after } => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no-proxy-available",
-            "No proxy available",
-            "every matching proxy is leased, cooling down or unhealthy".into(),
-        )
-        .retry_after(retry_after),
-        GrantError::CoolingDown { retry_after } => Problem::new(
-            StatusCode::CONFLICT,
-            "proxy-cooling-down",
-            "The proxy is cooling down",
-            format!(
-                "it was reported blocked; it can be leased again in {} s",
-                retry_after.as_secs()
-            ),
-        )
-        .retry_after(retry_after),
-        GrantError::Leased { retry_after } => Problem::new(
-            StatusCode::CONFLICT,
-            "proxy-leased",
-            "The proxy is leased",
-            "another crawler holds it".into(),
-        )
-        .retry_after(retry_after),
-        GrantError::UnknownProxy => Problem::new(
-            StatusCode::NOT_FOUND,
-            "proxy-not-found",
-            "No such proxy",
-            format!(
-                "proxy {}: no provisioned Proxy of that namespace/name",
-                request
-                    .proxy
-                    .as_ref()
-                    .map(|k| k.to_string())
-                    .unwrap_or_default()
-            ),
-        ),
-        GrantError::NotReady => Problem::not_ready(),
-    })?;
-    if let Some(deadline) = discovery.stored_within {
-        let version = discovery.store.version();
-        if let Err(e) = discovery.store.wait_stored(version, deadline).await {
-            // Unanswered, the lease must not hold the proxy; if a later write stores it anyway,
-            // the release is stored after it.
-            let _ = discovery.store.release(&lease.id);
-            return Err(match e {
-                NotStored::Closed => Problem::not_ready(),
-                NotStored::TimedOut => Problem::not_stored(deadline),
-            });
-        }
-    }
-    let location = format!("/v1/leases/{}", lease.id);
-    let body = Granted {
-        proxy_url: proxy_url(&entry.address, entry.port),
-        granted_at: rfc3339(lease.granted_at_ms),
-        expires_at: rfc3339(lease.expires_at_ms),
-        ttl_seconds: (lease.expires_at_ms - lease.granted_at_ms) / 1000,
-        proxy: ProxyRef {
-            namespace: entry.key.namespace,
-            name: entry.key.name,
-            provider: entry.provider,
-            zone: entry.zone,
-            address: entry.address,
-            port: entry.port,
-            exit_ip: entry.exit_ip,
-        },
-        id: lease.id,
-    };
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(body),
-    )
-        .into_response())
+    let (lease, entry) = discovery
+        .store
+        .renew(&id, body.ttl_seconds.map(Duration::from_secs))
+        .map_err(|e| Problem::from_lease_error(e, &id))?;
+    // Unstored, a renewal may be forgotten by a failover: the lease then ends at its old expiry,
+    // which the crawler must be told.
+    confirm_stored(&discovery).await?;
+    Ok(Json(Granted::new(lease, entry)).into_response())
 }
 
 fn proxy_url(address: &str, port: u16) -> String {
@@ -582,9 +736,15 @@ async fn report(
     let outcome = body.outcome.ok_or_else(|| {
         Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
     })?;
+    let target = body
+        .target
+        .as_deref()
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
     let lease = discovery
         .store
-        .report(&id, outcome)
+        .report_for(&id, outcome, target.as_deref())
         .map_err(|e| Problem::from_lease_error(e, &id))?;
     let active = outcome != Outcome::Blocked;
     let mut body = serde_json::json!({
@@ -641,6 +801,12 @@ async fn proxies(
             }
             if let Some(ms) = v.lease_expires_at_ms {
                 item["leaseExpiresAt"] = rfc3339(ms).into();
+            }
+            if let Some(pool) = v.pool {
+                item["pool"] = pool.into();
+            }
+            if v.draining {
+                item["draining"] = true.into();
             }
             item
         })
