@@ -3,7 +3,7 @@
 //! 1. grant+release cycles (`POST /v1/leases`, `DELETE /v1/leases/{id}`, bearer token checked)
 //!    from 64 concurrent keep-alive clients against the real router and lease store, and the same
 //!    two requests against a bare axum handler in the same run, for the ratio; then side by side
-//!    (alternating, two rounds each) plain grants (`{}`) and fleet grants that name a pool, a
+//!    (alternating rounds) plain grants (`{}`) and fleet grants that name a pool, a
 //!    sticky session and a target, on proxies in 10 pools with per-target cooldowns;
 //! 2. the same cycles with the lease table written to a real kube-apiserver, `--lease-durability
 //!    async` (write-behind) and `sync` (a grant answered once stored) side by side;
@@ -11,8 +11,9 @@
 //!    at once.
 //!
 //! `cargo bench -p proxy-operator --bench discovery` (needs squid: `.ci/install-fixtures.sh`).
-//! `BENCH_SECONDS` sets each phase's length (default 5); `BENCH_GRANTS_ONLY=1` stops after the
-//! grant phases (no control plane, no squid).
+//! `BENCH_SECONDS` sets each phase's length (default 5), `BENCH_ROUNDS` the alternating rounds of
+//! plain and fleet grants (default 2); `BENCH_GRANTS_ONLY=1` stops after the grant phases (no
+//! control plane, no squid).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,6 +33,14 @@ use proxy_operator::leases::{
 const CLIENTS: usize = 64;
 const PROXIES: usize = 1000;
 const TOKEN: &str = "bench-token";
+
+/// Alternating rounds of plain and fleet grants (`BENCH_ROUNDS`, default 2).
+fn rounds() -> usize {
+    std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2)
+}
 
 fn seconds() -> Duration {
     Duration::from_secs(
@@ -366,7 +375,7 @@ fn main() {
         let with_fleet = serve(fleet_app()).await;
         cycles_of(with_fleet, Duration::from_millis(500), fleet).await;
         let (mut plain_runs, mut fleet_runs) = (Vec::new(), Vec::new());
-        for _ in 0..2 {
+        for _ in 0..rounds() {
             plain_runs.push(cycles_of(discovery, length, plain).await);
             fleet_runs.push(cycles_of(with_fleet, length, fleet).await);
         }
@@ -378,9 +387,12 @@ fn main() {
                 .collect();
             let errors: usize = runs.iter().map(|r| r.errors).sum();
             let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+            let p99_mean = p99.iter().sum::<f64>() / p99.len() as f64;
+            let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
             println!(
-                "{name:<24} {mean:.0} cycles/s (rounds {:.0} / {:.0}), p99 {:.2} / {:.2} ms, {errors} errors",
-                rates[0], rates[1], p99[0], p99[1]
+                "{name:<24} {mean:.0} cycles/s, p99 {p99_mean:.2} ms (means of {} rounds; cycles/s per round: {}), {errors} errors",
+                rates.len(),
+                each.join(" ")
             );
             mean
         };
