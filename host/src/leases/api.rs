@@ -564,8 +564,9 @@ impl FromRequestParts<Arc<Discovery>> for Authorized {
 }
 
 /// The `{id}` of a lease path. Grants make 32 lowercase hex characters; any other id is simply
-/// not a lease (release: 204, report: 404), except one that does not decode to UTF-8 (`%ff`),
-/// which is a `bad-request` problem naming `id` rather than the router's plain-text 400.
+/// not a lease (release: 204; get, renew and report: 404), except one that does not decode to
+/// UTF-8 (`%ff`), which is a `bad-request` problem naming `id` rather than the router's
+/// plain-text 400.
 struct LeaseId(String);
 
 impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
