@@ -36,13 +36,13 @@ backports_pkgs=(
 # behind an iptables egress guard (tests/harness/src/guard.rs).
 # containerd, runc, containernetworking-plugins, umoci, gcc: the single-node cluster
 # (tests/harness/src/node.rs) and its images (tests/fixtures/node-images/build.sh).
-# buildah: the operator's image from the Dockerfile (tests/fixtures/operator-image/build.sh, `make
+# buildah, skopeo, jq: the operator's image from the Dockerfile and its checks (tests/fixtures/operator-image/, `make
 # test-image`).
 plain_pkgs=(squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
     debootstrap e2fsprogs passt ovmf iptables
     containerd runc containernetworking-plugins umoci gcc
-    buildah)
+    buildah skopeo jq)
 # nodejs, npm: the JavaScript example provider is built with componentize-js (npm ci). The
 # machine's Node.js 20 and npm come first; Debian's (Node.js 18, which plugins/examples/js/build.sh
 # refuses as too old for componentize-js) are installed only where there is no npm at all.

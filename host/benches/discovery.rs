@@ -2,7 +2,9 @@
 //!
 //! 1. grant+release cycles (`POST /v1/leases`, `DELETE /v1/leases/{id}`, bearer token checked)
 //!    from 64 concurrent keep-alive clients against the real router and lease store, and the same
-//!    two requests against a bare axum handler in the same run, for the ratio;
+//!    two requests against a bare axum handler in the same run, for the ratio; then side by side
+//!    (alternating rounds) plain grants (`{}`) and fleet grants that name a pool, a
+//!    sticky session and a target, on proxies in 10 pools with per-target cooldowns;
 //! 2. the same cycles with the lease table written to a real kube-apiserver, `--lease-durability
 //!    async` (write-behind) and `sync` (a grant answered once stored) side by side; then the
 //!    cycles of a pool (`{"pool": …}`) with the static token and with a real ServiceAccount token
@@ -11,7 +13,9 @@
 //!    at once.
 //!
 //! `cargo bench -p proxy-operator --bench discovery` (needs squid: `.ci/install-fixtures.sh`).
-//! `BENCH_SECONDS` sets each phase's length (default 5).
+//! `BENCH_SECONDS` sets each phase's length (default 5), `BENCH_ROUNDS` the alternating rounds of
+//! plain and fleet grants (default 2); `BENCH_GRANTS_ONLY=1` stops after the grant phases (no
+//! control plane, no squid).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,12 +29,20 @@ use harness::{FileServer, Squid};
 use proxy_operator::health::probe;
 use proxy_operator::leases::{
     self, Auth, Discovery, Durability, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions,
-    LeasePersistence, LeaseStore, PoolEntry, ProxyKey,
+    LeasePersistence, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey,
 };
 
 const CLIENTS: usize = 64;
 const PROXIES: usize = 1000;
 const TOKEN: &str = "bench-token";
+
+/// Alternating rounds of plain and fleet grants (`BENCH_ROUNDS`, default 2).
+fn rounds() -> usize {
+    std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2)
+}
 
 fn seconds() -> Duration {
     Duration::from_secs(
@@ -121,25 +133,55 @@ impl RawClient {
     }
 }
 
-/// `CLIENTS` loops of grant+release for `length`; a cycle's latency is both requests.
-async fn cycles(addr: SocketAddr, length: Duration) -> Run {
-    cycles_as(addr, length, TOKEN, "{}").await
+/// The grant body of client `client`'s `n`th cycle.
+type Ask = fn(usize, usize) -> String;
+
+fn plain(_: usize, _: usize) -> String {
+    "{}".into()
 }
 
-/// [`cycles`] with this bearer token and grant body.
-async fn cycles_as(addr: SocketAddr, length: Duration, token: &str, grant: &str) -> Run {
+const POOLS: usize = 10;
+
+/// A pool, one of 8 sessions of the client's own, and a target some proxies cool down for.
+fn fleet(client: usize, n: usize) -> String {
+    format!(
+        r#"{{"pool":"crawlers/pool-{}","session":"client-{client}-{}","target":"shop.example"}}"#,
+        client % POOLS,
+        n % 8
+    )
+}
+
+/// `CLIENTS` loops of grant+release for `length`; a cycle's latency is both requests.
+async fn cycles(addr: SocketAddr, length: Duration) -> Run {
+    cycles_of(addr, length, plain).await
+}
+
+async fn cycles_of(addr: SocketAddr, length: Duration, ask: Ask) -> Run {
+    cycles_as(addr, length, TOKEN, Arc::new(ask)).await
+}
+
+/// [`cycles_of`] with this bearer token and grant bodies.
+async fn cycles_as(
+    addr: SocketAddr,
+    length: Duration,
+    token: &str,
+    ask: Arc<dyn Fn(usize, usize) -> String + Send + Sync>,
+) -> Run {
     let started = Instant::now();
     let deadline = started + length;
-    let (token, grant): (Arc<str>, Arc<str>) = (token.into(), grant.into());
+    let token: Arc<str> = token.into();
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            let (token, grant) = (token.clone(), grant.clone());
+        .map(|client| {
+            let (token, ask) = (token.clone(), ask.clone());
             tokio::spawn(async move {
                 let mut http = RawClient::connect(addr, token).await;
                 let (mut latencies, mut errors) = (Vec::new(), 0usize);
+                let mut n = 0;
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let (status, body) = http.send("POST", "/v1/leases", &grant).await;
+                    let body = ask(client, n);
+                    n += 1;
+                    let (status, body) = http.send("POST", "/v1/leases", &body).await;
                     if status != 201 {
                         errors += 1;
                         continue;
@@ -178,6 +220,44 @@ fn discovery_app() -> Router {
     leases::router(Arc::new(Discovery::new(store, TOKEN)))
 }
 
+/// The same 1000 proxies in `POOLS` ProxyPools, each cooling down for one target and every
+/// fourth also for `shop.example` (the fleet grants' target): 1250 per-target cooldowns.
+fn fleet_app() -> Router {
+    let store = Arc::new(LeaseStore::new(
+        LeaseOptions::default(),
+        LeaseMetrics::unregistered().unwrap(),
+        None,
+    ));
+    store.restore(Default::default());
+    store.set_pool(
+        proxies()
+            .into_iter()
+            .enumerate()
+            .map(|(i, entry)| PoolEntry {
+                pool: Some(format!("pool-{}", i % POOLS)),
+                ..entry
+            })
+            .collect(),
+    );
+    for (i, entry) in proxies().into_iter().enumerate() {
+        let by_name = LeaseRequest {
+            proxy: Some(entry.key.clone()),
+            ..Default::default()
+        };
+        let mut targets = vec![format!("site-{i}.example")];
+        if i % 4 == 0 {
+            targets.push("shop.example".into());
+        }
+        for target in targets {
+            let (lease, _) = store.grant(&by_name).unwrap();
+            store
+                .report_for(&lease.id, Outcome::Blocked, Some(&target))
+                .unwrap();
+        }
+    }
+    leases::router(Arc::new(Discovery::new(store, TOKEN)))
+}
+
 /// The lease table written to a real API server, as the leader runs it: `Sync` answers a grant
 /// once stored (group commit), `Async` writes behind every 5 s.
 fn persisted_app(client: kube::Client, namespace: &str, durability: Durability) -> Router {
@@ -198,35 +278,57 @@ fn persisted_app(client: kube::Client, namespace: &str, durability: Durability) 
 }
 
 fn pool_store() -> Arc<LeaseStore> {
-    pool_store_in("crawlers", BTreeMap::new())
-}
-
-/// `PROXIES` healthy proxies in `namespace` with these labels.
-fn pool_store_in(namespace: &str, labels: BTreeMap<String, String>) -> Arc<LeaseStore> {
     let store = Arc::new(LeaseStore::new(
         LeaseOptions::default(),
         LeaseMetrics::unregistered().unwrap(),
         None,
     ));
     store.restore(Default::default());
+    store.set_pool(proxies());
+    store
+}
+
+/// `PROXIES` healthy proxies of the ProxyPool `pool` in `namespace`.
+fn pool_store_in(namespace: &str, pool: &str) -> Arc<LeaseStore> {
+    let store = Arc::new(LeaseStore::new(
+        LeaseOptions::default(),
+        LeaseMetrics::unregistered().unwrap(),
+        None,
+    ));
+    store.restore(Default::default());
+    let labels = BTreeMap::from([(leases::store::POOL_LABEL.to_string(), pool.to_string())]);
     store.set_pool(
-        (0..PROXIES)
-            .map(|i| PoolEntry {
-                key: ProxyKey {
-                    namespace: namespace.into(),
-                    name: format!("proxy-{i}"),
-                },
-                provider: "bench".into(),
-                zone: Some("zone-a".into()),
-                labels: labels.clone(),
-                address: format!("10.0.{}.{}", i / 256, i % 256),
-                port: 3128,
-                exit_ip: None,
-                healthy: true,
+        proxies()
+            .into_iter()
+            .map(|mut entry| {
+                entry.key.namespace = namespace.into();
+                entry.labels = labels.clone();
+                entry.pool = Some(pool.into());
+                entry
             })
             .collect(),
     );
     store
+}
+
+fn proxies() -> Vec<PoolEntry> {
+    (0..PROXIES)
+        .map(|i| PoolEntry {
+            key: ProxyKey {
+                namespace: "crawlers".into(),
+                name: format!("proxy-{i}"),
+            },
+            provider: "bench".into(),
+            zone: Some("zone-a".into()),
+            labels: BTreeMap::new(),
+            address: format!("10.0.{}.{}", i / 256, i % 256),
+            port: 3128,
+            exit_ip: None,
+            healthy: true,
+            pool: None,
+            draining: false,
+        })
+        .collect()
 }
 
 /// The same two requests with nothing behind them: what axum + HTTP cost alone.
@@ -258,7 +360,7 @@ async fn auth_side_by_side(cp: &harness::ControlPlane, length: Duration) {
     let rbac = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease, namespace: {ns}}}\n\
-         rules: [{{apiGroups: [proxy-operator.dev], resources: [proxypools/lease], resourceNames: [pool], verbs: [create]}}]\n---\n\
+         rules: [{{apiGroups: [crawl.example.com], resources: [proxypools/lease], resourceNames: [pool], verbs: [create]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease}}\n\
          subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",
@@ -288,16 +390,17 @@ async fn auth_side_by_side(cp: &harness::ControlPlane, length: Duration) {
     let auth = Auth::none()
         .with_static_token(TOKEN, None)
         .with_kubernetes(Arc::new(reviewer), options);
-    let in_pool = BTreeMap::from([("proxy-operator.dev/pool".to_string(), "pool".to_string())]);
-    let store = pool_store_in(ns.name(), in_pool);
+    let store = pool_store_in(ns.name(), "pool");
     let app = serve(leases::router(Arc::new(Discovery::with_auth(store, auth)))).await;
     let grant = format!("{{\"pool\":\"{}/pool\"}}", ns.name());
+    let ask: Arc<dyn Fn(usize, usize) -> String + Send + Sync> =
+        Arc::new(move |_, _| grant.clone());
     for (what, token) in [
         ("static token", TOKEN),
         ("ServiceAccount token", token.as_str()),
     ] {
-        cycles_as(app, Duration::from_millis(500), token, &grant).await;
-        let mut run = cycles_as(app, length, token, &grant).await;
+        cycles_as(app, Duration::from_millis(500), token, ask.clone()).await;
+        let mut run = cycles_as(app, length, token, ask.clone()).await;
         println!(
             "pool grant, {what:<20} {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
             run.per_second(),
@@ -369,6 +472,41 @@ fn main() {
             "ratio discovery/bare:    {:.0} %",
             100.0 * real.per_second() / base.per_second()
         );
+
+        // Plain and fleet grants side by side: alternating rounds, so drift hits both alike.
+        let with_fleet = serve(fleet_app()).await;
+        cycles_of(with_fleet, Duration::from_millis(500), fleet).await;
+        let (mut plain_runs, mut fleet_runs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds() {
+            plain_runs.push(cycles_of(discovery, length, plain).await);
+            fleet_runs.push(cycles_of(with_fleet, length, fleet).await);
+        }
+        let summary = |name: &str, runs: &mut Vec<Run>| {
+            let rates: Vec<f64> = runs.iter().map(Run::per_second).collect();
+            let p99: Vec<f64> = runs
+                .iter_mut()
+                .map(|r| r.quantile(0.99).as_secs_f64() * 1e3)
+                .collect();
+            let errors: usize = runs.iter().map(|r| r.errors).sum();
+            let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+            let p99_mean = p99.iter().sum::<f64>() / p99.len() as f64;
+            let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+            println!(
+                "{name:<24} {mean:.0} cycles/s, p99 {p99_mean:.2} ms (means of {} rounds; cycles/s per round: {}), {errors} errors",
+                rates.len(),
+                each.join(" ")
+            );
+            mean
+        };
+        let plain_rate = summary("plain grants {}:", &mut plain_runs);
+        let fleet_rate = summary("pool+session+target:", &mut fleet_runs);
+        println!(
+            "ratio fleet/plain:       {:.1} %",
+            100.0 * fleet_rate / plain_rate
+        );
+        if std::env::var("BENCH_GRANTS_ONLY").is_ok_and(|v| v == "1") {
+            return;
+        }
 
         // The durability models side by side, against a real kube-apiserver + etcd.
         let cp = harness::ControlPlane::start()

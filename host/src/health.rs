@@ -19,6 +19,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use tokio::sync::{Notify, mpsc};
 
 use crate::api::{Phase, Proxy};
+use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
 use crate::providers::ProviderSet;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
@@ -346,6 +347,11 @@ impl HealthEngine {
                 port: status_port(&proxy, status),
                 exit_ip: status.exit_ip.clone(),
                 healthy,
+                pool: proxy.labels().get(POOL_LABEL).cloned(),
+                draining: proxy
+                    .annotations()
+                    .get(DRAINING_ANNOTATION)
+                    .is_some_and(|v| v == "true"),
             });
         }
         self.verdicts.retain(|k, _| seen.contains(k));

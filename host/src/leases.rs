@@ -11,4 +11,7 @@ pub use api::{Discovery, router, serve};
 pub use auth::{Auth, KubeAuthOptions, KubeReviewer, TokenPools};
 pub use metrics::LeaseMetrics;
 pub use persist::{Durability, LeasePersistence};
-pub use store::{LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey, Snapshot};
+pub use store::{
+    LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, PoolKey, ProxyKey, ProxyUsage,
+    Snapshot,
+};

@@ -333,19 +333,7 @@ impl Operator {
             tasks.push(spawn_until(&work, label.keep()));
         }
         tracing::info!(namespace = ?namespace, "reconciling Proxies and ProxyPools");
-        let pools = Arc::new(PoolContext::new(
-            client.clone(),
-            ctx.providers.clone(),
-            leases.clone(),
-        ));
-        tokio::join!(
-            controller::run_until(
-                ctx.clone(),
-                namespace.as_deref(),
-                stop.clone().cancelled_owned(),
-            ),
-            pool::run_until(pools, namespace.as_deref(), stop.clone().cancelled_owned()),
-        );
+        self.reconcile_until(stop, namespace.as_deref()).await;
         // Crawlers go to the next leader from here on; grants still in flight finish.
         view.set_serving(false);
         if let Some(label) = &label {
@@ -360,6 +348,21 @@ impl Operator {
             tracing::error!(configmap = %persistence.name(), error = %e, "cannot persist the lease table on shutdown");
         }
         leases.close();
+    }
+}
+
+impl Operator {
+    /// The Proxy and ProxyPool controllers, until `stop`; reconciles in flight finish first.
+    async fn reconcile_until(&self, stop: &CancellationToken, namespace: Option<&str>) {
+        let pools = Arc::new(PoolContext::new(
+            self.client.clone(),
+            self.ctx.providers.clone(),
+            self.leases.clone(),
+        ));
+        tokio::join!(
+            controller::run_until(self.ctx.clone(), namespace, stop.clone().cancelled_owned()),
+            pool::run_until(pools, namespace, stop.clone().cancelled_owned()),
+        );
     }
 }
 

@@ -4,8 +4,10 @@
 
 pub mod decide;
 mod reconcile;
+mod spec;
 
 pub use reconcile::{
-    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, Invalid, LeaseUsage, POOL_FINALIZER, POOL_LABEL,
-    PoolContext, TEMPLATE_LABEL, resolve, run_until, template_hash,
+    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, LeaseUsage, POOL_FINALIZER, POOL_LABEL,
+    PoolContext, TEMPLATE_LABEL, run_until,
 };
+pub use spec::{Invalid, resolve, template_hash};

@@ -53,6 +53,16 @@ fn entry(name: &str, healthy: bool) -> PoolEntry {
         port: 3128,
         exit_ip: name.starts_with("gcp").then(|| "203.0.113.7".to_string()),
         healthy,
+        pool: None,
+        draining: false,
+    }
+}
+
+/// A healthy proxy of ProxyPool `crawlers/{pool}`.
+fn pooled(name: &str, pool: &str) -> PoolEntry {
+    PoolEntry {
+        pool: Some(pool.into()),
+        ..entry(name, true)
     }
 }
 
@@ -175,6 +185,20 @@ impl Api {
         .await
     }
 
+    async fn show(&self, id: &str) -> Reply {
+        self.send(reqwest::Method::GET, &format!("/v1/leases/{id}"), None)
+            .await
+    }
+
+    async fn renew(&self, id: &str, body: Value) -> Reply {
+        self.send(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/renew"),
+            Some(body.to_string()),
+        )
+        .await
+    }
+
     async fn release(&self, id: &str) -> Reply {
         self.send(reqwest::Method::DELETE, &format!("/v1/leases/{id}"), None)
             .await
@@ -276,9 +300,10 @@ async fn release_returns_the_proxy_and_filters_choose_the_proxy() {
     api.grant(json!({ "zone": "zone-b" }))
         .await
         .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    // Labels no proxy has: waiting will not help (before pools this was a 503).
     api.grant(json!({ "selector": { "tier": "premium" } }))
         .await
-        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "no-matching-proxy");
     // The unhealthy proxy is never handed out, not even by name.
     api.grant(json!({ "proxy": "crawlers/kvm-2" }))
         .await
@@ -534,7 +559,9 @@ async fn the_openapi_document_is_served_and_covers_every_route() {
     let paths = committed["paths"].as_object().unwrap();
     for (path, method) in [
         ("/v1/leases", "post"),
+        ("/v1/leases/{id}", "get"),
         ("/v1/leases/{id}", "delete"),
+        ("/v1/leases/{id}/renew", "post"),
         ("/v1/leases/{id}/report", "post"),
         ("/v1/proxies", "get"),
         ("/openapi.json", "get"),
@@ -738,4 +765,280 @@ async fn before_restore_the_store_refuses_with_503() {
     ));
     store.restore(Default::default());
     assert!(store.grant(&request).is_ok());
+}
+
+fn id_of(reply: &Reply) -> String {
+    reply.body["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no lease: {} {}", reply.status, reply.body))
+        .to_string()
+}
+
+#[tokio::test]
+async fn pools_select_and_unknown_or_unmatchable_requests_say_so() {
+    let api = serve(
+        options(),
+        vec![
+            pooled("kvm-1", "fast"),
+            pooled("kvm-2", "slow"),
+            entry("kvm-3", true),
+        ],
+    )
+    .await;
+    let fast = api.grant(json!({ "pool": "crawlers/fast" })).await;
+    assert_eq!(fast.status, StatusCode::CREATED, "{}", fast.body);
+    assert_eq!(fast.body["proxy"]["name"], "kvm-1");
+    assert_eq!(fast.body["pool"], "crawlers/fast");
+    // Combined with the other filters.
+    let slow = api
+        .grant(json!({ "pool": "crawlers/slow", "provider": "kvm-home", "selector": {"tier": "cheap"} }))
+        .await;
+    assert_eq!(slow.body["proxy"]["name"], "kvm-2", "{}", slow.body);
+
+    // The pool is busy: 503 with the time until its lease ends.
+    let busy = api.grant(json!({ "pool": "crawlers/fast" })).await;
+    busy.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    assert_eq!(busy.retry_after(), 60, "the lease's end (300 s), capped");
+
+    let unknown = api.grant(json!({ "pool": "crawlers/nope" })).await;
+    unknown.assert_problem(StatusCode::NOT_FOUND, "unknown-pool");
+    assert!(
+        unknown.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("crawlers/nope")
+    );
+    for body in [
+        json!({ "selector": { "tier": "gold" } }),
+        json!({ "provider": "nobody" }),
+        json!({ "zone": "zone-z" }),
+        json!({ "pool": "crawlers/fast", "zone": "zone-b" }),
+    ] {
+        let reply = api.grant(body.clone()).await;
+        reply.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "no-matching-proxy");
+        assert!(reply.header("retry-after").is_none(), "{body}");
+    }
+
+    // A ProxyPool scaling from 0: known, so 503 and not 404.
+    api.store
+        .set_known_pools([("crawlers".to_string(), "empty".to_string())]);
+    api.grant(json!({ "pool": "crawlers/empty" }))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+
+    let listed = api.send(reqwest::Method::GET, "/v1/proxies", None).await;
+    assert_eq!(listed.body["proxies"][0]["pool"], "crawlers/fast");
+    assert!(listed.body["proxies"][2].get("pool").is_none());
+}
+
+#[tokio::test]
+async fn a_session_sticks_to_its_proxy_and_shares_its_lease() {
+    let api = serve(
+        options(),
+        vec![
+            entry("kvm-1", true),
+            entry("kvm-2", true),
+            entry("kvm-3", true),
+        ],
+    )
+    .await;
+    let first = api.grant(json!({ "session": "jar-7" })).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(first.body["session"], "jar-7");
+    let proxy = first.body["proxy"]["name"].clone();
+    // A second worker of the session: the same lease, 200 (nothing new).
+    let second = api.grant(json!({ "session": "jar-7" })).await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.body);
+    assert_eq!(id_of(&second), id_of(&first));
+    assert_eq!(second.header("location"), first.header("location"));
+    // Another session gets another proxy.
+    let other = api.grant(json!({ "session": "jar-8" })).await;
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert_ne!(other.body["proxy"]["name"], proxy);
+    // Released and asked again: the same proxy, a new lease.
+    assert_eq!(
+        api.release(&id_of(&first)).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let again = api.grant(json!({ "session": "jar-7" })).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.body["proxy"]["name"], proxy);
+    assert_ne!(id_of(&again), id_of(&first));
+}
+
+#[tokio::test]
+async fn a_target_block_cools_the_proxy_down_for_that_target_only() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+    let lease = api.grant(json!({ "target": "Shop.Example" })).await;
+    let id = id_of(&lease);
+    let blocked = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/report"),
+            Some(json!({ "outcome": "blocked", "target": "shop.example." }).to_string()),
+        )
+        .await;
+    assert_eq!(blocked.status, StatusCode::OK, "{}", blocked.body);
+    assert_eq!(blocked.body["active"], false);
+    // Not for shop.example (any spelling), but for anything else.
+    let refused = api.grant(json!({ "target": "SHOP.example" })).await;
+    refused.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    assert_eq!(
+        refused.retry_after(),
+        60,
+        "the cooldown's end, capped at 60 s"
+    );
+    let by_name = api
+        .grant(json!({ "proxy": "crawlers/kvm-1", "target": "shop.example" }))
+        .await;
+    by_name.assert_problem(StatusCode::CONFLICT, "proxy-cooling-down");
+    assert!((110..=120).contains(&by_name.retry_after()));
+    assert_eq!(api.proxy_state("kvm-1").await, "available");
+    let news = api.grant(json!({ "target": "news.example" })).await;
+    assert_eq!(news.status, StatusCode::CREATED, "{}", news.body);
+    assert_eq!(
+        api.release(&id_of(&news)).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let plain = api.grant(json!({})).await;
+    assert_eq!(plain.status, StatusCode::CREATED);
+    let usage = api.store.usage();
+    assert_eq!(usage[&key("kvm-1")].blocked_reports, 1);
+}
+
+#[tokio::test]
+async fn a_lease_is_shown_renewed_and_a_draining_proxy_refuses_renewals() {
+    let api = serve(options(), vec![pooled("kvm-1", "fast")]).await;
+    let granted = api
+        .grant(json!({ "ttlSeconds": 60, "session": "s", "pool": "crawlers/fast" }))
+        .await;
+    let id = id_of(&granted);
+    let shown = api.show(&id).await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.body);
+    for field in [
+        "id",
+        "proxy",
+        "proxyUrl",
+        "grantedAt",
+        "expiresAt",
+        "ttlSeconds",
+        "pool",
+        "session",
+    ] {
+        assert_eq!(shown.body[field], granted.body[field], "{field}");
+    }
+
+    let renewed = api.renew(&id, json!({ "ttlSeconds": 99_999 })).await;
+    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.body);
+    assert_eq!(renewed.body["ttlSeconds"], 600, "capped by --max-lease-ttl");
+    assert!(renewed.body["expiresAt"].as_str() > granted.body["expiresAt"].as_str());
+    assert_eq!(renewed.body["grantedAt"], granted.body["grantedAt"]);
+    assert_eq!(
+        api.show(&id).await.body["expiresAt"],
+        renewed.body["expiresAt"]
+    );
+    // Without a body: the lease's own lifetime again.
+    let plain = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/renew"),
+            None,
+        )
+        .await;
+    assert_eq!(plain.body["ttlSeconds"], 600, "{}", plain.body);
+
+    // Its pool drains the proxy: the lease runs on, is not renewed, and nobody gets the proxy.
+    api.store.set_pool(vec![PoolEntry {
+        draining: true,
+        ..pooled("kvm-1", "fast")
+    }]);
+    api.renew(&id, json!({}))
+        .await
+        .assert_problem(StatusCode::CONFLICT, "proxy-draining");
+    assert_eq!(api.show(&id).await.status, StatusCode::OK);
+    api.grant(json!({ "proxy": "crawlers/kvm-1" }))
+        .await
+        .assert_problem(StatusCode::CONFLICT, "proxy-draining");
+    let listed = api.send(reqwest::Method::GET, "/v1/proxies", None).await;
+    assert_eq!(listed.body["proxies"][0]["draining"], true);
+
+    assert_eq!(api.release(&id).await.status, StatusCode::NO_CONTENT);
+    api.grant(json!({ "session": "s" }))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    api.renew(&id, json!({}))
+        .await
+        .assert_problem(StatusCode::GONE, "lease-ended");
+    api.show(&id)
+        .await
+        .assert_problem(StatusCode::GONE, "lease-ended");
+    api.show("0123456789abcdef0123456789abcdef")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "lease-not-found");
+    api.renew("0123456789abcdef0123456789abcdef", json!({}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "lease-not-found");
+}
+
+#[tokio::test]
+async fn session_target_and_pool_over_their_limits_are_400_naming_the_field() {
+    let api = serve(options(), vec![entry("kvm-1", true)]).await;
+    let granted = api.grant(json!({})).await;
+    let id = id_of(&granted);
+    let long_host = vec!["a".repeat(63); 5].join(".");
+    let cases = [
+        (
+            json!({ "session": "s".repeat(257) }),
+            "session",
+            "256 bytes",
+        ),
+        (json!({ "session": "" }), "session", "empty"),
+        (json!({ "session": "a\u{1}b" }), "session", "control"),
+        (json!({ "target": long_host }), "target", "253"),
+        (
+            json!({ "target": "https://shop.example/" }),
+            "target",
+            "host name",
+        ),
+        (
+            json!({ "target": "shop.example:443" }),
+            "target",
+            "host name",
+        ),
+        (json!({ "pool": "fast" }), "pool", "namespace/name"),
+    ];
+    for (body, field, mentions) in cases {
+        let reply = api.grant(body.clone()).await;
+        reply.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+        let detail = reply.body["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("{field}: ")) && detail.contains(mentions),
+            "{body}: {detail}"
+        );
+    }
+    let report = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/report"),
+            Some(json!({ "outcome": "blocked", "target": "not a host" }).to_string()),
+        )
+        .await;
+    report.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    assert!(
+        report.body["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("target: ")
+    );
+    for (body, mentions) in [
+        (json!({ "ttlSeconds": 0 }), "ttlSeconds"),
+        (json!({ "ttl": 5 }), "ttl"),
+    ] {
+        let reply = api.renew(&id, body).await;
+        reply.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+        assert!(reply.body["detail"].as_str().unwrap().contains(mentions));
+    }
+    // Nothing above touched the lease.
+    assert_eq!(api.report(&id, "success").await.status, StatusCode::OK);
+    assert_eq!(api.store.usage()[&key("kvm-1")].blocked_reports, 0);
 }

@@ -105,6 +105,8 @@ fn proxy(namespace: &str, name: &str, pool: &str) -> PoolEntry {
         port: 3128,
         exit_ip: None,
         healthy: true,
+        pool: Some(pool.to_string()),
+        draining: false,
     }
 }
 

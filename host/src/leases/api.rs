@@ -9,7 +9,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
@@ -20,7 +20,8 @@ use crate::leader::LeaderView;
 
 use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{
-    EndReason, GrantError, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome, ProxyKey,
+    EndReason, GrantError, Lease, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome,
+    PoolEntry, ProxyKey, normalize_target, validate_session,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -37,6 +38,7 @@ const TRANSPORT_MAX_HEADERS: usize = 1024;
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
 mod problem_response;
+mod problems;
 
 /// An RFC 9457 problem. `kind` is the last part of its stable `type` URI (answered as
 /// `application/problem+json` by `api/problem_response.rs`).
@@ -49,171 +51,6 @@ pub struct Problem {
     retry_after: Option<Duration>,
     /// `not-leader`: the replica that serves leases.
     leader: Option<String>,
-}
-
-impl Problem {
-    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Self {
-        Problem {
-            status,
-            kind,
-            title,
-            detail,
-            retry_after: None,
-            leader: None,
-        }
-    }
-
-    fn retry_after(mut self, after: Duration) -> Self {
-        self.retry_after = Some(after);
-        self
-    }
-
-    fn bad_request(detail: String) -> Self {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-            "The request is not valid",
-            detail,
-        )
-    }
-
-    fn headers_too_large(count: usize) -> Self {
-        Problem::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers-too-large",
-            "Too many header fields",
-            format!("the request has {count} header fields; at most {MAX_HEADERS} are accepted"),
-        )
-    }
-
-    fn not_ready() -> Self {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not-ready",
-            "This replica is not serving leases",
-            "the operator is starting or is not the leader; retry".into(),
-        )
-        .retry_after(Duration::from_secs(5))
-    }
-
-    /// A standby was asked: it names the replica that serves leases (`leader`, an extension
-    /// member) so a crawler that reached it directly can tell what happened.
-    fn not_leader(leader: &str) -> Self {
-        let mut problem = Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not-leader",
-            "This replica is a standby",
-            format!(
-                "leases are served by the leader, {leader}; the discovery Service routes to it (retry through the Service)"
-            ),
-        )
-        .retry_after(Duration::from_secs(1));
-        problem.leader = Some(leader.to_string());
-        problem
-    }
-
-    fn from_auth(error: AuthError) -> Self {
-        match error {
-            AuthError::Unauthenticated(detail) => Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Missing or wrong bearer token",
-                detail,
-            ),
-            AuthError::Forbidden(detail) => Problem::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "The caller may not do this",
-                detail,
-            ),
-            AuthError::Unavailable(detail) => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "auth-unavailable",
-                "The caller cannot be checked now",
-                detail,
-            )
-            .retry_after(Duration::from_secs(5)),
-        }
-    }
-
-    fn from_grant_error(error: GrantError, proxy: Option<&ProxyKey>) -> Self {
-        match error {
-            GrantError::NoProxy { retry_after } => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no-proxy-available",
-                "No proxy available",
-                "every matching proxy is leased, cooling down or unhealthy".into(),
-            )
-            .retry_after(retry_after),
-            GrantError::CoolingDown { retry_after } => Problem::new(
-                StatusCode::CONFLICT,
-                "proxy-cooling-down",
-                "The proxy is cooling down",
-                format!(
-                    "it was reported blocked; it can be leased again in {} s",
-                    retry_after.as_secs()
-                ),
-            )
-            .retry_after(retry_after),
-            GrantError::Leased { retry_after } => Problem::new(
-                StatusCode::CONFLICT,
-                "proxy-leased",
-                "The proxy is leased",
-                "another crawler holds it".into(),
-            )
-            .retry_after(retry_after),
-            GrantError::UnknownProxy => Problem::new(
-                StatusCode::NOT_FOUND,
-                "proxy-not-found",
-                "No such proxy",
-                format!(
-                    "proxy {}: no provisioned Proxy of that namespace/name",
-                    proxy.map(|k| k.to_string()).unwrap_or_default()
-                ),
-            ),
-            GrantError::NotReady => Problem::not_ready(),
-        }
-    }
-
-    fn not_stored(deadline: Duration) -> Self {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "lease-not-stored",
-            "The lease table cannot be stored",
-            format!(
-                "the lease could not be written to the cluster within {} s, so it was not granted (the API server is unreachable or slow); leases already granted stay valid; retry",
-                deadline.as_secs()
-            ),
-        )
-        .retry_after(Duration::from_secs(5))
-    }
-
-    fn from_lease_error(error: LeaseError, id: &str) -> Self {
-        match error {
-            LeaseError::NotFound => Problem::new(
-                StatusCode::NOT_FOUND,
-                "lease-not-found",
-                "No such lease",
-                format!("lease {id} does not exist; request a new one with POST /v1/leases"),
-            ),
-            LeaseError::Ended(reason) => Problem::new(
-                StatusCode::GONE,
-                "lease-ended",
-                "The lease has ended",
-                format!(
-                    "lease {id} ended ({}); request a new one with POST /v1/leases",
-                    match reason {
-                        EndReason::Released => "released",
-                        EndReason::Expired => "expired",
-                        EndReason::Blocked => "the proxy was reported blocked and cools down",
-                        EndReason::Unhealthy => "the proxy failed its health probes",
-                        EndReason::Deleted => "the proxy was deleted",
-                    }
-                ),
-            ),
-            LeaseError::NotReady => Problem::not_ready(),
-        }
-    }
 }
 
 /// A JSON body read with a size limit; an empty body is the type's default. Errors name the field.
@@ -273,15 +110,27 @@ struct GrantBody {
     selector: Option<BTreeMap<String, String>>,
     /// `namespace/name` of a particular proxy.
     proxy: Option<String>,
-    ttl_seconds: Option<u64>,
     /// `namespace/name` of a ProxyPool.
     pool: Option<String>,
+    /// A sticky session key.
+    session: Option<String>,
+    /// The host the crawler will visit.
+    target: Option<String>,
+    ttl_seconds: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ReportBody {
     outcome: Option<Outcome>,
+    /// With `blocked`: the host that blocked the proxy.
+    target: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RenewBody {
+    ttl_seconds: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -298,7 +147,8 @@ struct ProxyRef {
     exit_ip: Option<String>,
 }
 
-/// The answer to a grant (see `Lease` in the OpenAPI document).
+/// A lease as the API shows it: the answer to a grant, a renewal and `GET /v1/leases/{id}` (see
+/// `Lease` in the OpenAPI document).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Granted {
@@ -308,6 +158,38 @@ struct Granted {
     granted_at: String,
     expires_at: String,
     ttl_seconds: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
+}
+
+impl Granted {
+    fn new(lease: Lease, entry: PoolEntry) -> Self {
+        let pool = lease.pool_key().map(|k| k.to_string());
+        Granted {
+            proxy_url: proxy_url(&entry.address, entry.port),
+            granted_at: rfc3339(lease.granted_at_ms),
+            expires_at: rfc3339(lease.expires_at_ms),
+            ttl_seconds: if lease.ttl_ms > 0 {
+                lease.ttl_ms / 1000
+            } else {
+                (lease.expires_at_ms - lease.granted_at_ms) / 1000
+            },
+            proxy: ProxyRef {
+                namespace: entry.key.namespace,
+                name: entry.key.name,
+                provider: entry.provider,
+                zone: entry.zone,
+                address: entry.address,
+                port: entry.port,
+                exit_ip: entry.exit_ip,
+            },
+            pool,
+            session: lease.session,
+            id: lease.id,
+        }
+    }
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -389,8 +271,9 @@ pub fn router(discovery: Arc<Discovery>) -> Router {
     Router::new()
         .route("/openapi.json", get(openapi))
         .route("/v1/leases", post(grant))
-        .route("/v1/leases/{id}", delete(release))
+        .route("/v1/leases/{id}", get(show).delete(release))
         .route("/v1/leases/{id}/report", post(report))
+        .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/proxies", get(proxies))
         .fallback(|_: Authorized| async {
             Problem::new(
@@ -475,8 +358,9 @@ impl FromRequestParts<Arc<Discovery>> for Authorized {
 }
 
 /// The `{id}` of a lease path. Grants make 32 lowercase hex characters; any other id is simply
-/// not a lease (release: 204, report: 404), except one that does not decode to UTF-8 (`%ff`),
-/// which is a `bad-request` problem naming `id` rather than the router's plain-text 400.
+/// not a lease (release: 204; get, renew and report: 404), except one that does not decode to
+/// UTF-8 (`%ff`), which is a `bad-request` problem naming `id` rather than the router's
+/// plain-text 400.
 struct LeaseId(String);
 
 impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
@@ -499,21 +383,76 @@ impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
     }
 }
 
-/// `namespace/name` of a `kind` in the body's `field`.
+/// `namespace/name` of a `kind` in `field`.
 fn parse_key(field: &str, kind: &str, value: &str) -> Result<ProxyKey, Problem> {
-    match value.split_once('/') {
-        Some((namespace, name))
-            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
-        {
-            Ok(ProxyKey {
-                namespace: namespace.into(),
-                name: name.into(),
-            })
-        }
-        _ => Err(Problem::bad_request(format!(
+    ProxyKey::parse(value).ok_or_else(|| {
+        Problem::bad_request(format!(
             "{field}: `{value}` must be `namespace/name` of a {kind}"
-        ))),
+        ))
+    })
+}
+
+/// The request a grant body asks for, every field checked.
+fn lease_request(body: GrantBody) -> Result<LeaseRequest, Problem> {
+    if body.ttl_seconds == Some(0) {
+        return Err(Problem::bad_request(
+            "ttlSeconds: must be at least 1 (omit it for the default)".into(),
+        ));
     }
+    if let Some(session) = &body.session {
+        validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))?;
+    }
+    let target = body
+        .target
+        .as_deref()
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    Ok(LeaseRequest {
+        provider: body.provider,
+        zone: body.zone,
+        selector: body.selector.unwrap_or_default(),
+        proxy: body
+            .proxy
+            .as_deref()
+            .map(|p| parse_key("proxy", "Proxy", p))
+            .transpose()?,
+        pool: body
+            .pool
+            .as_deref()
+            .map(|p| parse_key("pool", "ProxyPool", p))
+            .transpose()?,
+        session: body.session,
+        target,
+        ttl: body.ttl_seconds.map(Duration::from_secs),
+        holder: None,
+    })
+}
+
+/// With `--lease-durability sync`: waits until the table holding the latest change is stored.
+async fn confirm_stored(discovery: &Discovery) -> Result<(), Problem> {
+    let Some(deadline) = discovery.stored_within else {
+        return Ok(());
+    };
+    let version = discovery.store.version();
+    discovery
+        .store
+        .wait_stored(version, deadline)
+        .await
+        .map_err(|e| match e {
+            NotStored::Closed => Problem::not_ready(),
+            NotStored::TimedOut => Problem::not_stored(deadline),
+        })
+}
+
+fn lease_response(status: StatusCode, lease: Lease, entry: PoolEntry) -> Response {
+    let location = format!("/v1/leases/{}", lease.id);
+    (
+        status,
+        [(header::LOCATION, location)],
+        Json(Granted::new(lease, entry)),
+    )
+        .into_response()
 }
 
 async fn grant(
@@ -521,72 +460,70 @@ async fn grant(
     Authorized(caller): Authorized,
     JsonBody(body): JsonBody<GrantBody>,
 ) -> Result<Response, Problem> {
-    if body.ttl_seconds == Some(0) {
-        return Err(Problem::bad_request(
-            "ttlSeconds: must be at least 1 (omit it for the default)".into(),
-        ));
-    }
-    let parse = |field, kind, value: &Option<String>| {
-        value
-            .as_deref()
-            .map(|v| parse_key(field, kind, v))
-            .transpose()
-    };
-    let pool = parse("pool", "ProxyPool", &body.pool)?;
-    let proxy = parse("proxy", "Proxy", &body.proxy)?;
+    let mut request = lease_request(body)?;
     discovery
         .auth
-        .authorize_lease(&caller, &Scope::of_grant(pool.as_ref(), proxy.as_ref()))
+        .authorize_lease(
+            &caller,
+            &Scope::of_grant(request.pool.as_ref(), request.proxy.as_ref()),
+        )
         .await
         .map_err(Problem::from_auth)?;
-    let request = LeaseRequest {
-        provider: body.provider,
-        zone: body.zone,
-        selector: body.selector.unwrap_or_default(),
-        proxy,
-        ttl: body.ttl_seconds.map(Duration::from_secs),
-        pool,
-        holder: caller.holder().map(str::to_string),
-    };
+    request.holder = caller.holder().map(str::to_string);
+    let grant = discovery
+        .store
+        .grant_or_join(&request)
+        .map_err(|e| Problem::from_grant_error(e, &request))?;
+    if grant.joined {
+        // The session's own lease again: nothing new to store.
+        return Ok(lease_response(StatusCode::OK, grant.lease, grant.entry));
+    }
+    if let Err(problem) = confirm_stored(&discovery).await {
+        // Unanswered, the lease must not hold the proxy; if a later write stores it anyway,
+        // the release is stored after it.
+        let _ = discovery.store.release(&grant.lease.id);
+        return Err(problem);
+    }
+    Ok(lease_response(
+        StatusCode::CREATED,
+        grant.lease,
+        grant.entry,
+    ))
+}
+
+async fn show(
+    State(discovery): State<Arc<Discovery>>,
+    Authorized(caller): Authorized,
+    LeaseId(id): LeaseId,
+) -> Result<Response, Problem> {
+    discovery.check_holder(&caller, &id)?;
     let (lease, entry) = discovery
         .store
-        .grant(&request)
-        .map_err(|e| Problem::from_grant_error(e, request.proxy.as_ref()))?;
-    if let Some(deadline) = discovery.stored_within {
-        let version = discovery.store.version();
-        if let Err(e) = discovery.store.wait_stored(version, deadline).await {
-            // Unanswered, the lease must not hold the proxy; if a later write stores it anyway,
-            // the release is stored after it.
-            let _ = discovery.store.release(&lease.id);
-            return Err(match e {
-                NotStored::Closed => Problem::not_ready(),
-                NotStored::TimedOut => Problem::not_stored(deadline),
-            });
-        }
+        .lease(&id)
+        .map_err(|e| Problem::from_lease_error(e, &id))?;
+    Ok(Json(Granted::new(lease, entry)).into_response())
+}
+
+async fn renew(
+    State(discovery): State<Arc<Discovery>>,
+    Authorized(caller): Authorized,
+    LeaseId(id): LeaseId,
+    JsonBody(body): JsonBody<RenewBody>,
+) -> Result<Response, Problem> {
+    discovery.check_holder(&caller, &id)?;
+    if body.ttl_seconds == Some(0) {
+        return Err(Problem::bad_request(
+            "ttlSeconds: must be at least 1 (omit it for the lease's own lifetime)".into(),
+        ));
     }
-    let location = format!("/v1/leases/{}", lease.id);
-    let body = Granted {
-        proxy_url: proxy_url(&entry.address, entry.port),
-        granted_at: rfc3339(lease.granted_at_ms),
-        expires_at: rfc3339(lease.expires_at_ms),
-        ttl_seconds: (lease.expires_at_ms - lease.granted_at_ms) / 1000,
-        proxy: ProxyRef {
-            namespace: entry.key.namespace,
-            name: entry.key.name,
-            provider: entry.provider,
-            zone: entry.zone,
-            address: entry.address,
-            port: entry.port,
-            exit_ip: entry.exit_ip,
-        },
-        id: lease.id,
-    };
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(body),
-    )
-        .into_response())
+    let (lease, entry) = discovery
+        .store
+        .renew(&id, body.ttl_seconds.map(Duration::from_secs))
+        .map_err(|e| Problem::from_lease_error(e, &id))?;
+    // Unstored, a renewal may be forgotten by a failover: the lease then ends at its old expiry,
+    // which the crawler must be told.
+    confirm_stored(&discovery).await?;
+    Ok(Json(Granted::new(lease, entry)).into_response())
 }
 
 fn proxy_url(address: &str, port: u16) -> String {
@@ -607,9 +544,15 @@ async fn report(
     let outcome = body.outcome.ok_or_else(|| {
         Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
     })?;
+    let target = body
+        .target
+        .as_deref()
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
     let lease = discovery
         .store
-        .report(&id, outcome)
+        .report_for(&id, outcome, target.as_deref())
         .map_err(|e| Problem::from_lease_error(e, &id))?;
     let active = outcome != Outcome::Blocked;
     let mut body = serde_json::json!({
@@ -672,6 +615,12 @@ async fn proxies(
             }
             if let Some(ms) = v.lease_expires_at_ms {
                 item["leaseExpiresAt"] = rfc3339(ms).into();
+            }
+            if let Some(pool) = v.pool {
+                item["pool"] = pool.into();
+            }
+            if v.draining {
+                item["draining"] = true.into();
             }
             item
         })

@@ -1,22 +1,38 @@
-//! Lease metrics. Labels are fixed sets (reasons, outcomes); never a proxy or lease name.
+//! Lease metrics. Labels are fixed sets (reasons, outcomes) and the pools and provider instances
+//! the cluster has; never a proxy, lease, session or target.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::store::{EndReason, Outcome};
+
+/// The `pool` label of a lease on a proxy no ProxyPool made, or of a request naming no pool.
+pub const NO_POOL: &str = "none";
+/// The `pool` or `provider` label of a rejected request naming one the operator does not know
+/// (its own value would let any crawler make new series).
+pub const UNKNOWN: &str = "unknown";
+/// The `provider` label of a rejected request naming no provider.
+pub const ANY_PROVIDER: &str = "any";
 
 /// Counters and gauges of the lease table.
 #[derive(Clone)]
 pub struct LeaseMetrics {
-    pub(crate) granted: IntCounter,
+    pub(crate) granted: IntCounterVec,
     pub(crate) ended: IntCounterVec,
     pub(crate) rejected: IntCounterVec,
     pub(crate) reports: IntCounterVec,
-    pub(crate) active: IntGauge,
+    pub(crate) active: IntGaugeVec,
     pub(crate) cooling_down: IntGauge,
-    /// `ended` and `reports` bound to each label once: no label hashing per lease, and every
-    /// series is exported from the start (at 0), as Prometheus prefers.
-    pub(crate) ended_by_reason: [IntCounter; EndReason::ALL.len()],
-    pub(crate) reports_by_outcome: [IntCounter; Outcome::ALL.len()],
+    pub(crate) target_cooldowns: IntGauge,
+    pub(crate) sessions: IntGauge,
+}
+
+/// The series of one pool and provider, bound once (when the pool is read, not per lease): no
+/// label hashing on the grant path.
+pub(crate) struct Series {
+    pub(crate) granted: IntCounter,
+    pub(crate) active: IntGauge,
+    pub(crate) ended: [IntCounter; EndReason::ALL.len()],
+    pub(crate) reports: [IntCounter; Outcome::ALL.len()],
 }
 
 impl LeaseMetrics {
@@ -29,49 +45,92 @@ impl LeaseMetrics {
         registry.register(Box::new(metrics.reports.clone()))?;
         registry.register(Box::new(metrics.active.clone()))?;
         registry.register(Box::new(metrics.cooling_down.clone()))?;
+        registry.register(Box::new(metrics.target_cooldowns.clone()))?;
+        registry.register(Box::new(metrics.sessions.clone()))?;
         Ok(metrics)
     }
 
     /// The same metrics, not exported anywhere (tests and benchmarks).
     pub fn unregistered() -> prometheus::Result<Self> {
-        let ended = IntCounterVec::new(
-            Opts::new(
-                "proxy_operator_leases_ended_total",
-                "Leases ended, by reason: released, expired, blocked, unhealthy, deleted.",
-            ),
-            &["reason"],
-        )?;
-        let reports = IntCounterVec::new(
-            Opts::new(
-                "proxy_operator_lease_reports_total",
-                "Crawler reports on leases, by outcome.",
-            ),
-            &["outcome"],
-        )?;
+        let by_pool = ["pool", "provider"];
         Ok(LeaseMetrics {
-            ended_by_reason: EndReason::ALL.map(|r| ended.with_label_values(&[r.as_str()])),
-            reports_by_outcome: Outcome::ALL.map(|o| reports.with_label_values(&[o.as_str()])),
-            ended,
-            reports,
-            granted: IntCounter::new(
-                "proxy_operator_leases_granted_total",
-                "Leases granted by the discovery API.",
+            granted: IntCounterVec::new(
+                Opts::new(
+                    "proxy_operator_leases_granted_total",
+                    "Leases granted by the discovery API, by pool and provider instance.",
+                ),
+                &by_pool,
+            )?,
+            ended: IntCounterVec::new(
+                Opts::new(
+                    "proxy_operator_leases_ended_total",
+                    "Leases ended, by reason (released, expired, blocked, unhealthy, deleted), pool and provider instance.",
+                ),
+                &["reason", "pool", "provider"],
             )?,
             rejected: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_leases_rejected_total",
-                    "Lease requests refused, by reason.",
+                    "Lease requests refused, by reason and the pool and provider instance asked for.",
                 ),
-                &["reason"],
+                &["reason", "pool", "provider"],
             )?,
-            active: IntGauge::new(
-                "proxy_operator_leases_active",
-                "Leases currently held by crawlers.",
+            reports: IntCounterVec::new(
+                Opts::new(
+                    "proxy_operator_lease_reports_total",
+                    "Crawler reports on leases, by outcome, pool and provider instance.",
+                ),
+                &["outcome", "pool", "provider"],
+            )?,
+            active: IntGaugeVec::new(
+                Opts::new(
+                    "proxy_operator_leases_active",
+                    "Leases currently held by crawlers, by pool and provider instance.",
+                ),
+                &by_pool,
             )?,
             cooling_down: IntGauge::new(
                 "proxy_operator_proxies_cooling_down",
-                "Proxies cooling down after a crawler reported them blocked.",
+                "Proxies cooling down after a crawler reported them blocked (for every target).",
+            )?,
+            target_cooldowns: IntGauge::new(
+                "proxy_operator_target_cooldowns",
+                "Cooldowns of a proxy for one target host, after a blocked report naming it.",
+            )?,
+            sessions: IntGauge::new(
+                "proxy_operator_lease_sessions",
+                "Sticky sessions remembered (session key to proxy).",
             )?,
         })
+    }
+
+    /// The series of `pool` and `provider`, bound.
+    pub(crate) fn series(&self, pool: &str, provider: &str) -> Series {
+        Series {
+            granted: self.granted.with_label_values(&[pool, provider]),
+            active: self.active.with_label_values(&[pool, provider]),
+            ended: EndReason::ALL
+                .map(|r| self.ended.with_label_values(&[r.as_str(), pool, provider])),
+            reports: Outcome::ALL.map(|o| {
+                self.reports
+                    .with_label_values(&[o.as_str(), pool, provider])
+            }),
+        }
+    }
+
+    /// Drops the series of a pool and provider that no proxy or lease has any more.
+    pub(crate) fn remove_series(&self, pool: &str, provider: &str) {
+        let _ = self.granted.remove_label_values(&[pool, provider]);
+        let _ = self.active.remove_label_values(&[pool, provider]);
+        for reason in EndReason::ALL {
+            let _ = self
+                .ended
+                .remove_label_values(&[reason.as_str(), pool, provider]);
+        }
+        for outcome in Outcome::ALL {
+            let _ = self
+                .reports
+                .remove_label_values(&[outcome.as_str(), pool, provider]);
+        }
     }
 }

@@ -1,5 +1,8 @@
 //! Persistence of the lease table into a ConfigMap, so a restart or a leader failover keeps
-//! leases and cooldowns. Two models (`--lease-durability`):
+//! leases, cooldowns (also per target), sticky sessions and block counts. The table is one
+//! ConfigMap key (at most 1 MiB): sessions and per-target cooldowns are bounded and stored as
+//! digests, so at their bounds they take under 320 KiB (a store test checks it).
+//! Two models (`--lease-durability`):
 //! - `sync` (default): every change wakes one writer, which writes the whole table; a grant is
 //!   answered only once a write holding it succeeded. Grants that arrive during a write share
 //!   the next one (group commit), so the cost is one write per round trip, not per grant.
@@ -95,6 +98,8 @@ impl LeasePersistence {
         tracing::info!(
             leases = snapshot.leases.len(),
             cooldowns = snapshot.cooldowns.len(),
+            target_cooldowns = snapshot.target_cooldowns.values().map(|t| t.len()).sum::<usize>(),
+            sessions = snapshot.sessions.values().map(|s| s.len()).sum::<usize>(),
             configmap = %self.name,
             "lease table restored"
         );

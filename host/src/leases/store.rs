@@ -1,35 +1,43 @@
-//! The lease table: which healthy proxy is handed to which crawler until when, and which proxies
-//! cool down after a block. One mutex around plain maps: every operation is a few map lookups, so
-//! contention stays far below what the HTTP layer costs (see docs/performance.md).
+//! The lease table: which healthy proxy is handed to which crawler until when, which proxies
+//! cool down after a block (for every target or for one), and which proxy each sticky session
+//! last had. One mutex around plain maps: every operation is a few map lookups, so contention
+//! stays far below what the HTTP layer costs (see docs/performance.md).
 
+mod keys;
 mod options;
 mod outcomes;
+mod sessions;
+mod targets;
 mod views;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::metrics::LeaseMetrics;
+use super::metrics::{ANY_PROVIDER, LeaseMetrics, NO_POOL, Series, UNKNOWN};
+#[cfg(test)]
+use sessions::digest;
+use sessions::{Digest, Sessions, session_digest};
+use targets::{TargetCooldowns, target_digest};
 
+use keys::FastMap;
+pub use keys::{PoolKey, ProxyKey};
 pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
+pub use sessions::{MAX_SESSION_BYTES, MAX_SESSIONS, validate_session};
+pub use targets::{
+    MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY, normalize_target,
+};
 
-/// A Proxy, by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ProxyKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Display for ProxyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+/// The label a ProxyPool puts on the Proxies it makes; its value is the pool's name (the pool is
+/// in the Proxy's namespace).
+pub const POOL_LABEL: &str = "proxy-operator.dev/pool";
+/// The annotation (`"true"`) the pool controller puts on a Proxy it is about to remove: no new
+/// lease, session or renewal on it.
+pub const DRAINING_ANNOTATION: &str = "proxy-operator.dev/draining";
 
 /// A provisioned proxy as the health engine sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +52,17 @@ pub struct PoolEntry {
     pub exit_ip: Option<String>,
     /// Passing health probes (the only proxies ever granted).
     pub healthy: bool,
+    /// The ProxyPool (in the proxy's namespace) that made it: its [`POOL_LABEL`].
+    pub pool: Option<String>,
+    /// About to be removed by its pool ([`DRAINING_ANNOTATION`]): no new grant, session or
+    /// renewal; its leases run out.
+    pub draining: bool,
+}
+
+impl PoolEntry {
+    fn leasable(&self) -> bool {
+        self.healthy && !self.draining
+    }
 }
 
 /// What a crawler asks for.
@@ -55,15 +74,18 @@ pub struct LeaseRequest {
     pub selector: BTreeMap<String, String>,
     /// A particular proxy.
     pub proxy: Option<ProxyKey>,
+    /// Only proxies of this ProxyPool.
+    pub pool: Option<PoolKey>,
+    /// A sticky session: the proxy this key last had, while it is available (see
+    /// [`validate_session`]).
+    pub session: Option<String>,
+    /// The host the crawler will visit: proxies cooling down for it are skipped (see
+    /// [`normalize_target`]).
+    pub target: Option<String>,
     pub ttl: Option<Duration>,
-    /// Only proxies of this ProxyPool (its namespace, and the label [`POOL_LABEL`]).
-    pub pool: Option<ProxyKey>,
     /// Who the lease is granted to (a Kubernetes username; `None`: the static token).
     pub holder: Option<String>,
 }
-
-/// The label that makes a Proxy part of a ProxyPool of its namespace.
-pub const POOL_LABEL: &str = "proxy-operator.dev/pool";
 
 /// A granted lease.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -73,9 +95,45 @@ pub struct Lease {
     pub proxy: ProxyKey,
     pub granted_at_ms: u64,
     pub expires_at_ms: u64,
+    /// The session it was granted for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The proxy's pool (name, in the proxy's namespace) when it was granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The proxy's provider instance when it was granted (labels the metrics after a restore).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
+    /// The lifetime it was granted or last renewed for; a renewal without one gets it again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttl_ms: u64,
     /// Who it was granted to; only they may use it (`None`: the static token).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+impl Lease {
+    /// `namespace/name` of its pool.
+    pub fn pool_key(&self) -> Option<PoolKey> {
+        self.pool.as_ref().map(|name| PoolKey {
+            namespace: self.proxy.namespace.clone(),
+            name: name.clone(),
+        })
+    }
+}
+
+/// A grant's answer.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub lease: Lease,
+    pub entry: PoolEntry,
+    /// The session already held this lease, and it was handed out again: nothing new was
+    /// granted (several workers of one session share one lease and one proxy).
+    pub joined: bool,
 }
 
 /// Why a grant was refused.
@@ -83,10 +141,16 @@ pub struct Lease {
 pub enum GrantError {
     /// Nothing matching is available; try again after this long.
     NoProxy { retry_after: Duration },
-    /// The named proxy cools down after a block until then.
+    /// No provisioned proxy, in any state, matches the request: waiting does not help.
+    NoMatch,
+    /// The named pool is neither a ProxyPool nor named by any proxy.
+    UnknownPool,
+    /// The named proxy cools down after a block (for the request's target) until then.
     CoolingDown { retry_after: Duration },
     /// The named proxy is leased to someone else.
     Leased { retry_after: Duration },
+    /// The named proxy is being removed by its pool.
+    Draining,
     /// The named proxy is not provisioned (or does not exist).
     UnknownProxy,
     /// The store has not restored its state yet (just started, or not the leader).
@@ -97,19 +161,24 @@ impl GrantError {
     pub fn reason(&self) -> &'static str {
         match self {
             GrantError::NoProxy { .. } => "no_proxy",
+            GrantError::NoMatch => "no_match",
+            GrantError::UnknownPool => "unknown_pool",
             GrantError::CoolingDown { .. } => "cooling_down",
             GrantError::Leased { .. } => "leased",
+            GrantError::Draining => "draining",
             GrantError::UnknownProxy => "unknown_proxy",
             GrantError::NotReady => "not_ready",
         }
     }
 }
 
-/// Why a report or release could not be applied.
+/// Why a lease operation could not be applied.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LeaseError {
     NotFound,
     Ended(EndReason),
+    /// A renewal of a lease on a draining proxy.
+    Draining,
     NotReady,
 }
 
@@ -131,14 +200,39 @@ pub struct ProxyView {
     pub cooldown_until_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_expires_at_ms: Option<u64>,
+    /// `namespace/name` of its ProxyPool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    pub draining: bool,
 }
 
-/// What outlives a restart.
+/// How crawlers use one proxy, for the pool controller (drain, recycle).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProxyUsage {
+    /// When its lease ends, while it is leased.
+    pub lease_expires_at_ms: Option<u64>,
+    /// `blocked` reports on it (with or without a target) since it was provisioned.
+    pub blocked_reports: u32,
+}
+
+/// What outlives a restart. Every field has a default, so an older table still reads.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Snapshot {
+    #[serde(default)]
     pub leases: Vec<Lease>,
+    /// `namespace/name` → end (ms).
+    #[serde(default)]
     pub cooldowns: BTreeMap<String, u64>,
+    /// `namespace/name` → target digest (hex) → end (ms).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub target_cooldowns: BTreeMap<String, BTreeMap<String, u64>>,
+    /// `namespace/name` → session digests (hex) bound to it, least recently used first.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sessions: BTreeMap<String, Vec<String>>,
+    /// `namespace/name` → `blocked` reports.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub blocked_reports: BTreeMap<String, u32>,
 }
 
 /// How long the id of an ended lease is remembered, so its holder gets 410 rather than 404.
@@ -148,28 +242,68 @@ const REMEMBER_ENDED: Duration = Duration::from_secs(3600);
 const MAX_ENDED: usize = 65_536;
 /// Retry-After when nothing is known to free up sooner.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Longest Retry-After of `no-proxy-available`.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
-/// The table's maps hash with foldhash: several times faster than SipHash on these short keys, and
-/// still randomly seeded. Their keys are ids the store made and Proxies from the cluster.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// A provisioned proxy and what the table keeps beside it.
+struct Slot {
+    entry: PoolEntry,
+    /// Its pool as a key, built once.
+    pool: Option<PoolKey>,
+    series: Arc<Series>,
+}
+
+/// A live lease and the metric series it counts in.
+struct Held {
+    lease: Lease,
+    series: Arc<Series>,
+}
+
+/// What a grant asks for beyond the filters, hashed before the lock is taken.
+struct Wanted {
+    session: Option<Digest>,
+    target: Option<Digest>,
+}
+
+enum Picked {
+    New(ProxyKey),
+    /// The session's own lease, by id.
+    Joined(String),
+}
 
 #[derive(Default)]
 struct Inner {
     /// False until the persisted state is restored: grants before that could double-lease.
     ready: bool,
-    pool: FastMap<ProxyKey, PoolEntry>,
-    leases: FastMap<String, Lease>,
+    pool: FastMap<ProxyKey, Slot>,
+    leases: FastMap<String, Held>,
     leased: FastMap<ProxyKey, String>,
     cooldowns: FastMap<ProxyKey, u64>,
+    targets: TargetCooldowns,
+    sessions: Sessions,
+    blocked_reports: FastMap<ProxyKey, u32>,
+    /// Pools the pool controller knows (every ProxyPool); kept across terms.
+    known_pools: HashSet<PoolKey>,
+    /// Pools named by provisioned proxies, with how many.
+    pooled: FastMap<PoolKey, u32>,
+    /// Provider instances of provisioned proxies (bounds the rejection labels).
+    providers: HashSet<String>,
     /// Healthy, unleased proxies by the order they became free: granting the oldest spreads load.
     free: BTreeMap<u64, ProxyKey>,
     free_seq: FastMap<ProxyKey, u64>,
+    /// The same order per pool (sequence numbers into `free`), so a pool's grant does not walk
+    /// the other pools' free proxies.
+    free_by_pool: FastMap<PoolKey, BTreeSet<u64>>,
     next_seq: u64,
     ended: FastMap<Arc<str>, EndReason>,
     /// Ended ids by when they are forgotten (oldest first), to forget without scanning.
     /// One allocation per ended id, shared with `ended`.
     ended_order: std::collections::VecDeque<(u64, Arc<str>)>,
     failures: FastMap<ProxyKey, u32>,
+    /// Metric series by (pool label, provider); dropped when nothing uses them.
+    series: HashMap<(String, String), Arc<Series>>,
+    /// Rejection label sets naming a pool or provider, to drop when those go.
+    rejected_labels: HashSet<(&'static str, String, String)>,
     dirty: bool,
     /// Counts changes: a grant waits until the version it made is stored. Survives `close`, so
     /// a version is never reused by a later term.
@@ -229,6 +363,10 @@ fn until(from_ms: u64, to_ms: u64) -> Duration {
     Duration::from_millis(to_ms.saturating_sub(from_ms)).max(Duration::from_secs(1))
 }
 
+fn min_into(soonest: &mut Option<u64>, at: u64) {
+    *soonest = Some(soonest.map_or(at, |s| s.min(at)));
+}
+
 impl LeaseStore {
     /// An empty store; `suspects` receives proxies whose crawlers keep reporting failures.
     pub fn new(
@@ -264,23 +402,40 @@ impl LeaseStore {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Loads persisted leases and cooldowns, and opens the store for grants.
+    /// Loads persisted leases, cooldowns, sessions and block counts, and opens the store for
+    /// grants.
     pub fn restore(&self, snapshot: Snapshot) {
         let now = now_ms();
         let mut inner = self.lock();
+        let inner = &mut *inner;
         for lease in snapshot.leases {
             if lease.expires_at_ms > now {
+                let pool = lease
+                    .pool_key()
+                    .map_or_else(|| NO_POOL.to_string(), |k| k.to_string());
+                let provider = if lease.provider.is_empty() {
+                    UNKNOWN
+                } else {
+                    &lease.provider
+                };
+                let series = series_for(&mut inner.series, pool, provider, &self.metrics);
+                series.active.inc();
                 inner.leased.insert(lease.proxy.clone(), lease.id.clone());
-                inner.leases.insert(lease.id.clone(), lease);
+                inner
+                    .leases
+                    .insert(lease.id.clone(), Held { lease, series });
             }
         }
         for (key, until_ms) in snapshot.cooldowns {
-            if let (Some((namespace, name)), true) = (key.split_once('/'), until_ms > now) {
-                let key = ProxyKey {
-                    namespace: namespace.into(),
-                    name: name.into(),
-                };
+            if let (Some(key), true) = (ProxyKey::parse(&key), until_ms > now) {
                 inner.cooldowns.insert(key, until_ms);
+            }
+        }
+        inner.targets.restore(snapshot.target_cooldowns, now);
+        inner.sessions.restore(snapshot.sessions);
+        for (key, count) in snapshot.blocked_reports {
+            if let Some(key) = ProxyKey::parse(&key) {
+                inner.blocked_reports.insert(key, count);
             }
         }
         let keys: Vec<ProxyKey> = inner.leased.keys().cloned().collect();
@@ -295,16 +450,28 @@ impl LeaseStore {
             version,
             open: true,
         });
-        self.update_gauges(&inner);
+        self.update_gauges(inner);
     }
 
     /// Closes the store (no longer the leader): requests get 503 until the next restore, and
     /// grants waiting for their write give up.
     pub fn close(&self) {
         let mut inner = self.lock();
+        for (pool, provider) in inner.series.keys() {
+            self.metrics.remove_series(pool, provider);
+        }
+        for (reason, pool, provider) in &inner.rejected_labels {
+            let _ = self.metrics.rejected.remove_label_values(&[
+                *reason,
+                pool.as_str(),
+                provider.as_str(),
+            ]);
+        }
         let version = inner.version;
+        let known_pools = std::mem::take(&mut inner.known_pools);
         *inner = Inner {
             version,
+            known_pools,
             ..Inner::default()
         };
         self.stored.send_modify(|s| s.open = false);
@@ -328,9 +495,16 @@ impl LeaseStore {
         }
         inner.dirty = false;
         let snapshot = Snapshot {
-            leases: inner.leases.values().cloned().collect(),
+            leases: inner.leases.values().map(|h| h.lease.clone()).collect(),
             cooldowns: inner
                 .cooldowns
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            target_cooldowns: inner.targets.to_snapshot(),
+            sessions: inner.sessions.to_snapshot(),
+            blocked_reports: inner
+                .blocked_reports
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
@@ -391,166 +565,277 @@ impl LeaseStore {
     }
 
     fn update_gauges(&self, inner: &Inner) {
-        self.metrics.active.set(inner.leases.len() as i64);
         self.metrics.cooling_down.set(inner.cooldowns.len() as i64);
+        self.metrics
+            .target_cooldowns
+            .set(inner.targets.len() as i64);
+        self.metrics.sessions.set(inner.sessions.len() as i64);
+    }
+
+    /// Sets the pools that exist (every ProxyPool, from the pool controller). A pool is known if
+    /// it is here or a provisioned proxy names it; a grant naming any other is `UnknownPool`.
+    pub fn set_known_pools<I>(&self, pools: I)
+    where
+        I: IntoIterator,
+        I::Item: Into<PoolKey>,
+    {
+        let mut inner = self.lock();
+        inner.known_pools = pools.into_iter().map(Into::into).collect();
+        self.prune_rejected(&mut inner);
     }
 
     /// Replaces the set of provisioned proxies. Leases on proxies that are gone or unhealthy end.
     pub fn set_pool(&self, entries: Vec<PoolEntry>) {
-        let mut inner = self.lock();
-        let pool: HashMap<ProxyKey, PoolEntry> =
-            entries.into_iter().map(|e| (e.key.clone(), e)).collect();
-        let mut ended = Vec::new();
-        for (id, lease) in &inner.leases {
-            match pool.get(&lease.proxy) {
-                None => ended.push((id.clone(), EndReason::Deleted)),
-                Some(entry) if !entry.healthy => ended.push((id.clone(), EndReason::Unhealthy)),
-                Some(_) => {}
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let mut pool = FastMap::default();
+        let mut pooled: FastMap<PoolKey, u32> = FastMap::default();
+        let mut providers = HashSet::new();
+        for entry in entries {
+            let pool_key = entry.pool.as_ref().map(|name| PoolKey {
+                namespace: entry.key.namespace.clone(),
+                name: name.clone(),
+            });
+            let label = pool_key
+                .as_ref()
+                .map_or_else(|| NO_POOL.to_string(), |k| k.to_string());
+            let series = series_for(&mut inner.series, label, &entry.provider, &self.metrics);
+            if let Some(key) = &pool_key {
+                *pooled.entry(key.clone()).or_default() += 1;
             }
+            if !providers.contains(&entry.provider) {
+                providers.insert(entry.provider.clone());
+            }
+            pool.insert(
+                entry.key.clone(),
+                Slot {
+                    entry,
+                    pool: pool_key,
+                    series,
+                },
+            );
         }
-        let changed = !ended.is_empty();
+        // The old slots go first: what they alone held is unused below.
+        drop(std::mem::replace(&mut inner.pool, pool));
+        inner.pooled = pooled;
+        inner.providers = providers;
+
+        let ended: Vec<(String, EndReason)> = inner
+            .leases
+            .iter()
+            .filter_map(|(id, held)| match inner.pool.get(&held.lease.proxy) {
+                None => Some((id.clone(), EndReason::Deleted)),
+                Some(slot) if !slot.entry.healthy => Some((id.clone(), EndReason::Unhealthy)),
+                Some(_) => None,
+            })
+            .collect();
+        let mut changed = !ended.is_empty();
         for (id, reason) in ended {
-            inner.end(&id, reason, &self.metrics);
+            inner.end(&id, reason);
         }
         let stale: Vec<ProxyKey> = inner
             .free_seq
             .keys()
-            .filter(|k| !pool.get(*k).is_some_and(|e| e.healthy))
+            .filter(|k| !inner.pool.get(*k).is_some_and(|s| s.entry.leasable()))
             .cloned()
             .collect();
         for key in stale {
             inner.remove_free(&key);
         }
-        let before = inner.cooldowns.len();
-        inner.cooldowns.retain(|k, _| pool.contains_key(k));
-        inner.failures.retain(|k, _| pool.contains_key(k));
-        for (key, entry) in &pool {
-            if entry.healthy && !inner.leased.contains_key(key) && !inner.free_seq.contains_key(key)
-            {
-                inner.push_free(key.clone());
-            }
+        let fresh: Vec<ProxyKey> = inner
+            .pool
+            .iter()
+            .filter(|(k, s)| {
+                s.entry.leasable()
+                    && !inner.leased.contains_key(*k)
+                    && !inner.free_seq.contains_key(*k)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in fresh {
+            inner.push_free(key);
         }
-        inner.pool = pool.into_iter().collect();
-        if changed || before != inner.cooldowns.len() {
-            self.mark_dirty(&mut inner);
+        inner.rebuild_free_by_pool();
+
+        // What the table keeps about proxies that are gone goes with them.
+        let before = (inner.cooldowns.len(), inner.blocked_reports.len());
+        let pool_ref = &inner.pool;
+        inner.cooldowns.retain(|k, _| pool_ref.contains_key(k));
+        inner.failures.retain(|k, _| pool_ref.contains_key(k));
+        inner
+            .blocked_reports
+            .retain(|k, _| pool_ref.contains_key(k));
+        changed |= inner.targets.retain_proxies(|k| pool_ref.contains_key(k));
+        changed |= inner.sessions.retain_proxies(|k| pool_ref.contains_key(k));
+        changed |= before != (inner.cooldowns.len(), inner.blocked_reports.len());
+
+        inner.series.retain(|(pool, provider), series| {
+            let used = Arc::strong_count(series) > 1;
+            if !used {
+                self.metrics.remove_series(pool, provider);
+            }
+            used
+        });
+        self.prune_rejected(inner);
+        if changed {
+            self.mark_dirty(inner);
         }
     }
 
-    /// Grants a lease on a healthy proxy that is neither leased nor cooling down.
+    /// Drops the rejection series of pools and providers that are gone.
+    fn prune_rejected(&self, inner: &mut Inner) {
+        let Inner {
+            rejected_labels,
+            known_pools,
+            pooled,
+            providers,
+            ..
+        } = inner;
+        rejected_labels.retain(|(reason, pool, provider)| {
+            let pool_ok = pool == NO_POOL
+                || pool == UNKNOWN
+                || ProxyKey::parse(pool)
+                    .is_some_and(|k| known_pools.contains(&k) || pooled.contains_key(&k));
+            let provider_ok =
+                provider == ANY_PROVIDER || provider == UNKNOWN || providers.contains(provider);
+            if !(pool_ok && provider_ok) {
+                let _ = self.metrics.rejected.remove_label_values(&[
+                    *reason,
+                    pool.as_str(),
+                    provider.as_str(),
+                ]);
+            }
+            pool_ok && provider_ok
+        });
+    }
+
+    /// Grants a lease on a healthy proxy that is neither leased nor cooling down (nor draining).
     pub fn grant(&self, request: &LeaseRequest) -> Result<(Lease, PoolEntry), GrantError> {
+        self.grant_or_join(request).map(|g| (g.lease, g.entry))
+    }
+
+    /// Grants a lease, or hands a session the lease it already holds (see [`Grant::joined`]).
+    pub fn grant_or_join(&self, request: &LeaseRequest) -> Result<Grant, GrantError> {
         let now = now_ms();
         let ttl = request
             .ttl
             .unwrap_or(self.options.default_ttl)
             .min(self.options.max_ttl)
             .max(Duration::from_secs(1));
-        let mut inner = self.lock();
-        let result = self.pick(&mut inner, request, now);
-        let key = match result {
-            Ok(key) => key,
+        // Hashed outside the lock.
+        let wanted = Wanted {
+            // Per holder: two crawlers choosing the same key do not share a proxy.
+            session: request
+                .session
+                .as_deref()
+                .map(|s| session_digest(request.holder.as_deref(), s)),
+            target: request.target.as_deref().map(target_digest),
+        };
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let key = match pick(inner, request, &wanted, now) {
+            Ok(Picked::New(key)) => key,
+            Ok(Picked::Joined(id)) => {
+                let held = &inner.leases[&id];
+                let lease = held.lease.clone();
+                let entry = inner.pool[&lease.proxy].entry.clone();
+                if let Some(session) = wanted.session {
+                    inner.sessions.bind(session, &lease.proxy);
+                }
+                return Ok(Grant {
+                    lease,
+                    entry,
+                    joined: true,
+                });
+            }
             Err(e) => {
-                self.metrics.rejected.with_label_values(&[e.reason()]).inc();
+                self.reject(inner, request, &e);
                 return Err(e);
             }
         };
+        let slot = &inner.pool[&key];
+        let series = slot.series.clone();
+        let entry = slot.entry.clone();
+        let ttl_ms = ttl.as_millis() as u64;
         let lease = Lease {
             id: new_lease_id(),
             proxy: key.clone(),
             granted_at_ms: now,
-            expires_at_ms: now + ttl.as_millis() as u64,
+            expires_at_ms: now + ttl_ms,
+            session: request.session.clone(),
+            pool: entry.pool.clone(),
+            provider: entry.provider.clone(),
+            ttl_ms,
             holder: request.holder.clone(),
         };
         inner.remove_free(&key);
-        inner.leased.insert(key.clone(), lease.id.clone());
-        inner.leases.insert(lease.id.clone(), lease.clone());
-        let entry = inner.pool[&key].clone();
-        self.metrics.granted.inc();
-        self.mark_dirty(&mut inner);
-        Ok((lease, entry))
+        if let Some(session) = wanted.session {
+            inner.sessions.bind(session, &key);
+        }
+        inner.leased.insert(key, lease.id.clone());
+        series.granted.inc();
+        series.active.inc();
+        inner.leases.insert(
+            lease.id.clone(),
+            Held {
+                lease: lease.clone(),
+                series,
+            },
+        );
+        self.mark_dirty(inner);
+        Ok(Grant {
+            lease,
+            entry,
+            joined: false,
+        })
     }
 
-    fn pick(
-        &self,
-        inner: &mut Inner,
-        request: &LeaseRequest,
-        now: u64,
-    ) -> Result<ProxyKey, GrantError> {
-        if !inner.ready {
-            return Err(GrantError::NotReady);
-        }
-        if let Some(key) = &request.proxy {
-            let Some(entry) = inner.pool.get(key) else {
-                return Err(GrantError::UnknownProxy);
-            };
-            if let Some(&until_ms) = inner.cooldowns.get(key).filter(|u| **u > now) {
-                return Err(GrantError::CoolingDown {
-                    retry_after: until(now, until_ms),
-                });
-            }
-            if let Some(id) = inner.leased.get(key) {
-                return Err(GrantError::Leased {
-                    retry_after: until(now, inner.leases[id].expires_at_ms),
-                });
-            }
-            if !entry.healthy || !matches(entry, request) {
-                return Err(GrantError::NoProxy {
-                    retry_after: DEFAULT_RETRY_AFTER,
-                });
-            }
-            return Ok(key.clone());
-        }
-        let mut soonest: Option<u64> = None;
-        let mut expired_cooldowns = Vec::new();
-        let mut found = None;
-        for key in inner.free.values() {
-            let entry = &inner.pool[key];
-            if !matches(entry, request) {
-                continue;
-            }
-            match inner.cooldowns.get(key) {
-                Some(&until_ms) if until_ms > now => {
-                    soonest = Some(soonest.map_or(until_ms, |s| s.min(until_ms)));
-                }
-                Some(_) => {
-                    expired_cooldowns.push(key.clone());
-                    found = Some(key.clone());
-                    break;
-                }
-                None => {
-                    found = Some(key.clone());
-                    break;
-                }
+    /// Counts a refusal, labelled by what was asked for: a pool or provider the table does not
+    /// know is `unknown`, so requests cannot make new series.
+    fn reject(&self, inner: &mut Inner, request: &LeaseRequest, error: &GrantError) {
+        let pool = match &request.pool {
+            None => NO_POOL.to_string(),
+            Some(p) if inner.is_known(p) => p.to_string(),
+            Some(_) => UNKNOWN.to_string(),
+        };
+        let provider = match &request.provider {
+            None => ANY_PROVIDER,
+            Some(p) if inner.providers.contains(p) => p.as_str(),
+            Some(_) => UNKNOWN,
+        };
+        let reason = error.reason();
+        self.metrics
+            .rejected
+            .with_label_values(&[reason, pool.as_str(), provider])
+            .inc();
+        if pool != NO_POOL || provider != ANY_PROVIDER {
+            let labels = (reason, pool, provider.to_string());
+            if !inner.rejected_labels.contains(&labels) {
+                inner.rejected_labels.insert(labels);
             }
         }
-        for key in expired_cooldowns {
-            inner.cooldowns.remove(&key);
-        }
-        if let Some(key) = found {
-            return Ok(key);
-        }
-        // Nothing free: the earliest of a matching lease's expiry or a cooldown's end.
-        for lease in inner.leases.values() {
-            if inner
-                .pool
-                .get(&lease.proxy)
-                .is_some_and(|e| e.healthy && matches(e, request))
-            {
-                soonest = Some(soonest.map_or(lease.expires_at_ms, |s| s.min(lease.expires_at_ms)));
-            }
-        }
-        Err(GrantError::NoProxy {
-            retry_after: soonest
-                .map(|s| until(now, s).min(Duration::from_secs(60)))
-                .unwrap_or(DEFAULT_RETRY_AFTER),
-        })
     }
 
     /// Applies a crawler's report. `blocked` ends the lease and cools the proxy down.
     pub fn report(&self, id: &str, outcome: Outcome) -> Result<Lease, LeaseError> {
+        self.report_for(id, outcome, None)
+    }
+
+    /// Applies a crawler's report; a `blocked` one naming a `target` (normalized, see
+    /// [`normalize_target`]) cools the proxy down for that target only, unless a bound on
+    /// per-target cooldowns is reached (then for every target).
+    pub fn report_for(
+        &self,
+        id: &str,
+        outcome: Outcome,
+        target: Option<&str>,
+    ) -> Result<Lease, LeaseError> {
         let now = now_ms();
-        let mut inner = self.lock();
-        let lease = inner.live(id, now, &self.metrics)?;
-        self.metrics.reports_by_outcome[outcome as usize].inc();
+        let target = target.map(target_digest);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let (lease, series) = inner.live(id, now)?;
+        series.reports[outcome as usize].inc();
         match outcome {
             Outcome::Success => {
                 inner.failures.remove(&lease.proxy);
@@ -569,10 +854,20 @@ impl LeaseStore {
                 }
             }
             Outcome::Blocked => {
+                match inner.blocked_reports.get_mut(&lease.proxy) {
+                    Some(count) => *count = count.saturating_add(1),
+                    None => {
+                        inner.blocked_reports.insert(lease.proxy.clone(), 1);
+                    }
+                }
                 let until_ms = now + self.options.cooldown.as_millis() as u64;
-                inner.cooldowns.insert(lease.proxy.clone(), until_ms);
-                inner.end(id, EndReason::Blocked, &self.metrics);
-                self.mark_dirty(&mut inner);
+                let scoped =
+                    target.is_some_and(|t| inner.targets.insert(&lease.proxy, t, until_ms));
+                if !scoped {
+                    inner.cooldowns.insert(lease.proxy.clone(), until_ms);
+                }
+                inner.end(id, EndReason::Blocked);
+                self.mark_dirty(inner);
             }
         }
         Ok(lease)
@@ -581,7 +876,50 @@ impl LeaseStore {
     /// The holder of a live lease (`Some(None)`: the static token); `None` when there is no
     /// such live lease.
     pub fn holder(&self, id: &str) -> Option<Option<String>> {
-        self.lock().leases.get(id).map(|l| l.holder.clone())
+        self.lock()
+            .leases
+            .get(id)
+            .map(|held| held.lease.holder.clone())
+    }
+
+    /// A live lease and its proxy.
+    pub fn lease(&self, id: &str) -> Result<(Lease, PoolEntry), LeaseError> {
+        let now = now_ms();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let (lease, _) = inner.live(id, now)?;
+        // A lease restored before the Proxies were read: its proxy is known in a moment.
+        let slot = inner.pool.get(&lease.proxy).ok_or(LeaseError::NotReady)?;
+        Ok((lease, slot.entry.clone()))
+    }
+
+    /// Extends a live lease to now + `ttl` (or the lifetime it last got), at most
+    /// `--max-lease-ttl` from now. Refused on a draining proxy, so a drain ends within a TTL.
+    pub fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<(Lease, PoolEntry), LeaseError> {
+        let now = now_ms();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let (lease, _) = inner.live(id, now)?;
+        let slot = inner.pool.get(&lease.proxy).ok_or(LeaseError::NotReady)?;
+        if slot.entry.draining {
+            return Err(LeaseError::Draining);
+        }
+        let entry = slot.entry.clone();
+        let last = if lease.ttl_ms > 0 {
+            Duration::from_millis(lease.ttl_ms)
+        } else {
+            self.options.default_ttl
+        };
+        let ttl = ttl
+            .unwrap_or(last)
+            .min(self.options.max_ttl)
+            .max(Duration::from_secs(1));
+        let held = inner.leases.get_mut(id).expect("live above");
+        held.lease.ttl_ms = ttl.as_millis() as u64;
+        held.lease.expires_at_ms = now + held.lease.ttl_ms;
+        let lease = held.lease.clone();
+        self.mark_dirty(inner);
+        Ok((lease, entry))
     }
 
     /// Ends a lease (idempotent: an unknown or ended lease is already released).
@@ -591,7 +929,7 @@ impl LeaseStore {
             return Err(LeaseError::NotReady);
         }
         if inner.leases.contains_key(id) {
-            inner.end(id, EndReason::Released, &self.metrics);
+            inner.end(id, EndReason::Released);
             self.mark_dirty(&mut inner);
         }
         Ok(())
@@ -600,18 +938,20 @@ impl LeaseStore {
     /// Ends leases past their expiry and forgets old ended ids and cooldowns.
     pub fn expire(&self) {
         let now = now_ms();
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let expired: Vec<String> = inner
             .leases
             .values()
-            .filter(|l| l.expires_at_ms <= now)
-            .map(|l| l.id.clone())
+            .filter(|h| h.lease.expires_at_ms <= now)
+            .map(|h| h.lease.id.clone())
             .collect();
         for id in &expired {
-            inner.end(id, EndReason::Expired, &self.metrics);
+            inner.end(id, EndReason::Expired);
         }
         let cooldowns = inner.cooldowns.len();
         inner.cooldowns.retain(|_, until_ms| *until_ms > now);
+        let targets = inner.targets.expire(now);
         while inner
             .ended_order
             .front()
@@ -620,17 +960,60 @@ impl LeaseStore {
             let (_, id) = inner.ended_order.pop_front().expect("checked above");
             inner.ended.remove(&id);
         }
-        if !expired.is_empty() || cooldowns != inner.cooldowns.len() {
-            self.mark_dirty(&mut inner);
+        if !expired.is_empty() || cooldowns != inner.cooldowns.len() || targets {
+            self.mark_dirty(inner);
         }
+    }
+
+    /// Per provisioned proxy: when its lease ends and how often it was reported blocked, for the
+    /// pool controller. Empty until the table is restored (a standby knows nothing): a proxy
+    /// missing here is unknown, not unleased.
+    pub fn usage(&self) -> HashMap<ProxyKey, ProxyUsage> {
+        let inner = self.lock();
+        if !inner.ready {
+            return HashMap::new();
+        }
+        inner
+            .pool
+            .keys()
+            .map(|key| {
+                let usage = ProxyUsage {
+                    lease_expires_at_ms: inner
+                        .leased
+                        .get(key)
+                        .map(|id| inner.leases[id].lease.expires_at_ms),
+                    blocked_reports: inner.blocked_reports.get(key).copied().unwrap_or(0),
+                };
+                (key.clone(), usage)
+            })
+            .collect()
     }
 }
 
-fn matches(entry: &PoolEntry, request: &LeaseRequest) -> bool {
+/// The series of a pool label and provider, made once.
+fn series_for(
+    cache: &mut HashMap<(String, String), Arc<Series>>,
+    pool: String,
+    provider: &str,
+    metrics: &LeaseMetrics,
+) -> Arc<Series> {
+    cache
+        .entry((pool, provider.to_string()))
+        .or_insert_with_key(|(pool, provider)| Arc::new(metrics.series(pool, provider)))
+        .clone()
+}
+
+/// Whether `slot`'s proxy is one the request's filters (not its target) allow.
+fn matches(slot: &Slot, request: &LeaseRequest) -> bool {
+    let entry = &slot.entry;
     request
-        .provider
+        .pool
         .as_ref()
-        .is_none_or(|p| *p == entry.provider)
+        .is_none_or(|p| slot.pool.as_ref() == Some(p))
+        && request
+            .provider
+            .as_ref()
+            .is_none_or(|p| *p == entry.provider)
         && request
             .zone
             .as_ref()
@@ -639,16 +1022,214 @@ fn matches(entry: &PoolEntry, request: &LeaseRequest) -> bool {
             .selector
             .iter()
             .all(|(k, v)| entry.labels.get(k) == Some(v))
-        && request.pool.as_ref().is_none_or(|pool| {
-            entry.key.namespace == pool.namespace
-                && entry.labels.get(POOL_LABEL) == Some(&pool.name)
-        })
+}
+
+/// Whether a free proxy can be granted now: `Some(true)` when it can and its ended cooldown is to
+/// be forgotten. When a cooldown holds it, `soonest` learns its end.
+fn grantable(
+    inner: &Inner,
+    key: &ProxyKey,
+    request: &LeaseRequest,
+    wanted: &Wanted,
+    now: u64,
+    soonest: &mut Option<u64>,
+) -> Option<bool> {
+    let slot = inner.pool.get(key)?;
+    if !matches(slot, request) {
+        return None;
+    }
+    let mut expired = false;
+    match inner.cooldowns.get(key) {
+        Some(&until_ms) if until_ms > now => {
+            min_into(soonest, until_ms);
+            return None;
+        }
+        Some(_) => expired = true,
+        None => {}
+    }
+    if let Some(target) = &wanted.target
+        && let Some(until_ms) = inner.targets.until(key, target, now)
+    {
+        min_into(soonest, until_ms);
+        return None;
+    }
+    Some(expired)
+}
+
+/// Chooses the proxy for a grant: the named one; else the session's own, while it is free (or
+/// leased by the session itself); else the matching free proxy that has been free the longest.
+fn pick(
+    inner: &mut Inner,
+    request: &LeaseRequest,
+    wanted: &Wanted,
+    now: u64,
+) -> Result<Picked, GrantError> {
+    if !inner.ready {
+        return Err(GrantError::NotReady);
+    }
+    if let Some(pool) = &request.pool
+        && !inner.is_known(pool)
+    {
+        return Err(GrantError::UnknownPool);
+    }
+    if let Some(key) = &request.proxy {
+        return pick_named(inner, key, request, wanted, now);
+    }
+    if let Some(session) = &wanted.session
+        && let Some(bound) = inner.sessions.proxy_of(session)
+        && let Some(slot) = inner.pool.get(bound)
+        && !slot.entry.draining
+        && matches(slot, request)
+    {
+        match inner.leased.get(bound) {
+            // Only the same holder joins: a session key is no credential.
+            Some(id)
+                if inner.leases[id].lease.session == request.session
+                    && inner.leases[id].lease.holder == request.holder =>
+            {
+                return Ok(Picked::Joined(id.clone()));
+            }
+            // Leased to another session: the session moves on.
+            Some(_) => {}
+            None if inner.free_seq.contains_key(bound) => {
+                let bound = bound.clone();
+                let mut ignored = None;
+                if let Some(expired) = grantable(inner, &bound, request, wanted, now, &mut ignored)
+                {
+                    if expired {
+                        inner.cooldowns.remove(&bound);
+                    }
+                    return Ok(Picked::New(bound));
+                }
+            }
+            None => {}
+        }
+    }
+    let mut soonest: Option<u64> = None;
+    let mut found = None;
+    match &request.pool {
+        Some(pool) => {
+            for seq in inner.free_by_pool.get(pool).into_iter().flatten() {
+                let Some(key) = inner.free.get(seq) else {
+                    continue;
+                };
+                if let Some(expired) = grantable(inner, key, request, wanted, now, &mut soonest) {
+                    found = Some((key.clone(), expired));
+                    break;
+                }
+            }
+        }
+        None => {
+            for key in inner.free.values() {
+                if let Some(expired) = grantable(inner, key, request, wanted, now, &mut soonest) {
+                    found = Some((key.clone(), expired));
+                    break;
+                }
+            }
+        }
+    }
+    if let Some((key, expired)) = found {
+        if expired {
+            inner.cooldowns.remove(&key);
+        }
+        return Ok(Picked::New(key));
+    }
+    Err(nothing_free(inner, request, soonest, now))
+}
+
+fn pick_named(
+    inner: &Inner,
+    key: &ProxyKey,
+    request: &LeaseRequest,
+    wanted: &Wanted,
+    now: u64,
+) -> Result<Picked, GrantError> {
+    let Some(slot) = inner.pool.get(key) else {
+        return Err(GrantError::UnknownProxy);
+    };
+    if slot.entry.draining {
+        return Err(GrantError::Draining);
+    }
+    if let Some(id) = inner.leased.get(key) {
+        let lease = &inner.leases[id].lease;
+        if request.session.is_some() && lease.session == request.session {
+            return Ok(Picked::Joined(id.clone()));
+        }
+        return Err(GrantError::Leased {
+            retry_after: until(now, lease.expires_at_ms),
+        });
+    }
+    if let Some(&until_ms) = inner.cooldowns.get(key).filter(|u| **u > now) {
+        return Err(GrantError::CoolingDown {
+            retry_after: until(now, until_ms),
+        });
+    }
+    if let Some(target) = &wanted.target
+        && let Some(until_ms) = inner.targets.until(key, target, now)
+    {
+        return Err(GrantError::CoolingDown {
+            retry_after: until(now, until_ms),
+        });
+    }
+    if !slot.entry.healthy || !matches(slot, request) {
+        return Err(GrantError::NoProxy {
+            retry_after: DEFAULT_RETRY_AFTER,
+        });
+    }
+    Ok(Picked::New(key.clone()))
+}
+
+/// The refusal when no matching proxy is free: `NoMatch` when no provisioned proxy could ever
+/// match, else `NoProxy` with the earliest end of a matching lease or cooldown (`soonest`, from
+/// the scan). A pool or a cluster with no proxies yet may grow, so that is `NoProxy` too.
+fn nothing_free(
+    inner: &Inner,
+    request: &LeaseRequest,
+    mut soonest: Option<u64>,
+    now: u64,
+) -> GrantError {
+    let in_scope = match &request.pool {
+        Some(pool) => inner.pooled.get(pool).copied().unwrap_or(0) as usize,
+        None => inner.pool.len(),
+    };
+    if in_scope > 0 && !inner.pool.values().any(|slot| matches(slot, request)) {
+        return GrantError::NoMatch;
+    }
+    for held in inner.leases.values() {
+        if inner
+            .pool
+            .get(&held.lease.proxy)
+            .is_some_and(|s| s.entry.leasable() && matches(s, request))
+        {
+            min_into(&mut soonest, held.lease.expires_at_ms);
+        }
+    }
+    GrantError::NoProxy {
+        retry_after: soonest
+            .map(|s| until(now, s).min(MAX_RETRY_AFTER))
+            .unwrap_or(DEFAULT_RETRY_AFTER),
+    }
 }
 
 impl Inner {
+    fn is_known(&self, pool: &PoolKey) -> bool {
+        self.pooled.contains_key(pool) || self.known_pools.contains(pool)
+    }
+
     fn push_free(&mut self, key: ProxyKey) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        if let Some(pool) = self.pool.get(&key).and_then(|s| s.pool.as_ref()) {
+            match self.free_by_pool.get_mut(pool) {
+                Some(seqs) => {
+                    seqs.insert(seq);
+                }
+                None => {
+                    self.free_by_pool
+                        .insert(pool.clone(), BTreeSet::from([seq]));
+                }
+            }
+        }
         self.free.insert(seq, key.clone());
         self.free_seq.insert(key, seq);
     }
@@ -656,18 +1237,38 @@ impl Inner {
     fn remove_free(&mut self, key: &ProxyKey) {
         if let Some(seq) = self.free_seq.remove(key) {
             self.free.remove(&seq);
+            if let Some(pool) = self.pool.get(key).and_then(|s| s.pool.as_ref())
+                && let Some(seqs) = self.free_by_pool.get_mut(pool)
+            {
+                seqs.remove(&seq);
+            }
         }
     }
 
-    /// The lease if it is live; an expired one is ended on the spot.
-    fn live(&mut self, id: &str, now: u64, metrics: &LeaseMetrics) -> Result<Lease, LeaseError> {
+    /// The per-pool free order from `free`, after the pool membership changed.
+    fn rebuild_free_by_pool(&mut self) {
+        self.free_by_pool.clear();
+        for (seq, key) in &self.free {
+            if let Some(pool) = self.pool.get(key).and_then(|s| s.pool.as_ref()) {
+                self.free_by_pool
+                    .entry(pool.clone())
+                    .or_default()
+                    .insert(*seq);
+            }
+        }
+    }
+
+    /// The lease if it is live, with its series; an expired one is ended on the spot.
+    fn live(&mut self, id: &str, now: u64) -> Result<(Lease, Arc<Series>), LeaseError> {
         if !self.ready {
             return Err(LeaseError::NotReady);
         }
         match self.leases.get(id) {
-            Some(lease) if lease.expires_at_ms > now => Ok(lease.clone()),
+            Some(held) if held.lease.expires_at_ms > now => {
+                Ok((held.lease.clone(), held.series.clone()))
+            }
             Some(_) => {
-                self.end(id, EndReason::Expired, metrics);
+                self.end(id, EndReason::Expired);
                 self.touch();
                 Err(LeaseError::Ended(EndReason::Expired))
             }
@@ -678,12 +1279,16 @@ impl Inner {
         }
     }
 
-    fn end(&mut self, id: &str, reason: EndReason, metrics: &LeaseMetrics) {
-        let Some(lease) = self.leases.remove(id) else {
+    fn end(&mut self, id: &str, reason: EndReason) {
+        let Some(Held { lease, series }) = self.leases.remove(id) else {
             return;
         };
         self.leased.remove(&lease.proxy);
-        if self.pool.get(&lease.proxy).is_some_and(|e| e.healthy) {
+        if self
+            .pool
+            .get(&lease.proxy)
+            .is_some_and(|s| s.entry.leasable())
+        {
             self.push_free(lease.proxy);
         }
         let id: Arc<str> = lease.id.into();
@@ -695,7 +1300,8 @@ impl Inner {
         {
             self.ended.remove(&oldest);
         }
-        metrics.ended_by_reason[reason as usize].inc();
+        series.active.dec();
+        series.ended[reason as usize].inc();
     }
 }
 

@@ -13,23 +13,23 @@ use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use sha2::{Digest, Sha256};
 
 use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
-use crate::api::{MAX_POOL_REPLICAS, Proxy, ProxyPool, ProxyPoolStatus};
+#[cfg(test)]
+use super::spec::template_hash;
+use super::spec::{Invalid, resolve};
+use crate::api::{Proxy, ProxyPool, ProxyPoolStatus};
 use crate::controller::conditions::set_named;
 use crate::events;
 use crate::leases::{LeaseStore, ProxyKey};
 use crate::providers::ProviderSet;
 
 /// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
-/// by it, and it is the pool's `status.selector`).
-pub use crate::leases::store::POOL_LABEL;
+/// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
+/// pool is removing: it takes no new lease and is deleted once its lease ends.
+pub use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 /// The hash of the template a pool's Proxy was made from.
 pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
-/// `"true"` on a Proxy its pool is removing: it takes no new lease and is deleted once its
-/// lease ends.
-pub const DRAINING_ANNOTATION: &str = "proxy-operator.dev/draining";
 /// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`).
 pub const DRAIN_REASON_ANNOTATION: &str = "proxy-operator.dev/drain-reason";
 /// Deleting a pool deletes its Proxies first (each through its own finalizer), also where no
@@ -39,27 +39,24 @@ pub const POOL_FINALIZER: &str = "crawl.example.com/pool-cleanup";
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
 
-/// What the lease table knows of a proxy, for the pool: when its lease ends and how often
-/// crawlers reported it blocked.
+/// What the pool controller needs of the lease table: when a proxy's lease ends and how often
+/// crawlers reported it blocked, and which pools exist (a lease asking for another is a 404).
 pub trait LeaseUsage: Send + Sync {
-    fn usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)>;
+    /// Per proxy: (lease end, blocked reports). A proxy missing is unknown to the table.
+    fn lease_usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)>;
+    fn set_known_pools(&self, pools: Vec<ProxyKey>);
 }
 
 impl LeaseUsage for LeaseStore {
-    fn usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)> {
-        self.proxies()
-            .unwrap_or_default()
+    fn lease_usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)> {
+        self.usage()
             .into_iter()
-            .map(|view| {
-                (
-                    ProxyKey {
-                        namespace: view.namespace,
-                        name: view.name,
-                    },
-                    (view.lease_expires_at_ms, 0),
-                )
-            })
+            .map(|(key, usage)| (key, (usage.lease_expires_at_ms, usage.blocked_reports)))
             .collect()
+    }
+
+    fn set_known_pools(&self, pools: Vec<ProxyKey>) {
+        LeaseStore::set_known_pools(self, pools);
     }
 }
 
@@ -102,7 +99,9 @@ pub async fn run_until(
         ),
         None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
     };
-    Controller::new(pools, watcher::Config::default().any_semantic())
+    let controller = Controller::new(pools, watcher::Config::default().any_semantic());
+    let known = tell_known_pools(controller.store(), ctx.leases.clone());
+    let run = controller
         .owns(
             proxies,
             watcher::Config::default().labels(POOL_LABEL).any_semantic(),
@@ -114,8 +113,33 @@ pub async fn run_until(
             if let Err(e) = result {
                 tracing::debug!(error = %e, "pool reconcile failed");
             }
-        })
-        .await;
+        });
+    // The controller ends on shutdown; the pool list with it.
+    tokio::select! {
+        () = run => {}
+        () = known => {}
+    }
+}
+
+/// Keeps the lease table's list of pools current (every 2 s, from the controller's cache): a
+/// crawler asking for a pool that does not exist gets a 404, one scaling from zero a 503.
+async fn tell_known_pools(
+    pools: kube::runtime::reflector::Store<ProxyPool>,
+    leases: Arc<dyn LeaseUsage>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let known = pools
+            .state()
+            .iter()
+            .map(|pool| ProxyKey {
+                namespace: pool.namespace().unwrap_or_default(),
+                name: pool.name_any(),
+            })
+            .collect();
+        leases.set_known_pools(known);
+    }
 }
 
 fn error_policy(
@@ -191,124 +215,6 @@ async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// Why a pool cannot be acted on: the condition's reason and a message naming the field.
-#[derive(Debug, PartialEq)]
-pub struct Invalid {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-/// The pool's spec, checked against the providers config and resolved to counts and slots.
-pub fn resolve(
-    pool: &ProxyPool,
-    providers: &crate::providers::Providers,
-) -> Result<Desired, Invalid> {
-    let spec = &pool.spec;
-    let invalid_spec = |message: String| Invalid {
-        reason: "InvalidSpec",
-        message,
-    };
-    if !(0..=MAX_POOL_REPLICAS).contains(&spec.replicas) {
-        return Err(invalid_spec(format!(
-            "spec.replicas: {} is outside 0..={MAX_POOL_REPLICAS}",
-            spec.replicas
-        )));
-    }
-    let replicas = spec.replicas as usize;
-    let template = &spec.template.spec;
-    let template_zone = template.placement.as_ref().and_then(|p| p.zone.clone());
-    let mut slots: Vec<(String, Slot)> = Vec::new();
-    if spec.spread.is_empty() {
-        slots.push((
-            "spec.template.spec.provider".into(),
-            Slot {
-                provider: template.provider.clone(),
-                zone: template_zone,
-            },
-        ));
-    } else {
-        for (index, target) in spec.spread.iter().enumerate() {
-            let slot = Slot {
-                provider: target
-                    .provider
-                    .clone()
-                    .unwrap_or_else(|| template.provider.clone()),
-                zone: target.zone.clone().or_else(|| template_zone.clone()),
-            };
-            let field = if target.provider.is_some() {
-                format!("spec.spread[{index}].provider")
-            } else {
-                "spec.template.spec.provider".into()
-            };
-            if slots.iter().any(|(_, s)| *s == slot) {
-                return Err(invalid_spec(format!(
-                    "spec.spread[{index}]: the same provider and zone as an earlier entry; list each place once"
-                )));
-            }
-            slots.push((field, slot));
-        }
-    }
-    let expire_after = spec
-        .expire_after
-        .as_deref()
-        .map(|text| {
-            humantime::parse_duration(text).map_err(|e| {
-                invalid_spec(format!(
-                    "spec.expireAfter: `{text}` is not a duration such as 30m or 24h: {e}"
-                ))
-            })
-        })
-        .transpose()?;
-    let (max_surge, max_unavailable) = decide::budget(
-        spec.max_surge.as_ref(),
-        spec.max_unavailable.as_ref(),
-        replicas,
-    )
-    .map_err(invalid_spec)?;
-    for (field, slot) in &slots {
-        if !providers.is_configured(&slot.provider) {
-            return Err(Invalid {
-                reason: "UnknownProvider",
-                message: format!(
-                    "{field}: `{}` is not a provider of the operator's providers config (configured: {}); name one of them",
-                    slot.provider,
-                    providers.configured_names().join(", ")
-                ),
-            });
-        }
-    }
-    // A spec error first (the user's to fix), then what the operator's config is missing.
-    for (field, slot) in &slots {
-        if providers.get(&slot.provider).is_none() {
-            let why = providers
-                .not_loaded(&slot.provider)
-                .map_or("its plugin is not loaded", |n| n.reason.as_str());
-            return Err(Invalid {
-                reason: "ProviderNotLoaded",
-                message: format!(
-                    "{field}: provider `{}` cannot make Proxies: {why}; the pool makes none until it loads",
-                    slot.provider
-                ),
-            });
-        }
-    }
-    Ok(Desired {
-        replicas,
-        template_hash: template_hash(pool),
-        slots: slots.into_iter().map(|(_, slot)| slot).collect(),
-        expire_after,
-        recycle_after: spec.recycle_after,
-        max_surge,
-        max_unavailable,
-    })
-}
-
-/// A short digest of the template: a Proxy made from another one is replaced.
-pub fn template_hash(pool: &ProxyPool) -> String {
-    let bytes = serde_json::to_vec(&pool.spec.template).expect("a template always serializes");
-    hex::encode(&Sha256::digest(&bytes)[..5])
-}
-
 /// The pool's Proxies: labelled with its name and owned by it (not a same-named pool's from
 /// before, nor a hand-made Proxy carrying the label). A fresh list, not a cache: a create or a
 /// drain of the step before is always seen, so nothing is made or drained twice.
@@ -335,7 +241,7 @@ async fn members(
     proxies: &Api<Proxy>,
     leases: &dyn LeaseUsage,
 ) -> Result<Vec<Member>, Error> {
-    let usage = leases.usage();
+    let usage = leases.lease_usage();
     Ok(owned_proxies(pool, proxies)
         .await?
         .iter()

@@ -35,6 +35,8 @@ fn pool(ns: &str) -> Vec<PoolEntry> {
             port: 3128,
             exit_ip: None,
             healthy: true,
+            pool: None,
+            draining: false,
         })
         .collect()
 }
@@ -207,15 +209,17 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
             "{family} missing from /metrics:\n{text}"
         );
     }
-    let active = scrape
+    // Labelled by pool and provider since pools came; one lease held in all.
+    let active: f64 = scrape
         .samples
         .iter()
-        .find(|s| s.metric == "proxy_operator_leases_active")
-        .unwrap();
-    assert!(
-        matches!(active.value, prometheus_parse::Value::Gauge(v) if v == 1.0),
-        "{active:?}"
-    );
+        .filter(|s| s.metric == "proxy_operator_leases_active")
+        .map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) => v,
+            ref other => panic!("{other:?}"),
+        })
+        .sum();
+    assert_eq!(active, 1.0);
 
     // A graceful restart (SIGTERM, as Kubernetes stops a Pod) keeps the lease and the cooldown.
     let exit = operator.proc.stop(Duration::from_secs(30)).await;
@@ -308,7 +312,7 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     let rbac = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
-         rules: [{{apiGroups: [crawl.example.com], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
+         rules: [{{apiGroups: [proxy-operator.dev], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease-pool-a}}\n\
          subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",
@@ -382,4 +386,179 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     let log = operator.proc.log_tail(400);
     assert!(!log.contains(&token), "a token reached the log");
+}
+
+/// A Proxy of the test provider on `port` in ProxyPool `pool` (as the pool controller labels the
+/// Proxies it makes).
+fn pooled_proxy(ns: &str, name: &str, pool: &str, port: u16) -> String {
+    format!(
+        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    proxy-operator.dev/pool: {pool}\nspec:\n  provider: store\n  port: {port}\n"
+    )
+}
+
+/// Asks for a lease until one is granted (the proxies become healthy), within 60 s.
+async fn grant_when_ready(
+    operator: &OperatorProcess,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, reply) = operator
+            .call(reqwest::Method::POST, "/v1/leases", Some(body.clone()))
+            .await;
+        if status == StatusCode::CREATED {
+            return reply;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lease for {body}: {status} {reply}\n{}",
+            operator.proc.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The crawler-fleet API against the operator binary: pool membership read from the Proxies'
+/// labels, a session sticking across grants, a block for one target leaving the proxy leasable
+/// for another, a renewal, and the lease read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_binary_serves_pools_sessions_targets_and_renewals() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-fleet").await.unwrap();
+    let store = InstanceStore::start().await;
+    let target = FileServer::start().await.unwrap();
+    let squid = Squid::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("providers.yaml");
+    std::fs::write(
+        &config,
+        format!("providers:\n{}", super::store_provider("store", &store)),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let target = target.addr().to_string();
+    let mut operator = OperatorProcess::start(cp, &ns, dir.path(), &config, &target);
+    operator.wait_leading().await;
+    for (name, pool) in [("fast-1", "fast"), ("fast-2", "fast"), ("slow-1", "slow")] {
+        cp.kubectl_run(
+            &["apply", "-f", "-"],
+            Some(&pooled_proxy(ns.name(), name, pool, squid.port())),
+        )
+        .await
+        .unwrap();
+    }
+    let fast = format!("{}/fast", ns.name());
+    let ask = json!({ "pool": fast, "session": "jar-1" });
+
+    // Wait until the whole pool is healthy, so the choices below are between both proxies.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while operator
+        .states()
+        .await
+        .iter()
+        .filter(|(_, state)| state == "available")
+        .count()
+        < 3
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}\n{}",
+            operator.states().await,
+            operator.proc.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = grant_when_ready(&operator, ask.clone()).await;
+    let proxy = first["proxy"]["name"].as_str().unwrap().to_string();
+    assert!(proxy.starts_with("fast-"), "{first}");
+    assert_eq!(first["pool"], fast.as_str());
+    let id = first["id"].as_str().unwrap().to_string();
+    let (status, body) = operator
+        .call(reqwest::Method::DELETE, &format!("/v1/leases/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+
+    // The session comes back to its proxy, though the other one has been free longer.
+    let second = grant_when_ready(&operator, ask.clone()).await;
+    assert_eq!(second["proxy"]["name"], proxy.as_str(), "{second}");
+    let id = second["id"].as_str().unwrap().to_string();
+
+    // GET and renew the lease.
+    let (status, shown) = operator
+        .call(reqwest::Method::GET, &format!("/v1/leases/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["session"], "jar-1");
+    assert_eq!(shown["pool"], fast.as_str());
+    assert_eq!(shown["proxyUrl"], second["proxyUrl"]);
+    let (status, renewed) = operator
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/renew"),
+            Some(json!({ "ttlSeconds": 900 })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{renewed}");
+    assert_eq!(renewed["ttlSeconds"], 900);
+    assert!(renewed["expiresAt"].as_str() > shown["expiresAt"].as_str());
+
+    // The site shop.example blocks it: still leasable for another site, not for that one.
+    let (status, body) = operator
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{id}/report"),
+            Some(json!({ "outcome": "blocked", "target": "shop.example" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let named = format!("{}/{proxy}", ns.name());
+    let (status, body) = operator
+        .call(
+            reqwest::Method::POST,
+            "/v1/leases",
+            Some(json!({ "proxy": named, "target": "shop.example" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        body["type"],
+        "urn:proxy-operator:problem:proxy-cooling-down"
+    );
+    let (status, other) = operator
+        .call(
+            reqwest::Method::POST,
+            "/v1/leases",
+            Some(json!({ "proxy": named, "target": "news.example" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{other}");
+
+    // Unknown pool and unmatchable requests say so.
+    let (status, body) = operator
+        .call(
+            reqwest::Method::POST,
+            "/v1/leases",
+            Some(json!({ "pool": format!("{}/nope", ns.name()) })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = operator
+        .call(
+            reqwest::Method::POST,
+            "/v1/leases",
+            Some(json!({ "pool": fast, "selector": { "tier": "gold" } })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    // Prometheus sees the pool.
+    let text = reqwest::get(format!("http://{}/metrics", operator.metrics))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line =
+        format!("proxy_operator_leases_granted_total{{pool=\"{fast}\",provider=\"store\"}} 3");
+    assert!(text.contains(&line), "no `{line}` in\n{text}");
 }

@@ -13,9 +13,10 @@ impl LeaseStore {
         let mut views: Vec<ProxyView> = inner
             .pool
             .values()
-            .map(|e| {
+            .map(|slot| {
+                let e = &slot.entry;
                 let cooldown = inner.cooldowns.get(&e.key).copied().filter(|u| *u > now);
-                let lease = inner.leased.get(&e.key).map(|id| &inner.leases[id]);
+                let lease = inner.leased.get(&e.key).map(|id| &inner.leases[id].lease);
                 let state = if !e.healthy {
                     "unhealthy"
                 } else if lease.is_some() {
@@ -36,6 +37,8 @@ impl LeaseStore {
                     state,
                     cooldown_until_ms: cooldown,
                     lease_expires_at_ms: lease.map(|l| l.expires_at_ms),
+                    pool: slot.pool.as_ref().map(|k| k.to_string()),
+                    draining: e.draining,
                 }
             })
             .collect();

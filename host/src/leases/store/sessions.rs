@@ -1,0 +1,207 @@
+//! Sticky sessions: which proxy a crawler's `session` key last had. Keys are kept as 128-bit
+//! digests: fixed-size map keys (no allocation per grant) and a compact persisted table.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest as _, Sha256};
+
+use super::keys::{FastMap, ProxyKey};
+
+/// Longest `session` key, in bytes.
+pub const MAX_SESSION_BYTES: usize = 256;
+/// Sessions remembered at once; past it the least recently used is forgotten. Bounds memory and
+/// the persisted table (about 40 bytes a session in the ConfigMap).
+pub const MAX_SESSIONS: usize = 4096;
+
+/// A session key or a target host, hashed: the first 128 bits of SHA-256, stable across
+/// restarts (persisted) and not open to chosen collisions.
+pub(crate) type Digest = [u8; 16];
+
+pub(crate) fn digest(bytes: &[u8]) -> Digest {
+    let full = Sha256::digest(bytes);
+    let mut out = [0; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+/// A session's key as the table keeps it: the digest of its holder (empty for the static
+/// token) and the key, so the same key from two holders is two sessions.
+pub(crate) fn session_digest(holder: Option<&str>, session: &str) -> Digest {
+    let holder = holder.unwrap_or_default();
+    let mut bytes = Vec::with_capacity(holder.len() + 1 + session.len());
+    bytes.extend_from_slice(holder.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(session.as_bytes());
+    digest(&bytes)
+}
+
+/// Checks a `session` key: 1 to 256 bytes, no control characters (they would be escaped six-fold
+/// in the persisted table). What is wrong, for a `400` naming the field.
+pub fn validate_session(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("must not be empty (omit it for no session)".into());
+    }
+    if key.len() > MAX_SESSION_BYTES {
+        return Err(format!(
+            "is {} bytes long; at most {MAX_SESSION_BYTES} bytes are accepted",
+            key.len()
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
+}
+
+struct Binding {
+    proxy: ProxyKey,
+    /// Position in `order`: the larger, the more recently used.
+    seq: u64,
+}
+
+/// Session → proxy bindings, least recently used forgotten first.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    bound: FastMap<Digest, Binding>,
+    order: BTreeMap<u64, Digest>,
+    next: u64,
+}
+
+impl Sessions {
+    pub(crate) fn len(&self) -> usize {
+        self.bound.len()
+    }
+
+    pub(crate) fn proxy_of(&self, session: &Digest) -> Option<&ProxyKey> {
+        self.bound.get(session).map(|b| &b.proxy)
+    }
+
+    /// Binds `session` to `proxy` (or keeps the binding), as the most recently used.
+    pub(crate) fn bind(&mut self, session: Digest, proxy: &ProxyKey) {
+        let seq = self.next;
+        self.next += 1;
+        match self.bound.get_mut(&session) {
+            Some(binding) => {
+                self.order.remove(&binding.seq);
+                binding.seq = seq;
+                if binding.proxy != *proxy {
+                    binding.proxy = proxy.clone();
+                }
+            }
+            None => {
+                self.bound.insert(
+                    session,
+                    Binding {
+                        proxy: proxy.clone(),
+                        seq,
+                    },
+                );
+            }
+        }
+        self.order.insert(seq, session);
+        while self.bound.len() > MAX_SESSIONS {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.bound.remove(&oldest);
+        }
+    }
+
+    /// Forgets the bindings to proxies `keep` refuses (deleted proxies).
+    pub(crate) fn retain_proxies(&mut self, keep: impl Fn(&ProxyKey) -> bool) -> bool {
+        let before = self.bound.len();
+        let order = &mut self.order;
+        self.bound.retain(|_, b| {
+            let kept = keep(&b.proxy);
+            if !kept {
+                order.remove(&b.seq);
+            }
+            kept
+        });
+        before != self.bound.len()
+    }
+
+    /// The persisted form: proxy (`namespace/name`) → session digests (hex), least recently
+    /// used first.
+    pub(crate) fn to_snapshot(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for digest in self.order.values() {
+            let binding = &self.bound[digest];
+            out.entry(binding.proxy.to_string())
+                .or_default()
+                .push(hex::encode(digest));
+        }
+        out
+    }
+
+    /// Loads the persisted form; entries that do not parse are skipped.
+    pub(crate) fn restore(&mut self, persisted: BTreeMap<String, Vec<String>>) {
+        for (proxy, digests) in persisted {
+            let Some(proxy) = ProxyKey::parse(&proxy) else {
+                continue;
+            };
+            for text in digests {
+                let mut session = [0; 16];
+                if hex::decode_to_slice(&text, &mut session).is_ok() {
+                    self.bind(session, &proxy);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ProxyKey {
+        ProxyKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn session_keys_are_checked() {
+        for (key, ok) in [
+            ("jar-1", true),
+            ("ünïcode ok", true),
+            (&"k".repeat(MAX_SESSION_BYTES), true),
+            (&"k".repeat(MAX_SESSION_BYTES + 1), false),
+            ("", false),
+            ("tab\there", false),
+            ("nul\0", false),
+        ] {
+            assert_eq!(validate_session(key).is_ok(), ok, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn the_least_recently_used_session_is_forgotten_first() {
+        let mut sessions = Sessions::default();
+        for i in 0..MAX_SESSIONS {
+            sessions.bind(digest(format!("s{i}").as_bytes()), &key("a"));
+        }
+        // s0 is used again: s1 is now the oldest.
+        sessions.bind(digest(b"s0"), &key("b"));
+        sessions.bind(digest(b"one more"), &key("c"));
+        assert_eq!(sessions.len(), MAX_SESSIONS);
+        assert_eq!(sessions.proxy_of(&digest(b"s0")), Some(&key("b")));
+        assert_eq!(sessions.proxy_of(&digest(b"s1")), None);
+        assert_eq!(sessions.order.len(), MAX_SESSIONS);
+    }
+
+    #[test]
+    fn bindings_survive_their_persisted_form_and_deleted_proxies_are_forgotten() {
+        let mut sessions = Sessions::default();
+        sessions.bind(digest(b"x"), &key("a"));
+        sessions.bind(digest(b"y"), &key("b"));
+        let mut restored = Sessions::default();
+        restored.restore(sessions.to_snapshot());
+        assert_eq!(restored.proxy_of(&digest(b"x")), Some(&key("a")));
+        assert!(restored.retain_proxies(|k| k.name != "a"));
+        assert_eq!(restored.proxy_of(&digest(b"x")), None);
+        assert_eq!(restored.proxy_of(&digest(b"y")), Some(&key("b")));
+        assert_eq!(restored.order.len(), 1);
+    }
+}
