@@ -579,7 +579,11 @@ async fn the_openapi_document_is_served_and_covers_every_route() {
             .iter()
             .map(|v| v.as_str().unwrap())
             .collect();
-    let source = include_str!("../src/leases/api.rs");
+    let source = [
+        include_str!("../src/leases/api.rs"),
+        include_str!("../src/leases/api/problems.rs"),
+    ]
+    .concat();
     let answered: HashSet<String> = source
         .split("StatusCode::")
         .skip(1)
