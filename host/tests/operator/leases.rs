@@ -312,7 +312,7 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     let rbac = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
-         rules: [{{apiGroups: [proxy-operator.dev], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
+         rules: [{{apiGroups: [crawl.example.com], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease-pool-a}}\n\
          subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",

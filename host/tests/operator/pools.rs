@@ -184,6 +184,7 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
     s.cp.kubectl_run(&["apply", "-f", "-"], Some(&rolled))
         .await
         .unwrap();
+    let generation = s.pool("web").await.metadata.generation;
     let mut fewest_ready = i32::MAX;
     let pool = s
         .wait_pool(
@@ -192,7 +193,10 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
             |p| fewest_ready = fewest_ready.min(counts(p).1),
             |p| {
                 let status = p.status.clone().unwrap_or_default();
-                status.updated_replicas == 3 && status.ready_replicas == 3 && status.replicas == 3
+                status.observed_generation == generation
+                    && status.updated_replicas == 3
+                    && status.ready_replicas == 3
+                    && status.replicas == 3
             },
         )
         .await;
@@ -200,7 +204,13 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
         fewest_ready >= 3,
         "Ready dropped to {fewest_ready} during the roll"
     );
-    assert_eq!(counts(&pool).2, 1, "the held proxy still counts as leased");
+    assert_eq!(
+        counts(&pool).2,
+        1,
+        "the held proxy still counts as leased: {:?}\n{}",
+        s.operator.states().await,
+        s.operator.proc.log_tail(30)
+    );
     // The unleased old ones are deleted; the held one stays, draining, while its lease lasts.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
