@@ -531,6 +531,57 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     assert!(maps.list(&by_label).await.unwrap().items.is_empty());
     assert!(policies.list(&by_label).await.unwrap().items.is_empty());
     phases.done("Proxy deleted: its Pod, Service, ConfigMap and NetworkPolicy are gone");
+
+    // The ProxyPool sample, at 2: two squid Pods made, probed and Ready; deleting the pool
+    // removes them.
+    let sample = std::fs::read_to_string(repo().join("deploy/samples/proxypool.yaml")).unwrap();
+    let two = sample.replace("  replicas: 10\n", "  replicas: 2\n");
+    assert_ne!(two, sample, "the sample sets replicas: 10");
+    let applied = Instant::now();
+    kubectl_stdin(cluster, &["apply", "-f", "-"], &two).await;
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "crawlers",
+            "wait",
+            "--for=jsonpath={.status.readyReplicas}=2",
+            "proxypool/egress",
+            "--timeout=180s",
+        ],
+    )
+    .await;
+    phases.done(&format!(
+        "ProxyPool sample at 2: both Ready {:.1} s after kubectl apply",
+        applied.elapsed().as_secs_f64()
+    ));
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "crawlers",
+            "delete",
+            "proxypool",
+            "egress",
+            "--wait=true",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    until(
+        "the pool's squid Pods gone",
+        Duration::from_secs(120),
+        || async {
+            pods.list(&by_label)
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    phases.done("ProxyPool deleted: its Proxies and their squid Pods are gone");
     for (what, step, total) in phases.all() {
         eprintln!("e2e-cluster phase: {what}: {step:.1} s (at {total:.1} s)");
     }
