@@ -1,7 +1,8 @@
 //! 1000 Proxies against a real kube-apiserver (from the test harness), reconciled by the real
 //! `proxy-operator run` binary with the real test-provider component (`memory:` endpoint, so the
 //! figure is the operator's and the apiserver's, not a provider's). Reports the time until all are
-//! Ready, Proxies reconciled per second and the operator's peak RSS.
+//! Ready, Proxies reconciled per second and the operator's peak RSS. Then, in the same run, a
+//! `ProxyPool` of 1000 scaled from 0: the time until its `readyReplicas` is 1000 (goal ≤ 60 s).
 //!
 //! `cargo bench -p proxy-operator --bench operator_scale` (needs `make plugins` and the fixtures).
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use harness::ControlPlane;
 use kube::api::{Api, ListParams, PostParams};
-use proxy_operator::api::{Phase, Proxy, ProxySpec};
+use proxy_operator::api::{Phase, Proxy, ProxyPool, ProxySpec};
 
 const PROXIES: usize = 1000;
 
@@ -107,6 +108,30 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let all_ready = started.elapsed();
+
+    // A pool of as many, from 0 (its Proxies made by the pool controller).
+    let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
+    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "ProxyPool",
+        "metadata": {"name": "scale"},
+        "spec": {"replicas": PROXIES, "template": {"spec": {"provider": "mem"}}},
+    }))?;
+    let pool_started = Instant::now();
+    pools.create(&PostParams::default(), &pool).await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let pool_ready = loop {
+        let ready = pools
+            .get("scale")
+            .await?
+            .status
+            .map_or(0, |s| s.ready_replicas);
+        if ready as usize == PROXIES || Instant::now() > deadline {
+            break ready as usize;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let pool_all_ready = pool_started.elapsed();
     let rss = peak_rss_kib(pid);
     operator.kill().await.ok();
     cp.stop().await;
@@ -128,6 +153,14 @@ async fn main() -> anyhow::Result<()> {
         "  operator peak RSS:               {:.1} MiB",
         rss as f64 / 1024.0
     );
+    println!(
+        "  ProxyPool of {PROXIES} from 0:       readyReplicas {pool_ready} after {:.1} s",
+        pool_all_ready.as_secs_f64()
+    );
     anyhow::ensure!(ready == PROXIES, "only {ready} of {PROXIES} became Ready");
+    anyhow::ensure!(
+        pool_ready == PROXIES,
+        "the pool has {pool_ready} of {PROXIES} Ready"
+    );
     Ok(())
 }
