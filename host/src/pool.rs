@@ -7,7 +7,7 @@ mod reconcile;
 mod spec;
 
 pub use reconcile::{
-    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, LeaseUsage, POOL_FINALIZER, POOL_LABEL,
-    PoolContext, TEMPLATE_LABEL, run_until,
+    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_FINALIZER, POOL_LABEL, PoolContext,
+    TEMPLATE_LABEL, run_until,
 };
 pub use spec::{Invalid, resolve, template_hash};

@@ -1,7 +1,7 @@
 //! The pool controller's I/O: reads a pool and its Proxies, asks `decide::plan` what to do, and
 //! does it (creates, drain annotations, deletes, the status), one pool at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use super::spec::{Invalid, resolve};
 use crate::api::{Proxy, ProxyPool, ProxyPoolStatus};
 use crate::controller::conditions::set_named;
 use crate::events;
+use crate::leases::store::ProxyUsage;
 use crate::leases::{LeaseStore, ProxyKey};
 use crate::providers::ProviderSet;
 
@@ -39,37 +40,17 @@ pub const POOL_FINALIZER: &str = "crawl.example.com/pool-cleanup";
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
 
-/// What the pool controller needs of the lease table: when a proxy's lease ends and how often
-/// crawlers reported it blocked, and which pools exist (a lease asking for another is a 404).
-pub trait LeaseUsage: Send + Sync {
-    /// Per proxy: (lease end, blocked reports). A proxy missing is unknown to the table.
-    fn lease_usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)>;
-    fn set_known_pools(&self, pools: Vec<ProxyKey>);
-}
-
-impl LeaseUsage for LeaseStore {
-    fn lease_usage(&self) -> BTreeMap<ProxyKey, (Option<u64>, u32)> {
-        self.usage()
-            .into_iter()
-            .map(|(key, usage)| (key, (usage.lease_expires_at_ms, usage.blocked_reports)))
-            .collect()
-    }
-
-    fn set_known_pools(&self, pools: Vec<ProxyKey>) {
-        LeaseStore::set_known_pools(self, pools);
-    }
-}
-
 /// What every pool reconcile shares.
 pub struct PoolContext {
     pub client: Client,
     pub providers: ProviderSet,
     pub recorder: Recorder,
-    pub leases: Arc<dyn LeaseUsage>,
+    /// Lease ends and `blocked` counts of the pool's proxies; told which pools exist.
+    pub leases: Arc<LeaseStore>,
 }
 
 impl PoolContext {
-    pub fn new(client: Client, providers: ProviderSet, leases: Arc<dyn LeaseUsage>) -> Self {
+    pub fn new(client: Client, providers: ProviderSet, leases: Arc<LeaseStore>) -> Self {
         PoolContext {
             recorder: events::recorder(client.clone()),
             client,
@@ -125,12 +106,12 @@ pub async fn run_until(
 /// crawler asking for a pool that does not exist gets a 404, one scaling from zero a 503.
 async fn tell_known_pools(
     pools: kube::runtime::reflector::Store<ProxyPool>,
-    leases: Arc<dyn LeaseUsage>,
+    leases: Arc<LeaseStore>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tick.tick().await;
-        let known = pools
+        let known: Vec<ProxyKey> = pools
             .state()
             .iter()
             .map(|pool| ProxyKey {
@@ -179,7 +160,7 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
     };
-    let members = members(pool, &proxies, ctx.leases.as_ref()).await?;
+    let members = members(pool, &proxies, &ctx.leases).await?;
     let plan = decide::plan(&desired, &members, crate::leases::store::now_ms());
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;
     write_status(pool, ctx, &desired, &plan).await?;
@@ -239,9 +220,9 @@ async fn owned_proxies(pool: &ProxyPool, proxies: &Api<Proxy>) -> Result<Vec<Pro
 async fn members(
     pool: &ProxyPool,
     proxies: &Api<Proxy>,
-    leases: &dyn LeaseUsage,
+    leases: &LeaseStore,
 ) -> Result<Vec<Member>, Error> {
-    let usage = leases.lease_usage();
+    let usage = leases.usage();
     Ok(owned_proxies(pool, proxies)
         .await?
         .iter()
@@ -249,12 +230,12 @@ async fn members(
         .collect())
 }
 
-fn member_of(proxy: &Proxy, usage: &BTreeMap<ProxyKey, (Option<u64>, u32)>) -> Member {
+fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
     let key = ProxyKey {
         namespace: proxy.namespace().unwrap_or_default(),
         name: proxy.name_any(),
     };
-    let (lease_ends_ms, blocked_reports) = usage.get(&key).copied().unwrap_or((None, 0));
+    let usage = usage.get(&key).cloned().unwrap_or_default();
     Member {
         name: key.name,
         slot: Slot {
@@ -278,8 +259,8 @@ fn member_of(proxy: &Proxy, usage: &BTreeMap<ProxyKey, (Option<u64>, u32)>) -> M
             .annotations()
             .get(DRAINING_ANNOTATION)
             .is_some_and(|v| v == "true"),
-        lease_ends_ms,
-        blocked_reports,
+        lease_ends_ms: usage.lease_expires_at_ms,
+        blocked_reports: usage.blocked_reports,
     }
 }
 

@@ -4,7 +4,6 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use harness::{FileServer, Squid};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use proxy_operator::leases::store::GrantError;
@@ -19,6 +18,7 @@ use super::common::InstanceStore;
 use super::common::operator_process::{OperatorProcess, OperatorSetup};
 use super::control_plane;
 use super::health::proxy_on_port;
+use super::world::World;
 
 fn pool(ns: &str) -> Vec<PoolEntry> {
     ["one", "two"]
@@ -122,22 +122,9 @@ fn documented_families() -> HashSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a_restart() {
-    let cp = control_plane().await;
-    let ns = cp.namespace("px-e2e").await.unwrap();
-    let store = InstanceStore::start().await;
-    let target = FileServer::start().await.unwrap();
-    let squid = Squid::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("providers.yaml");
-    std::fs::write(
-        &config,
-        format!("providers:\n{}", super::store_provider("store", &store)),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap().to_string();
-    let target = target.addr().to_string();
-    let mut operator = OperatorProcess::start(cp, &ns, dir.path(), &config, &target);
-    operator.wait_leading().await;
+    let world = World::start("px-e2e").await;
+    let (cp, ns, squid) = (world.cp, &world.ns, &world.squid);
+    let mut operator = world.operator().await;
 
     for name in ["held", "blocked"] {
         cp.kubectl_run(
@@ -228,7 +215,13 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
         "graceful stop failed: {exit:?}\n{}",
         operator.proc.log_tail(40)
     );
-    let mut operator = OperatorProcess::start(cp, &ns, dir.path(), &config, &target);
+    let mut operator = OperatorProcess::start(
+        cp,
+        ns,
+        world.dir.path(),
+        &world.config,
+        &world.target.addr().to_string(),
+    );
     operator.wait_leading().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -423,22 +416,9 @@ async fn grant_when_ready(
 /// for another, a renewal, and the lease read back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_binary_serves_pools_sessions_targets_and_renewals() {
-    let cp = control_plane().await;
-    let ns = cp.namespace("px-fleet").await.unwrap();
-    let store = InstanceStore::start().await;
-    let target = FileServer::start().await.unwrap();
-    let squid = Squid::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("providers.yaml");
-    std::fs::write(
-        &config,
-        format!("providers:\n{}", super::store_provider("store", &store)),
-    )
-    .unwrap();
-    let config = config.to_str().unwrap().to_string();
-    let target = target.addr().to_string();
-    let mut operator = OperatorProcess::start(cp, &ns, dir.path(), &config, &target);
-    operator.wait_leading().await;
+    let world = World::start("px-fleet").await;
+    let (cp, ns, squid) = (world.cp, &world.ns, &world.squid);
+    let operator = world.operator().await;
     for (name, pool) in [("fast-1", "fast"), ("fast-2", "fast"), ("slow-1", "slow")] {
         cp.kubectl_run(
             &["apply", "-f", "-"],

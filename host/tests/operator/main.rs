@@ -13,6 +13,7 @@ mod kvm;
 mod leases;
 mod pools;
 mod reload;
+mod world;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

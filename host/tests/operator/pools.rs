@@ -3,57 +3,24 @@
 
 use std::time::Duration;
 
-use harness::{ControlPlane, FileServer, Squid, TestNamespace};
 use kube::ResourceExt;
 use kube::api::Api;
 use proxy_operator::api::{Proxy, ProxyPool};
 use proxy_operator::pool::{DRAINING_ANNOTATION, POOL_LABEL};
 use reqwest::StatusCode;
 
-use super::common::InstanceStore;
 use super::common::operator_process::OperatorProcess;
-use super::control_plane;
+use super::world::World;
 
 struct Setup {
-    cp: &'static ControlPlane,
-    ns: TestNamespace,
+    world: World,
     operator: OperatorProcess,
-    squid: Squid,
-    _store: InstanceStore,
-    _target: FileServer,
-    _dir: tempfile::TempDir,
 }
 
 async fn setup(prefix: &str) -> Setup {
-    let cp = control_plane().await;
-    let ns = cp.namespace(prefix).await.unwrap();
-    let store = InstanceStore::start().await;
-    let target = FileServer::start().await.unwrap();
-    let squid = Squid::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("providers.yaml");
-    std::fs::write(
-        &config,
-        format!("providers:\n{}", super::store_provider("store", &store)),
-    )
-    .unwrap();
-    let mut operator = OperatorProcess::start(
-        cp,
-        &ns,
-        dir.path(),
-        config.to_str().unwrap(),
-        &target.addr().to_string(),
-    );
-    operator.wait_leading().await;
-    Setup {
-        cp,
-        ns,
-        operator,
-        squid,
-        _store: store,
-        _target: target,
-        _dir: dir,
-    }
+    let world = World::start(prefix).await;
+    let operator = world.operator().await;
+    Setup { world, operator }
 }
 
 fn pool_yaml(ns: &str, name: &str, replicas: i32, port: u16, extra: &str) -> String {
@@ -64,18 +31,19 @@ fn pool_yaml(ns: &str, name: &str, replicas: i32, port: u16, extra: &str) -> Str
 
 impl Setup {
     async fn apply(&self, yaml: &str) {
-        self.cp
+        self.world
+            .cp
             .kubectl_run(&["apply", "-f", "-"], Some(yaml))
             .await
             .unwrap();
     }
 
     async fn pool(&self, name: &str) -> ProxyPool {
-        self.ns.api::<ProxyPool>().get(name).await.unwrap()
+        self.world.ns.api::<ProxyPool>().get(name).await.unwrap()
     }
 
     async fn members(&self, pool: &str) -> Vec<Proxy> {
-        let api: Api<Proxy> = self.ns.api();
+        let api: Api<Proxy> = self.world.ns.api();
         api.list(&kube::api::ListParams::default().labels(&format!("{POOL_LABEL}={pool}")))
             .await
             .unwrap()
@@ -124,8 +92,8 @@ fn counts(pool: &ProxyPool) -> (i32, i32, i32, i32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_after_its_lease() {
     let mut s = setup("pp-roll").await;
-    let ns = s.ns.name().to_string();
-    let port = s.squid.port();
+    let ns = s.world.ns.name().to_string();
+    let port = s.world.squid.port();
     s.apply(&pool_yaml(&ns, "web", 2, port, "")).await;
     let pool = s
         .wait_pool("web", "2 Ready", |_| {}, |p| counts(p).1 == 2)
@@ -145,18 +113,22 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
         );
         assert_eq!(proxy.metadata.labels.as_ref().unwrap()["team"], "crawl");
     }
-    let table =
-        s.cp.kubectl_run(&["get", "pp", "-n", &ns], None)
-            .await
-            .unwrap();
+    let table = s
+        .world
+        .cp
+        .kubectl_run(&["get", "pp", "-n", &ns], None)
+        .await
+        .unwrap();
     assert!(
         table.contains("DESIRED") && table.contains("READY") && table.contains("LEASED"),
         "{table}"
     );
-    let both =
-        s.cp.kubectl_run(&["get", "crawl", "-n", &ns, "-o", "name"], None)
-            .await
-            .unwrap();
+    let both = s
+        .world
+        .cp
+        .kubectl_run(&["get", "crawl", "-n", &ns, "-o", "name"], None)
+        .await
+        .unwrap();
     assert!(
         both.contains("proxypool.crawl.example.com/web")
             && both.contains("proxy.crawl.example.com/web-"),
@@ -164,7 +136,9 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
     );
 
     // The scale subresource, as an HPA or `kubectl scale` uses it.
-    s.cp.kubectl_run(&["scale", "-n", &ns, "pp/web", "--replicas=3"], None)
+    s.world
+        .cp
+        .kubectl_run(&["scale", "-n", &ns, "pp/web", "--replicas=3"], None)
         .await
         .unwrap();
     s.wait_pool(
@@ -181,7 +155,9 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
 
     // A template change rolls the pool: default budget (maxSurge 25% → 1, maxUnavailable 0).
     let rolled = pool_yaml(&ns, "web", 3, port, "").replace("team: crawl", "team: crawl2");
-    s.cp.kubectl_run(&["apply", "-f", "-"], Some(&rolled))
+    s.world
+        .cp
+        .kubectl_run(&["apply", "-f", "-"], Some(&rolled))
         .await
         .unwrap();
     let generation = s.pool("web").await.metadata.generation;
@@ -251,7 +227,7 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
         |p| counts(p).3 == 0,
     )
     .await;
-    let api: Api<Proxy> = s.ns.api();
+    let api: Api<Proxy> = s.world.ns.api();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while api.get_opt(&held).await.unwrap().is_some() {
         assert!(
@@ -262,7 +238,9 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
     }
 
     // Deleting the pool deletes its Proxies (through their finalizers).
-    s.cp.kubectl_run(&["delete", "pp", "web", "-n", &ns, "--wait=true"], None)
+    s.world
+        .cp
+        .kubectl_run(&["delete", "pp", "web", "-n", &ns, "--wait=true"], None)
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -280,7 +258,7 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_pool_is_refused_or_says_why_and_makes_nothing() {
     let s = setup("pp-bad").await;
-    let ns = s.ns.name().to_string();
+    let ns = s.world.ns.name().to_string();
     for (extra, replicas, expected) in [
         ("", -1, "spec.replicas"),
         ("", 5001, "spec.replicas"),
@@ -288,8 +266,10 @@ async fn a_bad_pool_is_refused_or_says_why_and_makes_nothing() {
         ("  expireAfter: soon\n", 1, "spec.expireAfter"),
         ("  recycleAfter: 0\n", 1, "spec.recycleAfter"),
     ] {
-        let error =
-            s.cp.kubectl_run(
+        let error = s
+            .world
+            .cp
+            .kubectl_run(
                 &["apply", "-f", "-"],
                 Some(&pool_yaml(&ns, "bad", replicas, 3128, extra)),
             )
