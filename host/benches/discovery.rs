@@ -352,10 +352,6 @@ fn bare_app() -> Router {
 /// Grant+release from a pool with the static token and with a ServiceAccount token (reviewed
 /// once by the real API server, then cached), in one run.
 async fn auth_side_by_side(cp: &harness::ControlPlane, length: Duration) {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use kube::api::PostParams;
-
     let ns = cp.namespace("bench-auth").await.unwrap();
     let rbac = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
@@ -369,21 +365,9 @@ async fn auth_side_by_side(cp: &harness::ControlPlane, length: Duration) {
     cp.kubectl_run(&["apply", "-f", "-"], Some(&rbac))
         .await
         .unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec!["proxy-operator".into()]),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     let token = ns
-        .api::<ServiceAccount>()
-        .create_token_request("crawler", &PostParams::default(), &request)
+        .service_account_token("crawler", "proxy-operator", 3600)
         .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
         .unwrap();
     let options = KubeAuthOptions::default();
     let reviewer = KubeReviewer::new(cp.client(), &options.audience);

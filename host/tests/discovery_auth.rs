@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::{ControlPlane, TestNamespace};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
@@ -122,25 +122,6 @@ async fn service_account(ns: &TestNamespace, name: &str) {
         .create(&PostParams::default(), &sa)
         .await
         .unwrap();
-}
-
-/// A token of `sa` (in `ns`) for `audience`, from the TokenRequest API (as the kubelet gets
-/// one for a projected volume).
-async fn token(ns: &TestNamespace, sa: &str, audience: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.to_string()]),
-            expiration_seconds: Some(600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let answer: TokenRequest = ns
-        .api::<ServiceAccount>()
-        .create_token_request(sa, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    answer.status.and_then(|s| s.token).unwrap()
 }
 
 /// A Role in `ns` granting `create` on `proxypools/lease` (for `pools`, or every pool), bound
@@ -294,8 +275,14 @@ async fn rbac_decides_which_pools_a_service_account_leases_from() {
         ],
     )
     .await;
-    let crawler = token(&a, "crawler", AUDIENCE).await;
-    let stranger = token(&a, "stranger", AUDIENCE).await;
+    let crawler = a
+        .service_account_token("crawler", AUDIENCE, 600)
+        .await
+        .unwrap();
+    let stranger = a
+        .service_account_token("stranger", AUDIENCE, 600)
+        .await
+        .unwrap();
     let pool = |ns: &TestNamespace, name: &str| json!({ "pool": format!("{}/{name}", ns.name()) });
 
     // Allowed: the Role names the pool; the lease is on a proxy of that pool.
@@ -444,14 +431,23 @@ async fn wrong_or_foreign_tokens_are_401() {
     .await;
     let body = json!({ "pool": format!("{}/pool-a", a.name()) });
     // For the API server's own audience (the Pod's default token), not the discovery API's.
-    let for_the_api_server = token(&a, "crawler", cp.url()).await;
+    let for_the_api_server = a
+        .service_account_token("crawler", cp.url(), 600)
+        .await
+        .unwrap();
     // The token of a ServiceAccount deleted since: the API server no longer accepts it.
-    let revoked = token(&a, "gone", AUDIENCE).await;
+    let revoked = a
+        .service_account_token("gone", AUDIENCE, 600)
+        .await
+        .unwrap();
     a.api::<ServiceAccount>()
         .delete("gone", &DeleteParams::default())
         .await
         .unwrap();
-    let mut forged = token(&a, "crawler", AUDIENCE).await;
+    let mut forged = a
+        .service_account_token("crawler", AUDIENCE, 600)
+        .await
+        .unwrap();
     forged.replace_range(forged.len() - 8.., "AAAAAAAA");
     for (what, token) in [
         ("not a token", "nope"),
@@ -476,7 +472,10 @@ async fn wrong_or_foreign_tokens_are_401() {
             reply.detail()
         );
     }
-    let good = token(&a, "crawler", AUDIENCE).await;
+    let good = a
+        .service_account_token("crawler", AUDIENCE, 600)
+        .await
+        .unwrap();
     assert_eq!(
         grant(api.addr, &good, body).await.status,
         StatusCode::CREATED
@@ -495,7 +494,10 @@ async fn a_deleted_rolebinding_denies_once_the_cached_allow_expires() {
         vec![proxy(a.name(), "px", "pool-a")],
     )
     .await;
-    let crawler = token(&a, "crawler", AUDIENCE).await;
+    let crawler = a
+        .service_account_token("crawler", AUDIENCE, 600)
+        .await
+        .unwrap();
     let body = json!({ "pool": format!("{}/pool-a", a.name()) });
     let cycle = || async {
         let reply = grant(api.addr, &crawler, body.clone()).await;

@@ -267,10 +267,6 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
 /// and from no other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use kube::api::PostParams;
-
     let cp = control_plane().await;
     let ns = cp.namespace("px-auth").await.unwrap();
     let store = InstanceStore::start().await;
@@ -315,21 +311,9 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     cp.kubectl_run(&["apply", "-f", "-"], Some(&objects))
         .await
         .unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec!["proxy-operator".into()]),
-            expiration_seconds: Some(600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     let token = ns
-        .api::<ServiceAccount>()
-        .create_token_request("crawler", &PostParams::default(), &request)
+        .service_account_token("crawler", "proxy-operator", 600)
         .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
         .unwrap();
     let grant = |pool: &str| {
         reqwest::Client::new()

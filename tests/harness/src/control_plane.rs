@@ -618,6 +618,37 @@ impl TestNamespace {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
+    /// A token of the ServiceAccount `sa` of this namespace for `audience`, valid `seconds`,
+    /// from the TokenRequest API (as the kubelet gets one for a projected volume).
+    pub async fn service_account_token(
+        &self,
+        sa: &str,
+        audience: &str,
+        seconds: i64,
+    ) -> Result<String> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: Some(vec![audience.to_string()]),
+                expiration_seconds: Some(seconds),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let answer = self
+            .api::<ServiceAccount>()
+            .create_token_request(sa, &Default::default(), &request)
+            .await
+            .with_context(|| format!("a token of {}/{sa}", self.name))?;
+        answer.status.and_then(|s| s.token).with_context(|| {
+            format!(
+                "the TokenRequest of {}/{sa} came back without a token",
+                self.name
+            )
+        })
+    }
+
     /// Deletes the namespace (it stays `Terminating`: there is no namespace controller).
     pub async fn delete(self) -> Result<()> {
         Api::<Namespace>::all(self.client)
