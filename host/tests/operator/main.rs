@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod credentials;
 mod gcp;
 mod health;
 mod kube_capability;

@@ -11,8 +11,8 @@ use super::control_plane;
 pub struct World {
     pub cp: &'static ControlPlane,
     pub ns: TestNamespace,
-    /// Keeps the provider's instance store running.
-    pub _store: InstanceStore,
+    /// The provider's instance store.
+    pub store: InstanceStore,
     pub squid: Squid,
     pub target: FileServer,
     pub dir: tempfile::TempDir,
@@ -22,6 +22,11 @@ pub struct World {
 
 impl World {
     pub async fn start(prefix: &str) -> World {
+        World::start_with_squid(prefix, Squid::start().await.unwrap()).await
+    }
+
+    /// A world whose Proxies all point at `squid`.
+    pub async fn start_with_squid(prefix: &str, squid: Squid) -> World {
         let cp = control_plane().await;
         let ns = cp.namespace(prefix).await.unwrap();
         let store = InstanceStore::start().await;
@@ -35,8 +40,8 @@ impl World {
         World {
             cp,
             ns,
-            _store: store,
-            squid: Squid::start().await.unwrap(),
+            store,
+            squid,
             target: FileServer::start().await.unwrap(),
             config: config.to_str().unwrap().to_string(),
             dir,
