@@ -464,9 +464,11 @@ impl Stack {
     }
 
     /// `export KUBECONFIG=...` and the rest of what a person can try.
-    pub fn instructions(&self, lease_hint: &str) -> String {
+    /// The lease's `proxyUrl` carries the proxy's password: kept in a shell variable, not printed.
+    /// `address` is the bare proxy, which answers 407 without the credentials.
+    pub fn instructions(&self, address: &str) -> String {
         format!(
-            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}'\n  curl -s -x {lease_hint} {site}\n\nThe operator's log: {log}\nPress Ctrl-C to stop everything (the VM is removed).\n",
+            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  proxy_url=$(curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}' | jq -r .proxyUrl)\n  curl -s -x \"$proxy_url\" {site}\n  curl -s -o /dev/null -w '%{{http_code}}\\n' -x {address} {site}   # 407: the proxy requires its credentials\n\nThe operator's log: {log}\nPress Ctrl-C to stop everything (the VM is removed).\n",
             kubeconfig = self.kubeconfig.display(),
             discovery = self.discovery,
             site = self.site_url(),
