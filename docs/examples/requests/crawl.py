@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from proxy_leases import LeaseClient, blocked_reason
+from proxy_leases import LeaseClient, LeaseEnded, blocked_reason
 
 MAX_FAILURES = 3
 
@@ -40,6 +40,8 @@ def crawl(client: LeaseClient, urls: list[str], pool: str | None, max_attempts: 
                     counts["leases"] += 1
                 try:
                     page = lease.get(url)
+                except LeaseEnded:
+                    continue  # expired or drained meanwhile: the next attempt leases anew
                 except requests.RequestException as e:
                     counts["failures"] += 1
                     failures[lease.id] += 1

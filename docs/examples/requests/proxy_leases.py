@@ -32,6 +32,10 @@ BLOCK_STATUSES = (403, 429)
 CAPTCHA_MARKERS = ("captcha",)
 
 
+class LeaseEnded(Exception):
+    """The lease is over (blocked, expired, its proxy drained or gone): lease another proxy."""
+
+
 class LeaseError(Exception):
     """The API refused a request in a way waiting does not fix (400, 401, 403, 404, 422...)."""
 
@@ -112,10 +116,10 @@ class Lease:
 
     def request(self, method: str, url: str, **kwargs) -> requests.Response:
         """A request through the leased proxy, renewing the lease first when it is about to end."""
-        if not self.active:
-            raise RuntimeError(f"{self!r} has ended: lease another proxy")
-        if self.deadline - time.monotonic() < self.ttl_seconds / 3:
+        if self.active and self.deadline - time.monotonic() < self.ttl_seconds / 3:
             self.renew()
+        if not self.active:
+            raise LeaseEnded(f"{self!r} has ended: lease another proxy")
         kwargs.setdefault("timeout", 30)
         return self.client.web.request(method, url, proxies=self.proxies, **kwargs)
 
@@ -133,6 +137,9 @@ class Lease:
             # Ended, forgotten, or draining: move to a new lease before this one expires.
             log.info("lease %s cannot be renewed (%s): leasing another proxy", self.id, r.status_code)
             self.active = False
+            return False
+        if r.status_code == 503:  # a failover: the lease is still valid until its old expiry
+            self.active = self.deadline > time.monotonic()
             return False
         self.client.raise_problem(r)
 

@@ -248,8 +248,12 @@ class ProxyLeaseMiddleware:
             await asyncio.sleep(wait)
 
     async def _renew(self, lease: _Lease) -> None:
-        status, _, doc = await self._call("POST", f"/v1/leases/{lease.id}/renew",
-                                          {"ttlSeconds": self.ttl})
+        try:
+            status, _, doc = await self._call("POST", f"/v1/leases/{lease.id}/renew",
+                                              {"ttlSeconds": self.ttl})
+        except OSError as e:
+            logger.warning("renewing %s failed (trying again next time): %s", lease.id, e)
+            return
         if status == 200:
             lease.set_expiry(doc)
             self.stats.inc_value("proxy_leases/renewed")

@@ -11,8 +11,8 @@ use super::control_plane;
 pub struct World {
     pub cp: &'static ControlPlane,
     pub ns: TestNamespace,
-    /// Keeps the provider's instance store running.
-    pub _store: InstanceStore,
+    /// The provider's instance store.
+    pub store: InstanceStore,
     pub squid: Squid,
     pub target: FileServer,
     pub dir: tempfile::TempDir,
@@ -35,7 +35,7 @@ impl World {
         World {
             cp,
             ns,
-            _store: store,
+            store,
             squid: Squid::start().await.unwrap(),
             target: FileServer::start().await.unwrap(),
             config: config.to_str().unwrap().to_string(),
