@@ -14,6 +14,12 @@ into a Proxy-Authorization header:
 - A lease is renewed when a third of its lifetime is left, and replaced when it ended.
 - Every lease is released when the spider closes.
 
+Scrapy runs downloader middlewares before a request waits in its slot, so the requests already
+waiting there when a block comes still go out through the old proxy; their blocked answers are
+sent again through the new lease too (stats `proxy_leases/blocked_responses`). Keep
+CONCURRENT_REQUESTS near CONCURRENT_REQUESTS_PER_DOMAIN times the sites crawled at once to keep
+that queue short.
+
 Settings (all optional but the token):
 
 | setting | default | meaning |
@@ -127,6 +133,7 @@ class ProxyLeaseMiddleware:
         self.current: dict[tuple, _Lease] = {}  # slot or session -> its lease
         self.by_id: dict[str, _Lease] = {}  # every lease not yet released
         self.locks: defaultdict[tuple, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.closing = False
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
 
     @classmethod
@@ -165,6 +172,8 @@ class ProxyLeaseMiddleware:
         self.stats.inc_value("proxy_leases/blocked_responses")
         if lease is not None and lease.active:
             logger.info("%s blocked %s (%s): reporting lease %s", host, request.url, reason, lease)
+            # Before the report's round trip: no request may go through it meanwhile.
+            self._forget(lease)
             await self._report(lease, "blocked", target=host)  # ends the lease
         tries = request.meta.get("proxy_lease_blocked", 0)
         if tries >= self.blocked_retries:
@@ -230,13 +239,13 @@ class ProxyLeaseMiddleware:
             try:
                 status, headers, doc = await self._call("POST", "/v1/leases", body)
             except OSError as e:
-                status, headers, doc = 0, {"Retry-After": "2"}, {"detail": str(e)}
+                status, headers, doc = 0, {"retry-after": "2"}, {"detail": str(e)}
             if status in (200, 201):  # 200: the session's lease, shared by its requests
                 lease = _Lease(doc, key, target)
                 self.stats.inc_value("proxy_leases/granted")
                 logger.info("leased %s for %s %s", lease, *key)
                 return lease
-            retry_after = headers.get("Retry-After")
+            retry_after = headers.get("retry-after")
             if status not in (0, 409, 503) or retry_after is None:
                 await self._fatal(f"POST /v1/leases: {status} {doc.get('type', '')}: "
                                   f"{doc.get('detail', '')}")
@@ -271,7 +280,8 @@ class ProxyLeaseMiddleware:
         except OSError as e:
             logger.warning("reporting %s on %s failed: %s", outcome, lease.id, e)
             return
-        self.stats.inc_value(f"proxy_leases/reports/{outcome}")
+        if status == 200:
+            self.stats.inc_value(f"proxy_leases/reports/{outcome}")
         if status in (404, 410) or (status == 200 and not doc.get("active", True)):
             self._end(lease)  # the proxy is not ours any more: stop using it at once
 
@@ -305,9 +315,11 @@ class ProxyLeaseMiddleware:
         return None
 
     async def _fatal(self, message: str):
-        logger.error("proxy leases: %s; closing the spider", message)
-        self.stats.set_value("proxy_leases/error", message)
-        asyncio.ensure_future(self.crawler.engine.close_spider_async(reason="proxy_lease_error"))
+        if not self.closing:
+            self.closing = True
+            logger.error("proxy leases: %s; closing the spider", message)
+            self.stats.set_value("proxy_leases/error", message)
+            asyncio.ensure_future(self.crawler.engine.close_spider_async(reason="proxy_lease_error"))
         raise IgnoreRequest(message)
 
     # --- the API -----------------------------------------------------------------------------
@@ -334,9 +346,10 @@ class ProxyLeaseMiddleware:
     def _send(self, request):
         try:
             with self.opener.open(request, timeout=10) as r:
-                status, headers, text = r.status, dict(r.headers), r.read()
+                status, headers, text = r.status, r.headers, r.read()
         except urllib.error.HTTPError as e:
-            status, headers, text = e.code, dict(e.headers), e.read()
+            status, headers, text = e.code, e.headers, e.read()
+        headers = {k.lower(): v for k, v in headers.items()}
         try:
             doc = json.loads(text) if text else {}
         except ValueError:

@@ -36,9 +36,11 @@ fn python() -> PathBuf {
     let pyenv = std::env::var_os("PROXY_OPERATOR_PYENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/proxy-operator/pyenv")
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/proxy-operator/pyenv")
         });
-    let fix = "run .ci/install-fixtures.sh (it installs docs/examples/requirements.txt into that venv)";
+    let fix =
+        "run .ci/install-fixtures.sh (it installs docs/examples/requirements.txt into that venv)";
     let python = pyenv.join("bin/python");
     assert!(python.exists(), "{} is missing: {fix}", python.display());
     let wanted = std::fs::read(examples_dir().join("requirements.txt")).unwrap();
@@ -147,14 +149,14 @@ struct Crawl {
 impl Crawl {
     async fn start(prefix: &str, exits: u8) -> Crawl {
         let world = World::start(prefix).await;
-        let mut squids = Vec::new();
-        for i in 0..exits {
+        let squids = futures_util::future::join_all((0..exits).map(|i| async move {
             let exit = Ipv4Addr::new(127, 0, 0, 10 + i);
             let squid = Squid::start_with(&format!("tcp_outgoing_address {exit}\n"))
                 .await
                 .unwrap();
-            squids.push((IpAddr::V4(exit), squid));
-        }
+            (IpAddr::V4(exit), squid)
+        }))
+        .await;
         world
             .store
             .state
@@ -213,7 +215,10 @@ impl Crawl {
         let mut cmd = tokio::process::Command::new(python());
         cmd.args(args)
             .current_dir(dir)
-            .env("DISCOVERY_URL", format!("http://{}", self.operator.discovery))
+            .env(
+                "DISCOVERY_URL",
+                format!("http://{}", self.operator.discovery),
+            )
             .env("PROXY_POOL", self.pool())
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONUNBUFFERED", "1")
@@ -342,9 +347,15 @@ async fn the_requests_example_crawls_through_leases_reports_blocks_and_releases(
     let token = crawl.world.dir.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     let urls = crawl.site.urls("requests");
-    let mut args: Vec<String> = ["crawl.py", "--pool", &crawl.pool(), "--max-retry-after", "1"]
-        .map(String::from)
-        .to_vec();
+    let mut args: Vec<String> = [
+        "crawl.py",
+        "--pool",
+        &crawl.pool(),
+        "--max-retry-after",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend(urls.iter().cloned());
     let env = [("DISCOVERY_TOKEN_FILE", token.display().to_string())];
     let output = crawl
