@@ -16,7 +16,8 @@ into a Proxy-Authorization header:
 
 Scrapy runs downloader middlewares before a request waits in its slot, so the requests already
 waiting there when a block comes still go out through the old proxy; their blocked answers are
-sent again through the new lease too (stats `proxy_leases/blocked_responses`). Keep
+sent again through the new lease too, without counting against PROXY_LEASES_BLOCKED_RETRIES
+(stats `proxy_leases/blocked_responses`). Keep
 CONCURRENT_REQUESTS near CONCURRENT_REQUESTS_PER_DOMAIN times the sites crawled at once to keep
 that queue short.
 
@@ -33,7 +34,7 @@ Settings (all optional but the token):
 | PROXY_LEASES_TTL | 300 | lease lifetime asked for, in seconds |
 | PROXY_LEASES_BLOCK_CODES | [403, 429] | statuses that mean the site blocks the proxy |
 | PROXY_LEASES_CAPTCHA_MARKERS | ["captcha"] | text (case-insensitive) in a text response that means the same |
-| PROXY_LEASES_BLOCKED_RETRIES | 5 | times one request is sent again through a new lease after a block |
+| PROXY_LEASES_BLOCKED_RETRIES | 5 | times one request is sent again through a new lease after its block ended a lease |
 | PROXY_LEASES_MAX_FAILURES | 3 | `failure` reports in a row after which the lease is given back |
 | PROXY_LEASES_REPORT_SUCCESS | True | report `success` for each good response (it resets the proxy's failure count) |
 | PROXY_LEASES_MAX_WAIT | 300 | seconds to wait for a free proxy before the request is dropped |
@@ -170,19 +171,23 @@ class ProxyLeaseMiddleware:
             return response
         host = urlparse_cached(request).hostname
         self.stats.inc_value("proxy_leases/blocked_responses")
-        if lease is not None and lease.active:
+        # Only the block that ends the lease counts against the request's retries: the others
+        # went out through a proxy that was already blocked while they waited in the slot.
+        ended_it = lease is not None and lease.active
+        if ended_it:
             logger.info("%s blocked %s (%s): reporting lease %s", host, request.url, reason, lease)
             # Before the report's round trip: no request may go through it meanwhile.
             self._forget(lease)
             await self._report(lease, "blocked", target=host)  # ends the lease
-        tries = request.meta.get("proxy_lease_blocked", 0)
-        if tries >= self.blocked_retries:
-            logger.warning("%s still blocked after %d new leases: giving up", request.url, tries)
+        tries = request.meta.get("proxy_lease_blocked", 0) + ended_it
+        if tries > self.blocked_retries:
+            logger.warning("%s still blocked after %d new leases: giving up", request.url,
+                           tries - 1)
             self.stats.inc_value("proxy_leases/blocked_gave_up")
             return response
         self.stats.inc_value("proxy_leases/blocked_retries")
         retry = request.replace(dont_filter=True)
-        retry.meta["proxy_lease_blocked"] = tries + 1
+        retry.meta["proxy_lease_blocked"] = tries
         retry.meta.pop("proxy_lease_id", None)
         return retry
 

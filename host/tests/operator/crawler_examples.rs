@@ -198,7 +198,8 @@ impl Crawl {
     }
 
     async fn until<F: Future<Output = bool>>(&self, what: &str, check: impl Fn() -> F) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        // Generous: a replacement waits for the pool's next look (up to 30 s), on a busy machine.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
         while !check().await {
             assert!(
                 tokio::time::Instant::now() < deadline,
