@@ -140,6 +140,7 @@ async fn answer(
 /// The operator, a pool of 2 with `recycleAfter: 1`, and `exits` squids the pool's Proxies take
 /// in turn (each leaving from 127.0.0.{10+i}), so a replaced proxy has a new exit address.
 struct Crawl {
+    python: PathBuf,
     world: World,
     operator: OperatorProcess,
     squids: Vec<(IpAddr, Squid)>,
@@ -148,6 +149,8 @@ struct Crawl {
 
 impl Crawl {
     async fn start(prefix: &str, exits: u8) -> Crawl {
+        // First, so a missing venv fails at once.
+        let python = python();
         let world = World::start(prefix).await;
         let squids = futures_util::future::join_all((0..exits).map(|i| async move {
             let exit = Ipv4Addr::new(127, 0, 0, 10 + i);
@@ -175,6 +178,7 @@ impl Crawl {
             .await
             .unwrap();
         let crawl = Crawl {
+            python,
             world,
             operator,
             squids,
@@ -213,7 +217,7 @@ impl Crawl {
     /// Runs an example: `python args...` in `dir`, with the API's address and the pool in the
     /// environment (and `env`), no proxy of the environment. Returns its output.
     async fn run(&self, dir: &Path, args: &[String], env: &[(&str, String)]) -> String {
-        let mut cmd = tokio::process::Command::new(python());
+        let mut cmd = tokio::process::Command::new(&self.python);
         cmd.args(args)
             .current_dir(dir)
             .env(
