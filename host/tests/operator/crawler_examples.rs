@@ -192,11 +192,25 @@ impl Crawl {
         format!("{}/egress", self.world.ns.name())
     }
 
+    /// Until the pool is Ready and the API offers both of its proxies, as a user would check
+    /// (`kubectl get pp`, `GET /v1/proxies`) before starting a crawl. The API learns of a new
+    /// pool up to 2 s after it exists (`404 unknown-pool` meanwhile).
     async fn wait_ready(&self, what: &str) {
         let pools: Api<ProxyPool> = self.world.ns.api();
         self.until(what, || async {
             let pool = pools.get("egress").await.unwrap();
-            pool.status.is_some_and(|s| s.ready_replicas == 2)
+            let (_, body) = self
+                .operator
+                .call(reqwest::Method::GET, "/v1/proxies", None)
+                .await;
+            let offered = body["proxies"].as_array().map_or(0, |proxies| {
+                proxies
+                    .iter()
+                    .filter(|p| p["pool"] == self.pool().as_str() && p["state"] == "available")
+                    .filter(|p| p["draining"] != true)
+                    .count()
+            });
+            pool.status.is_some_and(|s| s.ready_replicas == 2) && offered >= 2
         })
         .await;
     }
