@@ -327,6 +327,7 @@ fn proxies() -> Vec<PoolEntry> {
             healthy: true,
             pool: None,
             draining: false,
+            login: None,
         })
         .collect()
 }
@@ -404,7 +405,7 @@ async fn probes(squid: &Squid, target: &str, length: Duration) -> (usize, usize,
             tokio::spawn(async move {
                 let (mut ok, mut failed) = (0, 0);
                 while Instant::now() < deadline {
-                    match probe("127.0.0.1", port, &target, Duration::from_secs(5)).await {
+                    match probe("127.0.0.1", port, &target, None, Duration::from_secs(5)).await {
                         Ok(_) => ok += 1,
                         Err(_) => failed += 1,
                     }

@@ -8,7 +8,9 @@ mod proxy_pool;
 pub use provider_health::{
     ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetVerdict,
 };
-pub use proxy::{Phase, Placement, PlacementRecord, Proxy, ProxySpec, ProxyStatus, proxies};
+pub use proxy::{
+    CredentialsStatus, Phase, Placement, PlacementRecord, Proxy, ProxySpec, ProxyStatus, proxies,
+};
 pub use proxy_pool::{
     MAX_POOL_REPLICAS, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, SpreadTarget,
     TemplateMetadata,

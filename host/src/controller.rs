@@ -2,6 +2,7 @@
 //! stands in the status, and makes sure deleting a Proxy always finishes.
 
 pub(crate) mod conditions;
+pub mod credentials;
 pub mod decide;
 mod reconcile;
 

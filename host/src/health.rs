@@ -19,6 +19,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use tokio::sync::{Notify, mpsc};
 
 use crate::api::{Phase, Proxy};
+use crate::credentials::{CredentialsBook, ProxyLogin};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
 use crate::providers::ProviderSet;
@@ -112,6 +113,7 @@ pub struct HealthEngine {
     client: Client,
     verdicts: HashMap<ProxyKey, Verdict>,
     phase_labels: HashSet<(String, String)>,
+    credentials: CredentialsBook,
 }
 
 impl HealthEngine {
@@ -130,7 +132,25 @@ impl HealthEngine {
             client,
             verdicts: HashMap::new(),
             phase_labels: HashSet::new(),
+            credentials: CredentialsBook::default(),
         }
+    }
+
+    /// The proxies' credentials, as the controller keeps them: probes and leases use them.
+    pub fn with_credentials(mut self, credentials: CredentialsBook) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// The credentials a proxy's squid requires, when it has any.
+    fn login_of(&self, proxy: &Proxy) -> Option<ProxyLogin> {
+        let has_credentials = proxy
+            .status
+            .as_ref()
+            .is_some_and(|s| s.credentials.is_some());
+        has_credentials
+            .then(|| self.credentials.get(&key_of(proxy)))
+            .flatten()
     }
 
     /// Watches Proxies (in `namespace`, or all) and probes them until aborted. `suspects` are
@@ -218,13 +238,15 @@ impl HealthEngine {
         futures_util::stream::iter(due)
             .map(|(proxy, exit_ip_due)| {
                 let (target, exit_ip_url) = (target.clone(), exit_ip_url.clone());
+                let login = self.login_of(&proxy);
                 async move {
                     let (address, status) = provisioned(&proxy).expect("filtered above");
                     let port = status_port(&proxy, status);
-                    let result = probe(address, port, &target, timeout).await;
+                    let login = login.as_ref();
+                    let result = probe(address, port, &target, login, timeout).await;
                     let exit = match (&result, exit_ip_url) {
                         (Ok(_), Some(url)) if exit_ip_due => {
-                            Some(exit_ip(address, port, &url, timeout).await)
+                            Some(exit_ip(address, port, login, &url, timeout).await)
                         }
                         _ => None,
                     };
@@ -324,11 +346,16 @@ impl HealthEngine {
                 continue;
             };
             seen.insert(key.clone());
-            let healthy = if probing {
-                self.verdict_mut(&proxy).healthy == Some(true)
-            } else {
-                status.phase == Some(Phase::Ready)
-            };
+            let login = self.login_of(&proxy);
+            // A proxy that requires credentials the operator does not know (yet, after a
+            // restart) would give a crawler a proxyUrl that cannot work.
+            let usable = status.credentials.is_none() || login.is_some();
+            let healthy = usable
+                && if probing {
+                    self.verdict_mut(&proxy).healthy == Some(true)
+                } else {
+                    status.phase == Some(Phase::Ready)
+                };
             entries.push(PoolEntry {
                 key,
                 provider: proxy.spec.provider.clone(),
@@ -352,6 +379,7 @@ impl HealthEngine {
                     .annotations()
                     .get(DRAINING_ANNOTATION)
                     .is_some_and(|v| v == "true"),
+                login,
             });
         }
         self.verdicts.retain(|k, _| seen.contains(k));

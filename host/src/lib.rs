@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod controller;
+pub mod credentials;
 pub mod digest;
 pub mod events;
 pub mod gc;

@@ -305,6 +305,7 @@ impl Operator {
                     health_options.clone(),
                     metrics.probes.clone(),
                 )
+                .with_credentials(ctx.credentials.clone())
                 .run(namespace.clone(), leases.suspects()),
             ),
             spawn_until(

@@ -416,7 +416,13 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
         (200, WEB_BODY.trim()),
         "through {proxy_url}"
     );
-    phases.done("leased through the discovery Service; a page fetched through the proxy");
+    // The proxy requires its credentials: the lease's URL carries them, the bare address gets
+    // squid's 407.
+    let bare = harness::stack::without_credentials(&proxy_url);
+    assert_ne!(bare, proxy_url, "the lease's proxyUrl carries credentials");
+    let (status, _) = curl(cluster, &["-x", &bare, &format!("http://{web_ip}:8080/")]).await;
+    assert_eq!(status, 407, "through {bare}, without credentials");
+    phases.done("leased through the discovery Service; a page fetched through the proxy with its credentials, 407 without");
 
     // A standby answers crawlers with the leader's name, never a grant.
     let standby = ready

@@ -55,6 +55,7 @@ fn entry(name: &str, healthy: bool) -> PoolEntry {
         healthy,
         pool: None,
         draining: false,
+        login: None,
     }
 }
 

@@ -107,6 +107,7 @@ fn proxy(namespace: &str, name: &str, pool: &str) -> PoolEntry {
         healthy: true,
         pool: Some(pool.to_string()),
         draining: false,
+        login: None,
     }
 }
 

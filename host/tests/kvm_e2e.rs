@@ -31,6 +31,10 @@ async fn squid_parses_the_seeds_config(seed: &std::path::Path, scratch: &std::pa
         String::from_utf8_lossy(&out.stderr)
     );
     let vendor = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        vendor.contains("cat > /etc/squid/proxy-operator.passwd <<'PROXY_OPERATOR_PASSWORDS'"),
+        "the managed squid gets its password file"
+    );
     let start = vendor
         .find("<<'PROXY_OPERATOR_SQUID_CONF'\n")
         .expect("the managed squid script is in the vendor-data")
@@ -110,10 +114,26 @@ async fn a_kvm_proxy_boots_serves_a_leased_request_and_is_removed() {
     // A crawler leases it and sends a request through it.
     let lease = stack.lease().await.unwrap();
     let proxy_url = lease["proxyUrl"].as_str().unwrap().to_string();
-    assert_eq!(proxy_url, format!("http://127.0.0.1:{port}"));
+    let bare = harness::stack::without_credentials(&proxy_url);
+    assert_eq!(bare, format!("http://127.0.0.1:{port}"));
+    let password = url::Url::parse(&proxy_url)
+        .unwrap()
+        .password()
+        .unwrap()
+        .to_string();
     let (code, body) = stack.get_through(&proxy_url).await.unwrap();
     assert_eq!((code, body.as_str()), (200, SITE_BODY));
-    phases.done("leased, and a request through the proxy reached the loopback site");
+    // The VM's squid requires the credentials; the seed it booted from has only their hash.
+    let (code, _) = stack.get_through(&bare).await.unwrap();
+    assert_eq!(code, 407, "without credentials");
+    let seed_bytes = std::fs::read(&seed).unwrap();
+    assert!(
+        !seed_bytes
+            .windows(password.len())
+            .any(|w| w == password.as_bytes()),
+        "the password is not in the seed"
+    );
+    phases.done("leased, and a request through the proxy (with its credentials) reached the loopback site; 407 without");
 
     // Blocked: the lease ends and the proxy cools down.
     let id = lease["id"].as_str().unwrap();

@@ -23,13 +23,38 @@ async fn test_provider_round_trips_every_function() {
     let (engine, _) = engine_with(test_options()).await;
     let plugin = load_test_plugin(&engine).await;
     assert_eq!(plugin.info.name, "test");
-    assert_eq!(plugin.wit_version, "0.1.0");
+    assert_eq!(plugin.wit_version, "0.2.0");
     let schema: serde_json::Value = serde_json::from_str(&plugin.info.config_schema).unwrap();
     assert_eq!(schema["required"], json!(["endpoint"]));
 
     let store = InstanceStore::start().await;
     let provider = instance_for(&engine, &plugin, &store, 4);
     lifecycle(&provider, &store).await;
+
+    // 0.2.0: the credentials reach the plugin with the spec, and `set-credentials` replaces them.
+    let credentials = |hash: &str| proxy_operator::plugins::types::ProxyCredentials {
+        username: "egress-1".into(),
+        password_hash: hash.into(),
+    };
+    let mut with = spec("px-creds", json!({}));
+    with.credentials = Some(credentials("$6$rounds=5000$salt$first"));
+    let created = provider.create(with).await.unwrap();
+    let stored = |id: &str| store.state.instances.lock().unwrap()[id]["credentials"].clone();
+    assert_eq!(
+        stored(&created.provider_id),
+        json!({"username": "egress-1", "passwordHash": "$6$rounds=5000$salt$first"})
+    );
+    provider
+        .set_credentials(
+            &created.provider_id,
+            credentials("$6$rounds=5000$salt$second"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stored(&created.provider_id)["passwordHash"],
+        "$6$rounds=5000$salt$second"
+    );
 }
 
 /// What every provider must do against the instance store: the Rust test provider and the
@@ -373,9 +398,9 @@ async fn rejects_what_is_not_a_supported_provider() {
         (
             "another WIT version",
             component(
-                r#"(component (instance $i) (export "proxy-operator:provider/provider@0.2.0" (instance $i)))"#,
+                r#"(component (instance $i) (export "proxy-operator:provider/provider@0.3.0" (instance $i)))"#,
             ),
-            "built for WIT `proxy-operator:provider@0.2.0`, which this operator does not support; supported versions: 0.1.0",
+            "built for WIT `proxy-operator:provider@0.3.0`, which this operator does not support; supported versions: 0.1.0 (and any later 0.1.x), 0.2.0",
         ),
         (
             "missing exports",

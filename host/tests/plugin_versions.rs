@@ -36,6 +36,25 @@ fn with_version(bytes: &[u8], version: &str) -> Vec<u8> {
     out
 }
 
+/// A provider instance of `plugin` with no config and no grants.
+fn without_grants(
+    engine: &std::sync::Arc<proxy_operator::plugins::PluginEngine>,
+    name: &str,
+    plugin: std::sync::Arc<proxy_operator::plugins::LoadedPlugin>,
+) -> ProviderInstance {
+    ProviderInstance::new(
+        engine.clone(),
+        name,
+        plugin,
+        &json!({}),
+        &Grants::default().validate().unwrap(),
+        ProviderInstanceOptions {
+            max_concurrent_calls: 1,
+        },
+    )
+    .expect("no grants is valid")
+}
+
 #[test]
 fn the_fixture_really_is_a_0_1_1_component_with_an_extra_function() {
     let engine = wasmtime::Engine::default();
@@ -72,17 +91,7 @@ async fn a_later_0_1_x_component_runs_through_the_0_1_0_bindings() {
         "Test fixture built against WIT 0.1.1"
     );
 
-    let provider = ProviderInstance::new(
-        engine.clone(),
-        "next",
-        plugin,
-        &json!({}),
-        &Grants::default().validate().unwrap(),
-        ProviderInstanceOptions {
-            max_concurrent_calls: 1,
-        },
-    )
-    .expect("no grants is valid");
+    let provider = without_grants(&engine, "next", plugin);
     provider.validate_config().await.expect("valid config");
     // `list` calls the host's `log` through the component's `log@0.1.1` import.
     let listed = provider.list().await.expect("list");
@@ -112,11 +121,59 @@ async fn a_later_0_1_x_component_runs_through_the_0_1_0_bindings() {
     );
 }
 
+/// WIT 0.2.0 added proxy credentials; a plugin built for the released 0.1.0 keeps loading and
+/// working, and its proxies simply have no credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_1_0_component_still_loads_and_works_beside_0_2_0() {
+    let (engine, _) = engine_with(test_options()).await;
+    let plugin = engine
+        .load(
+            "test-next-0.1.0.wasm",
+            with_version(&plugin_bytes("test-next"), "0.1.0"),
+        )
+        .await
+        .expect("a 0.1.0 component loads");
+    assert_eq!(
+        (plugin.wit_version.as_str(), plugin.bindings_version),
+        ("0.1.0", "0.1.0")
+    );
+    assert!(!plugin.supports_credentials());
+    let provider = without_grants(&engine, "old", plugin);
+    let created = provider.create(spec("px-1", json!({}))).await.unwrap();
+    assert_eq!(created.provider_id, "next-px-1");
+    assert_eq!(provider.list().await.expect("list").len(), 1);
+    let refused = provider
+        .set_credentials(
+            "next-px-1",
+            proxy_operator::plugins::types::ProxyCredentials {
+                username: "u".into(),
+                password_hash: "$6$salt$hash".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.provider_error(), Some(ProviderError::Permanent(m)) if m.contains("built for WIT 0.1.0") && m.contains("rebuild it for 0.2.0")),
+        "{refused}"
+    );
+
+    // The providers this repository ships are built for 0.2.0.
+    let current = engine
+        .load("test.wasm", plugin_bytes("test"))
+        .await
+        .expect("the test provider loads");
+    assert_eq!(
+        (current.wit_version.as_str(), current.bindings_version),
+        ("0.2.0", "0.2.0")
+    );
+    assert!(current.supports_credentials());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_major_or_minor_version_is_refused_naming_found_and_supported() {
     let (engine, _) = engine_with(test_options()).await;
     let bytes = plugin_bytes("test-next");
-    for version in ["0.2.1", "1.1.1", "0.0.1"] {
+    for version in ["0.3.1", "1.1.1", "0.0.1"] {
         let rewritten = with_version(&bytes, version);
         // Still a valid component, now claiming `version`: refused for its version alone.
         let summary = proxy_operator::plugins::inspect_component(&engine, &rewritten)
@@ -136,7 +193,9 @@ async fn another_major_or_minor_version_is_refused_naming_found_and_supported() 
             "{message}"
         );
         assert!(
-            message.contains("supported versions: 0.1.0 (and any later 0.1.x)"),
+            message.contains(
+                "supported versions: 0.1.0 (and any later 0.1.x), 0.2.0 (and any later 0.2.x)"
+            ),
             "{message}"
         );
     }

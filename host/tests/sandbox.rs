@@ -60,6 +60,7 @@ fn spec() -> InstanceSpec {
         port: 3128,
         labels: Vec::new(),
         options: serde_json::json!({}),
+        credentials: None,
     }
 }
 

@@ -182,6 +182,22 @@ pub struct ProxyStatus {
     /// The last error from the provider or the prober.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The credentials squid requires (absent for a proxy without: one made by a provider built
+    /// for WIT 0.1.0, or before credentials existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<CredentialsStatus>,
+}
+
+/// Which credentials a proxy's squid was given.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsStatus {
+    /// The Secret (in the Proxy's namespace) holding `username` and `password`. Change or delete
+    /// its `password` to rotate them.
+    pub secret_name: String,
+    /// Identifies the credentials applied (a digest, not the password): when the Secret's differ,
+    /// the operator rotates the proxy's.
+    pub fingerprint: String,
 }
 
 /// The placement a create asks for. Recorded before the first create call, so that a retry

@@ -1,4 +1,4 @@
-//! The fixed set of check reasons (`check-target.reason` in `wit/since_v0.1.0/types.wit`). They
+//! The fixed set of check reasons (`check-target.reason` in `wit/since_v0.2.0/types.wit`). They
 //! become the `Ready` reason of a ProviderHealth and a label value, so the set is closed: an
 //! operator's alert on `HostKeyMismatch` must mean the same thing for every provider.
 

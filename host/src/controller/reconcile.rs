@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
@@ -13,9 +14,11 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
+use super::credentials;
 use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
+use crate::credentials::CredentialsBook;
 use crate::digest::sha256_hex;
 use crate::events;
 use crate::metrics::ReconcileMetrics;
@@ -41,6 +44,8 @@ pub struct Context {
     pub health_probing: bool,
     /// Where a `skip-cleanup` Proxy records the instance it leaves, so the GC leaves it too.
     pub abandoned: Option<AbandonedRecord>,
+    /// The credentials each proxy requires, for the health engine and the lease API.
+    pub credentials: CredentialsBook,
 }
 
 impl Context {
@@ -54,7 +59,14 @@ impl Context {
             metrics: None,
             health_probing: true,
             abandoned: None,
+            credentials: CredentialsBook::default(),
         }
+    }
+
+    /// Shares the proxies' credentials with the health engine and the lease API.
+    pub fn with_credentials(mut self, credentials: CredentialsBook) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// Whether health probes run (`false` for `--health-interval 0s`).
@@ -110,8 +122,17 @@ pub async fn run_until(
 
 fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     let proxies = crate::api::proxies(ctx.client.clone(), namespace);
+    // A changed credentials Secret is rotated at once (only the operator's Secrets are watched).
+    let secrets: Api<Secret> = match namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
     // A plugin loaded or a providers config changed: every Proxy waiting for it goes on at once.
     Controller::new(proxies, watcher::Config::default().any_semantic())
+        .owns(
+            secrets,
+            watcher::Config::default().labels(crate::credentials::SECRET_LABEL),
+        )
         .reconcile_all_on(ctx.providers.swaps())
 }
 
@@ -297,6 +318,8 @@ fn spec_for(proxy: &Proxy, ctx: &Context, name: &str, zone: Option<String>) -> I
             .provider_options
             .clone()
             .unwrap_or_else(|| serde_json::Value::Object(Default::default())),
+        // Given by `apply` when the provider takes credentials.
+        credentials: None,
     }
 }
 
@@ -324,10 +347,25 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
     let effects = match (step, provider) {
         (Step::Done(effects), _) => effects,
         (Step::Create { name, zone, status }, Some(provider)) => {
+            let mut status = status;
+            let mut spec = spec_for(proxy, ctx, &name, zone);
+            if provider.plugin().supports_credentials() {
+                match credentials::current_login(&ctx.client, proxy).await? {
+                    Ok(login) => {
+                        spec.credentials = Some(login.hashed());
+                        status.credentials = Some(credentials::applied(proxy, &login));
+                        ctx.credentials.set(credentials::key_of(proxy), login);
+                    }
+                    Err(invalid) => {
+                        let effects = credentials::invalid_secret(proxy, status, &invalid);
+                        return execute(ctx, api, proxy, effects).await;
+                    }
+                }
+            }
             // Recorded before the call: a retry after a crash, a timeout or a kill asks for the
             // same placement (see `decide::placement`).
             write_status(api, proxy, status.clone()).await?;
-            match provider.create(spec_for(proxy, ctx, &name, zone)).await {
+            match provider.create(spec).await {
                 Ok(instance) => decide::created(
                     proxy,
                     status,
@@ -345,7 +383,12 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             },
             Some(provider),
         ) => match provider.get(&provider_id).await {
-            Ok(instance) => decide::observed(proxy, status, &instance, ctx.health_probing),
+            Ok(instance) => {
+                let mut effects = decide::observed(proxy, status, &instance, ctx.health_probing);
+                let (client, book) = (&ctx.client, &ctx.credentials);
+                credentials::keep_current(client, book, provider, proxy, &mut effects).await?;
+                effects
+            }
             Err(CallError::Provider {
                 error: ProviderError::NotFound(detail),
                 ..
@@ -360,6 +403,8 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
 }
 
 async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
+    // Its Secret goes with it (owned by the Proxy); its credentials are of no more use here.
+    ctx.credentials.remove(&credentials::key_of(proxy));
     let providers = ctx.providers.current();
     let (recorded, deleting) =
         match decide::decide_cleanup(proxy, &lookup(&providers, &proxy.spec.provider)) {

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::credentials::ProxyLogin;
+
 /// Largest CONNECT response head read (squid sends a few hundred bytes).
 const MAX_HEAD: usize = 8 * 1024;
 
@@ -32,6 +34,12 @@ fn status_hint(code: u16) -> &'static str {
             ": the proxy refused the request; usually the operator's address is not in the \
              provider's `allowFrom`, or the port of --health-target is not in its `connectPorts`"
         }
+        // squid's basic auth: the credentials sent are not the ones its password file has.
+        407 => {
+            ": the proxy did not accept its credentials; the Proxy's credentials Secret may have \
+             changed without reaching the proxy (see the Proxy's events), or the proxy was made \
+             before its credentials were known to this operator"
+        }
         _ => "",
     }
 }
@@ -47,27 +55,39 @@ impl ProbeFailure {
     }
 }
 
-/// `CONNECT target` through `address:port`; the latency until the proxy said 2xx.
+/// `CONNECT target` through `address:port`, with the proxy's credentials when it has them; the
+/// latency until the proxy said 2xx.
 pub async fn probe(
     address: &str,
     port: u16,
     target: &str,
+    login: Option<&ProxyLogin>,
     timeout: Duration,
 ) -> Result<Duration, ProbeFailure> {
     let started = Instant::now();
-    match tokio::time::timeout(timeout, connect_through(address, port, target)).await {
+    let authorization = login.map(ProxyLogin::basic_authorization);
+    let connect = connect_through(address, port, target, authorization.as_deref());
+    match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(())) => Ok(started.elapsed()),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ProbeFailure::Timeout(timeout)),
     }
 }
 
-async fn connect_through(address: &str, port: u16, target: &str) -> Result<(), ProbeFailure> {
+async fn connect_through(
+    address: &str,
+    port: u16,
+    target: &str,
+    authorization: Option<&str>,
+) -> Result<(), ProbeFailure> {
     let mut stream = TcpStream::connect((address, port))
         .await
         .map_err(|e| ProbeFailure::Connect(e.to_string()))?;
     let _ = stream.set_nodelay(true);
-    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let credentials = authorization
+        .map(|value| format!("Proxy-Authorization: {value}\r\n"))
+        .unwrap_or_default();
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{credentials}\r\n");
     stream
         .write_all(request.as_bytes())
         .await
@@ -129,6 +149,7 @@ const MAX_EXIT_IP_BODY: usize = 4 * 1024;
 pub async fn exit_ip(
     address: &str,
     port: u16,
+    login: Option<&ProxyLogin>,
     url: &str,
     timeout: Duration,
 ) -> Result<std::net::IpAddr, String> {
@@ -137,8 +158,11 @@ pub async fn exit_ip(
     } else {
         address.to_string()
     };
-    let proxy = reqwest::Proxy::all(format!("http://{host}:{port}"))
+    let mut proxy = reqwest::Proxy::all(format!("http://{host}:{port}"))
         .map_err(|e| format!("proxy address {host}:{port}: {e}"))?;
+    if let Some(login) = login {
+        proxy = proxy.basic_auth(login.username(), login.password());
+    }
     // A client per request: the proxy is part of the client, and an exit IP is asked for
     // rarely (once per status refresh and proxy).
     let client = reqwest::Client::builder()
@@ -226,6 +250,7 @@ mod tests {
             "127.0.0.1",
             addr.port(),
             "www.example.com:443",
+            None,
             Duration::from_secs(5),
         )
         .await
@@ -244,6 +269,7 @@ mod tests {
             "127.0.0.1",
             addr.port(),
             "www.example.com:443",
+            None,
             Duration::from_secs(5),
         )
         .await

@@ -168,7 +168,10 @@ impl Granted {
     fn new(lease: Lease, entry: PoolEntry) -> Self {
         let pool = lease.pool_key().map(|k| k.to_string());
         Granted {
-            proxy_url: proxy_url(&entry.address, entry.port),
+            proxy_url: match &entry.login {
+                Some(login) => login.proxy_url(&entry.address, entry.port),
+                None => proxy_url(&entry.address, entry.port),
+            },
             granted_at: rfc3339(lease.granted_at_ms),
             expires_at: rfc3339(lease.expires_at_ms),
             ttl_seconds: if lease.ttl_ms > 0 {

@@ -57,6 +57,8 @@ pub struct PoolEntry {
     /// About to be removed by its pool ([`DRAINING_ANNOTATION`]): no new grant, session or
     /// renewal; its leases run out.
     pub draining: bool,
+    /// The credentials its squid requires (in a lease's `proxyUrl`); none for a proxy without.
+    pub login: Option<crate::credentials::ProxyLogin>,
 }
 
 impl PoolEntry {

@@ -4,7 +4,9 @@
 //! and implements its imports over the version-independent capabilities, so adding a version
 //! touches only this file and a new module beside `v0_1_0` (see docs/architecture.md).
 
+mod shared;
 pub mod v0_1_0;
+pub mod v0_2_0;
 
 use wasmtime::Store;
 use wasmtime::component::{Component, Linker};
@@ -21,6 +23,7 @@ pub(crate) const PROVIDER_INTERFACE: &str = "proxy-operator:provider/provider@";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WitVersion {
     V0_1_0,
+    V0_2_0,
 }
 
 /// WIT versions of `proxy-operator:provider` this host has bindings for. The bindings of `X.Y.Z`
@@ -28,16 +31,17 @@ pub enum WitVersion {
 /// `X.Y`, e.g. 0.1.1 through the 0.1.0 bindings: wasmtime matches `…@0.1.0` and `…@0.1.1` as
 /// semver-compatible names both for the host's imports and for the component's exports, and the
 /// bindings only use the functions they know. Any other major or minor version is refused.
-pub const SUPPORTED_WIT_VERSIONS: &[&str] = &[v0_1_0::VERSION];
+pub const SUPPORTED_WIT_VERSIONS: &[&str] = &[v0_1_0::VERSION, v0_2_0::VERSION];
 
 impl WitVersion {
     /// Every version, oldest first.
-    pub const ALL: &[WitVersion] = &[WitVersion::V0_1_0];
+    pub const ALL: &[WitVersion] = &[WitVersion::V0_1_0, WitVersion::V0_2_0];
 
     /// The version's number, e.g. `0.1.0`.
     pub fn as_str(self) -> &'static str {
         match self {
             WitVersion::V0_1_0 => v0_1_0::VERSION,
+            WitVersion::V0_2_0 => v0_2_0::VERSION,
         }
     }
 
@@ -84,12 +88,25 @@ pub(crate) fn supported_wit_versions() -> String {
 /// Adds the host's imports of every supported version to the linker.
 pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> anyhow::Result<()> {
     v0_1_0::add_to_linker(linker)
-        .map_err(|e| anyhow::anyhow!("linking the {} host interfaces: {e}", v0_1_0::VERSION))
+        .map_err(|e| anyhow::anyhow!("linking the {} host interfaces: {e}", v0_1_0::VERSION))?;
+    v0_2_0::add_to_linker(linker)
+        .map_err(|e| anyhow::anyhow!("linking the {} host interfaces: {e}", v0_2_0::VERSION))
 }
 
 /// A component pre-instantiated with the bindings of its version.
 pub(crate) enum PluginPre {
     V0_1_0(v0_1_0::ProviderPluginPre<HostState>),
+    V0_2_0(v0_2_0::ProviderPluginPre<HostState>),
+}
+
+impl PluginPre {
+    /// Whether the version's `instance-spec` carries proxy credentials (0.2.0 on).
+    pub(crate) fn supports_credentials(&self) -> bool {
+        match self {
+            PluginPre::V0_1_0(_) => false,
+            PluginPre::V0_2_0(_) => true,
+        }
+    }
 }
 
 /// Type-checks `component` against the bindings of `version` and pre-instantiates it.
@@ -101,6 +118,9 @@ pub(crate) fn for_component(
     let instance_pre = linker.instantiate_pre(component)?;
     match version {
         WitVersion::V0_1_0 => Ok(PluginPre::V0_1_0(v0_1_0::ProviderPluginPre::new(
+            instance_pre,
+        )?)),
+        WitVersion::V0_2_0 => Ok(PluginPre::V0_2_0(v0_2_0::ProviderPluginPre::new(
             instance_pre,
         )?)),
     }
@@ -116,6 +136,7 @@ pub(crate) async fn call(
     let function = call.name();
     let answer = match pre {
         PluginPre::V0_1_0(pre) => v0_1_0::call(store, pre, config, call).await?,
+        PluginPre::V0_2_0(pre) => v0_2_0::call(store, pre, config, call).await?,
     };
     // Whatever the version, the answer is bounded before the host uses it.
     Ok(bounds::answer(function, answer))
@@ -131,9 +152,10 @@ mod tests {
         assert_eq!(bindings("0.1.0"), Some("0.1.0"));
         assert_eq!(bindings("0.1.1"), Some("0.1.0"));
         assert_eq!(bindings("0.1.17+build.5"), Some("0.1.0"));
+        assert_eq!(bindings("0.2.0"), Some("0.2.0"));
+        assert_eq!(bindings("0.2.3"), Some("0.2.0"));
         for refused in [
-            "0.2.0",
-            "0.2.1",
+            "0.3.0",
             "1.0.0",
             "1.1.0",
             "0.0.1",
@@ -144,6 +166,9 @@ mod tests {
         ] {
             assert_eq!(bindings(refused), None, "{refused}");
         }
-        assert_eq!(supported_wit_versions(), "0.1.0 (and any later 0.1.x)");
+        assert_eq!(
+            supported_wit_versions(),
+            "0.1.0 (and any later 0.1.x), 0.2.0 (and any later 0.2.x)"
+        );
     }
 }

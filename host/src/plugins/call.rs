@@ -1,6 +1,6 @@
 //! The calls into a provider and their outputs, as the host sees them whatever the WIT version.
 
-use super::types::{CheckTarget, Instance, InstanceSpec, PluginInfo};
+use super::types::{CheckTarget, Instance, InstanceSpec, PluginInfo, ProxyCredentials};
 
 /// A call into a provider, independent of the WIT version serving it.
 pub(crate) enum Call {
@@ -9,6 +9,8 @@ pub(crate) enum Call {
     Create(Box<InstanceSpec>),
     Get(String),
     Delete(String),
+    /// New in WIT 0.2.0: the provider id and the credentials squid must now require.
+    SetCredentials(String, Box<ProxyCredentials>),
     List,
     Check,
 }
@@ -22,6 +24,7 @@ impl Call {
             Call::Create(_) => "create",
             Call::Get(_) => "get",
             Call::Delete(_) => "delete",
+            Call::SetCredentials(..) => "set-credentials",
             Call::List => "list",
             Call::Check => "check",
         }

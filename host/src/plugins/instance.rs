@@ -16,7 +16,7 @@ use super::load::LoadedPlugin;
 use super::memory::{MemoryBound, MemoryLimiter};
 use super::state::HostState;
 use super::types::Capability;
-use super::types::{CheckTarget, Instance, InstanceSpec, ProviderError};
+use super::types::{CheckTarget, Instance, InstanceSpec, ProviderError, ProxyCredentials};
 use crate::capabilities::{CallContext, Declared, GrantError, HostResources, ValidGrants};
 
 /// Per-provider-instance settings.
@@ -166,6 +166,17 @@ impl ProviderInstance {
             }) => Ok(Deletion::NothingThere(detail)),
             Err(e) => Err(e),
         }
+    }
+
+    /// Makes a running instance's squid require `credentials` (WIT 0.2.0 on; a 0.1.0 plugin
+    /// answers `permanent`).
+    pub async fn set_credentials(
+        &self,
+        provider_id: &str,
+        credentials: ProxyCredentials,
+    ) -> Result<(), CallError> {
+        let call = Call::SetCredentials(provider_id.to_string(), Box::new(credentials));
+        expect_output!(self.call(call).await, Unit)
     }
 
     pub async fn list(&self) -> Result<Vec<Instance>, CallError> {

@@ -34,6 +34,14 @@ pub struct LoadedPlugin {
     pub(crate) pre: PluginPre,
 }
 
+impl LoadedPlugin {
+    /// Whether its WIT carries proxy credentials (0.2.0 on): a 0.1.0 plugin's squid cannot be
+    /// told to require them, so its proxies have none.
+    pub fn supports_credentials(&self) -> bool {
+        self.pre.supports_credentials()
+    }
+}
+
 impl std::fmt::Debug for LoadedPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LoadedPlugin")

@@ -50,6 +50,26 @@ pub struct Owner {
     pub operator_id: String,
 }
 
+/// What squid needs to check a crawler's credentials: the user name and the password's salted
+/// hash. The password itself stays in the host (see `crate::credentials`).
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyCredentials {
+    pub username: String,
+    /// crypt(3) SHA-512, `$6$salt$hash`.
+    pub password_hash: String,
+}
+
+/// The hash is not the password, but it is no one's business in a log either.
+impl std::fmt::Debug for ProxyCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyCredentials")
+            .field("username", &self.username)
+            .field("password_hash", &"<redacted>")
+            .finish()
+    }
+}
+
 /// What the operator asks a provider to create.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -75,6 +95,10 @@ pub struct InstanceSpec {
     /// A JSON object.
     #[serde(default = "empty_object")]
     pub options: serde_json::Value,
+    /// The credentials squid must require; none for a proxy without them (and for providers
+    /// built for WIT 0.1.0, which cannot carry them).
+    #[serde(default)]
+    pub credentials: Option<ProxyCredentials>,
 }
 
 fn default_true() -> bool {

@@ -43,6 +43,9 @@ pub struct Member {
     pub lease_ends_ms: Option<u64>,
     /// `blocked` reports crawlers made on it.
     pub blocked_reports: u32,
+    /// Its credentials Secret changed and its provider could not change the running proxy's
+    /// (`CredentialsCurrent` is `False`, reason `RotationFailed`): a new proxy gets them.
+    pub credentials_stale: bool,
 }
 
 /// What the pool's spec asks for, resolved.
@@ -63,6 +66,8 @@ pub struct Desired {
 pub enum DrainReason {
     /// Crawlers reported it blocked `recycleAfter` times.
     Recycled,
+    /// Its credentials were rotated, which its provider cannot do in place.
+    CredentialsRotated,
     /// Older than `expireAfter`.
     Expired,
     /// Made from another template or spread.
@@ -76,6 +81,7 @@ impl DrainReason {
     pub fn as_str(self) -> &'static str {
         match self {
             DrainReason::Recycled => "Recycled",
+            DrainReason::CredentialsRotated => "CredentialsRotated",
             DrainReason::Expired => "Expired",
             DrainReason::TemplateChanged => "TemplateChanged",
             DrainReason::ScaleDown => "ScaleDown",
@@ -211,6 +217,9 @@ fn outdated(desired: &Desired, member: &Member, now_ms: u64) -> Option<DrainReas
         .is_some_and(|limit| member.blocked_reports >= limit)
     {
         return Some(DrainReason::Recycled);
+    }
+    if member.credentials_stale {
+        return Some(DrainReason::CredentialsRotated);
     }
     if desired
         .expire_after

@@ -261,6 +261,13 @@ fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
             .is_some_and(|v| v == "true"),
         lease_ends_ms: usage.lease_expires_at_ms,
         blocked_reports: usage.blocked_reports,
+        credentials_stale: proxy.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == crate::controller::credentials::CONDITION
+                    && c.status == "False"
+                    && c.reason == "RotationFailed"
+            })
+        }),
     }
 }
 

@@ -114,6 +114,7 @@ pub fn spec(name: &str, options: serde_json::Value) -> InstanceSpec {
         port: 3128,
         labels: Vec::new(),
         options,
+        credentials: None,
     }
 }
 
@@ -160,6 +161,10 @@ impl InstanceStore {
             .route("/echo", get(echo))
             .route("/instances", get(list))
             .route("/instances/{id}", get(get_one).put(put).delete(delete))
+            .route(
+                "/instances/{id}/credentials",
+                axum::routing::put(put_credentials),
+            )
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -325,9 +330,25 @@ fn store_instance(
         "createdAt": 1_700_000_000,
         "owner": body["owner"],
         "message": null,
+        "credentials": body["credentials"],
     });
     instances.insert(id, instance.clone());
     (StatusCode::CREATED, Json(instance))
+}
+
+/// The test provider's `set-credentials`: the instance now requires these.
+async fn put_credentials(
+    State(state): State<Arc<StoreState>>,
+    Path(id): Path<String>,
+    Json(body): Json<serde_json::Value>,
+) -> StatusCode {
+    match state.instances.lock().unwrap().get_mut(&id) {
+        Some(instance) => {
+            instance["credentials"] = body;
+            StatusCode::NO_CONTENT
+        }
+        None => StatusCode::NOT_FOUND,
+    }
 }
 
 async fn delete(State(state): State<Arc<StoreState>>, Path(id): Path<String>) -> StatusCode {

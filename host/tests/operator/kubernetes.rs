@@ -152,6 +152,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         "127.0.0.1",
         port,
         &files.addr().to_string(),
+        None,
         Duration::from_secs(5),
     )
     .await;
@@ -171,6 +172,134 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         .await
         .expect("deleting again is fine");
     assert!(listed_ids(&provider).await.is_empty());
+}
+
+/// Credentials: the ConfigMap's squid.conf requires basic auth against the password file the
+/// provider wrote from the hash (never the password), real squid with its real helper checks it,
+/// and `set-credentials` rewrites the file in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them() {
+    use proxy_operator::credentials::ProxyLogin;
+    use proxy_operator::health::{ProbeFailure, probe};
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-k8s-creds").await.unwrap();
+    let port = free_port().unwrap();
+    let provider = kubernetes_provider(
+        &ns,
+        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"]}),
+    )
+    .await;
+    let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
+    let login = ProxyLogin::generate("egress-creds");
+    let mut want = spec("px-k8s-creds", serde_json::json!({}));
+    want.port = port;
+    want.credentials = Some(login.hashed());
+    provider.create(want).await.unwrap();
+    let pod = pods.get("px-k8s-creds").await.unwrap().spec.unwrap();
+    let mount = pod.containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == "squid-auth")
+        .expect("the password file's mount")
+        .clone();
+    assert_eq!(mount.mount_path, "/etc/squid/proxy-operator");
+    assert_eq!(
+        mount.sub_path, None,
+        "a directory mount, which the kubelet updates"
+    );
+
+    // squid as the Pod runs it, the password file where the Pod would see it.
+    let data = maps.get("px-k8s-creds-squid").await.unwrap().data.unwrap();
+    assert!(!data["passwd"].contains(login.password()));
+    let scratch = Scratch::new("k8s-squid-auth").unwrap();
+    let passwd = scratch.path().join("passwd");
+    std::fs::write(&passwd, &data["passwd"]).unwrap();
+    make_readable_by_squid(scratch.path(), &passwd);
+    let conf =
+        data["squid.conf"].replace("/etc/squid/proxy-operator/passwd", passwd.to_str().unwrap());
+    let (mut squid, _run) = run_squid(&conf, port).await;
+    let files = FileServer::start().await.unwrap();
+    files.serve("/page", b"through squid".to_vec());
+    let client = |login: Option<&ProxyLogin>| {
+        let url = match login {
+            Some(login) => login.proxy_url("127.0.0.1", port),
+            None => format!("http://127.0.0.1:{port}"),
+        };
+        reqwest::Client::builder()
+            .proxy(reqwest::Proxy::http(url).unwrap())
+            .build()
+            .unwrap()
+    };
+    let status_with = |login: Option<ProxyLogin>| {
+        let (request, url) = (client(login.as_ref()), files.url("/page"));
+        async move { request.get(url).send().await.unwrap().status() }
+    };
+    assert_eq!(status_with(None).await, 407);
+    let stranger = ProxyLogin::generate("egress-creds");
+    assert_eq!(status_with(Some(stranger)).await, 407);
+    assert_eq!(status_with(Some(login.clone())).await, 200);
+    // CONNECT outside connectPorts stays refused, credentials or not.
+    let target = files.addr().to_string();
+    let connect = probe(
+        "127.0.0.1",
+        port,
+        &target,
+        Some(&login),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(connect, Err(ProbeFailure::Status(403)));
+
+    // Rotation: the provider rewrites the ConfigMap's password file (the kubelet brings it into
+    // the Pod; here the test does), and squid's helper reads it again.
+    let new = ProxyLogin::generate("egress-creds");
+    provider
+        .set_credentials("px-k8s-creds", new.hashed())
+        .await
+        .unwrap();
+    let data = maps.get("px-k8s-creds-squid").await.unwrap().data.unwrap();
+    assert!(data["squid.conf"].contains("auth_param basic program"));
+    harness::squid::replace_password_file(&passwd, &data["passwd"]).unwrap();
+    make_readable_by_squid(scratch.path(), &passwd);
+    assert_eq!(status_with(Some(new.clone())).await, 200);
+    wait_for(
+        "the old password refused",
+        Duration::from_secs(30),
+        || async {
+            match status_with(Some(login.clone())).await.as_u16() {
+                407 => Check::Ready(()),
+                other => Check::NotYet(other.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    squid.kill();
+
+    // A proxy made without credentials cannot be given some: the provider says why.
+    let mut open = spec("px-k8s-open", serde_json::json!({}));
+    open.port = port;
+    provider.create(open).await.unwrap();
+    let refused = provider
+        .set_credentials("px-k8s-open", new.hashed())
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("made without credentials"),
+        "{refused}"
+    );
+}
+
+/// squid's helper runs as `proxy`: it must read the password file.
+fn make_readable_by_squid(dir: &std::path::Path, file: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for path in [dir, file] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
 }
 
 /// Runs real squid with `conf` until dropped; returns when it accepts connections on `port`.

@@ -37,6 +37,7 @@ fn pool(ns: &str) -> Vec<PoolEntry> {
             healthy: true,
             pool: None,
             draining: false,
+            login: None,
         })
         .collect()
 }

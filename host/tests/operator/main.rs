@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod crawler_examples;
+mod credentials;
 mod gcp;
 mod health;
 mod kube_capability;

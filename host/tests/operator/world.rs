@@ -22,6 +22,11 @@ pub struct World {
 
 impl World {
     pub async fn start(prefix: &str) -> World {
+        World::start_with_squid(prefix, Squid::start().await.unwrap()).await
+    }
+
+    /// A world whose Proxies all point at `squid`.
+    pub async fn start_with_squid(prefix: &str, squid: Squid) -> World {
         let cp = control_plane().await;
         let ns = cp.namespace(prefix).await.unwrap();
         let store = InstanceStore::start().await;
@@ -36,7 +41,7 @@ impl World {
             cp,
             ns,
             store,
-            squid: Squid::start().await.unwrap(),
+            squid,
             target: FileServer::start().await.unwrap(),
             config: config.to_str().unwrap().to_string(),
             dir,

@@ -2,7 +2,7 @@
 //! resource, and Google's error bodies mapped to provider errors. Plain functions over JSON,
 //! tested natively.
 
-use proxy_operator_sdk::squid::{self, SquidHost};
+use proxy_operator_sdk::squid;
 use proxy_operator_sdk::{
     Instance, InstanceSpec, InstanceState, Owner, ProviderError, retried_as_transient, transient,
 };
@@ -53,7 +53,12 @@ pub const STARTUP_SCRIPT_ITEM: &str = "startup-script";
 
 /// The `instances.insert` body of a proxy VM. `managed_squid`: configure squid with a startup
 /// script (Google's images run it at every boot, whatever the user-data does).
-pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str, managed_squid: bool) -> Value {
+pub fn insert_body(
+    config: &Config,
+    spec: &InstanceSpec,
+    zone: &str,
+    managed_squid: bool,
+) -> Result<Value, ProviderError> {
     let machine_type = spec.machine_type.as_deref().unwrap_or(&config.machine_type);
     let image = spec.image.as_deref().unwrap_or(&config.image);
     let owner = json!({
@@ -76,18 +81,8 @@ pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str, managed_squ
         );
     }
     if managed_squid {
-        let conf = squid::squid_conf(
-            &config.squid(),
-            &spec.owner,
-            spec.port,
-            SquidHost::Vm {
-                hostname: &spec.name,
-                dns_nameservers: &[],
-            },
-        );
-        items.push(
-            json!({"key": STARTUP_SCRIPT_ITEM, "value": squid::vm_setup_script(&conf, &spec.name)}),
-        );
+        let script = squid::vm_setup(&config.squid(), spec, spec.port, &[])?;
+        items.push(json!({"key": STARTUP_SCRIPT_ITEM, "value": script}));
     }
     let mut labels = serde_json::Map::new();
     for (key, value) in &spec.labels {
@@ -121,7 +116,7 @@ pub fn insert_body(config: &Config, spec: &InstanceSpec, zone: &str, managed_squ
             "instanceTerminationAction": "DELETE",
         });
     }
-    body
+    Ok(body)
 }
 
 /// Why a VM must not be deleted by this provider: it was not made by proxy-operator (a
@@ -307,6 +302,7 @@ mod tests {
             port: 3128,
             labels: vec![("Team".into(), "Crawl Ops".into())],
             options: "{}".into(),
+            credentials: None,
         }
     }
 
@@ -319,7 +315,7 @@ mod tests {
 
     #[test]
     fn the_insert_body_carries_identity_cloud_init_and_labels() {
-        let body = insert_body(&config(), &spec(), "europe-west1-b", true);
+        let body = insert_body(&config(), &spec(), "europe-west1-b", true).unwrap();
         assert_eq!(
             body["machineType"],
             "zones/europe-west1-b/machineTypes/e2-medium"
@@ -340,7 +336,7 @@ mod tests {
             script.contains("\nhttp_port 3128\n")
                 && script.contains("visible_hostname px-0123abcd")
         );
-        let unmanaged = insert_body(&config(), &spec(), "europe-west1-b", false);
+        let unmanaged = insert_body(&config(), &spec(), "europe-west1-b", false).unwrap();
         assert_eq!(unmanaged["metadata"]["items"].as_array().unwrap().len(), 3);
         assert_eq!(body["scheduling"]["provisioningModel"], "SPOT");
         assert_eq!(

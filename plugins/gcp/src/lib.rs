@@ -162,7 +162,7 @@ impl Provider for GcpProvider {
         }
         let managed_squid =
             proxy_operator_sdk::squid::managed(config.managed_squid, &spec.options)?;
-        let body = compute::insert_body(&config, &spec, &zone, managed_squid);
+        let body = compute::insert_body(&config, &spec, &zone, managed_squid)?;
         let what = format!("insert instance {zone}/{}", spec.name);
         let response = call(
             "POST",

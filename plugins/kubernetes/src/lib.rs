@@ -12,10 +12,12 @@ pub mod config;
 pub mod objects;
 
 use proxy_operator_sdk::capabilities::{self, Level, kube};
+use proxy_operator_sdk::squid;
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, PluginInfo, Provider, ProviderError,
-    export_provider,
+    ProxyCredentials, export_provider,
 };
+use serde_json::json;
 
 use crate::config::{Config, ProxyOptions};
 
@@ -80,6 +82,9 @@ impl Provider for KubernetesProvider {
     fn create(config: Config, spec: InstanceSpec) -> Result<Instance, ProviderError> {
         // The host ran validate-config on the config before binding it.
         let options = ProxyOptions::parse(&spec.options)?;
+        if let Some(credentials) = &spec.credentials {
+            squid::validate_credentials(credentials)?;
+        }
         // A Pod's spec cannot be changed in place: an existing one is the instance.
         let pod = match find("Pod", &spec.name)? {
             Some(pod) => pod,
@@ -120,6 +125,36 @@ impl Provider for KubernetesProvider {
                 kube::namespace()
             ))),
         }
+    }
+
+    /// Rewrites the password file in the proxy's ConfigMap; the kubelet brings it into the Pod
+    /// (within its sync period, about a minute) and squid's helper re-reads it.
+    fn set_credentials(
+        _config: Config,
+        provider_id: String,
+        credentials: ProxyCredentials,
+    ) -> Result<(), ProviderError> {
+        squid::validate_credentials(&credentials)?;
+        let name = objects::configmap_name(&provider_id);
+        let Some(mut configmap) = find("ConfigMap", &name)? else {
+            return Err(ProviderError::NotFound(format!(
+                "ConfigMap {}/{name} of proxy {provider_id} not found",
+                kube::namespace()
+            )));
+        };
+        if configmap["data"].get(objects::PASSWORD_KEY).is_none() {
+            return Err(ProviderError::Permanent(format!(
+                "proxy {provider_id} was made without credentials, so its squid cannot take new ones; delete the Proxy to get one with credentials"
+            )));
+        }
+        configmap["data"][objects::PASSWORD_KEY] = json!(squid::password_file(&credentials));
+        kube::apply(&objects::reapplied(&configmap).to_string())?;
+        capabilities::log(
+            Level::Info,
+            "rotated the proxy's credentials",
+            &[("pod", &provider_id)],
+        );
+        Ok(())
     }
 
     fn delete(_config: Config, provider_id: String) -> Result<(), ProviderError> {

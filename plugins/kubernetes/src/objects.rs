@@ -25,6 +25,11 @@ pub fn configmap_name(pod: &str) -> String {
     format!("{pod}-squid")
 }
 
+/// Where the Pod sees the ConfigMap's password file. A directory mount (not `subPath`), so the
+/// kubelet updates it when the ConfigMap changes and a rotation reaches squid without a restart.
+pub const AUTH_DIR: &str = "/etc/squid/proxy-operator";
+pub const PASSWORD_KEY: &str = "passwd";
+
 /// Where the access log goes when `config.accessLog` is on (an emptyDir of the Pod).
 pub const LOG_DIR: &str = "/var/log/squid";
 
@@ -38,7 +43,24 @@ pub fn squid_conf(config: &Config, spec: &InstanceSpec) -> String {
         &spec.owner,
         spec.port,
         SquidHost::Container { log_dir: LOG_DIR },
+        spec.credentials.as_ref().map(|_| squid::BasicAuth {
+            helper: squid::DEBIAN_BASIC_AUTH_HELPER,
+            password_file: PASSWORD_FILE,
+        }),
     )
+}
+
+/// The password file's path in the Pod.
+pub const PASSWORD_FILE: &str = "/etc/squid/proxy-operator/passwd";
+
+/// The ConfigMap's data: squid.conf, and the password file when the proxy has credentials (a
+/// salted hash: Secrets cannot be granted to a plugin, and the password never reaches it).
+pub fn configmap_data(config: &Config, spec: &InstanceSpec) -> Value {
+    let mut data = json!({"squid.conf": squid_conf(config, spec)});
+    if let Some(credentials) = &spec.credentials {
+        data[PASSWORD_KEY] = json!(squid::password_file(credentials));
+    }
+    data
 }
 
 pub fn configmap(config: &Config, spec: &InstanceSpec) -> Value {
@@ -49,7 +71,21 @@ pub fn configmap(config: &Config, spec: &InstanceSpec) -> Value {
             "name": configmap_name(&spec.name),
             "labels": {PROXY_LABEL: spec.name},
         },
-        "data": {"squid.conf": squid_conf(config, spec)},
+        "data": configmap_data(config, spec),
+    })
+}
+
+/// A ConfigMap read back from the API server, as this provider applies it: its name, labels and
+/// data (not the server's fields, which an apply may not set).
+pub fn reapplied(configmap: &Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap["metadata"]["name"],
+            "labels": configmap["metadata"]["labels"],
+        },
+        "data": configmap["data"],
     })
 }
 
@@ -117,6 +153,13 @@ pub fn pod(config: &Config, spec: &InstanceSpec) -> Value {
     })];
     let mut volumes =
         vec![json!({"name": "squid-conf", "configMap": {"name": configmap_name(&spec.name)}})];
+    if spec.credentials.is_some() {
+        mounts.push(json!({"name": "squid-auth", "mountPath": AUTH_DIR, "readOnly": true}));
+        volumes.push(json!({"name": "squid-auth", "configMap": {
+            "name": configmap_name(&spec.name),
+            "items": [{"key": PASSWORD_KEY, "path": PASSWORD_KEY}],
+        }}));
+    }
     if config.access_log {
         mounts.push(json!({"name": "squid-logs", "mountPath": LOG_DIR}));
         volumes.push(json!({"name": "squid-logs", "emptyDir": {"sizeLimit": "256Mi"}}));
@@ -299,6 +342,7 @@ mod tests {
             port: 3128,
             labels: vec![("team".into(), "crawl".into())],
             options: "{}".into(),
+            credentials: None,
         }
     }
 
@@ -339,6 +383,42 @@ mod tests {
         assert_eq!(
             container["securityContext"]["capabilities"]["drop"][0],
             "ALL"
+        );
+    }
+
+    #[test]
+    fn with_credentials_the_password_file_is_mounted_as_a_directory_and_required() {
+        let mut spec = spec();
+        spec.credentials = Some(proxy_operator_sdk::ProxyCredentials {
+            username: "px-a".into(),
+            password_hash: "$6$salt$hash".into(),
+        });
+        let data = configmap_data(&config(), &spec);
+        assert_eq!(data[PASSWORD_KEY], "px-a:$6$salt$hash\n");
+        let conf = data["squid.conf"].as_str().unwrap();
+        assert!(conf.contains(&format!(
+            "auth_param basic program /usr/lib/squid/basic_ncsa_auth {PASSWORD_FILE}\n"
+        )));
+        assert!(conf.contains("http_access allow proxy_users\n"));
+        let pod = pod(&config(), &spec);
+        let mounts = pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap();
+        let auth = mounts.iter().find(|m| m["name"] == "squid-auth").unwrap();
+        // No subPath: the kubelet updates a directory mount when the ConfigMap changes.
+        assert_eq!(auth["mountPath"], AUTH_DIR);
+        assert!(auth.get("subPath").is_none());
+        assert!(PASSWORD_FILE.starts_with(AUTH_DIR));
+        // Read back from the server, re-applied with only what the provider owns.
+        let mut read_back = configmap(&config(), &spec);
+        read_back["metadata"]["resourceVersion"] = json!("42");
+        read_back["metadata"]["managedFields"] = json!([]);
+        assert_eq!(reapplied(&read_back), configmap(&config(), &spec));
+        // Without credentials: no password file, no mount.
+        assert!(
+            configmap_data(&config(), &self::spec())
+                .get(PASSWORD_KEY)
+                .is_none()
         );
     }
 

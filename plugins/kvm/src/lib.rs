@@ -22,7 +22,7 @@ mod testing;
 
 use proxy_operator_sdk::capabilities::libvirt::{DomainInfo, Hypervisor, ImageSource, VolumeInfo};
 use proxy_operator_sdk::capabilities::{self, Level};
-use proxy_operator_sdk::squid::{self, SquidHost};
+use proxy_operator_sdk::squid;
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, InstanceState, Owner, PluginInfo, Provider,
     ProviderError, export_provider, transient,
@@ -344,16 +344,12 @@ fn plan<'a>(config: &'a Config, spec: &InstanceSpec) -> Result<Plan<'a>, Provide
     let size = spec::parse_machine_type(spec.machine_type.as_deref(), &config.defaults)?;
     let port = spec::port(spec.port);
     let squid_setup = if spec::managed_squid(config, &spec.options)? {
-        let conf = squid::squid_conf(
+        Some(squid::vm_setup(
             &config.squid(),
-            &spec.owner,
+            spec,
             port,
-            SquidHost::Vm {
-                hostname: &spec.name,
-                dns_nameservers: &config.dns_nameservers,
-            },
-        );
-        Some(squid::vm_setup_script(&conf, &spec.name))
+            &config.dns_nameservers,
+        )?)
     } else {
         None
     };
@@ -741,6 +737,7 @@ mod tests {
             port: 0,
             labels: Vec::new(),
             options: "{}".into(),
+            credentials: None,
         }
     }
 

@@ -22,7 +22,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         world: "provider-plugin",
-        path: "../../wit/since_v0.1.0",
+        path: "../../wit/since_v0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_provider_bindings",
         default_bindings_module: "::proxy_operator_sdk::bindings",
@@ -40,13 +40,13 @@ pub mod time;
 pub use bindings::exports::proxy_operator::provider::provider::Guest as __Guest;
 pub use bindings::proxy_operator::provider::types::{
     Capability, CheckTarget, Instance, InstanceSpec, InstanceState, Owner, PluginInfo,
-    ProviderError, TransientError,
+    ProviderError, ProxyCredentials, TransientError,
 };
 pub use config::parse_config;
 pub use serde_json;
 
 /// The WIT package version this SDK builds against.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// A provider implementation. Every method gets the parsed config of the provider instance.
 pub trait Provider {
@@ -65,6 +65,19 @@ pub trait Provider {
     fn create(config: Self::Config, spec: InstanceSpec) -> Result<Instance, ProviderError>;
     /// Look up an instance by provider id.
     fn get(config: Self::Config, provider_id: String) -> Result<Instance, ProviderError>;
+    /// Make a running instance's squid require `credentials` (the Proxy's credentials were
+    /// rotated). Default: `permanent`, for a provider that cannot reach a running instance (a
+    /// VM): the operator says so on the Proxy, and a ProxyPool replaces the proxy.
+    fn set_credentials(
+        _config: Self::Config,
+        _provider_id: String,
+        _credentials: ProxyCredentials,
+    ) -> Result<(), ProviderError> {
+        Err(ProviderError::Permanent(format!(
+            "the {} provider cannot change a running proxy's credentials; delete the Proxy to get one with the new credentials (a ProxyPool replaces it by itself)",
+            Self::info().name
+        )))
+    }
     /// Delete an instance; an instance already gone is success.
     fn delete(config: Self::Config, provider_id: String) -> Result<(), ProviderError>;
     /// Every instance carrying an owner identity.
@@ -129,6 +142,17 @@ macro_rules! export_provider {
                 provider_id: String,
             ) -> Result<$crate::Instance, $crate::ProviderError> {
                 <$provider as $crate::Provider>::get($crate::parse_config(&config)?, provider_id)
+            }
+            fn set_credentials(
+                config: String,
+                provider_id: String,
+                credentials: $crate::ProxyCredentials,
+            ) -> Result<(), $crate::ProviderError> {
+                <$provider as $crate::Provider>::set_credentials(
+                    $crate::parse_config(&config)?,
+                    provider_id,
+                    credentials,
+                )
             }
             fn delete(config: String, provider_id: String) -> Result<(), $crate::ProviderError> {
                 <$provider as $crate::Provider>::delete($crate::parse_config(&config)?, provider_id)

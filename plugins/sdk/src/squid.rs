@@ -10,7 +10,7 @@
 
 use serde::Deserialize;
 
-use crate::{Owner, ProviderError};
+use crate::{Owner, ProviderError, ProxyCredentials};
 
 /// Who may use a proxy when the config says nothing: the private ranges pods, nodes and LANs
 /// usually have. squid refuses everyone else, so a proxy is never open to the internet.
@@ -138,8 +138,60 @@ pub enum SquidHost<'a> {
     },
 }
 
-/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to `connect_ports`.
-pub fn squid_conf(options: &SquidOptions, owner: &Owner, port: u16, host: SquidHost<'_>) -> String {
+/// squid's basic-auth helper where Debian and Ubuntu (and their squid images) install it. The VM
+/// setup script finds the distribution's own path itself.
+pub const DEBIAN_BASIC_AUTH_HELPER: &str = "/usr/lib/squid/basic_ncsa_auth";
+
+/// Where a VM's squid reads its password file.
+pub const VM_PASSWORD_FILE: &str = "/etc/squid/proxy-operator.passwd";
+
+/// How squid checks crawlers' credentials: the helper and the password file it reads (one line,
+/// [`password_file`]). The helper re-reads the file when it changes, so a rotation needs no
+/// restart; squid keeps a checked password for `credentialsttl`, so a rotated-out password
+/// stops working within that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BasicAuth<'a> {
+    pub helper: &'a str,
+    pub password_file: &'a str,
+}
+
+/// The password file squid's `basic_ncsa_auth` reads: `username:hash`.
+pub fn password_file(credentials: &ProxyCredentials) -> String {
+    format!("{}:{}\n", credentials.username, credentials.password_hash)
+}
+
+/// Checks what the host sends, so a bad value cannot break squid.conf or the password file.
+pub fn validate_credentials(credentials: &ProxyCredentials) -> Result<(), ProviderError> {
+    let printable_without = |value: &str, forbidden: char| {
+        !value.is_empty()
+            && value
+                .chars()
+                .all(|c| c.is_ascii_graphic() && c != forbidden)
+    };
+    if !printable_without(&credentials.username, ':') {
+        return Err(ProviderError::Permanent(
+            "credentials.username: empty, or holds a colon, space or non-ASCII character".into(),
+        ));
+    }
+    if !printable_without(&credentials.password_hash, ':')
+        || !credentials.password_hash.starts_with('$')
+    {
+        return Err(ProviderError::Permanent(
+            "credentials.password-hash: not a crypt(3) hash like `$6$salt$hash`".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to `connect_ports`, and
+/// with `auth`, only crawlers with the proxy's credentials (HTTP basic auth).
+pub fn squid_conf(
+    options: &SquidOptions,
+    owner: &Owner,
+    port: u16,
+    host: SquidHost<'_>,
+    auth: Option<BasicAuth<'_>>,
+) -> String {
     let connect_ports = options
         .connect_ports
         .iter()
@@ -154,9 +206,30 @@ pub fn squid_conf(options: &SquidOptions, owner: &Owner, port: u16, host: SquidH
          acl Safe_ports port 80 443 1025-65535 {connect_ports}\n\
          acl CONNECT method CONNECT\n\
          http_access deny !Safe_ports\n\
-         http_access deny CONNECT !SSL_ports\n\
-         http_access allow crawlers\n\
-         http_access deny all\n\
+         http_access deny CONNECT !SSL_ports\n",
+        owner.namespace,
+        owner.name,
+        owner.uid,
+        allow = options.allow_from.join(" "),
+    );
+    match auth {
+        // Outside allowFrom: refused without a challenge. Inside: a 407 asks for credentials.
+        Some(BasicAuth {
+            helper,
+            password_file,
+        }) => conf.push_str(&format!(
+            "auth_param basic program {helper} {password_file}\n\
+             auth_param basic children 4 startup=1 idle=1\n\
+             auth_param basic realm proxy-operator\n\
+             auth_param basic credentialsttl 5 seconds\n\
+             acl proxy_users proxy_auth REQUIRED\n\
+             http_access deny !crawlers\n\
+             http_access allow proxy_users\n"
+        )),
+        None => conf.push_str("http_access allow crawlers\n"),
+    }
+    conf.push_str(
+        "http_access deny all\n\
          cache deny all\n\
          cache_mem 8 MB\n\
          max_filedescriptors 1024\n\
@@ -164,10 +237,6 @@ pub fn squid_conf(options: &SquidOptions, owner: &Owner, port: u16, host: SquidH
          shutdown_lifetime 1 seconds\n\
          via off\n\
          forwarded_for delete\n",
-        owner.namespace,
-        owner.name,
-        owner.uid,
-        allow = options.allow_from.join(" "),
     );
     let log_dir = match host {
         SquidHost::Container { log_dir } => {
@@ -200,8 +269,14 @@ pub fn squid_conf(options: &SquidOptions, owner: &Owner, port: u16, host: SquidH
 /// stalls at start otherwise), and (re)starts squid. Shipped as vendor-data, because cloud-init's
 /// merge drops vendor-data keys that user-data defines, while a script part always runs.
 /// The restart does not wait (`--no-block`): an image may order squid after cloud-init, which
-/// is still running this script.
-pub fn vm_setup_script(squid_conf: &str, hostname: &str) -> String {
+/// is still running this script. With `credentials`, it writes the password file
+/// ([`VM_PASSWORD_FILE`], readable by squid's group only) and points squid.conf at the
+/// distribution's own `basic_ncsa_auth` when it is not Debian's.
+pub fn vm_setup_script(
+    squid_conf: &str,
+    hostname: &str,
+    credentials: Option<&ProxyCredentials>,
+) -> String {
     // The name goes into the script unquoted by the shell: keep only what a host name may hold.
     let hostname: String = hostname
         .chars()
@@ -212,6 +287,9 @@ pub fn vm_setup_script(squid_conf: &str, hostname: &str) -> String {
     while squid_conf.lines().any(|l| l == delimiter) {
         delimiter.push('_');
     }
+    let password_setup = credentials
+        .map(|c| vm_password_setup(&password_file(c)))
+        .unwrap_or_default();
     format!(
         r#"#!/bin/sh
 # proxy-operator: the managed squid of this proxy (turn off with managedSquid: false).
@@ -237,7 +315,7 @@ fi
 mkdir -p /etc/squid
 cat > /etc/squid/squid.conf <<'{delimiter}'
 {squid_conf}{delimiter}
-grep -qs '[[:space:]]{hostname}$' /etc/hosts || echo '127.0.1.1 {hostname}' >> /etc/hosts
+{password_setup}grep -qs '[[:space:]]{hostname}$' /etc/hosts || echo '127.0.1.1 {hostname}' >> /etc/hosts
 if command -v systemctl >/dev/null 2>&1; then
   # enable reloads systemd, which takes seconds on a slow VM: only when needed.
   systemctl is-enabled --quiet squid 2>/dev/null || systemctl enable squid >/dev/null 2>&1 || true
@@ -248,6 +326,56 @@ elif command -v rc-service >/dev/null 2>&1; then
 else
   squid -k reconfigure 2>/dev/null || squid
 fi
+"#
+    )
+}
+
+/// The cloud-init script that sets up a VM's managed squid for `spec` (squid listening on
+/// `port`): [`squid_conf`] for a VM named `spec.name`, with basic auth when the spec carries
+/// credentials, shipped by [`vm_setup_script`].
+pub fn vm_setup(
+    options: &SquidOptions,
+    spec: &crate::InstanceSpec,
+    port: u16,
+    dns_nameservers: &[String],
+) -> Result<String, ProviderError> {
+    if let Some(credentials) = &spec.credentials {
+        validate_credentials(credentials)?;
+    }
+    let auth = spec.credentials.as_ref().map(|_| BasicAuth {
+        helper: DEBIAN_BASIC_AUTH_HELPER,
+        password_file: VM_PASSWORD_FILE,
+    });
+    let host = SquidHost::Vm {
+        hostname: &spec.name,
+        dns_nameservers,
+    };
+    let conf = squid_conf(options, &spec.owner, port, host, auth);
+    Ok(vm_setup_script(
+        &conf,
+        &spec.name,
+        spec.credentials.as_ref(),
+    ))
+}
+
+/// The script lines that write the password file and find the auth helper.
+fn vm_password_setup(password_file: &str) -> String {
+    let mut delimiter = "PROXY_OPERATOR_PASSWORDS".to_string();
+    while password_file.lines().any(|l| l == delimiter) {
+        delimiter.push('_');
+    }
+    format!(
+        r#"(umask 077; cat > {VM_PASSWORD_FILE} <<'{delimiter}'
+{password_file}{delimiter}
+)
+chgrp proxy {VM_PASSWORD_FILE} 2>/dev/null || chgrp squid {VM_PASSWORD_FILE} 2>/dev/null || true
+chmod 0640 {VM_PASSWORD_FILE}
+for helper in {DEBIAN_BASIC_AUTH_HELPER} /usr/lib64/squid/basic_ncsa_auth /usr/libexec/squid/basic_ncsa_auth; do
+  if [ -x "$helper" ]; then
+    sed -i "s#{DEBIAN_BASIC_AUTH_HELPER} #$helper #" /etc/squid/squid.conf
+    break
+  fi
+done
 "#
     )
 }
@@ -317,6 +445,7 @@ mod tests {
                 hostname: "px-1",
                 dns_nameservers: &dns,
             },
+            None,
         );
         for line in [
             "http_port 3128",
@@ -345,6 +474,7 @@ mod tests {
                 hostname: "px-1",
                 dns_nameservers: &[],
             },
+            None,
         );
         assert!(!no_dns.contains("dns_nameservers"));
         assert!(no_dns.ends_with("access_log none\n"));
@@ -354,12 +484,93 @@ mod tests {
     fn setup_script_writes_the_conf_verbatim() {
         let conf =
             "http_port 3128\n$HOME `x` PROXY_OPERATOR_SQUID_CONF\nPROXY_OPERATOR_SQUID_CONF\n";
-        let script = vm_setup_script(conf, "px-1");
+        let script = vm_setup_script(conf, "px-1", None);
         assert!(script.starts_with("#!/bin/sh\n"));
+        assert!(!script.contains(VM_PASSWORD_FILE));
         assert!(script.contains(
             "cat > /etc/squid/squid.conf <<'PROXY_OPERATOR_SQUID_CONF_'\nhttp_port 3128\n$HOME `x` PROXY_OPERATOR_SQUID_CONF\nPROXY_OPERATOR_SQUID_CONF\nPROXY_OPERATOR_SQUID_CONF_\n"
         ));
         assert!(script.contains("systemctl restart --no-block squid"));
         assert!(script.contains("echo '127.0.1.1 px-1' >> /etc/hosts"));
+    }
+
+    fn credentials() -> ProxyCredentials {
+        ProxyCredentials {
+            username: "px-egress-1".into(),
+            password_hash: "$6$c2FsdA$aGFzaA".into(),
+        }
+    }
+
+    #[test]
+    fn with_credentials_squid_challenges_only_allowed_clients() {
+        let auth = BasicAuth {
+            helper: DEBIAN_BASIC_AUTH_HELPER,
+            password_file: "/etc/squid/auth/passwd",
+        };
+        let conf = squid_conf(
+            &SquidOptions::default(),
+            &owner(),
+            3128,
+            SquidHost::Container { log_dir: "/l" },
+            Some(auth),
+        );
+        let access: Vec<&str> = conf
+            .lines()
+            .filter(|l| l.starts_with("http_access"))
+            .collect();
+        assert_eq!(
+            access,
+            [
+                "http_access deny !Safe_ports",
+                "http_access deny CONNECT !SSL_ports",
+                "http_access deny !crawlers",
+                "http_access allow proxy_users",
+                "http_access deny all",
+            ]
+        );
+        assert!(conf.contains(
+            "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/auth/passwd\n"
+        ));
+        let open = squid_conf(
+            &SquidOptions::default(),
+            &owner(),
+            3128,
+            SquidHost::Container { log_dir: "/l" },
+            None,
+        );
+        assert!(open.contains("http_access allow crawlers\n") && !open.contains("auth_param"));
+    }
+
+    #[test]
+    fn the_vm_script_writes_the_password_file_not_world_readable() {
+        let script = vm_setup_script("http_port 3128\n", "px-1", Some(&credentials()));
+        assert!(script.contains(&format!(
+            "(umask 077; cat > {VM_PASSWORD_FILE} <<'PROXY_OPERATOR_PASSWORDS'\npx-egress-1:$6$c2FsdA$aGFzaA\nPROXY_OPERATOR_PASSWORDS\n)"
+        )));
+        assert!(script.contains(&format!("chmod 0640 {VM_PASSWORD_FILE}")));
+        // Written before squid is (re)started.
+        assert!(script.find(VM_PASSWORD_FILE).unwrap() < script.find("systemctl restart").unwrap());
+    }
+
+    #[test]
+    fn credentials_that_would_break_the_files_are_refused() {
+        validate_credentials(&credentials()).unwrap();
+        for (username, hash) in [
+            ("", "$6$s$h"),
+            ("a:b", "$6$s$h"),
+            ("a b", "$6$s$h"),
+            ("a\nb", "$6$s$h"),
+            ("a", "plain"),
+            ("a", "$6$s$h\nroot:$6$x$y"),
+        ] {
+            let bad = ProxyCredentials {
+                username: username.into(),
+                password_hash: hash.into(),
+            };
+            assert!(
+                matches!(validate_credentials(&bad), Err(ProviderError::Permanent(_))),
+                "{username:?} {hash:?}"
+            );
+        }
     }
 }

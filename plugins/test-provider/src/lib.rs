@@ -9,7 +9,7 @@
 use proxy_operator_sdk::capabilities::{self, Level, kube};
 use proxy_operator_sdk::{
     Capability, CheckTarget, Instance, InstanceSpec, InstanceState, Owner, PluginInfo, Provider,
-    ProviderError, export_provider,
+    ProviderError, ProxyCredentials, export_provider,
 };
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +37,26 @@ pub struct StoredInstance {
     pub created_at: Option<i64>,
     pub owner: Option<StoredOwner>,
     pub message: Option<String>,
+    /// What the host sent for squid to check (tests read it to configure their squid): the
+    /// user name and the password's hash, never the password.
+    #[serde(default)]
+    pub credentials: Option<StoredCredentials>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredCredentials {
+    pub username: String,
+    pub password_hash: String,
+}
+
+impl From<&ProxyCredentials> for StoredCredentials {
+    fn from(c: &ProxyCredentials) -> Self {
+        StoredCredentials {
+            username: c.username.clone(),
+            password_hash: c.password_hash.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -102,6 +122,7 @@ pub fn synthetic(index: usize) -> StoredInstance {
         created_at: Some(1_700_000_000 + index as i64),
         owner: None,
         message: None,
+        credentials: None,
     }
 }
 
@@ -294,6 +315,7 @@ impl Provider for TestProvider {
                         operator_id: spec.owner.operator_id.clone(),
                     }),
                     message: None,
+                    credentials: spec.credentials.as_ref().map(Into::into),
                 };
                 let object = serde_json::json!({
                     "apiVersion": "v1",
@@ -318,6 +340,7 @@ impl Provider for TestProvider {
                         "operatorId": spec.owner.operator_id,
                     },
                     "options": options,
+                    "credentials": spec.credentials.as_ref().map(StoredCredentials::from),
                 });
                 let response = send(
                     "PUT",
@@ -346,6 +369,26 @@ impl Provider for TestProvider {
                     status => Err(capabilities::status_error(status, &response.body)),
                 }
             }
+        }
+    }
+
+    fn set_credentials(
+        config: Config,
+        provider_id: String,
+        credentials: ProxyCredentials,
+    ) -> Result<(), ProviderError> {
+        let Endpoint::Http(base) = endpoint_kind(&config)? else {
+            return Err(ProviderError::Permanent(
+                "only the test provider's HTTP store keeps credentials".into(),
+            ));
+        };
+        let body =
+            serde_json::to_value(StoredCredentials::from(&credentials)).expect("serializable");
+        let url = format!("{base}/instances/{provider_id}/credentials");
+        let response = send("PUT", &url, Some(&body))?;
+        match response.status {
+            200 | 204 => Ok(()),
+            status => Err(capabilities::status_error(status, &response.body)),
         }
     }
 

@@ -38,12 +38,47 @@ impl Squid {
     /// `tcp_outgoing_address 127.0.0.2`, so what squid connects to sees another address than
     /// its clients).
     pub async fn start_with(extra: &str) -> Result<Squid> {
+        Squid::start_configured(OPEN_ACCESS, extra).await
+    }
+
+    /// Like `start`, but squid requires HTTP basic auth as the providers configure it (the
+    /// helper `basic_ncsa_auth` and a password file, empty until [`Squid::set_passwords`]); a
+    /// request without accepted credentials gets 407.
+    pub async fn start_requiring_login() -> Result<Squid> {
+        let helper = debian_binary("/usr/lib/squid/basic_ncsa_auth", "squid");
+        let access = format!(
+            "auth_param basic program {} {{dir}}/passwd
+auth_param basic children 2 startup=1 idle=1
+auth_param basic realm harness
+auth_param basic credentialsttl 5 seconds
+acl loopback src 127.0.0.0/8
+acl logged_in proxy_auth REQUIRED
+http_access deny !loopback
+http_access allow logged_in
+http_access deny all
+",
+            helper.display()
+        );
+        Squid::start_configured(&access, "").await
+    }
+
+    /// Replaces the password file of a [`Squid::start_requiring_login`] squid (lines
+    /// `user:crypt-hash`); squid's helper reads it again on its next check.
+    pub fn set_passwords(&self, lines: &str) -> Result<()> {
+        replace_password_file(&self.scratch.path().join("passwd"), lines)?;
+        chown_to_proxy(self.scratch.path())
+    }
+
+    async fn start_configured(access: &str, extra: &str) -> Result<Squid> {
         let squid = debian_binary("/usr/sbin/squid", "squid");
         let scratch = Scratch::new("squid")?;
         let dir = scratch.path();
         let port = free_port()?;
         let conf = dir.join("squid.conf");
-        std::fs::write(&conf, config(port, &dir.display().to_string()) + extra)
+        let dir_text = dir.display().to_string();
+        std::fs::write(dir.join("passwd"), "")?;
+        let access = access.replace("{dir}", &dir_text);
+        std::fs::write(&conf, config(port, &dir_text, &access) + extra)
             .with_context(|| format!("write {}", conf.display()))?;
         chown_to_proxy(dir)?;
         // Validate first: a config error is clearer from `-k parse` than from a dead process.
@@ -174,14 +209,38 @@ impl Drop for Squid {
     }
 }
 
-fn config(port: u16, dir: &str) -> String {
+/// Replaces a squid password file so that `basic_ncsa_auth` reads it again: written beside and
+/// renamed (never half-written), with a modification time later than the old file's, because
+/// the helper compares whole seconds and would miss a change within the same second.
+pub fn replace_password_file(path: &std::path::Path, lines: &str) -> Result<()> {
+    let previous = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, lines).with_context(|| format!("write {}", staged.display()))?;
+    let now = std::time::SystemTime::now();
+    let modified = match previous {
+        Some(before) if before + std::time::Duration::from_secs(1) > now => {
+            before + std::time::Duration::from_secs(1)
+        }
+        _ => now,
+    };
+    std::fs::File::options()
+        .write(true)
+        .open(&staged)?
+        .set_modified(modified)?;
+    std::fs::rename(&staged, path).with_context(|| format!("rename to {}", path.display()))
+}
+
+/// Who may use the harness squid by default: anyone on loopback.
+const OPEN_ACCESS: &str = "acl loopback src 127.0.0.0/8
+http_access allow loopback
+http_access deny all
+";
+
+fn config(port: u16, dir: &str, access: &str) -> String {
     format!(
         "# proxy-operator test harness: loopback only, no cache, CONNECT to any port.
 http_port 127.0.0.1:{port}
-acl loopback src 127.0.0.0/8
-http_access allow loopback
-http_access deny all
-pid_filename {dir}/squid.pid
+{access}pid_filename {dir}/squid.pid
 cache_log {dir}/cache.log
 access_log stdio:{dir}/access.log
 netdb_filename none

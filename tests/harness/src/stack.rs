@@ -567,3 +567,43 @@ providers:
         socket = libvirtd.socket().display(),
     )
 }
+
+/// `proxy_url` with its password replaced by `***`, for output a person reads.
+pub fn without_password(proxy_url: &str) -> String {
+    match url::Url::parse(proxy_url) {
+        Ok(mut url) if url.password().is_some() => {
+            let _ = url.set_password(Some("***"));
+            url.to_string().trim_end_matches('/').to_string()
+        }
+        _ => proxy_url.to_string(),
+    }
+}
+
+/// `proxy_url` without user name and password: what a crawler without the lease would try.
+pub fn without_credentials(proxy_url: &str) -> String {
+    match url::Url::parse(proxy_url) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.to_string().trim_end_matches('/').to_string()
+        }
+        Err(_) => proxy_url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod credential_tests {
+    #[test]
+    fn urls_shown_without_the_password() {
+        let url = "http://egress-1:s3cr%2Fet@10.0.0.7:3128";
+        assert_eq!(
+            super::without_password(url),
+            "http://egress-1:***@10.0.0.7:3128"
+        );
+        assert_eq!(super::without_credentials(url), "http://10.0.0.7:3128");
+        assert_eq!(
+            super::without_password("http://10.0.0.7:3128"),
+            "http://10.0.0.7:3128"
+        );
+    }
+}

@@ -21,6 +21,7 @@ fn store_of_one() -> LeaseStore {
         healthy: true,
         pool: None,
         draining: false,
+        login: None,
     }]);
     store
 }
@@ -114,6 +115,7 @@ fn entry(name: &str, pool: Option<&str>) -> PoolEntry {
         healthy: true,
         pool: pool.map(Into::into),
         draining: false,
+        login: None,
     }
 }
 

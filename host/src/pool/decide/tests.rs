@@ -34,6 +34,7 @@ fn member(name: &str, age_s: u64) -> Member {
         draining: false,
         lease_ends_ms: None,
         blocked_reports: 0,
+        credentials_stale: false,
     }
 }
 
@@ -357,4 +358,28 @@ fn budgets_resolve_like_a_deployments() {
             _ => panic!("{surge:?} {unavailable:?} {replicas}: {got:?}"),
         }
     }
+}
+
+#[test]
+fn a_member_whose_credentials_could_not_be_rotated_is_replaced_after_recycled_ones() {
+    let mut wanted = desired(3);
+    wanted.expire_after = Some(Duration::from_secs(60));
+    wanted.recycle_after = Some(5);
+    wanted.max_unavailable = 3;
+    wanted.max_surge = 0;
+    let mut blocked = member("blocked", 10);
+    blocked.blocked_reports = 5;
+    let mut stale = member("stale", 10);
+    stale.credentials_stale = true;
+    let members = [member("aged", 61), stale, blocked];
+    let step = plan(&wanted, &members, NOW);
+    assert_eq!(
+        names(&step.drain),
+        vec![
+            ("blocked", DrainReason::Recycled),
+            ("stale", DrainReason::CredentialsRotated),
+            ("aged", DrainReason::Expired),
+        ]
+    );
+    assert_eq!(step.create.len(), 3);
 }

@@ -95,18 +95,27 @@ async fn run(
         .as_str()
         .context("the lease has no proxyUrl")?
         .to_string();
+    // The lease's URL carries the proxy's password: shown without it.
+    let shown = harness::stack::without_password(&proxy_url);
     phases.done(&format!(
-        "leased {proxy_url} (lease {})",
+        "leased {shown} (lease {})",
         lease["id"].as_str().unwrap_or("?")
     ));
     *phase = "request through the proxy";
     let (status, body) = stack.get_through(&proxy_url).await?;
-    println!(
-        "GET {} through {proxy_url}: HTTP {status}",
-        stack.site_url()
-    );
+    println!("GET {} through {shown}: HTTP {status}", stack.site_url());
     if status != 200 || body != SITE_BODY {
         bail!("expected HTTP 200 with the site's body, got HTTP {status}: {body:?}");
+    }
+    *phase = "a request without the proxy's credentials";
+    let bare = harness::stack::without_credentials(&proxy_url);
+    let (status, _) = stack.get_through(&bare).await?;
+    println!(
+        "GET {} through {bare} (no credentials): HTTP {status}",
+        stack.site_url()
+    );
+    if status != 407 {
+        bail!("the proxy should require its credentials (HTTP 407), got HTTP {status}");
     }
     phases.done("request through the leased proxy answered 200 with the site's body");
     *phase = "delete the Proxy";

@@ -1,0 +1,262 @@
+//! The controller's side of proxy credentials (see `crate::credentials`): the Secret read or made
+//! before a create, and a changed Secret handed to the provider of a running proxy.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
+
+use super::conditions;
+use super::decide::{Effects, Note};
+use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
+use crate::credentials::{self, InvalidCredentials, ProxyLogin};
+use crate::leases::ProxyKey;
+use crate::plugins::ProviderInstance;
+
+/// The condition that says whether the proxy requires the credentials its Secret holds.
+pub const CONDITION: &str = "CredentialsCurrent";
+
+/// The key of a Proxy in the credentials book.
+pub fn key_of(proxy: &Proxy) -> ProxyKey {
+    ProxyKey {
+        namespace: proxy.namespace().unwrap_or_default(),
+        name: proxy.name_any(),
+    }
+}
+
+/// The Proxy's credentials from its Secret, which is made (with a random password) when it does
+/// not exist or has no password. `Ok(Err(_))`: the Secret holds something unusable.
+pub async fn current_login(
+    client: &Client,
+    proxy: &Proxy,
+) -> Result<Result<ProxyLogin, InvalidCredentials>, kube::Error> {
+    let secrets: Api<Secret> =
+        Api::namespaced(client.clone(), &proxy.namespace().unwrap_or_default());
+    let name = credentials::secret_name(&proxy.name_any());
+    // Twice at most: a create that lost a race with another writer reads what won.
+    for _ in 0..2 {
+        let Some(secret) = secrets.get_opt(&name).await? else {
+            let login = ProxyLogin::generate(&proxy.name_any());
+            match secrets
+                .create(
+                    &PostParams::default(),
+                    &credentials::secret_for(proxy, &login),
+                )
+                .await
+            {
+                Ok(_) => return Ok(Ok(login)),
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        match ProxyLogin::from_secret(&secret) {
+            Ok(Some(login)) => return Ok(Ok(login)),
+            Err(invalid) => return Ok(Err(invalid)),
+            // No password: a new one (a rotation by deleting the key).
+            Ok(None) => {
+                let username = secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(credentials::USERNAME_KEY))
+                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or_else(|| proxy.name_any());
+                let login = ProxyLogin::generate(&username);
+                let patch = serde_json::json!({"stringData": {
+                    credentials::USERNAME_KEY: login.username(),
+                    credentials::PASSWORD_KEY: login.password(),
+                }});
+                secrets
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await?;
+                return Ok(Ok(login));
+            }
+        }
+    }
+    Err(kube::Error::Service(
+        format!("Secret {name} was created and deleted again while being read").into(),
+    ))
+}
+
+/// What the status records for credentials about to be given to the provider.
+pub fn applied(proxy: &Proxy, login: &ProxyLogin) -> CredentialsStatus {
+    CredentialsStatus {
+        secret_name: credentials::secret_name(&proxy.name_any()),
+        fingerprint: login.fingerprint(&proxy.uid().unwrap_or_default()),
+    }
+}
+
+/// What to do about the credentials of a running proxy whose status says `recorded` were applied
+/// and whose Secret now holds `current`.
+#[derive(Debug, PartialEq)]
+pub enum Rotation {
+    /// The same: nothing to do.
+    Current,
+    /// The Secret changed: give the provider the new ones.
+    Rotate,
+}
+
+pub fn rotation(proxy: &Proxy, recorded: &CredentialsStatus, current: &ProxyLogin) -> Rotation {
+    if applied(proxy, current).fingerprint == recorded.fingerprint {
+        Rotation::Current
+    } else {
+        Rotation::Rotate
+    }
+}
+
+/// After a `get` of a running proxy: keeps the credentials book current, and rotates the
+/// proxy's credentials when its Secret changed. Changes `effects` (status, events) to say what
+/// happened; a Kubernetes error is the reconcile's.
+pub async fn keep_current(
+    client: &Client,
+    book: &credentials::CredentialsBook,
+    provider: &ProviderInstance,
+    proxy: &Proxy,
+    effects: &mut Effects,
+) -> Result<(), kube::Error> {
+    let key = key_of(proxy);
+    let Some(recorded) = effects.status.credentials.clone() else {
+        book.remove(&key);
+        return Ok(());
+    };
+    let Some(provider_id) = effects.status.provider_id.clone() else {
+        return Ok(());
+    };
+    let generation = proxy.metadata.generation;
+    let current = match current_login(client, proxy).await? {
+        Ok(login) => login,
+        Err(invalid) => {
+            not_current(
+                &mut effects.status,
+                "InvalidSecret",
+                &invalid.to_string(),
+                generation,
+            );
+            effects
+                .notes
+                .push(warning("InvalidCredentials", invalid.to_string()));
+            return Ok(());
+        }
+    };
+    if rotation(proxy, &recorded, &current) == Rotation::Current {
+        book.set(key, current);
+        conditions::set_named(
+            &mut effects.status.conditions,
+            CONDITION,
+            true,
+            "Applied",
+            "the proxy requires the credentials in its Secret",
+            generation,
+        );
+        return Ok(());
+    }
+    match provider
+        .set_credentials(&provider_id, current.hashed())
+        .await
+    {
+        Ok(()) => {
+            effects.status.credentials = Some(applied(proxy, &current));
+            book.set(key, current);
+            conditions::set_named(
+                &mut effects.status.conditions,
+                CONDITION,
+                true,
+                "Rotated",
+                "the proxy now requires the credentials in its Secret",
+                generation,
+            );
+            effects.notes.push(Note {
+                type_: EventType::Normal,
+                reason: "CredentialsRotated",
+                message: format!(
+                    "the proxy requires the new credentials of Secret {}",
+                    recorded.secret_name
+                ),
+            });
+        }
+        // The old credentials stay in force (and in the book, while this process has them).
+        Err(e) => {
+            let message = format!(
+                "the Secret {} changed, but provider {} could not give the proxy the new credentials: {e}",
+                recorded.secret_name,
+                provider.name()
+            );
+            not_current(&mut effects.status, "RotationFailed", &message, generation);
+            effects
+                .notes
+                .push(warning("CredentialsNotRotated", message));
+        }
+    }
+    Ok(())
+}
+
+/// A Proxy whose credentials Secret is unusable is not created: the condition says which key to
+/// fix. Looked at again soon (a Secret the operator did not make is not watched).
+pub fn invalid_secret(
+    proxy: &Proxy,
+    mut status: ProxyStatus,
+    invalid: &InvalidCredentials,
+) -> Effects {
+    let message = invalid.to_string();
+    not_current(
+        &mut status,
+        "InvalidSecret",
+        &message,
+        proxy.metadata.generation,
+    );
+    status.last_error = Some(message.clone());
+    Effects {
+        status,
+        notes: vec![warning("InvalidCredentials", message)],
+        then: super::decide::Then::Requeue(std::time::Duration::from_secs(30)),
+    }
+}
+
+fn not_current(status: &mut ProxyStatus, reason: &str, message: &str, generation: Option<i64>) {
+    conditions::set_named(
+        &mut status.conditions,
+        CONDITION,
+        false,
+        reason,
+        message,
+        generation,
+    );
+}
+
+fn warning(reason: &'static str, message: String) -> Note {
+    Note {
+        type_: EventType::Warning,
+        reason,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy(uid: &str) -> Proxy {
+        let mut proxy = Proxy::new(
+            "egress-1",
+            serde_json::from_value(serde_json::json!({"provider": "p"})).unwrap(),
+        );
+        proxy.metadata.namespace = Some("crawlers".into());
+        proxy.metadata.uid = Some(uid.into());
+        proxy
+    }
+
+    #[test]
+    fn a_changed_secret_is_rotated_an_unchanged_one_is_not() {
+        let login = ProxyLogin::generate("egress-1");
+        let recorded = applied(&proxy("u-1"), &login);
+        assert_eq!(recorded.secret_name, "egress-1-proxy-credentials");
+        assert_eq!(
+            rotation(&proxy("u-1"), &recorded, &login),
+            Rotation::Current
+        );
+        let new = ProxyLogin::generate("egress-1");
+        assert_eq!(rotation(&proxy("u-1"), &recorded, &new), Rotation::Rotate);
+        // A Proxy recreated under the same name is another proxy.
+        assert_eq!(rotation(&proxy("u-2"), &recorded, &login), Rotation::Rotate);
+    }
+}

@@ -1,0 +1,73 @@
+//! Bindings for `proxy-operator:provider@0.2.0` (`wit/since_v0.2.0`): 0.1.0 plus
+//! proxy credentials (`instance-spec.credentials`, `set-credentials`).
+
+use std::time::Duration;
+
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, Linker, Resource};
+
+use crate::capabilities::libvirt::{self as lv_cap, Hypervisor};
+use crate::capabilities::{http as http_cap, kube as kube_cap, log as log_cap};
+use crate::plugins::call::{Call, CallFailure, Output};
+use crate::plugins::state::HostState;
+use crate::plugins::types;
+
+use super::shared::{call_through_bindings, host_imports, unchanged_conversions};
+
+wasmtime::component::bindgen!({
+    world: "provider-plugin",
+    path: "../wit/since_v0.2.0",
+    imports: { default: async },
+    exports: { default: async },
+    with: {
+        "proxy-operator:provider/libvirt.hypervisor": crate::capabilities::libvirt::Hypervisor,
+    },
+});
+
+use self::proxy_operator::provider::types as wit;
+use self::proxy_operator::provider::{http, kube, libvirt, log};
+
+unchanged_conversions!();
+host_imports!();
+
+impl From<types::InstanceSpec> for wit::InstanceSpec {
+    fn from(s: types::InstanceSpec) -> Self {
+        wit::InstanceSpec {
+            name: s.name,
+            owner: s.owner.into(),
+            zone: s.zone,
+            image: s.image,
+            machine_type: s.machine_type,
+            user_data: s.user_data,
+            vendor_data: s.vendor_data,
+            install_guest_agent: s.install_guest_agent,
+            port: s.port,
+            labels: s.labels,
+            options: s.options.to_string(),
+            credentials: s.credentials.map(Into::into),
+        }
+    }
+}
+
+impl From<types::ProxyCredentials> for wit::ProxyCredentials {
+    fn from(c: types::ProxyCredentials) -> Self {
+        wit::ProxyCredentials {
+            username: c.username,
+            password_hash: c.password_hash,
+        }
+    }
+}
+
+/// The WIT version these bindings serve.
+pub const VERSION: &str = "0.2.0";
+
+/// Adds this version's host imports to the linker.
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    ProviderPlugin::add_to_linker::<_, HasSelf<_>>(linker, |s| s)
+}
+
+call_through_bindings!(|api, store, config, id, credentials| {
+    api.call_set_credentials(&mut *store, config, &id, &(*credentials).into())
+        .await
+        .map(|r| r.map(|()| Output::Unit(())).map_err(Into::into))
+});
