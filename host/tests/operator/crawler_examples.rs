@@ -31,6 +31,22 @@ fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/examples")
 }
 
+/// The password part of every `scheme://user:password@` in `output` that is not masked (`***`).
+fn printed_passwords(output: &str) -> Vec<&str> {
+    output
+        .split("://")
+        .skip(1)
+        .filter_map(|rest| {
+            let token = rest
+                .split(|c: char| c.is_whitespace() || "()'\"".contains(c))
+                .next()?;
+            let (userinfo, _) = token.split_once('@')?;
+            let (_, password) = userinfo.split_once(':')?;
+            (password != "***").then_some(password)
+        })
+        .collect()
+}
+
 /// The venv's python (.ci/install-fixtures.sh); a missing or stale one fails with the fix.
 fn python() -> PathBuf {
     let pyenv = std::env::var_os("PROXY_OPERATOR_PYENV")
@@ -320,15 +336,22 @@ impl Crawl {
             "{states:?}"
         );
 
-        // The proxy's password, when its proxyUrl has one, is never printed.
-        let (_, proxies) = self
-            .operator
-            .call(reqwest::Method::GET, "/v1/proxies", None)
-            .await;
-        for proxy in proxies["proxies"].as_array().unwrap() {
-            let url = reqwest::Url::parse(proxy["proxyUrl"].as_str().unwrap()).unwrap();
-            if let Some(password) = url.password() {
-                assert!(!output.contains(password), "the password was printed");
+        // The leases' proxyUrl carries the proxy's credentials; the examples print them masked.
+        assert!(
+            output.contains(":***@127.0.0.1:"),
+            "no masked proxy URL\n{output}"
+        );
+        let printed = printed_passwords(output);
+        assert!(printed.is_empty(), "passwords printed: {printed:?}");
+        // And the password of every proxy still there (its Secret) is nowhere in the output.
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = self.world.ns.api();
+        for secret in secrets.list(&ListParams::default()).await.unwrap() {
+            if let Some(password) = secret.data.as_ref().and_then(|d| d.get("password")) {
+                let password = String::from_utf8_lossy(&password.0);
+                assert!(
+                    !output.contains(password.as_ref()),
+                    "a password was printed"
+                );
             }
         }
     }
