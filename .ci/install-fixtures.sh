@@ -117,6 +117,26 @@ else
 fi
 step_done
 
+# The crawler examples (docs/examples/) run in a test with Scrapy and requests: a venv keyed by
+# docs/examples/requirements.txt (a copy of it in the venv says what is installed). Python is only
+# for the examples; the operator does not use it.
+step "Python venv of the crawler examples (docs/examples/requirements.txt)"
+pyenv="${PROXY_OPERATOR_PYENV:-$HOME/.cache/proxy-operator/pyenv}"
+requirements="$repo/docs/examples/requirements.txt"
+if [[ -x "$pyenv/bin/python" ]] && cmp -s "$requirements" "$pyenv/requirements.txt"; then
+    log "  present: $pyenv"
+else
+    python="$(command -v /usr/bin/python3 || command -v python3)"
+    # Built in place (a venv's scripts name its own path); the copy of the requirements, written
+    # last, marks it complete, so an interrupted install is redone.
+    rm -rf "$pyenv"
+    "$python" -m venv "$pyenv"
+    "$pyenv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$pyenv/requirements.txt"
+    log "  installed into $pyenv"
+fi
+step_done
+
 # Debian's kernel for the test guest: the package is downloaded, not installed (it would touch
 # /boot); only its vmlinuz is kept in the fixture cache.
 step "guest kernel (Debian linux-image-amd64, vmlinuz only)"

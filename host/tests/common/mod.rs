@@ -141,6 +141,9 @@ pub struct StoreState {
     /// A create that completes at the provider this long after it was asked for, whether or
     /// not the caller is still waiting (a cloud finishing an insert after the client gave up).
     pub create_lag: Mutex<Duration>,
+    /// Ports new instances take in turn (each a real squid) instead of the spec's, while any are
+    /// left: each Proxy of a pool then has a proxy of its own.
+    pub ports: Mutex<std::collections::VecDeque<u16>>,
 }
 
 /// The test provider's instance store on a loopback port.
@@ -313,12 +316,16 @@ fn store_instance(
     if let Some(existing) = instances.get(&id) {
         return (StatusCode::OK, Json(existing.clone()));
     }
+    let port = match state.ports.lock().unwrap().pop_front() {
+        Some(port) => serde_json::Value::from(port),
+        None => body["port"].clone(),
+    };
     let instance = serde_json::json!({
         "id": id,
         "name": body["name"],
         "state": "running",
         "address": "127.0.0.1",
-        "port": body["port"],
+        "port": port,
         "zone": body["zone"],
         "createdAt": 1_700_000_000,
         "owner": body["owner"],

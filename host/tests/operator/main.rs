@@ -4,6 +4,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod crawler_examples;
 mod credentials;
 mod gcp;
 mod health;
