@@ -344,6 +344,7 @@ pub struct LeaseStore {
     options: LeaseOptions,
     metrics: LeaseMetrics,
     suspects: Mutex<Option<mpsc::Sender<ProxyKey>>>,
+    blocked_pools: Mutex<Option<mpsc::Sender<PoolKey>>>,
     stored: watch::Sender<Stored>,
     changed: Notify,
 }
@@ -381,6 +382,7 @@ impl LeaseStore {
             options,
             metrics,
             suspects: Mutex::new(suspects),
+            blocked_pools: Mutex::new(None),
             stored: watch::Sender::new(Stored::default()),
             changed: Notify::new(),
         }
@@ -391,6 +393,15 @@ impl LeaseStore {
     pub fn suspects(&self) -> mpsc::Receiver<ProxyKey> {
         let (tx, rx) = mpsc::channel(256);
         *self.suspects.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// A new channel for the pools whose proxies crawlers report blocked, replacing the last one
+    /// (the pool controller of each leadership term): a pool recycles without waiting for its
+    /// next periodic look.
+    pub fn blocked_pools(&self) -> mpsc::Receiver<PoolKey> {
+        let (tx, rx) = mpsc::channel(256);
+        *self.blocked_pools.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         rx
     }
 
@@ -870,6 +881,13 @@ impl LeaseStore {
                 }
                 inner.end(id, EndReason::Blocked);
                 self.mark_dirty(inner);
+                if let (Some(pool), Some(tx)) = (
+                    lease.pool_key(),
+                    &*self.blocked_pools.lock().unwrap_or_else(|p| p.into_inner()),
+                ) {
+                    // Full channel: the pool is already due for a look.
+                    let _ = tx.try_send(pool);
+                }
             }
         }
         Ok(lease)

@@ -88,6 +88,7 @@ pub async fn run_until(
             watcher::Config::default().labels(POOL_LABEL).any_semantic(),
         )
         .reconcile_all_on(ctx.providers.swaps())
+        .reconcile_on(blocked_pools(&ctx.leases))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -100,6 +101,21 @@ pub async fn run_until(
         () = run => {}
         () = known => {}
     }
+}
+
+/// The pools whose proxies crawlers report blocked, as they are reported: `recycleAfter` acts at
+/// once rather than at the pool's next periodic look.
+fn blocked_pools(
+    leases: &LeaseStore,
+) -> impl futures_util::Stream<Item = kube::runtime::reflector::ObjectRef<ProxyPool>> + Send + 'static
+{
+    futures_util::stream::unfold(leases.blocked_pools(), |mut rx| async move {
+        let pool = rx.recv().await?;
+        Some((
+            kube::runtime::reflector::ObjectRef::new(&pool.name).within(&pool.namespace),
+            rx,
+        ))
+    })
 }
 
 /// Keeps the lease table's list of pools current (every 2 s, from the controller's cache): a
