@@ -33,10 +33,12 @@ pub struct LeaderElection {
 }
 
 impl LeaderElection {
-    /// How long before the Lease expires (as a standby sees it) the leader stops: half the renew
-    /// window, so a renewal that succeeds on time always moves the fence first.
+    /// How long before the Lease expires (as a standby sees it) the leader stops: a sixth of
+    /// the lease (2.5 s of 15 s), never under 0.5 s. It does not depend on when renewals start,
+    /// so renewing early (`LeaderArgs::election`: after a third of the lease) leaves a throttled renewal
+    /// more time to get through without moving the point where a cut-off leader stops.
     fn margin(&self) -> Duration {
-        Duration::from_millis(self.renew_before_seconds * 500).max(Duration::from_millis(500))
+        Duration::from_millis(self.lease_seconds * 1000 / 6).max(Duration::from_millis(500))
     }
 }
 
@@ -382,10 +384,13 @@ mod tests {
     }
 
     #[test]
-    fn the_margin_is_half_the_renew_window_and_never_zero() {
+    fn the_margin_is_a_sixth_of_the_lease_and_never_under_half_a_second() {
         let mut e = election();
         assert_eq!(e.margin(), Duration::from_millis(2500));
-        e.renew_before_seconds = 0;
+        // When renewals start does not move it.
+        e.renew_before_seconds = 10;
+        assert_eq!(e.margin(), Duration::from_millis(2500));
+        e.lease_seconds = 2;
         assert_eq!(e.margin(), Duration::from_millis(500));
     }
 }
