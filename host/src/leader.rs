@@ -303,13 +303,22 @@ async fn look(
 }
 
 async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
-    let read_timeout = (election.margin() / 2).min(Duration::from_secs(1));
     // Until the first read: the Lease was renewed no earlier than a moment before we heard.
     let mut until = SystemTime::now()
         + Duration::from_secs(election.lease_seconds)
             .saturating_sub(election.margin() + Duration::from_secs(2));
     loop {
-        match look(api, election, read_timeout).await {
+        let left = until
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        if left.is_zero() {
+            return "the Lease could not be renewed before it expires (API server unreachable)";
+        }
+        // A read may take all the time the fence has left: one refused by a throttling API
+        // server (429) is retried by the client after `Retry-After`, and a renewal read late
+        // still moves the fence (it is dated by the Lease). With a 1 s cap, throttled reads were
+        // dropped and a leader renewing on time stepped down.
+        match look(api, election, left).await {
             Ok(Sighting::OursUntil(at)) => until = at,
             Ok(Sighting::Taken) => return TAKEN,
             Ok(Sighting::Unclear) => {}
@@ -318,9 +327,6 @@ async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
         let left = until
             .duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO);
-        if left.is_zero() {
-            return "the Lease could not be renewed before it expires (API server unreachable)";
-        }
         tokio::time::sleep(left.min(Duration::from_secs(1))).await;
     }
 }
