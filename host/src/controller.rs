@@ -5,5 +5,6 @@ pub(crate) mod conditions;
 pub mod credentials;
 pub mod decide;
 mod reconcile;
+pub mod retry;
 
 pub use reconcile::{Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, instance_name, run, run_until};

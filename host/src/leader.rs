@@ -33,10 +33,12 @@ pub struct LeaderElection {
 }
 
 impl LeaderElection {
-    /// How long before the Lease expires (as a standby sees it) the leader stops: half the renew
-    /// window, so a renewal that succeeds on time always moves the fence first.
+    /// How long before the Lease expires (as a standby sees it) the leader stops: a sixth of
+    /// the lease (2.5 s of 15 s), never under 0.5 s. It does not depend on when renewals start,
+    /// so renewing early (`LeaderArgs::election`: after a third of the lease) leaves a throttled renewal
+    /// more time to get through without moving the point where a cut-off leader stops.
     fn margin(&self) -> Duration {
-        Duration::from_millis(self.renew_before_seconds * 500).max(Duration::from_millis(500))
+        Duration::from_millis(self.lease_seconds * 1000 / 6).max(Duration::from_millis(500))
     }
 }
 
@@ -301,13 +303,22 @@ async fn look(
 }
 
 async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
-    let read_timeout = (election.margin() / 2).min(Duration::from_secs(1));
     // Until the first read: the Lease was renewed no earlier than a moment before we heard.
     let mut until = SystemTime::now()
         + Duration::from_secs(election.lease_seconds)
             .saturating_sub(election.margin() + Duration::from_secs(2));
     loop {
-        match look(api, election, read_timeout).await {
+        let left = until
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        if left.is_zero() {
+            return "the Lease could not be renewed before it expires (API server unreachable)";
+        }
+        // A read may take all the time the fence has left: one refused by a throttling API
+        // server (429) is retried by the client after `Retry-After`, and a renewal read late
+        // still moves the fence (it is dated by the Lease). With a 1 s cap, throttled reads were
+        // dropped and a leader renewing on time stepped down.
+        match look(api, election, left).await {
             Ok(Sighting::OursUntil(at)) => until = at,
             Ok(Sighting::Taken) => return TAKEN,
             Ok(Sighting::Unclear) => {}
@@ -316,9 +327,6 @@ async fn fence(api: &Api<Lease>, election: &LeaderElection) -> &'static str {
         let left = until
             .duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO);
-        if left.is_zero() {
-            return "the Lease could not be renewed before it expires (API server unreachable)";
-        }
         tokio::time::sleep(left.min(Duration::from_secs(1))).await;
     }
 }
@@ -382,10 +390,13 @@ mod tests {
     }
 
     #[test]
-    fn the_margin_is_half_the_renew_window_and_never_zero() {
+    fn the_margin_is_a_sixth_of_the_lease_and_never_under_half_a_second() {
         let mut e = election();
         assert_eq!(e.margin(), Duration::from_millis(2500));
-        e.renew_before_seconds = 0;
+        // When renewals start does not move it.
+        e.renew_before_seconds = 10;
+        assert_eq!(e.margin(), Duration::from_millis(2500));
+        e.lease_seconds = 2;
         assert_eq!(e.margin(), Duration::from_millis(500));
     }
 }

@@ -13,6 +13,7 @@ pub mod digest;
 pub mod events;
 pub mod gc;
 pub mod health;
+pub mod kubeclient;
 pub mod leader;
 pub mod leader_label;
 pub mod leases;

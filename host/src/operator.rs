@@ -20,6 +20,7 @@ use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
+use crate::kubeclient;
 use crate::leader::{self, LeaderView};
 use crate::leader_label::LeaderLabel;
 use crate::leases::{
@@ -55,7 +56,7 @@ impl Operator {
         let metrics = Metrics::register()?;
         // Fail fast on a broken providers config before anything else (no cluster needed).
         let providers_config = ProvidersConfig::load(&args.plugin.providers_config)?;
-        let client = kube::Client::try_default()
+        let client = kubeclient::connect()
             .await
             .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
         let namespace = args.leader.leader_election_namespace.clone();

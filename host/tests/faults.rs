@@ -724,3 +724,136 @@ async fn over_a_slow_etcd_the_operator_gets_there_without_looping() {
         "still the leader, still serving"
     );
 }
+
+/// The control plane's kubeconfig, acting as the operator's ServiceAccount (impersonated): the
+/// API server's in-flight limit exempts `system:masters`, so only the operator's own identity is
+/// ever throttled.
+fn kubeconfig_as_operator(cp: &ControlPlane, path: &Path) {
+    let text = std::fs::read_to_string(cp.kubeconfig()).unwrap();
+    let token_line = format!("    token: {}\n", cp.token());
+    assert!(
+        text.contains(&token_line),
+        "the kubeconfig has the admin token"
+    );
+    let impersonating = text.replace(
+        &token_line,
+        &format!("{token_line}    as: system:serviceaccount:proxy-operator:proxy-operator\n"),
+    );
+    std::fs::write(path, impersonating).unwrap();
+}
+
+/// The API server throttles: one mutating and one other request in flight at a time (the rest
+/// refused at once with 429 and `Retry-After: 1`), etcd 20 ms slower. The operator, as its own
+/// ServiceAccount, is refused again and again: it still gets 20 new Proxies leasable within
+/// 90 s, one instance each, stays the leader, and backs off rather than loops. Before the fix
+/// kube's client retried each refused request up to 15 times with waits doubling to minutes,
+/// silently: 5 of 20 Proxies were still unprovisioned after 240 s (137 s in a lucky run).
+///
+/// The harness runs kube-apiserver without API Priority and Fairness: with it, this load is
+/// queued, never refused (20 Proxies leasable in 7.6 s, no 429), and the in-flight limit is
+/// what refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_by_the_api_server_the_operator_backs_off_and_gets_there() {
+    let world = World::start_with(
+        "px-throttled",
+        ControlPlaneOptions {
+            etcd_delay: Some(Duration::from_millis(20)),
+            apiserver_args: vec![
+                "--max-requests-inflight=1".into(),
+                "--max-mutating-requests-inflight=1".into(),
+            ],
+        },
+    )
+    .await;
+    for file in ["namespace.yaml", "rbac.yaml"] {
+        let path = format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+        world
+            .cp
+            .kubectl_run(&["apply", "-f", &path], None)
+            .await
+            .unwrap();
+    }
+    let kubeconfig = world.dir.path().join("operator.kubeconfig");
+    kubeconfig_as_operator(&world.cp, &kubeconfig);
+    let target = world.target.addr().to_string();
+    let mut operator = OperatorProcess::start_with(OperatorSetup {
+        kubeconfig,
+        namespace: world.ns.name(),
+        own_namespace: Some("proxy-operator"),
+        dir: world.dir.path(),
+        providers_config: &world.config,
+        health_target: &target,
+        // deploy/rbac.yaml names the Lease and ConfigMaps of the default id.
+        operator_id: "proxy-operator".into(),
+        health_interval: "200ms",
+        plugins_dir: common::plugins_dir(),
+        extra: replica_flags("throttled"),
+        log: "throttled.log",
+    });
+    operator.wait_leading().await;
+
+    let before = api_requests(&world.cp).await;
+    let started = Instant::now();
+    let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
+    world.apply_proxies(&names).await;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (status, body) = operator.call(Method::GET, "/v1/proxies", None).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "the leader stopped serving under throttling: {body}\n{}",
+            operator.proc.log_tail(30)
+        );
+        let available = body["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["state"] == "available")
+            .count();
+        if available == names.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{available} of 20 Proxies leasable after 90 s under throttling, {} instances made:\n{}",
+            world.store.ids().len(),
+            operator.proc.log_tail(30)
+        );
+        assert!(
+            operator.proc.try_exited().is_none(),
+            "{}",
+            operator.proc.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let all_leasable = started.elapsed();
+    let after = api_requests(&world.cp).await;
+    let requests = operator_requests(&before, &after);
+    let throttled: f64 = after
+        .iter()
+        .filter(|((_, code), _)| code == "429")
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+        .sum();
+    let ids = world.store.ids();
+    let per_proxy = requests / names.len() as f64;
+    eprintln!(
+        "throttled (1 in flight, etcd +20 ms): 20 Proxies leasable after {:.1} s; {requests} operator requests on proxies/leases/events ({per_proxy:.1} per Proxy, {:.1}/s), {throttled} answered 429",
+        all_leasable.as_secs_f64(),
+        requests / all_leasable.as_secs_f64()
+    );
+    assert!(
+        throttled > 0.0,
+        "the API server never throttled: the test shows nothing"
+    );
+    assert_eq!(ids.len(), names.len(), "one instance per Proxy: {ids:?}");
+    assert!(
+        per_proxy < 50.0,
+        "{per_proxy:.1} requests per Proxy: the operator retries without backing off"
+    );
+    assert_eq!(
+        operator.leaderz().await.map(|(s, _)| s),
+        Some(StatusCode::OK),
+        "still the leader, still serving"
+    );
+}

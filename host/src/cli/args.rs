@@ -375,7 +375,13 @@ impl LeaderArgs {
                 .clone()
                 .unwrap_or_else(default_identity),
             lease_seconds: self.leader_election_lease_seconds.max(2),
-            renew_before_seconds: (self.leader_election_lease_seconds / 3).max(1),
+            // Renewals start after a third of the lease (every 5 s of 15, as client-go's
+            // leader election retries every 2 s of 15): a renewal refused by a throttling API
+            // server (429) has until the fence's margin to get through, not a few seconds.
+            renew_before_seconds: (self.leader_election_lease_seconds * 2 / 3).clamp(
+                1,
+                self.leader_election_lease_seconds.saturating_sub(1).max(1),
+            ),
         }
     }
 }

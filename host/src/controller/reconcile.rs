@@ -16,6 +16,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::credentials;
 use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
+use super::retry::{self, Backoffs, Wait};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
 use crate::credentials::CredentialsBook;
@@ -46,6 +47,8 @@ pub struct Context {
     pub abandoned: Option<AbandonedRecord>,
     /// The credentials each proxy requires, for the health engine and the lease API.
     pub credentials: CredentialsBook,
+    /// Each Proxy's backoff after failed requests to the API server.
+    backoffs: Backoffs,
 }
 
 impl Context {
@@ -60,6 +63,7 @@ impl Context {
             health_probing: true,
             abandoned: None,
             credentials: CredentialsBook::default(),
+            backoffs: Backoffs::default(),
         }
     }
 
@@ -150,15 +154,33 @@ async fn drive(controller: Controller<Proxy>, ctx: Arc<Context>) {
 fn error_policy(
     proxy: Arc<Proxy>,
     error: &kube::runtime::finalizer::Error<Error>,
-    _: Arc<Context>,
+    ctx: Arc<Context>,
 ) -> Action {
-    let retry_after = match error {
-        kube::runtime::finalizer::Error::ApplyFailed(Error::Provider(_, Some(after)))
-        | kube::runtime::finalizer::Error::CleanupFailed(Error::Provider(_, Some(after))) => *after,
-        _ => Duration::from_secs(5),
-    };
-    tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, "reconcile error");
-    Action::requeue(retry_after)
+    let after = ctx
+        .backoffs
+        .after_failure(key_of(&proxy), wait_after(error));
+    tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?after, "reconcile error");
+    Action::requeue(after)
+}
+
+fn key_of(proxy: &Proxy) -> (String, String) {
+    (proxy.namespace().unwrap_or_default(), proxy.name_any())
+}
+
+/// What a failed reconcile asks for: the provider's wish, or a backoff after the API server's
+/// refusal (adding or removing the finalizer, reading or writing the Proxy).
+fn wait_after(error: &kube::runtime::finalizer::Error<Error>) -> Wait {
+    use kube::runtime::finalizer::Error as F;
+    match error {
+        F::ApplyFailed(Error::Provider(_, after)) | F::CleanupFailed(Error::Provider(_, after)) => {
+            Wait::Provider(*after)
+        }
+        F::ApplyFailed(Error::Kube(e))
+        | F::CleanupFailed(Error::Kube(e))
+        | F::AddFinalizer(e)
+        | F::RemoveFinalizer(e) => retry::after_api_error(e),
+        F::UnnamedObject | F::InvalidFinalizer => Wait::Backoff { at_least: None },
+    }
 }
 
 #[tracing::instrument(skip_all, fields(proxy = %proxy.name_any(), namespace = ?proxy.namespace()))]
@@ -167,8 +189,8 @@ async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
     let started = std::time::Instant::now();
-    let namespace = proxy.namespace().unwrap_or_default();
-    let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
+    let key = key_of(&proxy);
+    let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.0);
     let result = match live_for_cleanup(&api, proxy).await {
         Ok(Some(proxy)) => finalizer(&api, FINALIZER, proxy, |event| async {
             match event {
@@ -183,6 +205,9 @@ async fn reconcile(
     };
     if let Some(metrics) = &ctx.metrics {
         metrics.observe(started.elapsed(), result.is_ok());
+    }
+    if result.is_ok() {
+        ctx.backoffs.succeeded(&key);
     }
     result
 }

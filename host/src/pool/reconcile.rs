@@ -20,6 +20,7 @@ use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
 use crate::api::{Proxy, ProxyPool, ProxyPoolStatus};
 use crate::controller::conditions::set_named;
+use crate::controller::retry::{self, Backoffs, Wait};
 use crate::events;
 use crate::leases::store::ProxyUsage;
 use crate::leases::{LeaseStore, ProxyKey};
@@ -47,6 +48,8 @@ pub struct PoolContext {
     pub recorder: Recorder,
     /// Lease ends and `blocked` counts of the pool's proxies; told which pools exist.
     pub leases: Arc<LeaseStore>,
+    /// Each pool's backoff after failed requests to the API server.
+    backoffs: Backoffs,
 }
 
 impl PoolContext {
@@ -56,6 +59,7 @@ impl PoolContext {
             client,
             providers,
             leases,
+            backoffs: Backoffs::default(),
         }
     }
 }
@@ -142,10 +146,23 @@ async fn tell_known_pools(
 fn error_policy(
     pool: Arc<ProxyPool>,
     error: &kube::runtime::finalizer::Error<Error>,
-    _: Arc<PoolContext>,
+    ctx: Arc<PoolContext>,
 ) -> Action {
-    tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), error = %error, "pool reconcile error");
-    Action::requeue(Duration::from_secs(5))
+    use kube::runtime::finalizer::Error as F;
+    let wait = match error {
+        F::ApplyFailed(Error::Kube(e))
+        | F::CleanupFailed(Error::Kube(e))
+        | F::AddFinalizer(e)
+        | F::RemoveFinalizer(e) => retry::after_api_error(e),
+        F::UnnamedObject | F::InvalidFinalizer => Wait::Backoff { at_least: None },
+    };
+    let after = ctx.backoffs.after_failure(key_of(&pool), wait);
+    tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), error = %error, retry_in = ?after, "pool reconcile error");
+    Action::requeue(after)
+}
+
+fn key_of(pool: &ProxyPool) -> (String, String) {
+    (pool.namespace().unwrap_or_default(), pool.name_any())
 }
 
 #[tracing::instrument(skip_all, fields(pool = %pool.name_any(), namespace = ?pool.namespace()))]
@@ -153,15 +170,19 @@ async fn reconcile(
     pool: Arc<ProxyPool>,
     ctx: Arc<PoolContext>,
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
-    let namespace = pool.namespace().unwrap_or_default();
-    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &namespace);
-    finalizer(&api, POOL_FINALIZER, pool, |event| async {
+    let key = key_of(&pool);
+    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &key.0);
+    let result = finalizer(&api, POOL_FINALIZER, pool, |event| async {
         match event {
             Finalizer::Apply(pool) => apply(&pool, &ctx).await,
             Finalizer::Cleanup(pool) => cleanup(&pool, &ctx).await,
         }
     })
-    .await
+    .await;
+    if result.is_ok() {
+        ctx.backoffs.succeeded(&key);
+    }
+    result
 }
 
 /// One step towards the pool's spec.

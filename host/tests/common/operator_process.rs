@@ -90,7 +90,11 @@ impl OperatorProcess {
                 setup.own_namespace.unwrap_or(setup.namespace),
             )
             .env("DISCOVERY_TOKEN", TOKEN)
-            .env("LOG_LEVEL", "info")
+            // OPERATOR_LOG_LEVEL=proxy_operator::leader=debug,info to look closer at one run.
+            .env(
+                "LOG_LEVEL",
+                std::env::var("OPERATOR_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            )
             .env("PLUGIN_CACHE_DIR", setup.dir.join("cache"));
         let proc = Proc::spawn("proxy-operator", cmd, &setup.dir.join(setup.log)).unwrap();
         OperatorProcess {

@@ -1,0 +1,110 @@
+//! The operator's Kubernetes client: kube's client, with a bounded retry of throttled requests.
+//!
+//! kube retries a 429 (and 503, 504) by default, but up to 15 times with a wait that doubles
+//! from 5 ms to 1000 s (times up to 3 with jitter): under API throttling one request of a
+//! reconcile or of a health round could sleep for minutes inside the client, unseen, and the
+//! Proxy waited with it (issue #17: 5 of 20 Proxies unprovisioned after 240 s, no error logged).
+//! Here a request is retried at most 10 times, each wait at least the server's `Retry-After` and
+//! at most 2 s otherwise, as client-go does, and then fails: the caller's own backoff takes over (the controller's per-Proxy backoff, the
+//! health engine's next round, the watchers' backoff) and the failure shows in the log.
+//!
+//! kube waits the server's `Retry-After` exactly, so every request refused in the same instant
+//! (20 reconciles writing at once) comes back in the same instant, and one of them gets through
+//! per second: each wait here is stretched by a random share of itself, up to double.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::client::retry::RetryPolicy;
+use kube::client::{Body, ClientBuilder};
+use tower::BoxError;
+use tower::buffer::BufferLayer;
+use tower::retry::{Policy, RetryLayer};
+
+/// The first wait before retrying a request refused without a `Retry-After` (503, 504); it
+/// doubles, jittered, up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(200);
+/// The longest wait of the backoff; the server's `Retry-After` (1 s from kube-apiserver's
+/// in-flight limit) may ask for longer, and is always waited.
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Retries of one request, as client-go makes (10): a throttled request gives up after ~10-20 s.
+const RETRIES: u32 = 10;
+/// Requests queued for the retrying client before callers wait (as kube's own client has).
+const BUFFER: usize = 1024;
+
+/// The client for in-cluster config or `KUBECONFIG`, retrying throttled requests a bounded
+/// number of times.
+pub async fn connect() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer()
+        .await
+        .context("reading the Kubernetes client config (in-cluster config or KUBECONFIG)")?;
+    // Replaced by the bounded retry below.
+    config.default_retry = false;
+    let retry = RetryPolicy::new(RETRY_MIN, RETRY_MAX, RETRIES, true)
+        .context("the API retry policy's bounds")?;
+    let client = ClientBuilder::try_from(config)
+        .context("building the Kubernetes client")?
+        // Retry needs a cloneable service; the buffer makes the boxed one so.
+        .with_layer(&BufferLayer::new(BUFFER))
+        .with_layer(&RetryLayer::new(Jittered(retry)))
+        .build();
+    Ok(client)
+}
+
+/// kube's retry policy (which answers to retry, how many times, how long at least), with each
+/// wait stretched by a random share of itself.
+#[derive(Clone)]
+struct Jittered(RetryPolicy);
+
+impl<Res> Policy<hyper::Request<Body>, hyper::Response<Res>, BoxError> for Jittered {
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        request: &mut hyper::Request<Body>,
+        result: &mut Result<hyper::Response<Res>, BoxError>,
+    ) -> Option<Self::Future> {
+        let wait =
+            Policy::<_, hyper::Response<Res>, BoxError>::retry(&mut self.0, request, result)?;
+        let now = tokio::time::Instant::now();
+        let wait = wait.deadline().saturating_duration_since(now);
+        Some(tokio::time::sleep_until(
+            now + stretched(wait, rand::random::<f64>()),
+        ))
+    }
+
+    fn clone_request(&mut self, request: &hyper::Request<Body>) -> Option<hyper::Request<Body>> {
+        Policy::<_, hyper::Response<Res>, BoxError>::clone_request(&mut self.0, request)
+    }
+}
+
+/// `wait` plus `share` (0 to 1) of it.
+fn stretched(wait: Duration, share: f64) -> Duration {
+    wait + wait.mul_f64(share.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_is_stretched_by_its_share_up_to_double() {
+        let cases = [
+            (1000, 0.0, 1000),
+            (1000, 0.5, 1500),
+            (1000, 0.999, 1999),
+            (1000, 1.0, 2000),
+            // Out of range shares are clamped: never shorter than asked, never over double.
+            (1000, -0.5, 1000),
+            (1000, 7.0, 2000),
+            (0, 0.5, 0),
+        ];
+        for (wait, share, expected) in cases {
+            assert_eq!(
+                stretched(Duration::from_millis(wait), share),
+                Duration::from_millis(expected),
+                "{wait} ms stretched by {share}"
+            );
+        }
+    }
+}
