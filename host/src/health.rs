@@ -142,15 +142,13 @@ impl HealthEngine {
         self
     }
 
-    /// The credentials a proxy's squid requires, when it has any.
+    /// The credentials a proxy's squid requires, when it has any and they are known: the
+    /// login whose fingerprint is the one its status records as applied.
     fn login_of(&self, proxy: &Proxy) -> Option<ProxyLogin> {
-        let has_credentials = proxy
-            .status
-            .as_ref()
-            .is_some_and(|s| s.credentials.is_some());
-        has_credentials
-            .then(|| self.credentials.get(&key_of(proxy)))
-            .flatten()
+        let applied = proxy.status.as_ref()?.credentials.as_ref()?;
+        let login = self.credentials.get(&key_of(proxy))?;
+        let uid = proxy.metadata.uid.as_deref().unwrap_or_default();
+        (login.fingerprint(uid) == applied.fingerprint).then_some(login)
     }
 
     /// Watches Proxies (in `namespace`, or all) and probes them until aborted. `suspects` are
@@ -347,15 +345,11 @@ impl HealthEngine {
             };
             seen.insert(key.clone());
             let login = self.login_of(&proxy);
-            // A proxy that requires credentials the operator does not know (yet, after a
-            // restart) would give a crawler a proxyUrl that cannot work.
-            let usable = status.credentials.is_none() || login.is_some();
-            let healthy = usable
-                && if probing {
-                    self.verdict_mut(&proxy).healthy == Some(true)
-                } else {
-                    status.phase == Some(Phase::Ready)
-                };
+            let healthy = if probing {
+                self.verdict_mut(&proxy).healthy == Some(true)
+            } else {
+                status.phase == Some(Phase::Ready)
+            };
             entries.push(PoolEntry {
                 key,
                 provider: proxy.spec.provider.clone(),

@@ -281,6 +281,14 @@ impl Operator {
             tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
             leases.restore(Default::default());
         }
+        // The proxies' credentials before the first probe or grant: a new leader knows them
+        // before its controller has looked at every Proxy.
+        crate::controller::credentials::prefill(
+            client,
+            args.proxy_namespace.as_deref(),
+            &ctx.credentials,
+        )
+        .await;
         view.set_serving(true);
         let label = self.leader_label();
         let providers = ctx.providers.clone();

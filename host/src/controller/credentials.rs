@@ -78,6 +78,42 @@ pub async fn current_login(
     ))
 }
 
+/// Fills `book` from every credentials Secret the operator made (by their label), keyed by the
+/// Proxy that owns each. The health engine uses a login only when it matches the fingerprint in
+/// the Proxy's status, so a Secret changed but not yet applied is never taken for the proxy's.
+/// A failure is logged: the controller fills the book as it reconciles.
+pub async fn prefill(
+    client: &Client,
+    namespace: Option<&str>,
+    book: &credentials::CredentialsBook,
+) {
+    let secrets: Api<Secret> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let params = kube::api::ListParams::default().labels(credentials::SECRET_LABEL);
+    let list = match secrets.list(&params).await {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the proxies' credentials Secrets; the controller reads them one by one");
+            return;
+        }
+    };
+    for secret in list.items {
+        let proxy = secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Proxy")
+            .map(|o| o.name.clone());
+        if let (Some(name), Ok(Some(login))) = (proxy, ProxyLogin::from_secret(&secret)) {
+            let namespace = secret.namespace().unwrap_or_default();
+            book.set(ProxyKey { namespace, name }, login);
+        }
+    }
+}
+
 /// What the status records for credentials about to be given to the provider.
 pub fn applied(proxy: &Proxy, login: &ProxyLogin) -> CredentialsStatus {
     CredentialsStatus {
