@@ -215,13 +215,7 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
     // squid as the Pod runs it, the password file where the Pod would see it.
     let data = maps.get("px-k8s-creds-squid").await.unwrap().data.unwrap();
     assert!(!data["passwd"].contains(login.password()));
-    let scratch = Scratch::new("k8s-squid-auth").unwrap();
-    let passwd = scratch.path().join("passwd");
-    std::fs::write(&passwd, &data["passwd"]).unwrap();
-    make_readable_by_squid(scratch.path(), &passwd);
-    let conf =
-        data["squid.conf"].replace("/etc/squid/proxy-operator/passwd", passwd.to_str().unwrap());
-    let (mut squid, _run) = run_squid(&conf, port).await;
+    let mut squid = PodSquid::start(&data, port).await;
     let files = FileServer::start().await.unwrap();
     files.serve("/page", b"through squid".to_vec());
     let client = |login: Option<&ProxyLogin>| {
@@ -263,8 +257,7 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
         .unwrap();
     let data = maps.get("px-k8s-creds-squid").await.unwrap().data.unwrap();
     assert!(data["squid.conf"].contains("auth_param basic program"));
-    harness::squid::replace_password_file(&passwd, &data["passwd"]).unwrap();
-    make_readable_by_squid(scratch.path(), &passwd);
+    squid.set_passwords(&data["passwd"]);
     assert_eq!(status_with(Some(new.clone())).await, 200);
     wait_for(
         "the old password refused",
@@ -278,7 +271,7 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
     )
     .await
     .unwrap();
-    squid.kill();
+    squid.proc.kill();
 
     // A proxy made without credentials cannot be given some: the provider says why.
     let mut open = spec("px-k8s-open", serde_json::json!({}));
@@ -294,11 +287,46 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
     );
 }
 
-/// squid's helper runs as `proxy`: it must read the password file.
-fn make_readable_by_squid(dir: &std::path::Path, file: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for path in [dir, file] {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+/// What the kubelet and the squid image make of the provider's ConfigMap: squid runs its
+/// squid.conf, and finds the password file (when the proxy has credentials) where the Pod's
+/// directory mount would put it, here a scratch directory.
+struct PodSquid {
+    proc: Proc,
+    _run: Scratch,
+    auth: Scratch,
+}
+
+impl PodSquid {
+    async fn start(data: &std::collections::BTreeMap<String, String>, port: u16) -> PodSquid {
+        let auth = Scratch::new("k8s-squid-auth").unwrap();
+        let passwd = auth.path().join("passwd");
+        let mut conf = data["squid.conf"].clone();
+        if let Some(lines) = data.get("passwd") {
+            std::fs::write(&passwd, lines).unwrap();
+            Self::readable_by_squid(auth.path(), &passwd);
+            conf = conf.replace("/etc/squid/proxy-operator/passwd", passwd.to_str().unwrap());
+        }
+        let (proc, run) = run_squid(&conf, port).await;
+        PodSquid {
+            proc,
+            _run: run,
+            auth,
+        }
+    }
+
+    /// The kubelet's update of the mounted ConfigMap after the provider rewrote it.
+    fn set_passwords(&self, lines: &str) {
+        let passwd = self.auth.path().join("passwd");
+        harness::squid::replace_password_file(&passwd, lines).unwrap();
+        Self::readable_by_squid(self.auth.path(), &passwd);
+    }
+
+    /// squid's helper runs as `proxy`: it must read the password file.
+    fn readable_by_squid(dir: &std::path::Path, file: &std::path::Path) {
+        use std::os::unix::fs::PermissionsExt;
+        for path in [dir, file] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
     }
 }
 
@@ -359,7 +387,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
     )
     .await;
     let providers = proxy_operator::providers::ProviderSet::new(providers);
-    let _operator = Operator::with_providers(ns.client(), &ns, providers.clone());
+    let operator = Operator::with_providers(ns.client(), &ns, providers.clone());
     let registry = prometheus::Registry::new();
     let leases = std::sync::Arc::new(LeaseStore::new(
         LeaseOptions::default(),
@@ -378,7 +406,8 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             ..HealthOptions::default()
         },
         ProbeMetrics::register(&registry).unwrap(),
-    );
+    )
+    .with_credentials(operator.credentials.clone());
     let (_suspects_tx, suspects) = tokio::sync::mpsc::channel(1);
     let health = tokio::spawn(health.run(Some(ns.name().to_string()), suspects));
 
@@ -402,14 +431,13 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
     .unwrap();
     let pod_name = provisioning.status.unwrap().provider_id.unwrap();
     // The kubelet's part: the container runs (real squid, from the ConfigMap) and is ready.
-    let conf = maps
+    let data = maps
         .get(&format!("{pod_name}-squid"))
         .await
         .unwrap()
         .data
-        .unwrap()["squid.conf"]
-        .clone();
-    let (_squid, _scratch) = run_squid(&conf, port).await;
+        .unwrap();
+    let _squid = PodSquid::start(&data, port).await;
     kubelet_reports_ready(&pods, &pod_name, "127.0.0.1").await;
 
     let ready = wait_for_proxy(&proxies, "in-cluster-1", "Ready and Healthy", |p| {

@@ -73,6 +73,8 @@ async fn control_plane() -> &'static ControlPlane {
 /// A controller for one namespace, with the test provider named `store` bound to `store`.
 struct Operator {
     task: tokio::task::JoinHandle<()>,
+    /// The proxies' credentials, as the controller keeps them (for a health engine beside it).
+    credentials: proxy_operator::credentials::CredentialsBook,
 }
 
 impl Operator {
@@ -110,13 +112,16 @@ impl Operator {
         providers: impl Into<proxy_operator::providers::ProviderSet>,
     ) -> Operator {
         // As `proxy-operator run` does, with the test namespace as the operator's.
+        let credentials = proxy_operator::credentials::CredentialsBook::default();
         let ctx = Arc::new(
             Context::new(client, providers, "test-operator")
-                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator")),
+                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator"))
+                .with_credentials(credentials.clone()),
         );
         let namespace = ns.name().to_string();
         Operator {
             task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
+            credentials,
         }
     }
 }
@@ -317,6 +322,7 @@ async fn with_probing_off_ready_says_so() {
     let namespace = ns.name().to_string();
     let _operator = Operator {
         task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
+        credentials: Default::default(),
     };
     let api: Api<Proxy> = ns.api();
     let proxy = apply_ready(cp, &ns, &api, "unprobed").await;
@@ -778,7 +784,11 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     // The account cannot do what the role does not grant.
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(service_account.clone(), ns.name());
-    let denied = secrets.list(&Default::default()).await.unwrap_err();
+    // It makes, reads and patches each Proxy's credentials Secret, but never deletes a Secret.
+    let denied = secrets
+        .delete("anything", &DeleteParams::default())
+        .await
+        .unwrap_err();
     assert!(denied.to_string().contains("forbidden"), "{denied}");
 
     let _operator = Operator::start_with(service_account.clone(), &ns, &store).await;
@@ -822,7 +832,8 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     persistence.save(&snapshot).await.unwrap();
     assert_eq!(persistence.load().await.unwrap(), snapshot);
 
-    // The kvm SSH Secret can be read by name, and no other Secret.
+    // The kvm SSH Secret can be read. (Since each Proxy has a credentials Secret in its own
+    // namespace, the operator may read Secrets everywhere; it may not delete or replace one.)
     let admin: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(cp.client(), "proxy-operator");
     for name in ["kvm-ssh", "unrelated"] {
@@ -842,7 +853,17 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     let own: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(service_account, "proxy-operator");
     own.get("kvm-ssh").await.unwrap();
-    let denied = own.get("unrelated").await.unwrap_err();
+    let denied = own
+        .delete("unrelated", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert!(denied.to_string().contains("forbidden"), "{denied}");
+    let mut unrelated = own.get("unrelated").await.unwrap();
+    unrelated.metadata.managed_fields = None;
+    let denied = own
+        .replace("unrelated", &Default::default(), &unrelated)
+        .await
+        .unwrap_err();
     assert!(denied.to_string().contains("forbidden"), "{denied}");
 }
 
