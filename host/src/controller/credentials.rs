@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use super::conditions;
@@ -28,14 +29,22 @@ pub fn key_of(proxy: &Proxy) -> ProxyKey {
 /// not exist or has no password. `Ok(Err(_))`: the Secret holds something unusable.
 pub async fn current_login(
     client: &Client,
+    cached: &Store<Secret>,
     proxy: &Proxy,
 ) -> Result<Result<ProxyLogin, InvalidCredentials>, kube::Error> {
-    let secrets: Api<Secret> =
-        Api::namespaced(client.clone(), &proxy.namespace().unwrap_or_default());
+    let namespace = proxy.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let name = credentials::secret_name(&proxy.name_any());
+    // The watched copy first: a reconcile of a running proxy costs no request to the API server.
+    // (A change reconciles the Proxy only once the store has it.)
+    let mut cached = cached.get(&ObjectRef::new(&name).within(&namespace));
     // Twice at most: a create that lost a race with another writer reads what won.
     for _ in 0..2 {
-        let Some(secret) = secrets.get_opt(&name).await? else {
+        let found = match cached.take() {
+            Some(secret) => Some(Secret::clone(&secret)),
+            None => secrets.get_opt(&name).await?,
+        };
+        let Some(secret) = found else {
             let login = ProxyLogin::generate(&proxy.name_any());
             match secrets
                 .create(
@@ -145,6 +154,7 @@ pub fn rotation(proxy: &Proxy, recorded: &CredentialsStatus, current: &ProxyLogi
 /// happened; a Kubernetes error is the reconcile's.
 pub async fn keep_current(
     client: &Client,
+    cached: &Store<Secret>,
     book: &credentials::CredentialsBook,
     provider: &ProviderInstance,
     proxy: &Proxy,
@@ -159,7 +169,7 @@ pub async fn keep_current(
         return Ok(());
     };
     let generation = proxy.metadata.generation;
-    let current = match current_login(client, proxy).await? {
+    let current = match current_login(client, cached, proxy).await? {
         Ok(login) => login,
         Err(invalid) => {
             not_current(

@@ -11,7 +11,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::credentials;
@@ -47,6 +48,9 @@ pub struct Context {
     pub abandoned: Option<AbandonedRecord>,
     /// The credentials each proxy requires, for the health engine and the lease API.
     pub credentials: CredentialsBook,
+    /// The credentials Secrets, as a watch keeps them: read without a request per reconcile.
+    secrets: Store<Secret>,
+    secrets_writer: std::sync::Mutex<Option<Writer<Secret>>>,
     /// Each Proxy's backoff after failed requests to the API server.
     backoffs: Backoffs,
 }
@@ -54,7 +58,10 @@ pub struct Context {
 impl Context {
     pub fn new(client: Client, providers: impl Into<ProviderSet>, operator_id: &str) -> Self {
         let recorder = events::recorder(client.clone());
+        let (secrets, secrets_writer) = reflector::store();
         Context {
+            secrets,
+            secrets_writer: std::sync::Mutex::new(Some(secrets_writer)),
             client,
             providers: providers.into(),
             recorder,
@@ -126,18 +133,42 @@ pub async fn run_until(
 
 fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     let proxies = crate::api::proxies(ctx.client.clone(), namespace);
-    // A changed credentials Secret is rotated at once (only the operator's Secrets are watched).
+    // A plugin loaded or a providers config changed: every Proxy waiting for it goes on at once.
+    let controller = Controller::new(proxies, watcher::Config::default().any_semantic())
+        .reconcile_all_on(ctx.providers.swaps());
+    let writer = ctx.secrets_writer.lock().expect("not poisoned").take();
+    match writer {
+        Some(writer) => controller.reconcile_on(changed_credentials(ctx, namespace, writer)),
+        None => controller,
+    }
+}
+
+/// A changed credentials Secret is rotated at once: the Secrets the operator made (by their
+/// label) are watched into the context's store, and each change reconciles the Proxy owning it,
+/// after the store has it.
+fn changed_credentials(
+    ctx: &Context,
+    namespace: Option<&str>,
+    writer: Writer<Secret>,
+) -> impl futures_util::Stream<Item = ObjectRef<Proxy>> + Send + 'static {
     let secrets: Api<Secret> = match namespace {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    // A plugin loaded or a providers config changed: every Proxy waiting for it goes on at once.
-    Controller::new(proxies, watcher::Config::default().any_semantic())
-        .owns(
-            secrets,
-            watcher::Config::default().labels(crate::credentials::SECRET_LABEL),
-        )
-        .reconcile_all_on(ctx.providers.swaps())
+    let config = watcher::Config::default().labels(crate::credentials::SECRET_LABEL);
+    reflector::reflector(writer, watcher(secrets, config))
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|secret| async move {
+            let secret = secret.ok()?;
+            let owner = secret
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.kind == "Proxy")?;
+            Some(ObjectRef::new(&owner.name).within(&secret.namespace()?))
+        })
 }
 
 async fn drive(controller: Controller<Proxy>, ctx: Arc<Context>) {
@@ -375,7 +406,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             let mut status = status;
             let mut spec = spec_for(proxy, ctx, &name, zone);
             if provider.plugin().supports_credentials() {
-                match credentials::current_login(&ctx.client, proxy).await? {
+                match credentials::current_login(&ctx.client, &ctx.secrets, proxy).await? {
                     Ok(login) => {
                         spec.credentials = Some(login.hashed());
                         status.credentials = Some(credentials::applied(proxy, &login));
@@ -411,7 +442,9 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             Ok(instance) => {
                 let mut effects = decide::observed(proxy, status, &instance, ctx.health_probing);
                 let (client, book) = (&ctx.client, &ctx.credentials);
-                credentials::keep_current(client, book, provider, proxy, &mut effects).await?;
+                let cached = &ctx.secrets;
+                credentials::keep_current(client, cached, book, provider, proxy, &mut effects)
+                    .await?;
                 effects
             }
             Err(CallError::Provider {
