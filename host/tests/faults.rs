@@ -797,14 +797,28 @@ async fn throttled_by_the_api_server_the_operator_backs_off_and_gets_there() {
     let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
     world.apply_proxies(&names).await;
     let deadline = Instant::now() + Duration::from_secs(90);
+    // With the API server's priority and fairness off (the only way this harness gets 429s), a
+    // Lease renewal waits for the one mutating slot like every status write, and the leader may
+    // lose its Lease for a while; being the only replica it takes it back. What must hold: it
+    // gets there, and it says "not ready" rather than serving while it is not the leader.
+    // (With priority and fairness on, deploy/flowschema.yaml keeps the renewals apart.)
+    let mut not_serving = 0;
     loop {
         let (status, body) = operator.call(Method::GET, "/v1/proxies", None).await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "the leader stopped serving under throttling: {body}\n{}",
-            operator.proc.log_tail(30)
-        );
+        if status != StatusCode::OK {
+            assert_eq!(
+                body["type"], "urn:proxy-operator:problem:not-ready",
+                "{status} {body}"
+            );
+            not_serving += 1;
+            assert!(
+                Instant::now() < deadline,
+                "not serving after 90 s under throttling: {body}\n{}",
+                operator.proc.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
         let available = body["proxies"]
             .as_array()
             .unwrap()
@@ -838,7 +852,7 @@ async fn throttled_by_the_api_server_the_operator_backs_off_and_gets_there() {
     let ids = world.store.ids();
     let per_proxy = requests / names.len() as f64;
     eprintln!(
-        "throttled (1 in flight, etcd +20 ms): 20 Proxies leasable after {:.1} s; {requests} operator requests on proxies/leases/events ({per_proxy:.1} per Proxy, {:.1}/s), {throttled} answered 429",
+        "throttled (1 in flight, etcd +20 ms): 20 Proxies leasable after {:.1} s; {requests} operator requests on proxies/leases/events ({per_proxy:.1} per Proxy, {:.1}/s), {throttled} answered 429; not serving at {not_serving} of the checks",
         all_leasable.as_secs_f64(),
         requests / all_leasable.as_secs_f64()
     );
