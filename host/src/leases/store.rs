@@ -597,6 +597,12 @@ impl LeaseStore {
         self.prune_rejected(&mut inner);
     }
 
+    /// Adds one pool to the known ones at once (the pool controller, as it first sees a pool), so
+    /// a new pool is not `unknown-pool` until the next [`Self::set_known_pools`].
+    pub fn add_known_pool(&self, pool: PoolKey) {
+        self.lock().known_pools.insert(pool);
+    }
+
     /// Replaces the set of provisioned proxies. Leases on proxies that are gone or unhealthy end.
     pub fn set_pool(&self, entries: Vec<PoolEntry>) {
         let mut guard = self.lock();

@@ -188,6 +188,11 @@ async fn reconcile(
 /// One step towards the pool's spec.
 async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
     let namespace = pool.namespace().unwrap_or_default();
+    // Crawlers may ask for it from now on (503 until it has a proxy, not 404).
+    ctx.leases.add_known_pool(ProxyKey {
+        namespace: namespace.clone(),
+        name: pool.name_any(),
+    });
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
     let desired = match resolve(pool, &ctx.providers.current()) {
         Ok(desired) => desired,

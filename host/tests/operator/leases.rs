@@ -333,8 +333,8 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
         if status == StatusCode::CREATED {
             break body;
         }
-        // The discovery API learns of a new pool within 2 s (the pool controller tells it what
-        // pools exist): `unknown-pool` until then, `no-proxy-available` until it has a proxy.
+        // The discovery API learns of a new pool when the pool controller first sees it:
+        // `unknown-pool` until then, `no-proxy-available` until it has a proxy.
         let new_pool = status == StatusCode::NOT_FOUND
             && body["type"] == "urn:proxy-operator:problem:unknown-pool";
         assert!(
