@@ -202,28 +202,32 @@ pub fn secret_for(proxy: &Proxy, login: &ProxyLogin) -> Secret {
     }
 }
 
-/// The credentials each provisioned proxy requires now (the ones its status fingerprint says
-/// were applied), for the health engine and the lease API. Filled by the controller; in memory
-/// only, never persisted.
+/// The credentials each provisioned proxy requires now, for the health engine and the lease
+/// API, each with its fingerprint (computed once here, not on every probe round). Filled by the
+/// controller; in memory only, never persisted.
 #[derive(Default, Clone)]
 pub struct CredentialsBook {
-    logins: Arc<RwLock<HashMap<ProxyKey, ProxyLogin>>>,
+    logins: Arc<RwLock<HashMap<ProxyKey, (ProxyLogin, String)>>>,
 }
 
 impl CredentialsBook {
-    pub fn set(&self, key: ProxyKey, login: ProxyLogin) {
-        self.logins
-            .write()
-            .expect("not poisoned")
-            .insert(key, login);
+    /// Records `login` for the proxy `key` whose UID is `proxy_uid`.
+    pub fn set(&self, key: ProxyKey, proxy_uid: &str, login: ProxyLogin) {
+        let fingerprint = login.fingerprint(proxy_uid);
+        let mut logins = self.logins.write().expect("not poisoned");
+        logins.insert(key, (login, fingerprint));
     }
 
     pub fn remove(&self, key: &ProxyKey) {
         self.logins.write().expect("not poisoned").remove(key);
     }
 
-    pub fn get(&self, key: &ProxyKey) -> Option<ProxyLogin> {
-        self.logins.read().expect("not poisoned").get(key).cloned()
+    /// The login of `key` if it is the one with `fingerprint` (what the Proxy's status records as
+    /// applied): a Secret changed but not yet applied is never taken for the proxy's.
+    pub fn applied(&self, key: &ProxyKey, fingerprint: &str) -> Option<ProxyLogin> {
+        let logins = self.logins.read().expect("not poisoned");
+        let (login, recorded) = logins.get(key)?;
+        (recorded == fingerprint).then(|| login.clone())
     }
 }
 

@@ -146,9 +146,8 @@ impl HealthEngine {
     /// login whose fingerprint is the one its status records as applied.
     fn login_of(&self, proxy: &Proxy) -> Option<ProxyLogin> {
         let applied = proxy.status.as_ref()?.credentials.as_ref()?;
-        let login = self.credentials.get(&key_of(proxy))?;
-        let uid = proxy.metadata.uid.as_deref().unwrap_or_default();
-        (login.fingerprint(uid) == applied.fingerprint).then_some(login)
+        self.credentials
+            .applied(&key_of(proxy), &applied.fingerprint)
     }
 
     /// Watches Proxies (in `namespace`, or all) and probes them until aborted. `suspects` are

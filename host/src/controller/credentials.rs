@@ -115,10 +115,10 @@ pub async fn prefill(
             .iter()
             .flatten()
             .find(|o| o.kind == "Proxy")
-            .map(|o| o.name.clone());
-        if let (Some(name), Ok(Some(login))) = (proxy, ProxyLogin::from_secret(&secret)) {
+            .map(|o| (o.name.clone(), o.uid.clone()));
+        if let (Some((name, uid)), Ok(Some(login))) = (proxy, ProxyLogin::from_secret(&secret)) {
             let namespace = secret.namespace().unwrap_or_default();
-            book.set(ProxyKey { namespace, name }, login);
+            book.set(ProxyKey { namespace, name }, &uid, login);
         }
     }
 }
@@ -185,7 +185,7 @@ pub async fn keep_current(
         }
     };
     if rotation(proxy, &recorded, &current) == Rotation::Current {
-        book.set(key, current);
+        book.set(key, &proxy.uid().unwrap_or_default(), current);
         conditions::set_named(
             &mut effects.status.conditions,
             CONDITION,
@@ -202,7 +202,7 @@ pub async fn keep_current(
     {
         Ok(()) => {
             effects.status.credentials = Some(applied(proxy, &current));
-            book.set(key, current);
+            book.set(key, &proxy.uid().unwrap_or_default(), current);
             conditions::set_named(
                 &mut effects.status.conditions,
                 CONDITION,

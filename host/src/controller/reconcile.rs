@@ -410,7 +410,8 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
                     Ok(login) => {
                         spec.credentials = Some(login.hashed());
                         status.credentials = Some(credentials::applied(proxy, &login));
-                        ctx.credentials.set(credentials::key_of(proxy), login);
+                        let uid = proxy.uid().unwrap_or_default();
+                        ctx.credentials.set(credentials::key_of(proxy), &uid, login);
                     }
                     Err(invalid) => {
                         let effects = credentials::invalid_secret(proxy, status, &invalid);

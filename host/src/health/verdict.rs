@@ -196,12 +196,7 @@ pub(crate) fn verdict_of<'a>(
     verdict
 }
 
-pub(crate) fn key_of(proxy: &Proxy) -> ProxyKey {
-    ProxyKey {
-        namespace: proxy.namespace().unwrap_or_default(),
-        name: proxy.name_any(),
-    }
-}
+pub(crate) use crate::controller::credentials::key_of;
 
 /// Provisioned, not being deleted: the proxies that are probed and may be leased.
 pub(crate) fn provisioned(proxy: &Proxy) -> Option<(&str, &ProxyStatus)> {

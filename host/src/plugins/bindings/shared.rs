@@ -111,6 +111,32 @@ macro_rules! unchanged_conversions {
 }
 pub(crate) use unchanged_conversions;
 
+/// `instance-spec` from the host's, with the fields a version added after 0.1.0's (`$spec` names
+/// the host's spec in them).
+macro_rules! instance_spec_conversion {
+    (|$spec:ident| $($field:ident: $value:expr),* $(,)?) => {
+        impl From<types::InstanceSpec> for wit::InstanceSpec {
+            fn from($spec: types::InstanceSpec) -> Self {
+                wit::InstanceSpec {
+                    $($field: $value,)*
+                    name: $spec.name,
+                    owner: $spec.owner.into(),
+                    zone: $spec.zone,
+                    image: $spec.image,
+                    machine_type: $spec.machine_type,
+                    user_data: $spec.user_data,
+                    vendor_data: $spec.vendor_data,
+                    install_guest_agent: $spec.install_guest_agent,
+                    port: $spec.port,
+                    labels: $spec.labels,
+                    options: $spec.options.to_string(),
+                }
+            }
+        }
+    };
+}
+pub(crate) use instance_spec_conversion;
+
 /// The host's imports (`log`, `http`, `kube`, `libvirt`), unchanged since 0.1.0.
 macro_rules! host_imports {
     () => {

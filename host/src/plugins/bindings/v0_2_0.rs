@@ -12,7 +12,9 @@ use crate::plugins::call::{Call, CallFailure, Output};
 use crate::plugins::state::HostState;
 use crate::plugins::types;
 
-use super::shared::{call_through_bindings, host_imports, unchanged_conversions};
+use super::shared::{
+    call_through_bindings, host_imports, instance_spec_conversion, unchanged_conversions,
+};
 
 wasmtime::component::bindgen!({
     world: "provider-plugin",
@@ -30,24 +32,7 @@ use self::proxy_operator::provider::{http, kube, libvirt, log};
 unchanged_conversions!();
 host_imports!();
 
-impl From<types::InstanceSpec> for wit::InstanceSpec {
-    fn from(s: types::InstanceSpec) -> Self {
-        wit::InstanceSpec {
-            name: s.name,
-            owner: s.owner.into(),
-            zone: s.zone,
-            image: s.image,
-            machine_type: s.machine_type,
-            user_data: s.user_data,
-            vendor_data: s.vendor_data,
-            install_guest_agent: s.install_guest_agent,
-            port: s.port,
-            labels: s.labels,
-            options: s.options.to_string(),
-            credentials: s.credentials.map(Into::into),
-        }
-    }
-}
+instance_spec_conversion!(|spec| credentials: spec.credentials.map(Into::into));
 
 impl From<types::ProxyCredentials> for wit::ProxyCredentials {
     fn from(c: types::ProxyCredentials) -> Self {
