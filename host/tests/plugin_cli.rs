@@ -40,7 +40,7 @@ fn inspect_shows_version_exports_capabilities_and_digest() {
     let plugin = plugin_path("test");
     let out = json_out(&operator(&["plugin", "inspect", plugin.to_str().unwrap()]));
     assert_eq!(out["kind"], "component");
-    assert_eq!(out["witVersion"], "0.1.0");
+    assert_eq!(out["witVersion"], "0.2.0");
     assert_eq!(out["loads"], true);
     assert_eq!(out["describe"]["name"], "test");
     assert_eq!(
@@ -49,7 +49,7 @@ fn inspect_shows_version_exports_capabilities_and_digest() {
     );
     assert_eq!(
         out["exports"],
-        json!(["proxy-operator:provider/provider@0.1.0"])
+        json!(["proxy-operator:provider/provider@0.2.0"])
     );
     let bytes = std::fs::read(&plugin).unwrap();
     assert_eq!(out["size"], bytes.len());
