@@ -20,8 +20,8 @@ pub const CONDITION: &str = "CredentialsCurrent";
 /// The key of a Proxy in the credentials book.
 pub fn key_of(proxy: &Proxy) -> ProxyKey {
     ProxyKey {
-        namespace: proxy.namespace().unwrap_or_default(),
-        name: proxy.name_any(),
+        namespace: proxy.namespace().unwrap_or_default().into(),
+        name: proxy.name_any().into(),
     }
 }
 
@@ -118,7 +118,14 @@ pub async fn prefill(
             .map(|o| (o.name.clone(), o.uid.clone()));
         if let (Some((name, uid)), Ok(Some(login))) = (proxy, ProxyLogin::from_secret(&secret)) {
             let namespace = secret.namespace().unwrap_or_default();
-            book.set(ProxyKey { namespace, name }, &uid, login);
+            book.set(
+                ProxyKey {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                },
+                &uid,
+                login,
+            );
         }
     }
 }

@@ -133,27 +133,28 @@ struct RenewBody {
     ttl_seconds: Option<u64>,
 }
 
+/// Borrowed from the table's entry: an answer copies nothing it only serializes.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ProxyRef {
-    namespace: String,
-    name: String,
-    provider: String,
+struct ProxyRef<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    provider: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    zone: Option<String>,
-    address: String,
+    zone: Option<&'a str>,
+    address: &'a str,
     port: u16,
     #[serde(rename = "exitIP", skip_serializing_if = "Option::is_none")]
-    exit_ip: Option<String>,
+    exit_ip: Option<&'a str>,
 }
 
 /// A lease as the API shows it: the answer to a grant, a renewal and `GET /v1/leases/{id}` (see
 /// `Lease` in the OpenAPI document).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Granted {
+struct Granted<'a> {
     id: String,
-    proxy: ProxyRef,
+    proxy: ProxyRef<'a>,
     proxy_url: String,
     granted_at: String,
     expires_at: String,
@@ -164,8 +165,8 @@ struct Granted {
     session: Option<String>,
 }
 
-impl Granted {
-    fn new(lease: Lease, entry: PoolEntry) -> Self {
+impl<'a> Granted<'a> {
+    fn new(lease: Lease, entry: &'a PoolEntry) -> Self {
         let pool = lease.pool_key().map(|k| k.to_string());
         Granted {
             proxy_url: match &entry.login {
@@ -180,13 +181,13 @@ impl Granted {
                 (lease.expires_at_ms - lease.granted_at_ms) / 1000
             },
             proxy: ProxyRef {
-                namespace: entry.key.namespace,
-                name: entry.key.name,
-                provider: entry.provider,
-                zone: entry.zone,
-                address: entry.address,
+                namespace: &entry.key.namespace,
+                name: &entry.key.name,
+                provider: &entry.provider,
+                zone: entry.zone.as_deref(),
+                address: &entry.address,
                 port: entry.port,
-                exit_ip: entry.exit_ip,
+                exit_ip: entry.exit_ip.as_deref(),
             },
             pool,
             session: lease.session,
@@ -448,7 +449,7 @@ async fn confirm_stored(discovery: &Discovery) -> Result<(), Problem> {
         })
 }
 
-fn lease_response(status: StatusCode, lease: Lease, entry: PoolEntry) -> Response {
+fn lease_response(status: StatusCode, lease: Lease, entry: &PoolEntry) -> Response {
     let location = format!("/v1/leases/{}", lease.id);
     (
         status,
@@ -479,7 +480,7 @@ async fn grant(
         .map_err(|e| Problem::from_grant_error(e, &request))?;
     if grant.joined {
         // The session's own lease again: nothing new to store.
-        return Ok(lease_response(StatusCode::OK, grant.lease, grant.entry));
+        return Ok(lease_response(StatusCode::OK, grant.lease, &grant.entry));
     }
     if let Err(problem) = confirm_stored(&discovery).await {
         // Unanswered, the lease must not hold the proxy; if a later write stores it anyway,
@@ -490,7 +491,7 @@ async fn grant(
     Ok(lease_response(
         StatusCode::CREATED,
         grant.lease,
-        grant.entry,
+        &grant.entry,
     ))
 }
 
@@ -504,7 +505,7 @@ async fn show(
         .store
         .lease(&id)
         .map_err(|e| Problem::from_lease_error(e, &id))?;
-    Ok(Json(Granted::new(lease, entry)).into_response())
+    Ok(Json(Granted::new(lease, &entry)).into_response())
 }
 
 async fn renew(
@@ -526,7 +527,7 @@ async fn renew(
     // Unstored, a renewal may be forgotten by a failover: the lease then ends at its old expiry,
     // which the crawler must be told.
     confirm_stored(&discovery).await?;
-    Ok(Json(Granted::new(lease, entry)).into_response())
+    Ok(Json(Granted::new(lease, &entry)).into_response())
 }
 
 fn proxy_url(address: &str, port: u16) -> String {

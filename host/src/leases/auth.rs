@@ -97,7 +97,7 @@ impl TokenPools {
     pub fn allows(&self, scope: &Scope) -> bool {
         self.0.iter().any(|(ns, name)| match scope {
             Scope::Pool(pool) => {
-                *ns == pool.namespace && name.as_ref().is_none_or(|n| *n == pool.name)
+                **ns == *pool.namespace && name.as_ref().is_none_or(|n| **n == *pool.name)
             }
             Scope::Namespace(namespace) => ns == namespace && name.is_none(),
             Scope::Cluster => false,

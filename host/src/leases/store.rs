@@ -123,7 +123,7 @@ impl Lease {
     pub fn pool_key(&self) -> Option<PoolKey> {
         self.pool.as_ref().map(|name| PoolKey {
             namespace: self.proxy.namespace.clone(),
-            name: name.clone(),
+            name: name.as_str().into(),
         })
     }
 }
@@ -132,7 +132,8 @@ impl Lease {
 #[derive(Clone, Debug)]
 pub struct Grant {
     pub lease: Lease,
-    pub entry: PoolEntry,
+    /// Shared with the table: cloned under its lock, it is only a reference count.
+    pub entry: Arc<PoolEntry>,
     /// The session already held this lease, and it was handed out again: nothing new was
     /// granted (several workers of one session share one lease and one proxy).
     pub joined: bool,
@@ -249,7 +250,7 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// A provisioned proxy and what the table keeps beside it.
 struct Slot {
-    entry: PoolEntry,
+    entry: Arc<PoolEntry>,
     /// Its pool as a key, built once.
     pool: Option<PoolKey>,
     series: Arc<Series>,
@@ -613,7 +614,7 @@ impl LeaseStore {
         for entry in entries {
             let pool_key = entry.pool.as_ref().map(|name| PoolKey {
                 namespace: entry.key.namespace.clone(),
-                name: name.clone(),
+                name: name.as_str().into(),
             });
             let label = pool_key
                 .as_ref()
@@ -628,7 +629,7 @@ impl LeaseStore {
             pool.insert(
                 entry.key.clone(),
                 Slot {
-                    entry,
+                    entry: Arc::new(entry),
                     pool: pool_key,
                     series,
                 },
@@ -730,7 +731,8 @@ impl LeaseStore {
 
     /// Grants a lease on a healthy proxy that is neither leased nor cooling down (nor draining).
     pub fn grant(&self, request: &LeaseRequest) -> Result<(Lease, PoolEntry), GrantError> {
-        self.grant_or_join(request).map(|g| (g.lease, g.entry))
+        self.grant_or_join(request)
+            .map(|g| (g.lease, Arc::unwrap_or_clone(g.entry)))
     }
 
     /// Grants a lease, or hands a session the lease it already holds (see [`Grant::joined`]).
@@ -741,7 +743,11 @@ impl LeaseStore {
             .unwrap_or(self.options.default_ttl)
             .min(self.options.max_ttl)
             .max(Duration::from_secs(1));
-        // Hashed outside the lock.
+        // Made outside the lock, which every grant and release waits for: the id and its copies
+        // for the table, the request's strings, the digests.
+        let id = new_lease_id();
+        let (held_id, leased_id) = (id.clone(), id.clone());
+        let (session, holder) = (request.session.clone(), request.holder.clone());
         let wanted = Wanted {
             // Per holder: two crawlers choosing the same key do not share a proxy.
             session: request
@@ -750,6 +756,7 @@ impl LeaseStore {
                 .map(|s| session_digest(request.holder.as_deref(), s)),
             target: request.target.as_deref().map(target_digest),
         };
+        let ttl_ms = ttl.as_millis() as u64;
         let mut guard = self.lock();
         let inner = &mut *guard;
         let key = match pick(inner, request, &wanted, now) {
@@ -773,12 +780,32 @@ impl LeaseStore {
             }
         };
         let slot = &inner.pool[&key];
-        let series = slot.series.clone();
-        let entry = slot.entry.clone();
-        let ttl_ms = ttl.as_millis() as u64;
+        let (series, entry, pool) = (slot.series.clone(), slot.entry.clone(), slot.pool.clone());
         let lease = Lease {
-            id: new_lease_id(),
+            id: held_id,
             proxy: key.clone(),
+            granted_at_ms: now,
+            expires_at_ms: now + ttl_ms,
+            session,
+            pool: entry.pool.clone(),
+            provider: entry.provider.clone(),
+            ttl_ms,
+            holder,
+        };
+        inner.remove_free_of_pool(&key, pool.as_ref());
+        if let Some(session) = wanted.session {
+            inner.sessions.bind(session, &key);
+        }
+        inner.leased.insert(key, leased_id);
+        series.granted.inc();
+        series.active.inc();
+        inner.leases.insert(id.clone(), Held { lease, series });
+        self.mark_dirty(inner);
+        drop(guard);
+        // The caller's copy, made after the lock is released.
+        let lease = Lease {
+            id,
+            proxy: entry.key.clone(),
             granted_at_ms: now,
             expires_at_ms: now + ttl_ms,
             session: request.session.clone(),
@@ -787,21 +814,6 @@ impl LeaseStore {
             ttl_ms,
             holder: request.holder.clone(),
         };
-        inner.remove_free(&key);
-        if let Some(session) = wanted.session {
-            inner.sessions.bind(session, &key);
-        }
-        inner.leased.insert(key, lease.id.clone());
-        series.granted.inc();
-        series.active.inc();
-        inner.leases.insert(
-            lease.id.clone(),
-            Held {
-                lease: lease.clone(),
-                series,
-            },
-        );
-        self.mark_dirty(inner);
         Ok(Grant {
             lease,
             entry,
@@ -909,7 +921,7 @@ impl LeaseStore {
     }
 
     /// A live lease and its proxy.
-    pub fn lease(&self, id: &str) -> Result<(Lease, PoolEntry), LeaseError> {
+    pub fn lease(&self, id: &str) -> Result<(Lease, Arc<PoolEntry>), LeaseError> {
         let now = now_ms();
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -921,7 +933,11 @@ impl LeaseStore {
 
     /// Extends a live lease to now + `ttl` (or the lifetime it last got), at most
     /// `--max-lease-ttl` from now. Refused on a draining proxy, so a drain ends within a TTL.
-    pub fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<(Lease, PoolEntry), LeaseError> {
+    pub fn renew(
+        &self,
+        id: &str,
+        ttl: Option<Duration>,
+    ) -> Result<(Lease, Arc<PoolEntry>), LeaseError> {
         let now = now_ms();
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -1050,36 +1066,40 @@ fn matches(slot: &Slot, request: &LeaseRequest) -> bool {
             .all(|(k, v)| entry.labels.get(k) == Some(v))
 }
 
-/// Whether a free proxy can be granted now: `Some(true)` when it can and its ended cooldown is to
-/// be forgotten. When a cooldown holds it, `soonest` learns its end.
-fn grantable(
-    inner: &Inner,
-    key: &ProxyKey,
-    request: &LeaseRequest,
-    wanted: &Wanted,
-    now: u64,
-    soonest: &mut Option<u64>,
-) -> Option<bool> {
-    let slot = inner.pool.get(key)?;
+/// What a free proxy is to a grant request.
+enum Fit {
+    /// Grantable; `true` when its ended cooldown is to be forgotten.
+    Grant(bool),
+    /// Not what the request's filters ask for (or gone).
+    Mismatch,
+    /// Cooling down, for every target or for the request's, until then (ms).
+    Cooling(u64),
+}
+
+fn fit(inner: &Inner, key: &ProxyKey, request: &LeaseRequest, wanted: &Wanted, now: u64) -> Fit {
+    let Some(slot) = inner.pool.get(key) else {
+        return Fit::Mismatch;
+    };
     if !matches(slot, request) {
-        return None;
+        return Fit::Mismatch;
     }
+    fit_matching(inner, key, wanted, now)
+}
+
+/// [`fit`] for a proxy already known to match the request's filters.
+fn fit_matching(inner: &Inner, key: &ProxyKey, wanted: &Wanted, now: u64) -> Fit {
     let mut expired = false;
     match inner.cooldowns.get(key) {
-        Some(&until_ms) if until_ms > now => {
-            min_into(soonest, until_ms);
-            return None;
-        }
+        Some(&until_ms) if until_ms > now => return Fit::Cooling(until_ms),
         Some(_) => expired = true,
         None => {}
     }
     if let Some(target) = &wanted.target
         && let Some(until_ms) = inner.targets.until(key, target, now)
     {
-        min_into(soonest, until_ms);
-        return None;
+        return Fit::Cooling(until_ms);
     }
-    Some(expired)
+    Fit::Grant(expired)
 }
 
 /// Chooses the proxy for a grant: the named one; else the session's own, while it is free (or
@@ -1118,10 +1138,8 @@ fn pick(
             // Leased to another session: the session moves on.
             Some(_) => {}
             None if inner.free_seq.contains_key(bound) => {
-                let bound = bound.clone();
-                let mut ignored = None;
-                if let Some(expired) = grantable(inner, &bound, request, wanted, now, &mut ignored)
-                {
+                if let Fit::Grant(expired) = fit_matching(inner, bound, wanted, now) {
+                    let bound = bound.clone();
                     if expired {
                         inner.cooldowns.remove(&bound);
                     }
@@ -1131,32 +1149,49 @@ fn pick(
             None => {}
         }
     }
+    // The free proxies in scope by their place in the free order, longest free first.
+    let in_pool = request.pool.as_ref().map(|pool| {
+        inner
+            .free_by_pool
+            .get(pool)
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| Some((*seq, inner.free.get(seq)?)))
+    });
+    let anywhere = request
+        .pool
+        .is_none()
+        .then(|| inner.free.iter().map(|(seq, key)| (*seq, key)));
     let mut soonest: Option<u64> = None;
+    let mut cooling = Vec::new();
     let mut found = None;
-    match &request.pool {
-        Some(pool) => {
-            for seq in inner.free_by_pool.get(pool).into_iter().flatten() {
-                let Some(key) = inner.free.get(seq) else {
-                    continue;
-                };
-                if let Some(expired) = grantable(inner, key, request, wanted, now, &mut soonest) {
-                    found = Some((key.clone(), expired));
-                    break;
-                }
+    for (seq, key) in in_pool
+        .into_iter()
+        .flatten()
+        .chain(anywhere.into_iter().flatten())
+    {
+        match fit(inner, key, request, wanted, now) {
+            Fit::Grant(expired) => {
+                found = Some((key.clone(), expired));
+                break;
             }
-        }
-        None => {
-            for key in inner.free.values() {
-                if let Some(expired) = grantable(inner, key, request, wanted, now, &mut soonest) {
-                    found = Some((key.clone(), expired));
-                    break;
-                }
+            Fit::Mismatch => {}
+            Fit::Cooling(until_ms) => {
+                min_into(&mut soonest, until_ms);
+                cooling.push(seq);
             }
         }
     }
     if let Some((key, expired)) = found {
         if expired {
             inner.cooldowns.remove(&key);
+        }
+        // The proxies walked past because they cool down go to the back of the free order, so
+        // the next grant (likely for the same site) does not walk past them again: without this
+        // every grant for a target walks past every free proxy that target blocked. They stay
+        // leasable for the rest.
+        for seq in cooling {
+            inner.move_free_to_back(seq);
         }
         return Ok(Picked::New(key));
     }
@@ -1260,10 +1295,35 @@ impl Inner {
         self.free_seq.insert(key, seq);
     }
 
+    /// Moves the free proxy at `seq` to the back of the free order (its pool's too).
+    fn move_free_to_back(&mut self, seq: u64) {
+        let Some(key) = self.free.remove(&seq) else {
+            return;
+        };
+        let back = self.next_seq;
+        self.next_seq += 1;
+        if let Some(pool) = self.pool.get(&key).and_then(|s| s.pool.as_ref())
+            && let Some(seqs) = self.free_by_pool.get_mut(pool)
+        {
+            seqs.remove(&seq);
+            seqs.insert(back);
+        }
+        if let Some(at) = self.free_seq.get_mut(&key) {
+            *at = back;
+        }
+        self.free.insert(back, key);
+    }
+
     fn remove_free(&mut self, key: &ProxyKey) {
+        let pool = self.pool.get(key).and_then(|s| s.pool.clone());
+        self.remove_free_of_pool(key, pool.as_ref());
+    }
+
+    /// [`Self::remove_free`] with the proxy's pool already at hand (one lookup fewer).
+    fn remove_free_of_pool(&mut self, key: &ProxyKey, pool: Option<&PoolKey>) {
         if let Some(seq) = self.free_seq.remove(key) {
             self.free.remove(&seq);
-            if let Some(pool) = self.pool.get(key).and_then(|s| s.pool.as_ref())
+            if let Some(pool) = pool
                 && let Some(seqs) = self.free_by_pool.get_mut(pool)
             {
                 seqs.remove(&seq);

@@ -135,8 +135,8 @@ async fn tell_known_pools(
             .state()
             .iter()
             .map(|pool| ProxyKey {
-                namespace: pool.namespace().unwrap_or_default(),
-                name: pool.name_any(),
+                namespace: pool.namespace().unwrap_or_default().into(),
+                name: pool.name_any().into(),
             })
             .collect();
         leases.set_known_pools(known);
@@ -190,8 +190,8 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
     let namespace = pool.namespace().unwrap_or_default();
     // Crawlers may ask for it from now on (503 until it has a proxy, not 404).
     ctx.leases.add_known_pool(ProxyKey {
-        namespace: namespace.clone(),
-        name: pool.name_any(),
+        namespace: namespace.clone().into(),
+        name: pool.name_any().into(),
     });
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
     let desired = match resolve(pool, &ctx.providers.current()) {
@@ -274,12 +274,12 @@ async fn members(
 
 fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
     let key = ProxyKey {
-        namespace: proxy.namespace().unwrap_or_default(),
-        name: proxy.name_any(),
+        namespace: proxy.namespace().unwrap_or_default().into(),
+        name: proxy.name_any().into(),
     };
     let usage = usage.get(&key).cloned().unwrap_or_default();
     Member {
-        name: key.name,
+        name: key.name.to_string(),
         slot: Slot {
             provider: proxy.spec.provider.clone(),
             zone: proxy.spec.placement.as_ref().and_then(|p| p.zone.clone()),

@@ -77,7 +77,7 @@ async fn leases_and_cooldowns_survive_a_restart_through_the_cluster() {
         .collect();
     let held_name = held.proxy.name.clone();
     for (name, state) in &states {
-        let expected = if *name == held_name {
+        let expected = if **name == *held_name {
             "leased"
         } else {
             "coolingDown"

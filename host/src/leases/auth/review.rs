@@ -65,7 +65,10 @@ impl Access {
     /// `create` on `proxypools/lease`: named for a pool, namespace-wide, or cluster-wide.
     pub fn lease(scope: &Scope) -> Access {
         let (namespace, name) = match scope {
-            Scope::Pool(pool) => (Some(pool.namespace.clone()), Some(pool.name.clone())),
+            Scope::Pool(pool) => (
+                Some(pool.namespace.to_string()),
+                Some(pool.name.to_string()),
+            ),
             Scope::Namespace(namespace) => (Some(namespace.to_string()), None),
             Scope::Cluster => (None, None),
         };

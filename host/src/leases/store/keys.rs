@@ -1,14 +1,43 @@
 //! The keys of the lease table, shared by its parts.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// A Proxy, by namespace and name.
+/// A Proxy, by namespace and name. The names are shared, not copied: the lease table clones keys
+/// on every grant and release under its lock, and a copied `String` there was a `malloc` (often
+/// on another thread's arena) inside the lock every crawler waits for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(from = "KeyFields", into = "KeyFields")]
 pub struct ProxyKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+/// [`ProxyKey`]'s serialized form (serde's `rc` feature is not needed for it).
+#[derive(Serialize, Deserialize)]
+struct KeyFields {
+    namespace: String,
+    name: String,
+}
+
+impl From<KeyFields> for ProxyKey {
+    fn from(fields: KeyFields) -> Self {
+        ProxyKey {
+            namespace: fields.namespace.into(),
+            name: fields.name.into(),
+        }
+    }
+}
+
+impl From<ProxyKey> for KeyFields {
+    fn from(key: ProxyKey) -> Self {
+        KeyFields {
+            namespace: key.namespace.to_string(),
+            name: key.name.to_string(),
+        }
+    }
 }
 
 /// A ProxyPool, by namespace and name.
@@ -33,7 +62,10 @@ impl ProxyKey {
 
 impl From<(String, String)> for ProxyKey {
     fn from((namespace, name): (String, String)) -> Self {
-        ProxyKey { namespace, name }
+        ProxyKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Sticky sessions: which proxy a crawler's `session` key last had. Keys are kept as 128-bit
 //! digests: fixed-size map keys (no allocation per grant) and a compact persisted table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use sha2::{Digest as _, Sha256};
 
@@ -27,12 +27,14 @@ pub(crate) fn digest(bytes: &[u8]) -> Digest {
 /// A session's key as the table keeps it: the digest of its holder (empty for the static
 /// token) and the key, so the same key from two holders is two sessions.
 pub(crate) fn session_digest(holder: Option<&str>, session: &str) -> Digest {
-    let holder = holder.unwrap_or_default();
-    let mut bytes = Vec::with_capacity(holder.len() + 1 + session.len());
-    bytes.extend_from_slice(holder.as_bytes());
-    bytes.push(0);
-    bytes.extend_from_slice(session.as_bytes());
-    digest(&bytes)
+    let full = Sha256::new()
+        .chain_update(holder.unwrap_or_default())
+        .chain_update([0])
+        .chain_update(session)
+        .finalize();
+    let mut out = [0; 16];
+    out.copy_from_slice(&full[..16]);
+    out
 }
 
 /// Checks a `session` key: 1 to 256 bytes, no control characters (they would be escaped six-fold
@@ -55,7 +57,7 @@ pub fn validate_session(key: &str) -> Result<(), String> {
 
 struct Binding {
     proxy: ProxyKey,
-    /// Position in `order`: the larger, the more recently used.
+    /// When it was last used: the larger, the more recently; its entry in `order`.
     seq: u64,
 }
 
@@ -63,7 +65,10 @@ struct Binding {
 #[derive(Default)]
 pub(crate) struct Sessions {
     bound: FastMap<Digest, Binding>,
-    order: BTreeMap<u64, Digest>,
+    /// Uses, oldest first. A use appends and leaves the session's older entry behind, stale (its
+    /// seq is no longer the binding's): nothing is removed from the middle under the table's lock
+    /// on every grant; stale entries are skipped and dropped once they are half the deque.
+    order: VecDeque<(u64, Digest)>,
     next: u64,
 }
 
@@ -82,7 +87,6 @@ impl Sessions {
         self.next += 1;
         match self.bound.get_mut(&session) {
             Some(binding) => {
-                self.order.remove(&binding.seq);
                 binding.seq = seq;
                 if binding.proxy != *proxy {
                     binding.proxy = proxy.clone();
@@ -98,34 +102,50 @@ impl Sessions {
                 );
             }
         }
-        self.order.insert(seq, session);
+        self.order.push_back((seq, session));
         while self.bound.len() > MAX_SESSIONS {
-            let Some((_, oldest)) = self.order.pop_first() else {
+            let Some((seq, oldest)) = self.order.pop_front() else {
                 break;
             };
-            self.bound.remove(&oldest);
+            if self.is_current(seq, &oldest) {
+                self.bound.remove(&oldest);
+            }
         }
+        if self.order.len() > 2 * self.bound.len() + 64 {
+            self.drop_stale();
+        }
+    }
+
+    /// Whether `order`'s entry (`seq`, `session`) is the session's latest use.
+    fn is_current(&self, seq: u64, session: &Digest) -> bool {
+        self.bound.get(session).is_some_and(|b| b.seq == seq)
+    }
+
+    fn drop_stale(&mut self) {
+        let bound = &self.bound;
+        self.order
+            .retain(|(seq, session)| bound.get(session).is_some_and(|b| b.seq == *seq));
     }
 
     /// Forgets the bindings to proxies `keep` refuses (deleted proxies).
     pub(crate) fn retain_proxies(&mut self, keep: impl Fn(&ProxyKey) -> bool) -> bool {
         let before = self.bound.len();
-        let order = &mut self.order;
-        self.bound.retain(|_, b| {
-            let kept = keep(&b.proxy);
-            if !kept {
-                order.remove(&b.seq);
-            }
-            kept
-        });
-        before != self.bound.len()
+        self.bound.retain(|_, b| keep(&b.proxy));
+        let changed = before != self.bound.len();
+        if changed {
+            self.drop_stale();
+        }
+        changed
     }
 
     /// The persisted form: proxy (`namespace/name`) → session digests (hex), least recently
     /// used first.
     pub(crate) fn to_snapshot(&self) -> BTreeMap<String, Vec<String>> {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for digest in self.order.values() {
+        for (seq, digest) in &self.order {
+            if !self.is_current(*seq, digest) {
+                continue;
+            }
             let binding = &self.bound[digest];
             out.entry(binding.proxy.to_string())
                 .or_default()
@@ -191,6 +211,34 @@ mod tests {
         assert_eq!(sessions.order.len(), MAX_SESSIONS);
     }
 
+    /// Every grant of a session appends a use; the older ones are dropped, so a few sessions
+    /// used millions of times stay a few entries, and the least recently used is still the one
+    /// forgotten.
+    #[test]
+    fn uses_of_the_same_sessions_stay_bounded() {
+        let mut sessions = Sessions::default();
+        for i in 0..100_000 {
+            sessions.bind(digest(format!("s{}", i % 3).as_bytes()), &key("a"));
+        }
+        assert_eq!(sessions.len(), 3);
+        assert!(
+            sessions.order.len() <= 2 * 3 + 64,
+            "{}",
+            sessions.order.len()
+        );
+        for i in 0..MAX_SESSIONS - 3 {
+            sessions.bind(digest(format!("new{i}").as_bytes()), &key("b"));
+        }
+        // Of the three, s1 was used longest ago (then s2, then s0): it goes first.
+        sessions.bind(digest(b"one more"), &key("c"));
+        assert_eq!(sessions.proxy_of(&digest(b"s1")), None);
+        assert_eq!(sessions.proxy_of(&digest(b"s2")), Some(&key("a")));
+        assert_eq!(sessions.proxy_of(&digest(b"s0")), Some(&key("a")));
+        assert_eq!(sessions.len(), MAX_SESSIONS);
+        let snapshot = sessions.to_snapshot();
+        assert_eq!(snapshot.values().map(Vec::len).sum::<usize>(), MAX_SESSIONS);
+    }
+
     #[test]
     fn bindings_survive_their_persisted_form_and_deleted_proxies_are_forgotten() {
         let mut sessions = Sessions::default();
@@ -199,7 +247,7 @@ mod tests {
         let mut restored = Sessions::default();
         restored.restore(sessions.to_snapshot());
         assert_eq!(restored.proxy_of(&digest(b"x")), Some(&key("a")));
-        assert!(restored.retain_proxies(|k| k.name != "a"));
+        assert!(restored.retain_proxies(|k| &*k.name != "a"));
         assert_eq!(restored.proxy_of(&digest(b"x")), None);
         assert_eq!(restored.proxy_of(&digest(b"y")), Some(&key("b")));
         assert_eq!(restored.order.len(), 1);

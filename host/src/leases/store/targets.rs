@@ -200,7 +200,7 @@ mod tests {
     fn key(i: usize) -> ProxyKey {
         ProxyKey {
             namespace: "ns".into(),
-            name: format!("p{i}"),
+            name: format!("p{i}").into(),
         }
     }
 

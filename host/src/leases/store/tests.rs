@@ -148,7 +148,7 @@ fn with_session(session: &str) -> LeaseRequest {
 fn outcome(store: &LeaseStore, request: &LeaseRequest) -> Result<String, &'static str> {
     store
         .grant(request)
-        .map(|(lease, _)| lease.proxy.name)
+        .map(|(lease, _)| lease.proxy.name.to_string())
         .map_err(|e| e.reason())
 }
 
@@ -403,6 +403,34 @@ fn a_target_block_leaves_the_proxy_leasable_for_other_targets() {
             blocked_reports: 2
         }
     );
+}
+
+/// Proxies a target cools down for are walked past once: a grant for that target moves them to
+/// the back of the free order, so the next grant does not walk past them again.
+#[test]
+fn proxies_cooling_for_a_target_are_walked_past_once() {
+    let store = store_of(["a", "b", "c"].map(|n| entry(n, Some("p"))).to_vec());
+    let by_name = |name: &str| LeaseRequest {
+        proxy: Some(key(name)),
+        ..Default::default()
+    };
+    let (lease, _) = store.grant(&by_name("a")).unwrap();
+    store
+        .report_for(&lease.id, Outcome::Blocked, Some("shop.example"))
+        .unwrap();
+    for name in ["b", "c"] {
+        let (lease, _) = store.grant(&by_name(name)).unwrap();
+        store.release(&lease.id).unwrap();
+    }
+    // Free longest first: a (cooling for the shop), b, c.
+    let shop = LeaseRequest {
+        target: Some("shop.example".into()),
+        ..in_pool("p")
+    };
+    assert_eq!(outcome(&store, &shop), Ok("b".into()));
+    // a went behind c; it stays leasable for everything but the shop.
+    assert_eq!(outcome(&store, &in_pool("p")), Ok("c".into()));
+    assert_eq!(outcome(&store, &in_pool("p")), Ok("a".into()));
 }
 
 #[test]

@@ -27,8 +27,8 @@ impl LeaseStore {
                     "available"
                 };
                 ProxyView {
-                    namespace: e.key.namespace.clone(),
-                    name: e.key.name.clone(),
+                    namespace: e.key.namespace.to_string(),
+                    name: e.key.name.to_string(),
                     provider: e.provider.clone(),
                     zone: e.zone.clone(),
                     address: e.address.clone(),
