@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use super::options::HealthOptions;
@@ -146,7 +146,10 @@ impl Verdict {
             || [Type::Healthy, Type::Ready].into_iter().any(|t| {
                 conditions::status_of(&status.conditions, t)
                     != conditions::status_of(&observed.conditions, t)
-            });
+            })
+            // The controller, writing from a view older than the last verdict, may leave `Ready`
+            // True for "InstanceRunning" beside `Healthy` True: its reason is ours to put right.
+            || ready_reason(&status.conditions) != ready_reason(&observed.conditions);
         let stale = observed.last_probe_time.as_ref().is_none_or(|t| {
             let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
             age.as_secs() as u64 >= options.status_refresh.as_secs()
@@ -177,6 +180,13 @@ impl Verdict {
             "status": owned,
         }))
     }
+}
+
+fn ready_reason(conditions: &[Condition]) -> Option<&str> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == Type::Ready.as_str())
+        .map(|c| c.reason.as_str())
 }
 
 /// The verdict of `proxy`, seeded from its status when first seen or when its UID changed (a
@@ -384,6 +394,44 @@ mod tests {
         second.metadata.uid = Some("u2".into());
         let verdict = verdict_of(&mut verdicts, &second, &options());
         assert_eq!((verdict.uid.as_str(), verdict.failures), ("u2", 0));
+    }
+
+    /// The controller may write `Ready` from a view older than the verdict ("InstanceRunning",
+    /// not yet judged) beside `Healthy` True: the engine puts the reason right, though the
+    /// statuses agree and the probe time is fresh.
+    #[test]
+    fn a_ready_reason_written_from_an_older_view_is_put_right() {
+        let mut options = options();
+        options.status_refresh = Duration::from_secs(3600);
+        let mut status: ProxyStatus = serde_json::from_value(ready("True")).unwrap();
+        status.last_probe_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        status.exit_ip = None;
+        let mut unjudged = status.clone();
+        unjudged.conditions.retain(|c| c.type_ != "Healthy");
+        conditions::readiness(&mut unjudged, Some(1), true);
+        status.conditions.extend(
+            unjudged
+                .conditions
+                .into_iter()
+                .filter(|c| c.type_ == "Ready"),
+        );
+        let mut proxy = proxy(serde_json::Value::Null);
+        proxy.status = Some(status);
+        let mut verdict = Verdict::from_status("u1".into(), proxy.status.as_ref(), &options);
+        verdict.record(&Ok(Duration::from_millis(4)), &options);
+        let patch = verdict
+            .status_patch(&proxy, &options)
+            .expect("Ready says InstanceRunning beside Healthy True");
+        let ready = patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap();
+        assert_eq!(
+            (&ready["status"], &ready["reason"]),
+            (&"True".into(), &"Healthy".into())
+        );
     }
 
     #[test]
