@@ -238,6 +238,16 @@ mod tests {
         }
     }
 
+    /// The condition of `type_` a status patch writes.
+    fn patched_condition<'a>(patch: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
+        patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap_or_else(|| panic!("no {type_} condition in {patch}"))
+    }
+
     /// A Proxy as the health engine sees one: `status` is its JSON status (or none).
     fn proxy(status: serde_json::Value) -> Proxy {
         serde_json::from_value(serde_json::json!({
@@ -422,12 +432,7 @@ mod tests {
         let patch = verdict
             .status_patch(&proxy, &options)
             .expect("Ready says InstanceRunning beside Healthy True");
-        let ready = patch["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap();
+        let ready = patched_condition(&patch, "Ready");
         assert_eq!(
             (&ready["status"], &ready["reason"]),
             (&"True".into(), &"Healthy".into())
@@ -471,12 +476,7 @@ mod tests {
             .status_patch(&fresh, &options)
             .expect("now unhealthy");
         assert_eq!(patch["status"]["phase"], "Unhealthy");
-        let healthy = patch["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Healthy")
-            .unwrap();
+        let healthy = patched_condition(&patch, "Healthy");
         assert_eq!(healthy["status"], "False");
         assert!(
             healthy["message"]

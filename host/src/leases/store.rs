@@ -781,9 +781,9 @@ impl LeaseStore {
         };
         let slot = &inner.pool[&key];
         let (series, entry, pool) = (slot.series.clone(), slot.entry.clone(), slot.pool.clone());
-        let lease = Lease {
-            id: held_id,
-            proxy: key.clone(),
+        let lease_on = |entry: &PoolEntry, id, session, holder| Lease {
+            id,
+            proxy: entry.key.clone(),
             granted_at_ms: now,
             expires_at_ms: now + ttl_ms,
             session,
@@ -792,6 +792,7 @@ impl LeaseStore {
             ttl_ms,
             holder,
         };
+        let lease = lease_on(&entry, held_id, session, holder);
         inner.remove_free_of_pool(&key, pool.as_ref());
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &key);
@@ -803,17 +804,7 @@ impl LeaseStore {
         self.mark_dirty(inner);
         drop(guard);
         // The caller's copy, made after the lock is released.
-        let lease = Lease {
-            id,
-            proxy: entry.key.clone(),
-            granted_at_ms: now,
-            expires_at_ms: now + ttl_ms,
-            session: request.session.clone(),
-            pool: entry.pool.clone(),
-            provider: entry.provider.clone(),
-            ttl_ms,
-            holder: request.holder.clone(),
-        };
+        let lease = lease_on(&entry, id, request.session.clone(), request.holder.clone());
         Ok(Grant {
             lease,
             entry,

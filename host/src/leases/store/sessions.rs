@@ -55,6 +55,11 @@ pub fn validate_session(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a use (`seq`, `session`) in `Sessions::order` is the session's latest.
+fn is_current(bound: &FastMap<Digest, Binding>, seq: u64, session: &Digest) -> bool {
+    bound.get(session).is_some_and(|b| b.seq == seq)
+}
+
 struct Binding {
     proxy: ProxyKey,
     /// When it was last used: the larger, the more recently; its entry in `order`.
@@ -107,7 +112,7 @@ impl Sessions {
             let Some((seq, oldest)) = self.order.pop_front() else {
                 break;
             };
-            if self.is_current(seq, &oldest) {
+            if is_current(&self.bound, seq, &oldest) {
                 self.bound.remove(&oldest);
             }
         }
@@ -116,15 +121,10 @@ impl Sessions {
         }
     }
 
-    /// Whether `order`'s entry (`seq`, `session`) is the session's latest use.
-    fn is_current(&self, seq: u64, session: &Digest) -> bool {
-        self.bound.get(session).is_some_and(|b| b.seq == seq)
-    }
-
     fn drop_stale(&mut self) {
         let bound = &self.bound;
         self.order
-            .retain(|(seq, session)| bound.get(session).is_some_and(|b| b.seq == *seq));
+            .retain(|(seq, session)| is_current(bound, *seq, session));
     }
 
     /// Forgets the bindings to proxies `keep` refuses (deleted proxies).
@@ -143,7 +143,7 @@ impl Sessions {
     pub(crate) fn to_snapshot(&self) -> BTreeMap<String, Vec<String>> {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (seq, digest) in &self.order {
-            if !self.is_current(*seq, digest) {
+            if !is_current(&self.bound, *seq, digest) {
                 continue;
             }
             let binding = &self.bound[digest];
