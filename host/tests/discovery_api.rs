@@ -445,6 +445,22 @@ async fn bad_input_is_a_4xx_problem_naming_the_field_never_a_500() {
             "ttlSeconds",
         ),
         (
+            "wrong type after good fields",
+            "/v1/leases".into(),
+            "{\"pool\": \"a/b\", \"session\": \"s\", \"ttlSeconds\": \"ten\"}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "ttlSeconds: invalid type",
+        ),
+        (
+            "wrong type of a label",
+            "/v1/leases".into(),
+            "{\"selector\": {\"tier\": 5}}".into(),
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "selector.tier: invalid type",
+        ),
+        (
             "unknown field",
             "/v1/leases".into(),
             "{\"ttl\": 10}".into(),

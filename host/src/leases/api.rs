@@ -21,7 +21,7 @@ use crate::leader::LeaderView;
 use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{
     EndReason, GrantError, Lease, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome,
-    PoolEntry, ProxyKey, normalize_target, validate_session,
+    PoolEntry, PoolKey, ProxyKey, normalize_target, validate_session,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -82,11 +82,14 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for JsonBody<
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(JsonBody(T::default()));
         }
-        // One pass straight into the type; only a failure is looked at twice, to say whether the
-        // body was not JSON at all, not an object, or a field was wrong.
+        // One pass straight into the type. Only a failure is looked at again: for the path of
+        // the field that was wrong (serde_path_to_error copies every key it passes, so it is
+        // not on the way of a good request), and whether the body was JSON or an object at all.
+        if let Ok(value) = serde_json::from_slice(&bytes) {
+            return Ok(JsonBody(value));
+        }
         let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-        let field_error = match serde_path_to_error::deserialize(&mut deserializer) {
-            Ok(value) if deserializer.end().is_ok() => return Ok(JsonBody(value)),
+        let field_error = match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
             Ok(_) => None,
             Err(e) => Some(match e.path().to_string() {
                 root if root == "." => format!("body: {}", e.inner()),
@@ -159,15 +162,23 @@ struct Granted<'a> {
     granted_at: String,
     expires_at: String,
     ttl_seconds: u64,
+    /// `namespace/name`, written without a string made for it.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_text")]
+    pool: Option<PoolKey>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pool: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    session: Option<String>,
+    session: Option<Arc<str>>,
+}
+
+fn as_text<S: serde::Serializer>(key: &Option<PoolKey>, serializer: S) -> Result<S::Ok, S::Error> {
+    match key {
+        Some(key) => serializer.collect_str(key),
+        None => serializer.serialize_none(),
+    }
 }
 
 impl<'a> Granted<'a> {
     fn new(lease: Lease, entry: &'a PoolEntry) -> Self {
-        let pool = lease.pool_key().map(|k| k.to_string());
+        let pool = lease.pool_key();
         Granted {
             proxy_url: match &entry.login {
                 Some(login) => login.proxy_url(&entry.address, entry.port),
@@ -408,7 +419,6 @@ fn lease_request(body: GrantBody) -> Result<LeaseRequest, Problem> {
     }
     let target = body
         .target
-        .as_deref()
         .map(normalize_target)
         .transpose()
         .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
@@ -550,7 +560,6 @@ async fn report(
     })?;
     let target = body
         .target
-        .as_deref()
         .map(normalize_target)
         .transpose()
         .map_err(|e| Problem::bad_request(format!("target: {e}")))?;

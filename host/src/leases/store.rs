@@ -97,12 +97,13 @@ pub struct Lease {
     pub proxy: ProxyKey,
     pub granted_at_ms: u64,
     pub expires_at_ms: u64,
-    /// The session it was granted for.
+    /// The session it was granted for. Shared (as the pool's name): the table's copy of a lease
+    /// and the caller's are one allocation, not two.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
+    pub session: Option<Arc<str>>,
     /// The proxy's pool (name, in the proxy's namespace) when it was granted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
+    pub pool: Option<Arc<str>>,
     /// The proxy's provider instance when it was granted (labels the metrics after a restore).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub provider: String,
@@ -123,7 +124,7 @@ impl Lease {
     pub fn pool_key(&self) -> Option<PoolKey> {
         self.pool.as_ref().map(|name| PoolKey {
             namespace: self.proxy.namespace.clone(),
-            name: name.as_str().into(),
+            name: name.clone(),
         })
     }
 }
@@ -747,7 +748,8 @@ impl LeaseStore {
         // for the table, the request's strings, the digests.
         let id = new_lease_id();
         let (held_id, leased_id) = (id.clone(), id.clone());
-        let (session, holder) = (request.session.clone(), request.holder.clone());
+        let session: Option<Arc<str>> = request.session.as_deref().map(Arc::from);
+        let holder = request.holder.clone();
         let wanted = Wanted {
             // Per holder: two crawlers choosing the same key do not share a proxy.
             session: request
@@ -781,18 +783,20 @@ impl LeaseStore {
         };
         let slot = &inner.pool[&key];
         let (series, entry, pool) = (slot.series.clone(), slot.entry.clone(), slot.pool.clone());
-        let lease_on = |entry: &PoolEntry, id, session, holder| Lease {
+        // The pool's name is the slot's, shared.
+        let pool_name = pool.as_ref().map(|k| k.name.clone());
+        let lease_on = |id, holder| Lease {
             id,
             proxy: entry.key.clone(),
             granted_at_ms: now,
             expires_at_ms: now + ttl_ms,
-            session,
-            pool: entry.pool.clone(),
+            session: session.clone(),
+            pool: pool_name.clone(),
             provider: entry.provider.clone(),
             ttl_ms,
             holder,
         };
-        let lease = lease_on(&entry, held_id, session, holder);
+        let lease = lease_on(held_id, holder);
         inner.remove_free_of_pool(&key, pool.as_ref());
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &key);
@@ -804,7 +808,7 @@ impl LeaseStore {
         self.mark_dirty(inner);
         drop(guard);
         // The caller's copy, made after the lock is released.
-        let lease = lease_on(&entry, id, request.session.clone(), request.holder.clone());
+        let lease = lease_on(id, request.holder.clone());
         Ok(Grant {
             lease,
             entry,
@@ -1118,26 +1122,25 @@ fn pick(
         && !slot.entry.draining
         && matches(slot, request)
     {
-        match inner.leased.get(bound) {
-            // Only the same holder joins: a session key is no credential.
-            Some(id)
-                if inner.leases[id].lease.session == request.session
-                    && inner.leases[id].lease.holder == request.holder =>
+        // A free proxy is not leased: one lookup in the common case (asked for again after its
+        // release).
+        if inner.free_seq.contains_key(bound) {
+            if let Fit::Grant(expired) = fit_matching(inner, bound, wanted, now) {
+                let bound = bound.clone();
+                if expired {
+                    inner.cooldowns.remove(&bound);
+                }
+                return Ok(Picked::New(bound));
+            }
+        } else if let Some(id) = inner.leased.get(bound) {
+            let lease = &inner.leases[id].lease;
+            // Only the same holder joins: a session key is no credential. Leased to another
+            // session, the session moves on.
+            if lease.session.as_deref() == request.session.as_deref()
+                && lease.holder == request.holder
             {
                 return Ok(Picked::Joined(id.clone()));
             }
-            // Leased to another session: the session moves on.
-            Some(_) => {}
-            None if inner.free_seq.contains_key(bound) => {
-                if let Fit::Grant(expired) = fit_matching(inner, bound, wanted, now) {
-                    let bound = bound.clone();
-                    if expired {
-                        inner.cooldowns.remove(&bound);
-                    }
-                    return Ok(Picked::New(bound));
-                }
-            }
-            None => {}
         }
     }
     // The free proxies in scope by their place in the free order, longest free first.
@@ -1204,7 +1207,7 @@ fn pick_named(
     }
     if let Some(id) = inner.leased.get(key) {
         let lease = &inner.leases[id].lease;
-        if request.session.is_some() && lease.session == request.session {
+        if request.session.is_some() && lease.session.as_deref() == request.session.as_deref() {
             return Ok(Picked::Joined(id.clone()));
         }
         return Err(GrantError::Leased {
