@@ -7,4 +7,7 @@ pub mod decide;
 mod reconcile;
 pub mod retry;
 
-pub use reconcile::{Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, instance_name, run, run_until};
+pub use reconcile::{
+    Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, Written, instance_name, run, run_until,
+    write_status,
+};

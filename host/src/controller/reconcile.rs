@@ -290,17 +290,25 @@ async fn publish(ctx: &Context, proxy: &Proxy, notes: Vec<Note>) {
     }
 }
 
-/// Carries out a decision: events, the status (when it changed), then what the controller does.
+/// Carries out a decision: the status (when it changed), its events, then what the controller
+/// does. A decision made from an out-of-date view is dropped whole (no status, no events) and
+/// made again from the newer one.
 async fn execute(
     ctx: &Context,
     api: &Api<Proxy>,
     proxy: &Proxy,
     effects: Effects,
 ) -> Result<Action, Error> {
+    if let Written::Stale = write_status(api, proxy, effects.status).await? {
+        return Ok(Action::requeue(AFTER_STALE_VIEW));
+    }
     publish(ctx, proxy, effects.notes).await;
-    write_status(api, proxy, effects.status).await?;
     then(effects.then)
 }
+
+/// How soon a reconcile whose view was out of date runs again (the newer version's own watch
+/// event usually comes first).
+const AFTER_STALE_VIEW: Duration = Duration::from_millis(500);
 
 fn then(then: Then) -> Result<Action, Error> {
     match then {
@@ -328,22 +336,49 @@ fn lookup(providers: &Providers, name: &str) -> ProviderLookup {
     }
 }
 
-async fn write_status(api: &Api<Proxy>, proxy: &Proxy, status: ProxyStatus) -> Result<(), Error> {
+/// What became of a status write.
+pub enum Written {
+    /// Stored; the Proxy as it is now.
+    Stored(Box<Proxy>),
+    /// The status was already so: nothing sent.
+    Unchanged,
+    /// Refused: the Proxy changed since `proxy` was read (the health engine wrote `Healthy`,
+    /// say). Writing it anyway would put back what that change replaced.
+    Stale,
+}
+
+/// Writes the status decided from `proxy`, only if the Proxy has not changed since: the
+/// resourceVersion it was read at is the write's precondition (409 otherwise).
+pub async fn write_status(
+    api: &Api<Proxy>,
+    proxy: &Proxy,
+    status: ProxyStatus,
+) -> Result<Written, Error> {
     if proxy.status.as_ref() == Some(&status) {
-        return Ok(());
+        return Ok(Written::Unchanged);
     }
     let patch = serde_json::json!({
         "apiVersion": "crawl.example.com/v1alpha1",
         "kind": "Proxy",
+        "metadata": { "resourceVersion": proxy.resource_version() },
         "status": status,
     });
-    api.patch_status(
-        &proxy.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(patch),
-    )
-    .await?;
-    Ok(())
+    match api
+        .patch_status(
+            &proxy.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+    {
+        Ok(stored) => Ok(Written::Stored(Box::new(stored))),
+        // Forced, an apply has no field-manager conflicts: a 409 is the precondition.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            tracing::debug!(resource_version = ?proxy.resource_version(), "the Proxy changed since it was read; deciding again");
+            Ok(Written::Stale)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn spec_for(proxy: &Proxy, ctx: &Context, name: &str, zone: Option<String>) -> InstanceSpec {
@@ -420,18 +455,24 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
                 }
             }
             // Recorded before the call: a retry after a crash, a timeout or a kill asks for the
-            // same placement (see `decide::placement`).
-            write_status(api, proxy, status.clone()).await?;
-            match provider.create(spec).await {
+            // same placement (see `decide::placement`). The create's outcome is written over
+            // the Proxy as this write left it.
+            let placed = match write_status(api, proxy, status.clone()).await? {
+                Written::Stored(placed) => placed,
+                Written::Unchanged => Box::new(proxy.clone()),
+                Written::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
+            };
+            let effects = match provider.create(spec).await {
                 Ok(instance) => decide::created(
-                    proxy,
+                    &placed,
                     status,
                     provider.name(),
                     &instance,
                     ctx.health_probing,
                 ),
-                Err(e) => decide::call_failed(proxy, status, provider.name(), "Create", &e),
-            }
+                Err(e) => decide::call_failed(&placed, status, provider.name(), "Create", &e),
+            };
+            return execute(ctx, api, &placed, effects).await;
         }
         (
             Step::Get {

@@ -309,6 +309,66 @@ async fn each_deletion_calls_the_providers_delete_once() {
     }
 }
 
+/// The controller writes a status only over the version it decided from: a decision made before
+/// the health engine's verdict landed must not put back `Ready` "InstanceRunning" (or anything
+/// else that verdict replaced). The refused write is `Stale`, and the decision is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_decided_from_an_older_view_is_not_written_over_a_newer_one() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-stale-view").await.unwrap();
+    let api: Api<Proxy> = ns.api();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns.name(), "viewed", "store", "")),
+    )
+    .await
+    .unwrap();
+    let older = api.get("viewed").await.unwrap();
+    // Someone else (the health engine) writes after that read.
+    let verdict = serde_json::json!({
+        "status": {"phase": "Ready", "conditions": [{
+            "type": "Healthy", "status": "True", "reason": "ProbeSucceeded",
+            "message": "CONNECT through the proxy passed", "lastTransitionTime": "2026-12-02T00:00:00Z",
+        }]}
+    });
+    api.patch_status("viewed", &PatchParams::default(), &Patch::Merge(&verdict))
+        .await
+        .unwrap();
+    let decided = proxy_operator::api::ProxyStatus {
+        phase: Some(Phase::Provisioning),
+        ..Default::default()
+    };
+    let written = controller::write_status(&api, &older, decided.clone())
+        .await
+        .unwrap();
+    assert!(
+        matches!(written, controller::Written::Stale),
+        "written over a newer version"
+    );
+    let now = api.get("viewed").await.unwrap();
+    assert_eq!(
+        phase(Some(&now)),
+        Some(Phase::Ready),
+        "the newer status stays"
+    );
+
+    // Decided from the current version, the same status is written, and the Proxy as stored
+    // comes back for what the reconcile writes next.
+    let written = controller::write_status(&api, &now, decided).await.unwrap();
+    let controller::Written::Stored(stored) = written else {
+        panic!("a write over the current version was not stored");
+    };
+    assert_eq!(phase(Some(&stored)), Some(Phase::Provisioning));
+    assert_ne!(
+        stored.metadata.resource_version,
+        now.metadata.resource_version
+    );
+    assert_eq!(
+        phase(api.get("viewed").await.ok().as_ref()),
+        Some(Phase::Provisioning)
+    );
+}
+
 /// With `--health-interval 0s` nothing will ever probe the proxy: `Ready` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_probing_off_ready_says_so() {
