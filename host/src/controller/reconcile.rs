@@ -457,22 +457,26 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             // Recorded before the call: a retry after a crash, a timeout or a kill asks for the
             // same placement (see `decide::placement`). The create's outcome is written over
             // the Proxy as this write left it.
+            let stored;
             let placed = match write_status(api, proxy, status.clone()).await? {
-                Written::Stored(placed) => placed,
-                Written::Unchanged => Box::new(proxy.clone()),
+                Written::Stored(placed) => {
+                    stored = placed;
+                    &*stored
+                }
+                Written::Unchanged => proxy,
                 Written::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
             };
             let effects = match provider.create(spec).await {
                 Ok(instance) => decide::created(
-                    &placed,
+                    placed,
                     status,
                     provider.name(),
                     &instance,
                     ctx.health_probing,
                 ),
-                Err(e) => decide::call_failed(&placed, status, provider.name(), "Create", &e),
+                Err(e) => decide::call_failed(placed, status, provider.name(), "Create", &e),
             };
-            return execute(ctx, api, &placed, effects).await;
+            return execute(ctx, api, placed, effects).await;
         }
         (
             Step::Get {

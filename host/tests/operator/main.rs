@@ -138,6 +138,16 @@ fn proxy_yaml(ns: &str, name: &str, provider: &str, extra: &str) -> String {
     )
 }
 
+/// `kubectl apply`s the Proxy of [`proxy_yaml`], as a user would.
+async fn apply_proxy(cp: &ControlPlane, ns: &str, name: &str, provider: &str, extra: &str) {
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_yaml(ns, name, provider, extra)),
+    )
+    .await
+    .unwrap();
+}
+
 /// Polls until `check` holds for the Proxy (or it is gone, when `check` accepts `None`).
 async fn wait_for(
     api: &Api<Proxy>,
@@ -161,12 +171,7 @@ async fn wait_for(
 
 /// Applies a Proxy of provider `store` with kubectl and waits until it is Ready.
 async fn apply_ready(cp: &ControlPlane, ns: &TestNamespace, api: &Api<Proxy>, name: &str) -> Proxy {
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), name, "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), name, "store", "").await;
     wait_for(api, name, "Ready", |p| phase(p) == Some(Phase::Ready))
         .await
         .unwrap()
@@ -317,12 +322,7 @@ async fn a_status_decided_from_an_older_view_is_not_written_over_a_newer_one() {
     let cp = control_plane().await;
     let ns = cp.namespace("px-stale-view").await.unwrap();
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "viewed", "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "viewed", "store", "").await;
     let older = api.get("viewed").await.unwrap();
     // Someone else (the health engine) writes after that read.
     let verdict = serde_json::json!({
@@ -443,12 +443,7 @@ async fn the_apiserver_rejects_invalid_proxies_with_a_readable_message() {
     }
 
     // provider is immutable once set.
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "fixed", "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "fixed", "store", "").await;
     let err = cp
         .kubectl_run(
             &[
@@ -518,12 +513,7 @@ async fn an_unknown_provider_is_reported_in_the_status() {
     let store = InstanceStore::start().await;
     let _operator = Operator::start(&ns, &store).await;
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "lost", "nowhere", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "lost", "nowhere", "").await;
     let proxy = wait_for(&api, "lost", "UnknownProvider", |p| {
         p.and_then(|p| p.status.as_ref())
             .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UnknownProvider"))
@@ -557,12 +547,7 @@ async fn fixing_the_providers_config_recovers_a_proxy_with_an_unknown_provider()
     let store = InstanceStore::start().await;
     let api: Api<Proxy> = ns.api();
     let operator = Operator::start(&ns, &store).await;
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "later", "kvm-home", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "later", "kvm-home", "").await;
     wait_for(&api, "later", "UnknownProvider", |p| {
         p.and_then(|p| p.status.as_ref())
             .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "UnknownProvider"))
@@ -594,12 +579,7 @@ async fn an_operator_killed_during_create_makes_exactly_one_instance_after_resta
     store.set_delay(Duration::from_millis(1500));
     let operator = Operator::start(&ns, &store).await;
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "once", "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "once", "store", "").await;
     // Wait until the create request is at the provider, then kill the operator mid-call.
     let deadline = Instant::now() + Duration::from_secs(30);
     while store.state.requests.load(Ordering::SeqCst) == 0 {
@@ -704,12 +684,7 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
         "  annotations:\n    {}: \"true\"\n",
         controller::SKIP_CLEANUP_ANNOTATION
     );
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "kept", "store", &annotation)),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "kept", "store", &annotation).await;
     wait_for(&api, "kept", "Ready", |p| phase(p) == Some(Phase::Ready)).await;
     api.delete("kept", &DeleteParams::default()).await.unwrap();
     wait_for(&api, "kept", "gone", |p| p.is_none()).await;
@@ -1256,12 +1231,7 @@ async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
     let gc = tokio::spawn(async move {
         pass(&client, &providers, "test-operator", &options, &metrics).await
     });
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "newborn", "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "newborn", "store", "").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while store.ids().is_empty() {
         assert!(Instant::now() < deadline, "the instance was never created");
@@ -1523,12 +1493,7 @@ async fn an_instance_created_after_its_proxy_was_deleted_is_collected() {
     let set = proxy_operator::providers::ProviderSet::new(providers);
     let _operator = Operator::with_providers(ns.client(), &ns, set.clone());
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "doomed", "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "doomed", "store", "").await;
     let timed_out = wait_for(&api, "doomed", "the create timed out", |p| {
         p.and_then(|p| p.status.as_ref()?.last_error.clone())
             .is_some_and(|e| e.contains("did not finish"))
@@ -1600,12 +1565,7 @@ async fn a_failure_outside_the_spec_recovers_when_it_is_fixed() {
     .unwrap();
     let _operator = Operator::with_providers(ns.client(), &ns, registry.providers());
     let api: Api<Proxy> = ns.api();
-    cp.kubectl_run(
-        &["apply", "-f", "-"],
-        Some(&proxy_yaml(ns.name(), "blocked", "store", "")),
-    )
-    .await
-    .unwrap();
+    apply_proxy(cp, ns.name(), "blocked", "store", "").await;
     let failed = wait_for(&api, "blocked", "Failed: denied", |p| {
         phase(p) == Some(Phase::Failed)
     })
@@ -1782,12 +1742,7 @@ async fn hostile_retry_hints_do_not_stop_other_proxies() {
     let _operator = Operator::with_providers(ns.client(), &ns, providers);
     let api: Api<Proxy> = ns.api();
     for (name, provider) in [("hot", "zero"), ("far", "huge")] {
-        cp.kubectl_run(
-            &["apply", "-f", "-"],
-            Some(&proxy_yaml(ns.name(), name, provider, "")),
-        )
-        .await
-        .unwrap();
+        apply_proxy(cp, ns.name(), name, provider, "").await;
     }
     for name in ["hot", "far"] {
         wait_for(&api, name, "waiting with the provider's message", |p| {
