@@ -392,7 +392,7 @@ async fn auth_side_by_side(cp: &harness::ControlPlane, length: Duration) {
     let rbac = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease, namespace: {ns}}}\n\
-         rules: [{{apiGroups: [crawl.example.com], resources: [proxypools/lease], resourceNames: [pool], verbs: [create]}}]\n---\n\
+         rules: [{{apiGroups: [proxy-operator.dev], resources: [proxypools/lease], resourceNames: [pool], verbs: [create]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease}}\n\
          subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",

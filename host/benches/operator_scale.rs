@@ -114,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     // A pool of as many, from 0 (its Proxies made by the pool controller).
     let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
     let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
+        "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "ProxyPool",
         "metadata": {"name": "scale"},
         "spec": {"replicas": PROXIES, "template": {"spec": {"provider": "mem"}}},

@@ -151,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
 
     let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
     let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
+        "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "ProxyPool",
         "metadata": {"name": "rotating"},
         "spec": {

@@ -1,4 +1,4 @@
-//! Instances their Proxy left running on purpose (`crawl.example.com/skip-cleanup`): recorded in
+//! Instances their Proxy left running on purpose (`proxy-operator.dev/skip-cleanup`): recorded in
 //! the ConfigMap `<operator-id>-abandoned` of the operator's namespace, keyed by the Proxy's UID,
 //! so the orphan GC, which would otherwise take them for orphans, leaves them alone.
 

@@ -1,4 +1,4 @@
-//! The custom resources of `crawl.example.com/v1alpha1`, as Rust types. The CRD manifests in
+//! The custom resources of `proxy-operator.dev/v1alpha1`, as Rust types. The CRD manifests in
 //! `deploy/crds/` are generated from them (`proxy-operator crds`), and a test fails when they drift.
 
 mod provider_health;
@@ -19,7 +19,7 @@ pub use proxy_pool::{
 use kube::CustomResourceExt;
 
 /// API group of every resource of the operator.
-pub const GROUP: &str = "crawl.example.com";
+pub const GROUP: &str = "proxy-operator.dev";
 
 /// Every CRD as YAML documents, in a stable order, as committed under `deploy/crds/`.
 pub fn crd_manifests() -> Vec<(&'static str, String)> {

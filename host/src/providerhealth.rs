@@ -25,7 +25,7 @@ use crate::providers::{NotLoaded, ProviderSet, Providers};
 
 const FIELD_MANAGER: &str = "proxy-operator";
 /// Label marking the ProviderHealth objects of one operator installation.
-pub const OPERATOR_LABEL: &str = "crawl.example.com/operator-id";
+pub const OPERATOR_LABEL: &str = "proxy-operator.dev/operator-id";
 
 /// Gauges of the latest checks.
 #[derive(Clone)]
@@ -233,7 +233,7 @@ async fn write(
         .unwrap_or_default();
     let status = health_status(previous, verdict, plugin);
     let object = serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
+        "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "ProviderHealth",
         "metadata": { "name": name, "labels": { OPERATOR_LABEL: operator_id } },
         "spec": { "providerType": provider_type },
@@ -241,7 +241,7 @@ async fn write(
     let params = PatchParams::apply(FIELD_MANAGER).force();
     api.patch(name, &params, &Patch::Apply(object)).await?;
     let status_patch = serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
+        "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "ProviderHealth",
         "status": status,
     });

@@ -49,8 +49,8 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
     for expected in [
         "Namespace/proxy-operator",
         "Namespace/proxies",
-        "CustomResourceDefinition/proxies.crawl.example.com",
-        "CustomResourceDefinition/providerhealths.crawl.example.com",
+        "CustomResourceDefinition/proxies.proxy-operator.dev",
+        "CustomResourceDefinition/providerhealths.proxy-operator.dev",
         "ServiceAccount/proxy-operator",
         "ClusterRole/proxy-operator",
         "ClusterRole/proxy-operator-view",
@@ -109,7 +109,7 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
         ),
         (
             "ClusterRole/proxy-operator-edit",
-            "crawl.example.com",
+            "proxy-operator.dev",
             "proxypools/lease",
         ),
     ] {

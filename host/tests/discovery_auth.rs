@@ -140,7 +140,7 @@ async fn grant_leases(
             ..Default::default()
         },
         rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["crawl.example.com".into()]),
+            api_groups: Some(vec!["proxy-operator.dev".into()]),
             resources: Some(vec!["proxypools/lease".into()]),
             resource_names: pools.map(|p| p.iter().map(|s| s.to_string()).collect()),
             verbs: vec!["create".into()],
@@ -309,7 +309,7 @@ async fn rbac_decides_which_pools_a_service_account_leases_from() {
         (
             &crawler,
             json!({"proxy": format!("{}/px-a2", a.name())}),
-            format!("crawl.example.com in namespace {}", a.name()),
+            format!("proxy-operator.dev in namespace {}", a.name()),
         ),
         (
             &stranger,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// it). Written by the operator; `kubectl get ph` shows them all.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[kube(
-    group = "crawl.example.com",
+    group = "proxy-operator.dev",
     version = "v1alpha1",
     kind = "ProviderHealth",
     plural = "providerhealths",

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// A squid proxy made by a provider instance, probed, and handed out to crawlers.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
-    group = "crawl.example.com",
+    group = "proxy-operator.dev",
     version = "v1alpha1",
     kind = "Proxy",
     plural = "proxies",

@@ -18,7 +18,7 @@ pub const MAX_POOL_REPLICAS: i32 = 5000;
 /// A pool of Proxies made from one template, kept at `replicas` healthy ones.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
-    group = "crawl.example.com",
+    group = "proxy-operator.dev",
     version = "v1alpha1",
     kind = "ProxyPool",
     plural = "proxypools",

@@ -13,7 +13,7 @@ use crate::plugins::CallError;
 use crate::plugins::types::{Instance, InstanceState, ProviderError};
 
 /// `"true"` on a Proxy: delete the Proxy but leave its instance running.
-pub const SKIP_CLEANUP_ANNOTATION: &str = "crawl.example.com/skip-cleanup";
+pub const SKIP_CLEANUP_ANNOTATION: &str = "proxy-operator.dev/skip-cleanup";
 /// How often a provisioning instance is polled for its address.
 pub const POLL_PROVISIONING: Duration = Duration::from_secs(5);
 /// How often a Ready instance is looked at again.

@@ -29,7 +29,7 @@ use crate::plugins::{CallError, Deletion};
 use crate::providers::{ProviderSet, Providers};
 
 /// The finalizer that keeps a Proxy until its instance is deleted.
-pub const FINALIZER: &str = "crawl.example.com/cleanup";
+pub const FINALIZER: &str = "proxy-operator.dev/cleanup";
 pub use super::decide::SKIP_CLEANUP_ANNOTATION;
 const FIELD_MANAGER: &str = "proxy-operator";
 
@@ -358,7 +358,7 @@ pub async fn write_status(
         return Ok(Written::Unchanged);
     }
     let patch = serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
+        "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "Proxy",
         "metadata": { "resourceVersion": proxy.resource_version() },
         "status": status,

@@ -175,7 +175,7 @@ impl Verdict {
             owned["lastProbeLatencyMs"] = (latency.as_millis().min(u32::MAX as u128) as u32).into();
         }
         Some(serde_json::json!({
-            "apiVersion": "crawl.example.com/v1alpha1",
+            "apiVersion": "proxy-operator.dev/v1alpha1",
             "kind": "Proxy",
             "status": owned,
         }))
@@ -251,7 +251,7 @@ mod tests {
     /// A Proxy as the health engine sees one: `status` is its JSON status (or none).
     fn proxy(status: serde_json::Value) -> Proxy {
         serde_json::from_value(serde_json::json!({
-            "apiVersion": "crawl.example.com/v1alpha1",
+            "apiVersion": "proxy-operator.dev/v1alpha1",
             "kind": "Proxy",
             "metadata": {"name": "p1", "namespace": "crawl", "uid": "u1", "generation": 1},
             "spec": {"provider": "kvm-lab", "port": 3128},

@@ -36,7 +36,7 @@ pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
 pub const DRAIN_REASON_ANNOTATION: &str = "proxy-operator.dev/drain-reason";
 /// Deleting a pool deletes its Proxies first (each through its own finalizer), also where no
 /// garbage collector runs.
-pub const POOL_FINALIZER: &str = "crawl.example.com/pool-cleanup";
+pub const POOL_FINALIZER: &str = "proxy-operator.dev/pool-cleanup";
 /// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
@@ -640,7 +640,7 @@ mod tests {
 
     fn pool(spec: serde_json::Value) -> ProxyPool {
         let mut full = serde_json::json!({
-            "apiVersion": "crawl.example.com/v1alpha1",
+            "apiVersion": "proxy-operator.dev/v1alpha1",
             "kind": "ProxyPool",
             "metadata": {"name": "web", "namespace": "crawl"},
             "spec": {"replicas": 4, "template": {"spec": {"provider": "store"}}},

@@ -465,6 +465,6 @@ pub async fn assert_conformant(
 /// squid, for the health engine to probe).
 pub fn proxy_on_port(ns: &str, name: &str, port: u16) -> String {
     format!(
-        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  provider: store\n  port: {port}\n"
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  provider: store\n  port: {port}\n"
     )
 }

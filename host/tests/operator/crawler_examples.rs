@@ -185,7 +185,7 @@ impl Crawl {
             .extend(squids.iter().map(|(_, s)| s.port()));
         let operator = world.operator().await;
         let pool = format!(
-            "apiVersion: crawl.example.com/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: egress\n  namespace: {}\nspec:\n  replicas: 2\n  recycleAfter: 1\n  template:\n    spec:\n      provider: store\n      port: 3128\n",
+            "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: egress\n  namespace: {}\nspec:\n  replicas: 2\n  recycleAfter: 1\n  template:\n    spec:\n      provider: store\n      port: 3128\n",
             world.ns.name()
         );
         world

@@ -228,7 +228,7 @@ async fn a_proxy_being_deleted_is_never_probed() {
     api.patch(
         "leaving",
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": ["crawl.example.com/cleanup", "test.example.com/hold"]}})),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": ["proxy-operator.dev/cleanup", "test.example.com/hold"]}})),
     )
     .await
     .unwrap();

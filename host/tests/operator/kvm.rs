@@ -91,7 +91,7 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
     cp.kubectl_run(
         &["apply", "-f", "-"],
         Some(&format!(
-            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: vm1\n  namespace: {}\nspec:\n  provider: kvm-home\n  placement: {{zone: zone-a}}\n  cloudInit: \"#cloud-config\\n\"\n",
+            "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: vm1\n  namespace: {}\nspec:\n  provider: kvm-home\n  placement: {{zone: zone-a}}\n  cloudInit: \"#cloud-config\\n\"\n",
             ns.name()
         )),
     )
@@ -207,7 +207,7 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
     cp.kubectl_run(
         &["apply", "-f", "-"],
         Some(&format!(
-            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: vm-cut\n  namespace: {}\nspec:\n  provider: kvm-home\n  placement: {{zone: zone-a}}\n  cloudInit: \"#cloud-config\\n\"\n",
+            "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: vm-cut\n  namespace: {}\nspec:\n  provider: kvm-home\n  placement: {{zone: zone-a}}\n  cloudInit: \"#cloud-config\\n\"\n",
             ns.name()
         )),
     )

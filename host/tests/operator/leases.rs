@@ -295,14 +295,14 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     operator.wait_leading().await;
     let manifest = |name: &str, pool: &str| {
         format!(
-            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {}\n  labels: {{proxy-operator.dev/pool: {pool}}}\nspec:\n  provider: store\n  port: 3128\n",
+            "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {}\n  labels: {{proxy-operator.dev/pool: {pool}}}\nspec:\n  provider: store\n  port: 3128\n",
             ns.name()
         )
     };
     let rbac = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: crawler, namespace: {ns}}}\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
-         rules: [{{apiGroups: [crawl.example.com], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
+         rules: [{{apiGroups: [proxy-operator.dev], resources: [proxypools/lease], resourceNames: [pool-a], verbs: [create]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: lease-pool-a, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease-pool-a}}\n\
          subjects: [{{kind: ServiceAccount, name: crawler, namespace: {ns}}}]\n",
@@ -377,7 +377,7 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
 /// Proxies it makes).
 fn pooled_proxy(ns: &str, name: &str, pool: &str, port: u16) -> String {
     format!(
-        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    proxy-operator.dev/pool: {pool}\nspec:\n  provider: store\n  port: {port}\n"
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    proxy-operator.dev/pool: {pool}\nspec:\n  provider: store\n  port: {port}\n"
     )
 }
 

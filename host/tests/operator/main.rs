@@ -58,8 +58,8 @@ async fn control_plane() -> &'static ControlPlane {
                 "wait",
                 "--for=condition=Established",
                 "--timeout=60s",
-                "crd/proxies.crawl.example.com",
-                "crd/proxypools.crawl.example.com",
+                "crd/proxies.proxy-operator.dev",
+                "crd/proxypools.proxy-operator.dev",
             ],
             None,
         )
@@ -134,7 +134,7 @@ impl Drop for Operator {
 
 fn proxy_yaml(ns: &str, name: &str, provider: &str, extra: &str) -> String {
     format!(
-        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\n{extra}spec:\n  provider: {provider}\n  placement: {{zone: zone-a}}\n  cloudInit: \"#cloud-config\\n\"\n"
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\n{extra}spec:\n  provider: {provider}\n  placement: {{zone: zone-a}}\n  cloudInit: \"#cloud-config\\n\"\n"
     )
 }
 
@@ -431,7 +431,7 @@ async fn the_apiserver_rejects_invalid_proxies_with_a_readable_message() {
     ];
     for (name, spec, expected) in cases {
         let yaml = format!(
-            "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {}\n{spec}",
+            "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {}\n{spec}",
             ns.name()
         );
         let err = cp
@@ -477,7 +477,7 @@ async fn oversized_cloud_init_is_refused_naming_the_field() {
     const LIMIT: usize = 256 * 1024;
     let proxy = |name: &str, field: &str, len: usize| -> Proxy {
         serde_json::from_value(serde_json::json!({
-            "apiVersion": "crawl.example.com/v1alpha1",
+            "apiVersion": "proxy-operator.dev/v1alpha1",
             "kind": "Proxy",
             "metadata": {"name": name},
             "spec": {"provider": "store", field: "#".repeat(len)},
@@ -1379,7 +1379,7 @@ async fn an_instance_deleted_behind_the_operators_back_is_reported_or_recreated(
         (
             "recreated",
             format!(
-                "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: recreated\n  namespace: {}\n{recreate}",
+                "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: recreated\n  namespace: {}\n{recreate}",
                 ns.name()
             ),
         ),
@@ -1682,13 +1682,13 @@ async fn a_field_from_a_newer_crd_does_not_stop_the_operator() {
     let cp = control_plane().await;
     let crds: Api<CustomResourceDefinition> = Api::all(cp.client());
     let mut crd =
-        serde_json::to_value(crds.get("proxies.crawl.example.com").await.unwrap()).unwrap();
+        serde_json::to_value(crds.get("proxies.proxy-operator.dev").await.unwrap()).unwrap();
     for version in crd["spec"]["versions"].as_array_mut().unwrap() {
         version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["futureField"] =
             serde_json::json!({"type": "string", "description": "added by a newer operator"});
     }
     let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
-    crds.replace("proxies.crawl.example.com", &Default::default(), &crd)
+    crds.replace("proxies.proxy-operator.dev", &Default::default(), &crd)
         .await
         .unwrap();
 

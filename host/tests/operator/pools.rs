@@ -25,7 +25,7 @@ async fn setup(prefix: &str) -> Setup {
 
 fn pool_yaml(ns: &str, name: &str, replicas: i32, port: u16, extra: &str) -> String {
     format!(
-        "apiVersion: crawl.example.com/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n{extra}  template:\n    metadata:\n      labels: {{team: crawl}}\n    spec:\n      provider: store\n      port: {port}\n"
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n{extra}  template:\n    metadata:\n      labels: {{team: crawl}}\n    spec:\n      provider: store\n      port: {port}\n"
     )
 }
 
@@ -130,8 +130,8 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
         .await
         .unwrap();
     assert!(
-        both.contains("proxypool.crawl.example.com/web")
-            && both.contains("proxy.crawl.example.com/web-"),
+        both.contains("proxypool.proxy-operator.dev/web")
+            && both.contains("proxy.proxy-operator.dev/web-"),
         "the `crawl` category lists pools and Proxies: {both}"
     );
 

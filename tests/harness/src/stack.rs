@@ -284,10 +284,10 @@ impl Stack {
         }
     }
 
-    /// The Proxy API (crawl.example.com/v1alpha1) in [`PROXY_NAMESPACE`].
+    /// The Proxy API (proxy-operator.dev/v1alpha1) in [`PROXY_NAMESPACE`].
     pub fn proxies(&self) -> Api<DynamicObject> {
         let resource = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("crawl.example.com", "v1alpha1", "Proxy"),
+            &GroupVersionKind::gvk("proxy-operator.dev", "v1alpha1", "Proxy"),
             "proxies",
         );
         Api::namespaced_with(self.cp.client(), PROXY_NAMESPACE, &resource)
@@ -506,7 +506,7 @@ pub fn conditions(status: &Value) -> String {
 /// The sample Proxy: no cloud-init, the provider's managed squid does it all.
 pub fn sample_proxy() -> String {
     format!(
-        "apiVersion: crawl.example.com/v1alpha1\nkind: Proxy\nmetadata:\n  name: {PROXY_NAME}\n  namespace: {PROXY_NAMESPACE}\nspec:\n  provider: {PROVIDER}\n"
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {PROXY_NAME}\n  namespace: {PROXY_NAMESPACE}\nspec:\n  provider: {PROVIDER}\n"
     )
 }
 

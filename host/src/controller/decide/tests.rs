@@ -11,7 +11,7 @@ use crate::plugins::types::{Instance, InstanceState, Owner};
 
 fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
     let mut proxy: Proxy = serde_json::from_value(serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1",
+        "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "Proxy",
         "metadata": {"name": "egress-1", "namespace": "crawlers", "uid": "u-1", "generation": generation},
         "spec": {"provider": "kvm-home"},

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use crate::leases::store::ProxyKey;
 
 /// The API group of ProxyPools: RBAC grants leasing as `create` on their `lease` subresource.
-pub const POOL_GROUP: &str = "crawl.example.com";
+pub const POOL_GROUP: &str = "proxy-operator.dev";
 
 /// A user the API server authenticated (TokenReview's `status.user`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -68,14 +68,14 @@ fn the_scope_of_a_grant_and_the_access_it_needs() {
                 access.resource,
                 access.subresource
             ),
-            ("create", "crawl.example.com", "proxypools", Some("lease"))
+            ("create", "proxy-operator.dev", "proxypools", Some("lease"))
         );
         assert_eq!(access.namespace.as_deref(), namespace, "{scope}");
         assert_eq!(access.name.as_deref(), name, "{scope}");
     }
     assert_eq!(
         Access::list_proxies().describe(),
-        "list on proxies.crawl.example.com cluster-wide (a ClusterRoleBinding)"
+        "list on proxies.proxy-operator.dev cluster-wide (a ClusterRoleBinding)"
     );
 }
 
@@ -241,7 +241,7 @@ fn the_access_review_carries_everything_the_token_review_said() {
         ),
         (
             Some("create"),
-            Some("crawl.example.com"),
+            Some("proxy-operator.dev"),
             Some("proxypools"),
             Some("lease"),
             Some("a"),
@@ -408,7 +408,7 @@ async fn reviews_are_cached_by_token_and_failures_are_never_an_allow() {
         let denied = auth.authorize_lease(&caller, &Scope::Pool(&other)).await;
         match denied {
             Err(AuthError::Forbidden(detail)) => assert!(
-                detail.contains("create on proxypools/lease.crawl.example.com (resourceNames: pool-b) in namespace a"),
+                detail.contains("create on proxypools/lease.proxy-operator.dev (resourceNames: pool-b) in namespace a"),
                 "{detail}"
             ),
             other => panic!("{other:?}"),
