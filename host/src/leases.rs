@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod journal;
 pub mod metrics;
 pub mod persist;
 pub mod store;

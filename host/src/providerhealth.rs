@@ -335,10 +335,12 @@ async fn remove_stale(
 ) -> anyhow::Result<()> {
     let configured: HashSet<String> = providers.configured_names().into_iter().collect();
     let api: Api<ProviderHealth> = Api::all(client.clone());
-    let ours = api
-        .list(&ListParams::default().labels(&format!("{OPERATOR_LABEL}={operator_id}")))
-        .await?;
-    for stale in stale(&ours.items, &configured) {
+    let ours = crate::kubeclient::list_all(
+        &api,
+        &ListParams::default().labels(&format!("{OPERATOR_LABEL}={operator_id}")),
+    )
+    .await?;
+    for stale in stale(&ours, &configured) {
         tracing::info!(provider = %stale.name_any(), "removing the ProviderHealth of a provider instance no longer configured");
         api.delete(&stale.name_any(), &DeleteParams::default())
             .await?;

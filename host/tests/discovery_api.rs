@@ -224,6 +224,7 @@ fn options() -> LeaseOptions {
         max_ttl: Duration::from_secs(600),
         cooldown: Duration::from_secs(120),
         failure_threshold: 3,
+        ..LeaseOptions::default()
     }
 }
 

@@ -762,6 +762,7 @@ async fn throttled_by_the_api_server_the_operator_backs_off_and_gets_there() {
                 "--max-requests-inflight=1".into(),
                 "--max-mutating-requests-inflight=1".into(),
             ],
+            ..Default::default()
         },
     )
     .await;

@@ -181,6 +181,16 @@ pub struct LeaseArgs {
     /// Consecutive `failure` reports on a proxy that make the health engine probe it at once.
     #[arg(long, env = "LEASE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub lease_failure_threshold: u32,
+    /// Sticky sessions held in memory (least recently used forgotten first; ~120 bytes each).
+    #[arg(long, env = "MAX_SESSIONS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub max_sessions: u64,
+    /// Per-target cooldowns held in memory (~130 bytes each); a block past it cools the whole
+    /// proxy down.
+    #[arg(long, env = "MAX_TARGET_COOLDOWNS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub max_target_cooldowns: u64,
+    /// Targets one proxy may cool down for at once; a block past it cools the whole proxy down.
+    #[arg(long, env = "MAX_TARGETS_PER_PROXY", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_targets_per_proxy: u64,
     /// `sync`: a grant is answered only once the lease table holding it is in its ConfigMap,
     /// so a failover or a crash never forgets a granted lease. `async`: answered at once,
     /// written behind every --lease-persist-interval (faster; a crash forgets that much).
@@ -326,6 +336,9 @@ impl LeaseArgs {
             max_ttl: self.max_lease_ttl,
             cooldown: self.lease_cooldown,
             failure_threshold: self.lease_failure_threshold,
+            max_sessions: self.max_sessions as usize,
+            max_target_cooldowns: self.max_target_cooldowns as usize,
+            max_targets_per_proxy: self.max_targets_per_proxy as usize,
         })
     }
 

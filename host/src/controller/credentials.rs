@@ -101,14 +101,14 @@ pub async fn prefill(
         None => Api::all(client.clone()),
     };
     let params = kube::api::ListParams::default().labels(credentials::SECRET_LABEL);
-    let list = match secrets.list(&params).await {
+    let list = match crate::kubeclient::list_all(&secrets, &params).await {
         Ok(list) => list,
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the proxies' credentials Secrets; the controller reads them one by one");
             return;
         }
     };
-    for secret in list.items {
+    for secret in list {
         let proxy = secret
             .metadata
             .owner_references

@@ -24,6 +24,10 @@ pub struct LeaseMetrics {
     pub(crate) cooling_down: IntGauge,
     pub(crate) target_cooldowns: IntGauge,
     pub(crate) sessions: IntGauge,
+    /// Objects written into the cluster by the lease table's writer, by `object` (`journal`,
+    /// `checkpoint`, `manifest`), and their data's bytes.
+    pub(crate) table_writes: IntCounterVec,
+    pub(crate) table_written_bytes: IntCounterVec,
 }
 
 /// The series of one pool and provider, bound once (when the pool is read, not per lease): no
@@ -47,6 +51,8 @@ impl LeaseMetrics {
         registry.register(Box::new(metrics.cooling_down.clone()))?;
         registry.register(Box::new(metrics.target_cooldowns.clone()))?;
         registry.register(Box::new(metrics.sessions.clone()))?;
+        registry.register(Box::new(metrics.table_writes.clone()))?;
+        registry.register(Box::new(metrics.table_written_bytes.clone()))?;
         Ok(metrics)
     }
 
@@ -100,6 +106,20 @@ impl LeaseMetrics {
             sessions: IntGauge::new(
                 "proxy_operator_lease_sessions",
                 "Sticky sessions remembered (session key to proxy).",
+            )?,
+            table_writes: IntCounterVec::new(
+                Opts::new(
+                    "proxy_operator_lease_table_writes_total",
+                    "Objects the lease table's writer wrote into the cluster, by object (journal, checkpoint, manifest).",
+                ),
+                &["object"],
+            )?,
+            table_written_bytes: IntCounterVec::new(
+                Opts::new(
+                    "proxy_operator_lease_table_written_bytes_total",
+                    "Bytes of data the lease table's writer wrote into the cluster, by object (journal, checkpoint, manifest).",
+                ),
+                &["object"],
             )?,
         })
     }

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
 
+use super::journal::Change;
 use super::metrics::{ANY_PROVIDER, LeaseMetrics, NO_POOL, Series, UNKNOWN};
 #[cfg(test)]
 use sessions::digest;
@@ -29,7 +30,8 @@ pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
 pub use sessions::{MAX_SESSION_BYTES, MAX_SESSIONS, validate_session};
 pub use targets::{
-    MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY, normalize_target,
+    CHECKPOINTED_TARGET_COOLDOWNS, MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY,
+    normalize_target,
 };
 
 /// The label a ProxyPool puts on the Proxies it makes; its value is the pool's name (the pool is
@@ -219,7 +221,9 @@ pub struct ProxyUsage {
     pub blocked_reports: u32,
 }
 
-/// What outlives a restart. Every field has a default, so an older table still reads.
+/// The table's hard state as a checkpoint holds it (and as the one-key table before journals
+/// did). Every field has a default, so an older table still reads. Sessions are not written any
+/// more (memory only; a restore rebuilds those of its leases), but an old table's still read.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Snapshot {
@@ -279,6 +283,8 @@ enum Picked {
 struct Inner {
     /// False until the persisted state is restored: grants before that could double-lease.
     ready: bool,
+    /// Changes of the hard state not yet taken by the writer, in order.
+    journal: Vec<Change>,
     pool: FastMap<ProxyKey, Slot>,
     leases: FastMap<String, Held>,
     leased: FastMap<ProxyKey, String>,
@@ -320,6 +326,25 @@ impl Inner {
     fn touch(&mut self) {
         self.dirty = true;
         self.version += 1;
+    }
+
+    /// Records a change of the hard state for the writer (nothing before a restore: there is
+    /// no table to change).
+    fn record(&mut self, change: Change) {
+        if self.ready {
+            self.journal.push(change);
+        }
+    }
+
+    fn empty(options: &LeaseOptions) -> Self {
+        Inner {
+            sessions: Sessions::with_capacity(options.max_sessions),
+            targets: TargetCooldowns::with_bounds(
+                options.max_target_cooldowns,
+                options.max_targets_per_proxy,
+            ),
+            ..Inner::default()
+        }
     }
 }
 
@@ -380,7 +405,7 @@ impl LeaseStore {
         suspects: Option<mpsc::Sender<ProxyKey>>,
     ) -> Self {
         LeaseStore {
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::empty(&options)),
             options,
             metrics,
             suspects: Mutex::new(suspects),
@@ -409,6 +434,10 @@ impl LeaseStore {
 
     pub fn options(&self) -> &LeaseOptions {
         &self.options
+    }
+
+    pub(crate) fn metrics(&self) -> &LeaseMetrics {
+        &self.metrics
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -441,6 +470,21 @@ impl LeaseStore {
                     .insert(lease.id.clone(), Held { lease, series });
             }
         }
+        // Sessions live in memory only: those of the restored leases are bound again (oldest
+        // grant first, so the most recent is the most recently used).
+        let mut with_session: Vec<&Lease> = inner
+            .leases
+            .values()
+            .map(|h| &h.lease)
+            .filter(|l| l.session.is_some())
+            .collect();
+        with_session.sort_by_key(|l| l.granted_at_ms);
+        for lease in with_session {
+            if let Some(session) = &lease.session {
+                let digest = session_digest(lease.holder.as_deref(), session);
+                inner.sessions.bind(digest, &lease.proxy);
+            }
+        }
         for (key, until_ms) in snapshot.cooldowns {
             if let (Some(key), true) = (ProxyKey::parse(&key), until_ms > now) {
                 inner.cooldowns.insert(key, until_ms);
@@ -459,6 +503,7 @@ impl LeaseStore {
         }
         inner.ready = true;
         inner.dirty = false;
+        inner.journal.clear();
         // What was just read is what the cluster has.
         let version = inner.version;
         self.stored.send_replace(Stored {
@@ -487,7 +532,7 @@ impl LeaseStore {
         *inner = Inner {
             version,
             known_pools,
-            ..Inner::default()
+            ..Inner::empty(&self.options)
         };
         self.stored.send_modify(|s| s.open = false);
         self.update_gauges(&inner);
@@ -497,34 +542,57 @@ impl LeaseStore {
         self.lock().ready
     }
 
-    /// What to persist; clears the dirty flag.
+    /// The hard state as a checkpoint holds it: leases, cooldowns, block counts and the
+    /// per-target cooldowns ending last (at most [`CHECKPOINTED_TARGET_COOLDOWNS`]). Sessions
+    /// are not in it (see [`Snapshot`]). None before a restore.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        self.snapshot_versioned().map(|(snapshot, _)| snapshot)
-    }
-
-    /// What to persist and the version it holds; clears the dirty flag.
-    pub fn snapshot_versioned(&self) -> Option<(Snapshot, u64)> {
-        let mut inner = self.lock();
+        let inner = self.lock();
         if !inner.ready {
             return None;
         }
-        inner.dirty = false;
-        let snapshot = Snapshot {
+        Some(Snapshot {
             leases: inner.leases.values().map(|h| h.lease.clone()).collect(),
             cooldowns: inner
                 .cooldowns
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
-            target_cooldowns: inner.targets.to_snapshot(),
-            sessions: inner.sessions.to_snapshot(),
+            target_cooldowns: inner.targets.to_snapshot(CHECKPOINTED_TARGET_COOLDOWNS),
+            sessions: BTreeMap::new(),
             blocked_reports: inner
                 .blocked_reports
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
-        };
-        Some((snapshot, inner.version))
+        })
+    }
+
+    /// The changes recorded since the last call, in order, and the version they bring the
+    /// cluster to once written; clears the dirty flag. None before a restore.
+    pub fn take_changes(&self) -> Option<(Vec<Change>, u64)> {
+        let mut inner = self.lock();
+        if !inner.ready {
+            return None;
+        }
+        inner.dirty = false;
+        let changes = std::mem::take(&mut inner.journal);
+        Some((changes, inner.version))
+    }
+
+    /// Changes taken by [`Self::take_changes`] that were not written: they go back in front of
+    /// whatever was recorded since, to be written first.
+    pub fn requeue_changes(&self, mut changes: Vec<Change>) {
+        let mut inner = self.lock();
+        inner.dirty = true;
+        inner
+            .failing_since
+            .get_or_insert_with(std::time::Instant::now);
+        if !inner.ready {
+            // Closed meanwhile: the next term restores from the cluster.
+            return;
+        }
+        changes.append(&mut inner.journal);
+        inner.journal = changes;
     }
 
     /// The version of the latest change.
@@ -557,15 +625,6 @@ impl LeaseStore {
 
     pub fn is_dirty(&self) -> bool {
         self.lock().dirty
-    }
-
-    /// The snapshot taken was not written: keep it due.
-    pub fn mark_dirty_after_failed_write(&self) {
-        let mut inner = self.lock();
-        inner.dirty = true;
-        inner
-            .failing_since
-            .get_or_insert_with(std::time::Instant::now);
     }
 
     /// How long writes of the table have been failing, if they are.
@@ -636,6 +695,7 @@ impl LeaseStore {
                 },
             );
         }
+        let removed_any = inner.pool.keys().any(|k| !pool.contains_key(k));
         // The old slots go first: what they alone held is unused below.
         drop(std::mem::replace(&mut inner.pool, pool));
         inner.pooled = pooled;
@@ -686,8 +746,12 @@ impl LeaseStore {
         inner
             .blocked_reports
             .retain(|k, _| pool_ref.contains_key(k));
-        changed |= inner.targets.retain_proxies(|k| pool_ref.contains_key(k));
-        changed |= inner.sessions.retain_proxies(|k| pool_ref.contains_key(k));
+        // At a million sessions or cooldowns a pass costs milliseconds under the lock: only
+        // when a proxy went.
+        if removed_any {
+            changed |= inner.targets.retain_proxies(|k| pool_ref.contains_key(k));
+            changed |= inner.sessions.retain_proxies(|k| pool_ref.contains_key(k));
+        }
         changed |= before != (inner.cooldowns.len(), inner.blocked_reports.len());
 
         inner.series.retain(|(pool, provider), series| {
@@ -797,6 +861,7 @@ impl LeaseStore {
             holder,
         };
         let lease = lease_on(held_id, holder);
+        inner.record(Change::Granted(lease.clone()));
         inner.remove_free_of_pool(&key, pool.as_ref());
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &key);
@@ -880,17 +945,32 @@ impl LeaseStore {
                 }
             }
             Outcome::Blocked => {
-                match inner.blocked_reports.get_mut(&lease.proxy) {
-                    Some(count) => *count = count.saturating_add(1),
+                let count = match inner.blocked_reports.get_mut(&lease.proxy) {
+                    Some(count) => {
+                        *count = count.saturating_add(1);
+                        *count
+                    }
                     None => {
                         inner.blocked_reports.insert(lease.proxy.clone(), 1);
+                        1
                     }
-                }
+                };
+                inner.record(Change::Blocked(lease.proxy.clone(), count));
                 let until_ms = now + self.options.cooldown.as_millis() as u64;
-                let scoped =
-                    target.is_some_and(|t| inner.targets.insert(&lease.proxy, t, until_ms));
+                let scoped = target.is_some_and(|t| {
+                    let inserted = inner.targets.insert(&lease.proxy, t, until_ms);
+                    if inserted {
+                        inner.record(Change::CooledDownFor(
+                            lease.proxy.clone(),
+                            hex::encode(t),
+                            until_ms,
+                        ));
+                    }
+                    inserted
+                });
                 if !scoped {
                     inner.cooldowns.insert(lease.proxy.clone(), until_ms);
+                    inner.record(Change::CooledDown(lease.proxy.clone(), until_ms));
                 }
                 inner.end(id, EndReason::Blocked);
                 self.mark_dirty(inner);
@@ -955,6 +1035,11 @@ impl LeaseStore {
         held.lease.ttl_ms = ttl.as_millis() as u64;
         held.lease.expires_at_ms = now + held.lease.ttl_ms;
         let lease = held.lease.clone();
+        inner.record(Change::Renewed {
+            id: lease.id.clone(),
+            expires_at_ms: lease.expires_at_ms,
+            ttl_ms: lease.ttl_ms,
+        });
         self.mark_dirty(inner);
         Ok((lease, entry))
     }
@@ -1363,6 +1448,10 @@ impl Inner {
         let Some(Held { lease, series }) = self.leases.remove(id) else {
             return;
         };
+        // An expiry needs no line: a restore drops expired leases by itself.
+        if reason != EndReason::Expired {
+            self.record(Change::Ended(lease.id.clone()));
+        }
         self.leased.remove(&lease.proxy);
         if self
             .pool

@@ -122,6 +122,12 @@ pub const BUSY_REQUEUE: Duration = Duration::from_secs(5);
 /// How often a settled pool that rotates or recycles is looked at again.
 pub const IDLE_REQUEUE: Duration = Duration::from_secs(30);
 
+/// Members made in one step at most: a pool of 10 000 writes its status (how many exist and are
+/// Ready) after every step of this many creates, not once at the end of the scale-up.
+pub const CREATES_PER_STEP: usize = 250;
+/// When the next step of a scale-up that made [`CREATES_PER_STEP`] follows.
+pub const NEXT_STEP: Duration = Duration::from_millis(100);
+
 /// Decides the next step for a pool.
 pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
     let leased = |m: &Member| m.lease_ends_ms.is_some_and(|end| end > now_ms);
@@ -180,7 +186,7 @@ pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
         let need = desired.replicas - current.len();
         let room = (desired.replicas + desired.max_surge).saturating_sub(current.len() + old.len());
         let mut per_slot = slot_counts(desired, &current);
-        for _ in 0..need.min(room) {
+        for _ in 0..need.min(room).min(CREATES_PER_STEP) {
             let slot = emptiest(desired, &per_slot);
             *per_slot.entry(slot.clone()).or_default() += 1;
             plan.create.push(slot);
@@ -207,6 +213,10 @@ pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
         || !plan.drain.is_empty()
         || current.iter().any(|m| !m.ready);
     plan.requeue_after = requeue_after(desired, &live, &plan, now_ms);
+    if plan.create.len() == CREATES_PER_STEP {
+        // Maybe more to make: the next step soon, after this one's status is written.
+        plan.requeue_after = Some(NEXT_STEP);
+    }
     plan
 }
 

@@ -244,11 +244,9 @@ async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
 async fn owned_proxies(pool: &ProxyPool, proxies: &Api<Proxy>) -> Result<Vec<Proxy>, Error> {
     let uid = pool.uid().unwrap_or_default();
     let selector = format!("{POOL_LABEL}={}", pool.name_any());
-    let list = proxies
-        .list(&ListParams::default().labels(&selector))
-        .await?;
+    let list =
+        crate::kubeclient::list_all(proxies, &ListParams::default().labels(&selector)).await?;
     Ok(list
-        .items
         .into_iter()
         .filter(|proxy| {
             proxy
@@ -328,11 +326,7 @@ async fn carry_out(
         .map(|slot| new_proxy(pool, desired, slot))
         .collect();
     let made: Vec<Result<String, kube::Error>> = futures_util::stream::iter(creates)
-        .map(|proxy| async move {
-            let name = proxy.name_any();
-            proxies.create(&PostParams::default(), &proxy).await?;
-            Ok(name)
-        })
+        .map(|proxy| async move { create_member(proxies, pool, proxy).await })
         .buffer_unordered(CONCURRENT_WRITES)
         .collect()
         .await;
@@ -447,6 +441,28 @@ fn new_proxy(pool: &ProxyPool, desired: &Desired, slot: &Slot) -> Proxy {
         },
         spec,
         status: None,
+    }
+}
+
+/// Creates a member; a name another Proxy already has (27⁵ suffixes: at 10 000 members a new
+/// name collides about once in 1 400) is drawn again, a few times.
+async fn create_member(
+    proxies: &Api<Proxy>,
+    pool: &ProxyPool,
+    mut proxy: Proxy,
+) -> Result<String, kube::Error> {
+    const ATTEMPTS: usize = 5;
+    let mut attempt = 1;
+    loop {
+        match proxies.create(&PostParams::default(), &proxy).await {
+            Ok(_) => return Ok(proxy.name_any()),
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < ATTEMPTS => {
+                tracing::debug!(pool = %pool.name_any(), name = %proxy.name_any(), "a member's name is taken, drawing another");
+                proxy.metadata.name = Some(member_name(&pool.name_any()));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

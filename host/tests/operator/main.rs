@@ -862,9 +862,28 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
         None,
     );
     persistence.restore_into(&table).await.unwrap();
+    // A journal segment (create), two checkpoints (create parts, patch the manifest, delete
+    // what they cover by label), and a restore (get the manifest, list parts and segments).
+    table.set_pool(vec![proxy_operator::leases::PoolEntry {
+        key: ("crawl".to_string(), "rbac-proxy".to_string()).into(),
+        provider: "memory".into(),
+        zone: None,
+        labels: Default::default(),
+        address: "127.0.0.1".into(),
+        port: 3128,
+        exit_ip: None,
+        healthy: true,
+        pool: None,
+        draining: false,
+        login: None,
+    }]);
+    table
+        .grant(&proxy_operator::leases::LeaseRequest::default())
+        .unwrap();
+    persistence.flush(&table).await.unwrap();
+    persistence.checkpoint(&table).await.unwrap();
+    persistence.checkpoint(&table).await.unwrap();
     let snapshot = table.snapshot().unwrap();
-    persistence.save(&snapshot).await.unwrap();
-    persistence.save(&snapshot).await.unwrap();
     assert_eq!(persistence.load().await.unwrap(), snapshot);
 
     // The kvm SSH Secret can be read. (Since each Proxy has a credentials Secret in its own

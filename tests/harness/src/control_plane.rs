@@ -61,6 +61,8 @@ pub struct ControlPlaneOptions {
     pub apiserver_args: Vec<String>,
     /// Added before every chunk the apiserver and etcd send each other.
     pub etcd_delay: Option<Duration>,
+    /// Appended to etcd's flags, e.g. `--quota-backend-bytes=67108864` for a small database.
+    pub etcd_args: Vec<String>,
 }
 
 static SHARED: Shared<ControlPlane> = Shared::new("control plane");
@@ -119,7 +121,8 @@ impl ControlPlane {
             .arg(format!("--initial-cluster=harness={peer_url}"))
             .arg("--initial-cluster-state=new")
             .arg("--unsafe-no-fsync")
-            .arg("--log-level=warn");
+            .arg("--log-level=warn")
+            .args(&options.etcd_args);
         let etcd = Mutex::new(Proc::spawn("etcd", cmd, &dir.join("etcd.log"))?);
         let etcd_addr = ([127, 0, 0, 1], client_port).into();
         wait_for("etcd /health", ETCD_TIMEOUT, || async {

@@ -13,6 +13,18 @@ pub struct OperatorObject {
     pub name: String,
 }
 
+impl OperatorObject {
+    /// The lease table's journal segments and checkpoint parts are named after it
+    /// (`<table>-j-…`, `<table>-c…`, persist.rs): they are the table too.
+    fn covers_as_part(&self, name: &str) -> bool {
+        self.kind == "ConfigMap"
+            && self.name.ends_with("-leases")
+            && name
+                .strip_prefix(self.name.as_str())
+                .is_some_and(|rest| rest.starts_with("-j-") || rest.starts_with("-c"))
+    }
+}
+
 /// The objects no plugin may touch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OperatorObjects(Vec<OperatorObject>);
@@ -56,7 +68,7 @@ impl OperatorObjects {
             o.api_version == api_version
                 && o.kind == kind
                 && o.namespace == namespace
-                && o.name == name
+                && (o.name == name || o.covers_as_part(name))
         })
     }
 }
@@ -75,6 +87,8 @@ mod tests {
         );
         for (api_version, kind, name) in [
             ("v1", "ConfigMap", "po-leases"),
+            ("v1", "ConfigMap", "po-leases-j-000000000007"),
+            ("v1", "ConfigMap", "po-leases-c3-0"),
             ("v1", "ConfigMap", "po-abandoned"),
             ("v1", "ConfigMap", "providers-config"),
             ("v1", "ConfigMap", "plugins"),
@@ -88,5 +102,7 @@ mod tests {
         assert!(!objects.contains("v1", "ConfigMap", "crawlers", "plugins"));
         assert!(!objects.contains("v1", "ConfigMap", "proxy-operator", "px-1-squid"));
         assert!(!objects.contains("v1", "Pod", "proxy-operator", "po-leases"));
+        assert!(!objects.contains("v1", "ConfigMap", "proxy-operator", "po-leases-other"));
+        assert!(!objects.contains("v1", "ConfigMap", "proxy-operator", "po-abandoned-j-1"));
     }
 }

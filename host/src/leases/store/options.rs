@@ -10,6 +10,12 @@ pub struct LeaseOptions {
     pub cooldown: Duration,
     /// Consecutive `failure` reports on one proxy that ask the health engine to probe it now.
     pub failure_threshold: u32,
+    /// Sticky sessions held (memory only).
+    pub max_sessions: usize,
+    /// Per-target cooldowns held (memory, the newest also in checkpoints).
+    pub max_target_cooldowns: usize,
+    /// Per-target cooldowns of one proxy.
+    pub max_targets_per_proxy: usize,
 }
 
 impl Default for LeaseOptions {
@@ -19,6 +25,9 @@ impl Default for LeaseOptions {
             max_ttl: Duration::from_secs(3600),
             cooldown: Duration::from_secs(600),
             failure_threshold: 3,
+            max_sessions: super::MAX_SESSIONS,
+            max_target_cooldowns: super::MAX_TARGET_COOLDOWNS,
+            max_targets_per_proxy: super::MAX_TARGETS_PER_PROXY,
         }
     }
 }

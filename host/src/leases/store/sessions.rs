@@ -9,9 +9,10 @@ use super::keys::{FastMap, ProxyKey};
 
 /// Longest `session` key, in bytes.
 pub const MAX_SESSION_BYTES: usize = 256;
-/// Sessions remembered at once; past it the least recently used is forgotten. Bounds memory and
-/// the persisted table (about 40 bytes a session in the ConfigMap).
-pub const MAX_SESSIONS: usize = 4096;
+/// Sessions remembered at once, by default; past it the least recently used is forgotten. Held
+/// in memory only (about 120 bytes each, docs/performance.md); a failover rebuilds those of
+/// the leases it restores (docs/architecture.md). `--max-sessions`.
+pub const MAX_SESSIONS: usize = 1_000_000;
 
 /// A session key or a target host, hashed: the first 128 bits of SHA-256, stable across
 /// restarts (persisted) and not open to chosen collisions.
@@ -67,7 +68,6 @@ struct Binding {
 }
 
 /// Session → proxy bindings, least recently used forgotten first.
-#[derive(Default)]
 pub(crate) struct Sessions {
     bound: FastMap<Digest, Binding>,
     /// Uses, oldest first. A use appends and leaves the session's older entry behind, stale (its
@@ -75,9 +75,25 @@ pub(crate) struct Sessions {
     /// on every grant; stale entries are skipped and dropped once they are half the deque.
     order: VecDeque<(u64, Digest)>,
     next: u64,
+    capacity: usize,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions::with_capacity(MAX_SESSIONS)
+    }
 }
 
 impl Sessions {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Sessions {
+            bound: FastMap::default(),
+            order: VecDeque::new(),
+            next: 0,
+            capacity: capacity.max(1),
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.bound.len()
     }
@@ -108,7 +124,7 @@ impl Sessions {
             }
         }
         self.order.push_back((seq, session));
-        while self.bound.len() > MAX_SESSIONS {
+        while self.bound.len() > self.capacity {
             let Some((seq, oldest)) = self.order.pop_front() else {
                 break;
             };
@@ -129,6 +145,9 @@ impl Sessions {
 
     /// Forgets the bindings to proxies `keep` refuses (deleted proxies).
     pub(crate) fn retain_proxies(&mut self, keep: impl Fn(&ProxyKey) -> bool) -> bool {
+        if self.bound.is_empty() {
+            return false;
+        }
         let before = self.bound.len();
         self.bound.retain(|_, b| keep(&b.proxy));
         let changed = before != self.bound.len();
@@ -140,6 +159,7 @@ impl Sessions {
 
     /// The persisted form: proxy (`namespace/name`) → session digests (hex), least recently
     /// used first.
+    #[cfg(test)]
     pub(crate) fn to_snapshot(&self) -> BTreeMap<String, Vec<String>> {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (seq, digest) in &self.order {
@@ -198,7 +218,8 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_session_is_forgotten_first() {
-        let mut sessions = Sessions::default();
+        const MAX_SESSIONS: usize = 4096;
+        let mut sessions = Sessions::with_capacity(MAX_SESSIONS);
         for i in 0..MAX_SESSIONS {
             sessions.bind(digest(format!("s{i}").as_bytes()), &key("a"));
         }
@@ -216,7 +237,8 @@ mod tests {
     /// forgotten.
     #[test]
     fn uses_of_the_same_sessions_stay_bounded() {
-        let mut sessions = Sessions::default();
+        const MAX_SESSIONS: usize = 4096;
+        let mut sessions = Sessions::with_capacity(MAX_SESSIONS);
         for i in 0..100_000 {
             sessions.bind(digest(format!("s{}", i % 3).as_bytes()), &key("a"));
         }

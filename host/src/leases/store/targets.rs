@@ -1,18 +1,24 @@
 //! Cooldowns for one target host: a proxy a site blocked stays leasable for every other site.
 //! Bounded per proxy and in total, so reports naming ever new hosts cannot grow the table.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::keys::{FastMap, ProxyKey};
 use super::sessions::{Digest, digest};
 
 /// Longest target host name (the DNS limit).
 pub const MAX_TARGET_BYTES: usize = 253;
-/// Targets one proxy may cool down for at once; a block past it cools the whole proxy down (a
-/// proxy that many sites block is blocked).
-pub const MAX_TARGETS_PER_PROXY: usize = 16;
-/// Target cooldowns over all proxies; a block past it cools the whole proxy down.
-pub const MAX_TARGET_COOLDOWNS: usize = 2048;
+/// Targets one proxy may cool down for at once, by default; a block past it cools the whole proxy
+/// down (a proxy that many sites block is blocked). `--max-targets-per-proxy`.
+pub const MAX_TARGETS_PER_PROXY: usize = 1024;
+/// Target cooldowns over all proxies, by default; a block past it cools the whole proxy down.
+/// Held in memory (about 130 bytes each, docs/performance.md), not in the cluster.
+/// `--max-target-cooldowns`.
+pub const MAX_TARGET_COOLDOWNS: usize = 1_000_000;
+/// Target cooldowns a checkpoint of the table keeps (those ending last): a failover keeps these
+/// and every one recorded since the checkpoint (docs/architecture.md).
+pub const CHECKPOINTED_TARGET_COOLDOWNS: usize = 16_384;
 
 /// A `target` as compared: a host name (lowercase, no trailing dot) or an IP address. What is
 /// wrong otherwise, for a `400` naming the field. A host name is normalized in its own buffer
@@ -68,84 +74,147 @@ pub(crate) fn target_digest(target: &str) -> Digest {
     digest(target.as_bytes())
 }
 
-/// Per-proxy cooldowns by target digest, each with its end (ms).
-#[derive(Default)]
+/// Cooldowns by (proxy, target digest), each with its end (ms). One hash lookup per candidate
+/// proxy of a grant, whatever the number held; ends are forgotten in order, from a min-heap, so
+/// expiry touches only what ended.
 pub(crate) struct TargetCooldowns {
-    by_proxy: FastMap<ProxyKey, Vec<(Digest, u64)>>,
-    total: usize,
+    until: FastMap<(ProxyKey, Digest), u64>,
+    per_proxy: FastMap<ProxyKey, u32>,
+    /// (end, proxy, target), soonest first. An entry whose end moved later is stale (the map
+    /// holds the later end) and skipped when it comes up.
+    ends: BinaryHeap<Reverse<(u64, ProxyKey, Digest)>>,
+    max_total: usize,
+    max_per_proxy: usize,
+}
+
+impl Default for TargetCooldowns {
+    fn default() -> Self {
+        TargetCooldowns::with_bounds(MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY)
+    }
 }
 
 impl TargetCooldowns {
+    pub(crate) fn with_bounds(max_total: usize, max_per_proxy: usize) -> Self {
+        TargetCooldowns {
+            until: FastMap::default(),
+            per_proxy: FastMap::default(),
+            ends: BinaryHeap::new(),
+            max_total,
+            max_per_proxy,
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
-        self.total
+        self.until.len()
     }
 
     /// When `proxy`'s cooldown for `target` ends, if it runs at `now`.
     pub(crate) fn until(&self, proxy: &ProxyKey, target: &Digest, now: u64) -> Option<u64> {
-        self.by_proxy
-            .get(proxy)?
-            .iter()
-            .find(|(d, until)| d == target && *until > now)
-            .map(|(_, until)| *until)
+        if self.until.is_empty() {
+            return None;
+        }
+        // The key is built from shared names: no allocation.
+        self.until
+            .get(&(proxy.clone(), *target))
+            .copied()
+            .filter(|until| *until > now)
     }
 
     /// Cools `proxy` down for `target` until `until`. False when a bound is reached: the caller
     /// cools the whole proxy down instead.
     pub(crate) fn insert(&mut self, proxy: &ProxyKey, target: Digest, until: u64) -> bool {
-        if let Some(list) = self.by_proxy.get_mut(proxy) {
-            if let Some(entry) = list.iter_mut().find(|(d, _)| *d == target) {
-                entry.1 = entry.1.max(until);
-                return true;
+        let key = (proxy.clone(), target);
+        if let Some(end) = self.until.get_mut(&key) {
+            if until > *end {
+                *end = until;
+                self.ends.push(Reverse((until, key.0, key.1)));
             }
-            if list.len() >= MAX_TARGETS_PER_PROXY || self.total >= MAX_TARGET_COOLDOWNS {
-                return false;
-            }
-            list.push((target, until));
-        } else {
-            if self.total >= MAX_TARGET_COOLDOWNS {
-                return false;
-            }
-            self.by_proxy.insert(proxy.clone(), vec![(target, until)]);
+            return true;
         }
-        self.total += 1;
+        let count = self.per_proxy.get(proxy).copied().unwrap_or(0) as usize;
+        if count >= self.max_per_proxy || self.until.len() >= self.max_total {
+            return false;
+        }
+        *self.per_proxy.entry(proxy.clone()).or_default() += 1;
+        self.until.insert(key, until);
+        self.ends.push(Reverse((until, proxy.clone(), target)));
         true
+    }
+
+    fn remove(&mut self, proxy: &ProxyKey, target: &Digest) {
+        if self.until.remove(&(proxy.clone(), *target)).is_some()
+            && let Some(count) = self.per_proxy.get_mut(proxy)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.per_proxy.remove(proxy);
+            }
+        }
     }
 
     /// Forgets cooldowns that ended; whether any did.
     pub(crate) fn expire(&mut self, now: u64) -> bool {
-        self.retain(|_, until| until > now)
+        let before = self.until.len();
+        while let Some(Reverse((end, _, _))) = self.ends.peek() {
+            if *end > now {
+                break;
+            }
+            let Reverse((end, proxy, target)) = self.ends.pop().expect("checked above");
+            if self.until.get(&(proxy.clone(), target)) == Some(&end) {
+                self.remove(&proxy, &target);
+            }
+        }
+        if self.ends.len() > 2 * self.until.len() + 64 {
+            let until = &self.until;
+            self.ends.retain(|Reverse((end, proxy, target))| {
+                until.get(&(proxy.clone(), *target)) == Some(end)
+            });
+        }
+        before != self.until.len()
     }
 
     /// Forgets the cooldowns of proxies `keep` refuses (deleted proxies); whether any.
     pub(crate) fn retain_proxies(&mut self, keep: impl Fn(&ProxyKey) -> bool) -> bool {
-        self.retain(|proxy, _| keep(proxy))
-    }
-
-    fn retain(&mut self, keep: impl Fn(&ProxyKey, u64) -> bool) -> bool {
-        let before = self.total;
-        let mut total = 0;
-        self.by_proxy.retain(|proxy, list| {
-            list.retain(|(_, until)| keep(proxy, *until));
-            total += list.len();
-            !list.is_empty()
+        let gone: Vec<ProxyKey> = self
+            .per_proxy
+            .keys()
+            .filter(|proxy| !keep(proxy))
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return false;
+        }
+        for proxy in &gone {
+            self.per_proxy.remove(proxy);
+        }
+        self.until.retain(|(proxy, _), _| keep(proxy));
+        let until = &self.until;
+        self.ends.retain(|Reverse((end, proxy, target))| {
+            until.get(&(proxy.clone(), *target)) == Some(end)
         });
-        self.total = total;
-        before != total
+        true
     }
 
-    /// The persisted form: proxy → target digest (hex) → end (ms).
-    pub(crate) fn to_snapshot(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
-        self.by_proxy
-            .iter()
-            .map(|(proxy, list)| {
-                let targets = list.iter().map(|(d, u)| (hex::encode(d), *u)).collect();
-                (proxy.to_string(), targets)
-            })
-            .collect()
+    /// The persisted form: proxy → target digest (hex) → end (ms); at most `limit`, those ending
+    /// last.
+    pub(crate) fn to_snapshot(&self, limit: usize) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let mut entries: Vec<(&(ProxyKey, Digest), &u64)> = self.until.iter().collect();
+        if entries.len() > limit {
+            entries.select_nth_unstable_by_key(limit, |(_, end)| Reverse(**end));
+            entries.truncate(limit);
+        }
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for ((proxy, target), end) in entries {
+            out.entry(proxy.to_string())
+                .or_default()
+                .insert(hex::encode(target), *end);
+        }
+        out
     }
 
     /// Loads the persisted form, keeping what is still running and within the bounds.
     pub(crate) fn restore(&mut self, persisted: BTreeMap<String, BTreeMap<String, u64>>, now: u64) {
+        let mut loaded: Vec<(u64, ProxyKey, Digest)> = Vec::new();
         for (proxy, targets) in persisted {
             let Some(proxy) = ProxyKey::parse(&proxy) else {
                 continue;
@@ -153,9 +222,12 @@ impl TargetCooldowns {
             for (text, until) in targets {
                 let mut target = [0; 16];
                 if until > now && hex::decode_to_slice(&text, &mut target).is_ok() {
-                    self.insert(&proxy, target, until);
+                    loaded.push((until, proxy.clone(), target));
                 }
             }
+        }
+        for (until, proxy, target) in loaded {
+            self.insert(&proxy, target, until);
         }
     }
 }
@@ -210,28 +282,64 @@ mod tests {
 
     #[test]
     fn cooldowns_are_bounded_per_proxy_and_in_total() {
-        let mut cooldowns = TargetCooldowns::default();
+        let mut cooldowns = TargetCooldowns::with_bounds(40, 16);
         // One proxy, hosts without end: the 17th is refused (the caller cools the proxy down).
-        for i in 0..MAX_TARGETS_PER_PROXY {
+        for i in 0..16 {
             assert!(cooldowns.insert(&key(0), digest(format!("h{i}").as_bytes()), 10));
         }
         assert!(!cooldowns.insert(&key(0), digest(b"one more"), 10));
         // The same host again only moves its end.
         assert!(cooldowns.insert(&key(0), digest(b"h0"), 20));
         assert_eq!(cooldowns.until(&key(0), &digest(b"h0"), 0), Some(20));
-        assert_eq!(cooldowns.len(), MAX_TARGETS_PER_PROXY);
+        assert_eq!(cooldowns.len(), 16);
         // Many proxies: the total bound holds.
         let mut i = 1;
         while cooldowns.insert(&key(i), digest(b"h"), 10) {
             i += 1;
         }
-        assert_eq!(cooldowns.len(), MAX_TARGET_COOLDOWNS);
+        assert_eq!(cooldowns.len(), 40);
         assert!(!cooldowns.insert(&key(i + 1), digest(b"h"), 10));
         // Ended cooldowns are forgotten, and room is made again.
         assert!(cooldowns.expire(15));
         assert_eq!(cooldowns.len(), 1);
         assert_eq!(cooldowns.until(&key(0), &digest(b"h0"), 15), Some(20));
         assert_eq!(cooldowns.until(&key(0), &digest(b"h0"), 20), None);
+        assert!(cooldowns.expire(20));
+        assert_eq!(cooldowns.len(), 0);
+        assert!(cooldowns.per_proxy.is_empty());
+        assert!(cooldowns.insert(&key(0), digest(b"again"), 30));
+    }
+
+    /// A million cooldowns: held within the bound, each looked up by one hash, and forgotten
+    /// in order as they end, the queue staying bounded.
+    #[test]
+    fn a_million_cooldowns_expire_in_order_and_the_queue_stays_bounded() {
+        let mut cooldowns = TargetCooldowns::default();
+        for i in 0..1_000_000u64 {
+            let proxy = key((i % 10_000) as usize);
+            assert!(cooldowns.insert(&proxy, digest(&i.to_le_bytes()), 1_000 + i / 1000));
+        }
+        assert_eq!(cooldowns.len(), MAX_TARGET_COOLDOWNS);
+        assert!(!cooldowns.insert(&key(1), digest(b"past the bound"), 5_000));
+        assert_eq!(
+            cooldowns.until(&key(7), &digest(&7u64.to_le_bytes()), 0),
+            Some(1_000)
+        );
+        assert!(cooldowns.expire(1_499));
+        assert_eq!(cooldowns.len(), 500_000);
+        assert!(cooldowns.ends.len() <= 2 * cooldowns.len() + 64);
+        let snapshot = cooldowns.to_snapshot(CHECKPOINTED_TARGET_COOLDOWNS);
+        assert_eq!(
+            snapshot.values().map(BTreeMap::len).sum::<usize>(),
+            CHECKPOINTED_TARGET_COOLDOWNS
+        );
+        // Those ending last are the ones a checkpoint keeps.
+        assert!(
+            snapshot
+                .values()
+                .flat_map(|t| t.values())
+                .all(|end| *end >= 1_983)
+        );
     }
 
     #[test]
@@ -240,7 +348,7 @@ mod tests {
         cooldowns.insert(&key(1), target_digest("a.example"), 100);
         cooldowns.insert(&key(1), target_digest("b.example"), 5);
         let mut restored = TargetCooldowns::default();
-        restored.restore(cooldowns.to_snapshot(), 10);
+        restored.restore(cooldowns.to_snapshot(usize::MAX), 10);
         assert_eq!(restored.len(), 1);
         assert_eq!(
             restored.until(&key(1), &target_digest("a.example"), 10),

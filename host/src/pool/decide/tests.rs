@@ -42,14 +42,32 @@ fn names(drain: &[(String, DrainReason)]) -> Vec<(&str, DrainReason)> {
     drain.iter().map(|(n, r)| (n.as_str(), *r)).collect()
 }
 
+/// An empty pool makes its replicas in steps of [`CREATES_PER_STEP`], each followed soon by the
+/// next, so its status shows how many exist after every step (at 10 000 it showed nothing for
+/// the whole scale-up).
 #[test]
-fn an_empty_pool_makes_every_replica_at_once() {
+fn an_empty_pool_makes_its_replicas_in_steps_that_follow_at_once() {
     let plan = plan(&desired(1000), &[], NOW);
-    assert_eq!(plan.create.len(), 1000);
+    assert_eq!(plan.create.len(), CREATES_PER_STEP);
     assert!(plan.drain.is_empty() && plan.delete.is_empty());
-    assert_eq!(plan.counts.replicas, 1000);
+    assert_eq!(plan.counts.replicas, CREATES_PER_STEP);
     assert_eq!(plan.counts.ready, 0);
     assert!(plan.progressing);
+    assert_eq!(plan.requeue_after, Some(NEXT_STEP));
+
+    let made: Vec<Member> = (0..CREATES_PER_STEP)
+        .map(|i| Member {
+            ready: false,
+            ..member(&format!("m{i}"), 0)
+        })
+        .collect();
+    let next = super::plan(&desired(1000), &made, NOW);
+    assert_eq!(next.create.len(), CREATES_PER_STEP);
+    assert_eq!(next.counts.replicas, 2 * CREATES_PER_STEP);
+
+    let small = super::plan(&desired(10), &[], NOW);
+    assert_eq!(small.create.len(), 10);
+    assert_ne!(small.requeue_after, Some(NEXT_STEP));
 }
 
 #[test]
