@@ -95,6 +95,7 @@ fn hold_state(store: &LeaseStore, sessions: usize, cooldowns: usize) {
             .unwrap();
         store.release(&lease.id).unwrap();
     }
+    let _ = store.take_changes();
     for i in 0..cooldowns {
         let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
         store
@@ -234,9 +235,10 @@ async fn whole_table_writer(
             let _ = tokio::time::timeout(Duration::from_secs(1), store.changed()).await;
             continue;
         }
-        let Some((_, version)) = store.take_changes() else {
+        let Some(pending) = store.take_changes() else {
             continue;
         };
+        let version = pending.version;
         let snapshot = store.snapshot().unwrap();
         let patch = serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap",

@@ -305,16 +305,25 @@ impl LeasePersistence {
         if !store.is_dirty() {
             return Ok(());
         }
-        let Some((changes, version)) = store.take_changes() else {
+        let Some(pending) = store.take_changes() else {
             return Ok(());
         };
-        if !changes.is_empty()
-            && let Err(e) = self.write_changes(store, &changes).await
+        if pending.whole {
+            // More changed than the journal holds in memory: the table itself, at once.
+            if let Err(e) = self.checkpoint(store).await {
+                store.requeue_changes(pending);
+                return Err(e);
+            }
+            store.mark_stored(pending.version);
+            return Ok(());
+        }
+        if !pending.changes.is_empty()
+            && let Err(e) = self.write_changes(store, &pending.changes).await
         {
-            store.requeue_changes(changes);
+            store.requeue_changes(pending);
             return Err(e);
         }
-        store.mark_stored(version);
+        store.mark_stored(pending.version);
         let due = {
             let p = self.position.lock().await;
             journal::checkpoint_due(

@@ -243,6 +243,20 @@ pub struct Snapshot {
     pub blocked_reports: BTreeMap<String, u32>,
 }
 
+/// Changes held for the writer at most; past it the next write is a whole checkpoint.
+pub const MAX_PENDING_CHANGES: usize = 100_000;
+
+/// What the writer takes from the table: the changes since its last take, or — when they
+/// overflowed [`MAX_PENDING_CHANGES`] — the word that only a whole checkpoint will do.
+#[derive(Debug)]
+pub struct Pending {
+    pub changes: Vec<Change>,
+    /// Write a checkpoint of the whole table (`changes` is empty).
+    pub whole: bool,
+    /// The version the cluster has once this is written.
+    pub version: u64,
+}
+
 /// How long the id of an ended lease is remembered, so its holder gets 410 rather than 404.
 const REMEMBER_ENDED: Duration = Duration::from_secs(3600);
 /// At most this many ended ids are remembered (oldest forgotten first): at tens of thousands of
@@ -285,6 +299,10 @@ struct Inner {
     ready: bool,
     /// Changes of the hard state not yet taken by the writer, in order.
     journal: Vec<Change>,
+    /// More than [`MAX_PENDING_CHANGES`] were recorded before the writer took them (the API
+    /// server away for long, or no writer at all): the journal was dropped and the next write
+    /// is a whole checkpoint instead, so memory stays bounded.
+    journal_overflowed: bool,
     pool: FastMap<ProxyKey, Slot>,
     leases: FastMap<String, Held>,
     leased: FastMap<ProxyKey, String>,
@@ -331,9 +349,15 @@ impl Inner {
     /// Records a change of the hard state for the writer (nothing before a restore: there is
     /// no table to change).
     fn record(&mut self, change: Change) {
-        if self.ready {
-            self.journal.push(change);
+        if !self.ready || self.journal_overflowed {
+            return;
         }
+        if self.journal.len() >= MAX_PENDING_CHANGES {
+            self.journal = Vec::new();
+            self.journal_overflowed = true;
+            return;
+        }
+        self.journal.push(change);
     }
 
     fn empty(options: &LeaseOptions) -> Self {
@@ -504,6 +528,7 @@ impl LeaseStore {
         inner.ready = true;
         inner.dirty = false;
         inner.journal.clear();
+        inner.journal_overflowed = false;
         // What was just read is what the cluster has.
         let version = inner.version;
         self.stored.send_replace(Stored {
@@ -569,19 +594,24 @@ impl LeaseStore {
 
     /// The changes recorded since the last call, in order, and the version they bring the
     /// cluster to once written; clears the dirty flag. None before a restore.
-    pub fn take_changes(&self) -> Option<(Vec<Change>, u64)> {
+    pub fn take_changes(&self) -> Option<Pending> {
         let mut inner = self.lock();
         if !inner.ready {
             return None;
         }
         inner.dirty = false;
+        let whole = std::mem::take(&mut inner.journal_overflowed);
         let changes = std::mem::take(&mut inner.journal);
-        Some((changes, inner.version))
+        Some(Pending {
+            changes,
+            whole,
+            version: inner.version,
+        })
     }
 
-    /// Changes taken by [`Self::take_changes`] that were not written: they go back in front of
-    /// whatever was recorded since, to be written first.
-    pub fn requeue_changes(&self, mut changes: Vec<Change>) {
+    /// What [`Self::take_changes`] gave that was not written: it goes back in front of whatever
+    /// was recorded since, to be written first.
+    pub fn requeue_changes(&self, pending: Pending) {
         let mut inner = self.lock();
         inner.dirty = true;
         inner
@@ -591,8 +621,19 @@ impl LeaseStore {
             // Closed meanwhile: the next term restores from the cluster.
             return;
         }
+        if pending.whole || inner.journal_overflowed {
+            inner.journal = Vec::new();
+            inner.journal_overflowed = true;
+            return;
+        }
+        let mut changes = pending.changes;
         changes.append(&mut inner.journal);
-        inner.journal = changes;
+        if changes.len() > MAX_PENDING_CHANGES {
+            inner.journal = Vec::new();
+            inner.journal_overflowed = true;
+        } else {
+            inner.journal = changes;
+        }
     }
 
     /// The version of the latest change.

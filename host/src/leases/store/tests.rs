@@ -39,15 +39,19 @@ async fn a_grant_is_confirmed_only_by_a_write_that_holds_it() {
         Err(NotStored::TimedOut)
     );
     // A write of older changes confirms nothing newer.
-    let (changes, version) = store.take_changes().unwrap();
-    assert_eq!(version, granted);
-    assert!(matches!(changes[..], [Change::Granted(_)]), "{changes:?}");
+    let pending = store.take_changes().unwrap();
+    assert_eq!(pending.version, granted);
+    assert!(!pending.whole);
+    assert!(
+        matches!(pending.changes[..], [Change::Granted(_)]),
+        "{pending:?}"
+    );
     store.mark_stored(before);
     assert_eq!(
         store.wait_stored(granted, wait).await,
         Err(NotStored::TimedOut)
     );
-    store.mark_stored(version);
+    store.mark_stored(pending.version);
     assert_eq!(store.wait_stored(granted, wait).await, Ok(()));
 }
 
@@ -618,9 +622,9 @@ fn the_changes_replayed_onto_the_last_checkpoint_are_the_table() {
     let (again, _) = store.grant(&LeaseRequest::default()).unwrap();
     store.report(&again.id, Outcome::Blocked).unwrap();
 
-    let (changes, _) = store.take_changes().unwrap();
+    let pending = store.take_changes().unwrap();
     let mut replay = Replay::from_checkpoint(checkpoint);
-    for change in changes {
+    for change in pending.changes {
         replay.apply(change);
     }
     let mut replayed = replay.into_snapshot();
@@ -631,6 +635,28 @@ fn the_changes_replayed_onto_the_last_checkpoint_are_the_table() {
     assert_eq!(replayed, table);
     assert_eq!(table.leases.len(), 1, "{table:?}");
     assert_eq!(table.leases[0].expires_at_ms - now_ms() > 800_000, true);
+}
+
+/// With no write for a long while, the changes held for the writer stay bounded: past the bound
+/// they are dropped and the next write is the whole table (which holds them all).
+#[test]
+fn changes_held_for_the_writer_are_bounded_and_then_the_whole_table_is_written() {
+    let store = store_of(vec![entry("a1", None)]);
+    for _ in 0..MAX_PENDING_CHANGES {
+        let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
+        store.release(&lease.id).unwrap();
+    }
+    let pending = store.take_changes().unwrap();
+    assert!(pending.whole);
+    assert!(pending.changes.is_empty());
+    assert_eq!(pending.version, store.version());
+    // A failed whole write stays whole; after it, lines again.
+    store.requeue_changes(pending);
+    assert!(store.take_changes().unwrap().whole);
+    let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
+    let pending = store.take_changes().unwrap();
+    assert!(!pending.whole);
+    assert!(matches!(&pending.changes[..], [Change::Granted(l)] if l.id == lease.id));
 }
 
 /// Sessions are not persisted: a restore binds again the sessions of the leases it restores,
