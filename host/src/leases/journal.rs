@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::store::{Lease, ProxyKey, Snapshot};
+use super::store::keys::ProxyKey;
+use super::store::records::{Lease, Snapshot};
 
 /// One change of the table's hard state. Each carries absolute values (an end, a count, a
 /// deadline), never a delta: replaying a change twice, or onto a checkpoint that already holds

@@ -3,9 +3,10 @@
 //! last had. One mutex around plain maps: every operation is a few map lookups, so contention
 //! stays far below what the HTTP layer costs (see docs/performance.md).
 
-mod keys;
+pub(crate) mod keys;
 mod options;
 mod outcomes;
+pub(crate) mod records;
 mod sessions;
 mod targets;
 mod views;
@@ -14,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::{Notify, mpsc, watch};
 
 use super::journal::Change;
@@ -28,6 +29,7 @@ use keys::FastMap;
 pub use keys::{PoolKey, ProxyKey};
 pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
+pub use records::{Lease, Snapshot};
 pub use sessions::{MAX_SESSION_BYTES, MAX_SESSIONS, validate_session};
 pub use targets::{
     CHECKPOINTED_TARGET_COOLDOWNS, MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY,
@@ -89,46 +91,6 @@ pub struct LeaseRequest {
     pub ttl: Option<Duration>,
     /// Who the lease is granted to (a Kubernetes username; `None`: the static token).
     pub holder: Option<String>,
-}
-
-/// A granted lease.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Lease {
-    pub id: String,
-    pub proxy: ProxyKey,
-    pub granted_at_ms: u64,
-    pub expires_at_ms: u64,
-    /// The session it was granted for. Shared (as the pool's name): the table's copy of a lease
-    /// and the caller's are one allocation, not two.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<Arc<str>>,
-    /// The proxy's pool (name, in the proxy's namespace) when it was granted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<Arc<str>>,
-    /// The proxy's provider instance when it was granted (labels the metrics after a restore).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub provider: String,
-    /// The lifetime it was granted or last renewed for; a renewal without one gets it again.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub ttl_ms: u64,
-    /// Who it was granted to; only they may use it (`None`: the static token).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holder: Option<String>,
-}
-
-fn is_zero(value: &u64) -> bool {
-    *value == 0
-}
-
-impl Lease {
-    /// `namespace/name` of its pool.
-    pub fn pool_key(&self) -> Option<PoolKey> {
-        self.pool.as_ref().map(|name| PoolKey {
-            namespace: self.proxy.namespace.clone(),
-            name: name.clone(),
-        })
-    }
 }
 
 /// A grant's answer.
@@ -219,28 +181,6 @@ pub struct ProxyUsage {
     pub lease_expires_at_ms: Option<u64>,
     /// `blocked` reports on it (with or without a target) since it was provisioned.
     pub blocked_reports: u32,
-}
-
-/// The table's hard state as a checkpoint holds it (and as the one-key table before journals
-/// did). Every field has a default, so an older table still reads. Sessions are not written any
-/// more (memory only; a restore rebuilds those of its leases), but an old table's still read.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Snapshot {
-    #[serde(default)]
-    pub leases: Vec<Lease>,
-    /// `namespace/name` → end (ms).
-    #[serde(default)]
-    pub cooldowns: BTreeMap<String, u64>,
-    /// `namespace/name` → target digest (hex) → end (ms).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub target_cooldowns: BTreeMap<String, BTreeMap<String, u64>>,
-    /// `namespace/name` → session digests (hex) bound to it, least recently used first.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub sessions: BTreeMap<String, Vec<String>>,
-    /// `namespace/name` → `blocked` reports.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub blocked_reports: BTreeMap<String, u32>,
 }
 
 /// Changes held for the writer at most; past it the next write is a whole checkpoint.
@@ -1515,5 +1455,7 @@ impl Inner {
     }
 }
 
+#[cfg(test)]
+mod journal_tests;
 #[cfg(test)]
 mod tests;
