@@ -85,7 +85,11 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         "zone-a"
     );
     assert_eq!(pod_spec.automount_service_account_token, Some(false));
-    assert_eq!(pod.metadata.labels.as_ref().unwrap()["team"], "crawl");
+    // The Proxy's labels, under the only prefix the host admits for a plugin's labels.
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap()["plugin.proxy-operator.dev/team"],
+        "crawl"
+    );
     // The Service in front of it (confined by the host to this instance's Pods) gives the
     // address; the NetworkPolicy admits allowFrom on the squid port.
     let service = services.get("px-k8s-one").await.unwrap();
