@@ -381,9 +381,9 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
         .items;
     assert_eq!(squid_pods.len(), 1, "one squid Pod");
     assert_eq!(
-        squid_pods[0].metadata.labels.as_ref().unwrap()["team"],
+        squid_pods[0].metadata.labels.as_ref().unwrap()["plugin.proxy-operator.dev/team"],
         "crawl",
-        "the Proxy's labels reach its Pod"
+        "the Proxy's labels reach its Pod (under the plugins' prefix)"
     );
 
     // Lease it through the discovery Service and fetch a page through it.

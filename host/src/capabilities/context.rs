@@ -45,6 +45,13 @@ impl CallContext {
         grants: &ValidGrants,
         resources: &HostResources,
     ) -> Result<Self, GrantError> {
+        if let (Some(grant), Some(home)) = (&grants.kube, resources.operator_objects.home())
+            && grant.namespace == home
+        {
+            return Err(GrantError::Kube(format!(
+                "namespace: `{home}` is the operator's own namespace; a plugin granted it could make Pods that join the operator's Services (its discovery API) and reach its objects. Grant a namespace of the plugin's own, e.g. proxies"
+            )));
+        }
         Ok(CallContext {
             provider: provider.to_string(),
             plugin: plugin.to_string(),

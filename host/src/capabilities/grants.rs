@@ -13,7 +13,10 @@ pub use error::GrantError;
 pub use http::{
     CredentialGrant, HttpGrant, SecretSource, SecretValue, ValidCredential, ValidHttpGrant,
 };
-pub use kube::{KubeGrant, KubeKind, ValidKubeGrant};
+pub use kube::{
+    DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_QUOTA_MEBIBYTES, DEFAULT_QUOTA_OBJECTS, KubeGrant,
+    KubeKind, QuotaGrant, SchedulingGrant, Toleration, ValidKubeGrant,
+};
 pub use libvirt::{
     DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, HypervisorGrant, LibvirtGrant, ValidLibvirtGrant,
 };

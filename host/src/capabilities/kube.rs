@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
 
@@ -22,7 +24,13 @@ pub const MANAGED_BY: &str = "proxy-operator";
 /// Largest object a plugin may apply (etcd's default request limit is 1.5 MiB).
 pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
 
+pub mod metadata_policy;
 mod operator_objects;
+
+/// Objects per page of a `list` (each at most [`MAX_OBJECT_BYTES`]).
+const LIST_PAGE: u32 = 20;
+/// What one `list` answers at most when no memory limit is given (half the default 128 MiB).
+const DEFAULT_LIST_BUDGET: usize = 64 << 20;
 pub mod pod_policy;
 pub mod traffic_policy;
 
@@ -64,6 +72,14 @@ pub struct KubeCapability {
     declared: bool,
     /// Objects no plugin may touch, whatever its grant.
     operator_objects: Arc<OperatorObjects>,
+    /// Where the grant lets the plugin's Pods be scheduled.
+    scheduling: pod_policy::Scheduling,
+    /// The most bytes of objects one `list` answers.
+    list_budget: usize,
+    /// Per kind: the most objects and bytes of them this instance may keep.
+    quota: (usize, usize),
+    /// Creates wait for each other, so that two at once cannot both pass the quota.
+    creating: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for KubeCapability {
@@ -101,6 +117,17 @@ impl KubeCapability {
             resolved: Arc::default(),
             declared,
             operator_objects,
+            scheduling: grant
+                .map(|g| pod_policy::Scheduling {
+                    node_selector_keys: g.node_selector_keys.clone(),
+                    tolerations: g.tolerations.clone(),
+                })
+                .unwrap_or_default(),
+            list_budget: DEFAULT_LIST_BUDGET,
+            quota: grant
+                .map(|g| (g.quota_objects, g.quota_bytes))
+                .unwrap_or_default(),
+            creating: Arc::default(),
         }
     }
 
@@ -110,6 +137,8 @@ impl KubeCapability {
     }
 
     pub async fn get(&self, api_version: &str, kind: &str, name: &str) -> Result<String> {
+        self.granted(api_version, kind)?;
+        check_name(kind, name)?;
         let api = self.api(api_version, kind).await?;
         let object = api
             .get_opt(name)
@@ -145,6 +174,7 @@ impl KubeCapability {
             ));
         };
         let namespace = self.granted(&types.api_version, &types.kind)?.to_string();
+        check_name(&types.kind, &name)?;
         match object.metadata.namespace.as_deref() {
             None => object.metadata.namespace = Some(namespace.clone()),
             Some(ns) if ns == namespace => {}
@@ -156,18 +186,32 @@ impl KubeCapability {
             }
         }
         self.refuse_operator_object(&types.api_version, &types.kind, &namespace, &name)?;
-        let references = pod_policy::check(&object.data).map_err(|problem| {
+        let refused = |problem: String| {
+            KubeError::Denied(format!(
+                "{} {name}: {problem}; see docs/security.md (kube)",
+                types.kind
+            ))
+        };
+        metadata_policy::check(
+            object.metadata.labels.as_ref(),
+            object.metadata.annotations.as_ref(),
+            &object.data,
+            &[PROVIDER_LABEL, MANAGED_BY_LABEL],
+        )
+        .map_err(refused)?;
+        let references = pod_policy::check(&object.data, &self.scheduling).map_err(|problem| {
             KubeError::Denied(format!(
                 "{} {name}: {problem}; see docs/security.md (kube) for what a plugin's Pods may be",
                 types.kind
             ))
         })?;
         let api = self.api(&types.api_version, &types.kind).await?;
-        if let Some(existing) = api
+        let existing = api
             .get_opt(&name)
             .await
-            .map_err(|e| api_error(e, &types.kind, &name))?
-            && !self.owns(&existing)
+            .map_err(|e| api_error(e, &types.kind, &name))?;
+        if let Some(existing) = &existing
+            && !self.owns(existing)
         {
             return Err(KubeError::Denied(format!(
                 "{} {namespace}/{name} exists and is not managed by provider instance {}; pick another name",
@@ -178,41 +222,62 @@ impl KubeCapability {
             self.refuse_foreign_configmap(&types.kind, &name, &namespace, configmap)
                 .await?;
         }
-        traffic_policy::confine(
-            &types.api_version,
-            &types.kind,
-            &mut object.data,
-            (PROVIDER_LABEL, &self.provider),
-        )
-        .map_err(|problem| {
-            KubeError::Denied(format!(
-                "{} {name}: {problem}; see docs/security.md (kube)",
-                types.kind
-            ))
-        })?;
+        let own = (PROVIDER_LABEL, self.provider.as_str());
+        traffic_policy::confine(&types.api_version, &types.kind, &mut object.data, own)
+            .map_err(refused)?;
+        metadata_policy::confine_workload(&mut object.data, own).map_err(refused)?;
         let labels = object.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(PROVIDER_LABEL.into(), self.provider.clone());
         labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-        let params = PatchParams::apply(&format!("proxy-operator.{}", self.provider)).force();
-        let applied = api
-            .patch(&name, &params, &Patch::Apply(&object))
-            .await
-            .map_err(|e| api_error(e, &types.kind, &name))?;
+        let manager = format!("proxy-operator.{}", self.provider);
+        let applied = match existing {
+            // The ownership check and the write are two requests: the write holds only over the
+            // object that was checked (its uid and version), never one put in its place.
+            Some(existing) => {
+                object.metadata.uid = existing.metadata.uid.clone();
+                object.metadata.resource_version = existing.metadata.resource_version.clone();
+                let params = PatchParams::apply(&manager).force();
+                api.patch(&name, &params, &Patch::Apply(&object)).await
+            }
+            // Nothing there: a create, which fails if somebody made the object meanwhile, and
+            // only within the quota.
+            None => {
+                let _one_at_a_time = self.creating.lock().await;
+                let size = serde_json::to_vec(&object).map(|b| b.len()).unwrap_or(0);
+                self.within_quota(&api, &types.kind, size).await?;
+                let params = PostParams {
+                    field_manager: Some(manager),
+                    ..PostParams::default()
+                };
+                api.create(&params, &object).await
+            }
+        }
+        .map_err(|e| api_error(e, &types.kind, &name))?;
         to_json(&applied)
     }
 
     pub async fn delete(&self, api_version: &str, kind: &str, name: &str) -> Result<()> {
+        self.granted(api_version, kind)?;
+        check_name(kind, name)?;
         let api = self.api(api_version, kind).await?;
         self.refuse_operator_object(api_version, kind, &self.namespace(), name)?;
-        match api
+        let object = match api
             .get_opt(name)
             .await
             .map_err(|e| api_error(e, kind, name))?
         {
-            Some(object) if self.owns(&object) => {}
+            Some(object) if self.owns(&object) => object,
             _ => return Err(self.not_found(kind, name)),
-        }
-        api.delete(name, &DeleteParams::background())
+        };
+        // Only the object that was checked is deleted, not one put in its place since.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: object.metadata.uid.clone(),
+                resource_version: object.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::background()
+        };
+        api.delete(name, &params)
             .await
             .map(drop)
             .map_err(|e| api_error(e, kind, name))
@@ -231,11 +296,80 @@ impl KubeCapability {
             Some(extra) => format!("{own},{extra}"),
             None => own,
         };
-        let listed = api
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| api_error(e, kind, ""))?;
-        listed.items.iter().map(to_json).collect()
+        // Paged, and bounded by what the plugin can take: the host never holds more of a list
+        // than the answer may be (#36: one list of 190 MiB took the operator to 729 MiB).
+        let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
+        let mut items = Vec::new();
+        let mut bytes = 0usize;
+        loop {
+            let page = api
+                .list(&params)
+                .await
+                .map_err(|e| api_error(e, kind, ""))?;
+            for item in &page.items {
+                let json = to_json(item)?;
+                bytes += json.len();
+                if bytes > self.list_budget {
+                    return Err(KubeError::Denied(format!(
+                        "the list of {kind} passes {} MiB after {} objects, more than this plugin's answers may hold ({} MiB, half its memory limit); narrow the label selector or delete objects",
+                        bytes >> 20,
+                        items.len(),
+                        self.list_budget >> 20
+                    )));
+                }
+                items.push(json);
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(items),
+            }
+        }
+    }
+
+    /// Refuses a new object of `kind` (of `size` bytes) past the instance's quota for the kind.
+    async fn within_quota(&self, api: &Api<DynamicObject>, kind: &str, size: usize) -> Result<()> {
+        let (max_objects, max_bytes) = self.quota;
+        let own = format!("{PROVIDER_LABEL}={}", self.provider);
+        let mut params = ListParams::default().labels(&own).limit(LIST_PAGE * 5);
+        let (mut objects, mut bytes) = (0usize, 0usize);
+        loop {
+            let page = api
+                .list(&params)
+                .await
+                .map_err(|e| api_error(e, kind, ""))?;
+            objects += page.items.len();
+            bytes += page
+                .items
+                .iter()
+                .map(|o| serde_json::to_vec(o).map(|b| b.len()).unwrap_or(0))
+                .sum::<usize>();
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+        if objects + 1 > max_objects {
+            return Err(KubeError::Denied(format!(
+                "quota: provider instance {} has {objects} {kind} objects, the most grants.kube.quota.objects allows ({max_objects}); delete some, or raise the quota",
+                self.provider
+            )));
+        }
+        if bytes + size > max_bytes {
+            return Err(KubeError::Denied(format!(
+                "quota: provider instance {}'s {kind} objects would take {} KiB, more than grants.kube.quota.mebibytes allows ({} MiB); delete some, or raise the quota",
+                self.provider,
+                (bytes + size) >> 10,
+                max_bytes >> 20
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bounds what a `list` may answer by the plugin's memory limit (the answer is copied into
+    /// it): half of it, so the plugin has room to read the answer.
+    pub fn with_memory_limit(mut self, memory_limit: usize) -> Self {
+        self.list_budget = memory_limit / 2;
+        self
     }
 
     fn refuse_operator_object(
@@ -379,6 +513,29 @@ impl KubeCapability {
     }
 }
 
+/// An object's name must be one the API server accepts for its kind, checked before it goes into a
+/// request's path (`..`, `/`, `?` would address something else).
+fn check_name(kind: &str, name: &str) -> Result<()> {
+    // Services (and Namespaces) are DNS-1035/1123 labels; most kinds are DNS-1123 subdomains.
+    let label_kinds = ["Service", "Namespace"];
+    if label_kinds.contains(&kind) {
+        if crate::names::is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            return Ok(());
+        }
+        return Err(KubeError::Invalid(format!(
+            "{kind} name `{}`: not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, at most 63)",
+            name.escape_debug()
+        )));
+    }
+    if crate::names::is_dns_subdomain(name) {
+        return Ok(());
+    }
+    Err(KubeError::Invalid(format!(
+        "{kind} name `{}`: not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253)",
+        name.escape_debug()
+    )))
+}
+
 fn to_json(object: &DynamicObject) -> Result<String> {
     serde_json::to_string(object).map_err(|e| KubeError::Transport(format!("encode: {e}")))
 }
@@ -415,6 +572,8 @@ mod tests {
         KubeGrant {
             namespace: namespace.into(),
             kinds: kinds.iter().map(|k| k.to_string()).collect(),
+            scheduling: None,
+            quota: None,
         }
     }
 
@@ -471,5 +630,24 @@ mod tests {
             matches!(pods.apply(other_namespace).await, Err(KubeError::Denied(m)) if m.contains("namespace kube-system is not granted"))
         );
         assert!(matches!(pods.apply("{}").await, Err(KubeError::Invalid(_))));
+        // Names go into the request's path: checked by the kind's rules before any request.
+        for name in ["..", "a/status", "a?watch=1", "A", "", "a%2Fb"] {
+            assert!(
+                matches!(pods.get("v1", "Pod", name).await, Err(KubeError::Invalid(m)) if m.contains("not a DNS-1123 subdomain")),
+                "{name}"
+            );
+            assert!(matches!(
+                pods.delete("v1", "Pod", name).await,
+                Err(KubeError::Invalid(_))
+            ));
+        }
+        let bad = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"../secrets/x"}}"#;
+        assert!(
+            matches!(pods.apply(bad).await, Err(KubeError::Invalid(m)) if m.contains("`../secrets/x`"))
+        );
+        let services = bound(&grant("proxies", &["v1/Service"]));
+        assert!(
+            matches!(services.get("v1", "Service", "a.b").await, Err(KubeError::Invalid(m)) if m.contains("DNS-1035"))
+        );
     }
 }

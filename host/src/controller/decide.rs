@@ -375,7 +375,14 @@ pub fn classify(error: &CallError) -> Failure {
             ProviderError::Unauthorized(m) => permanent(Reason::Unauthorized, m),
             ProviderError::Denied(m) => permanent(Reason::Denied, m),
         },
-        // The sandbox stopped the plugin: retry, a later call may behave.
+        // Over its own memory limit, the same call runs out again (a list of 190 MiB does not
+        // shrink): failed, not retried as transient; the message names the flag that raises it.
+        // A panic of the host's is a bug that the same input reaches again.
+        CallError::OutOfMemory { .. } | CallError::HostPanic { .. } => {
+            permanent(Reason::ProviderError, &error.to_string())
+        }
+        // The sandbox stopped the plugin (CPU, the shared memory total, time): retry, a later
+        // call may behave.
         other => Failure::Retry {
             reason: Reason::Retrying,
             message: other.to_string(),

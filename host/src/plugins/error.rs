@@ -118,6 +118,17 @@ pub enum CallError {
         function: &'static str,
         reason: String,
     },
+    /// The host's own code panicked serving the call (a bug of the operator's, reached through
+    /// what the plugin sent): the call fails, the process goes on.
+    #[error(
+        "the operator failed serving plugin `{plugin}`'s `{function}` call (a bug in proxy-operator, \
+         logged with its details; please report it): {reason}"
+    )]
+    HostPanic {
+        plugin: String,
+        function: &'static str,
+        reason: String,
+    },
     #[error("plugin `{plugin}` could not be instantiated for `{function}`: {reason}")]
     Instantiate {
         plugin: String,
@@ -157,6 +168,7 @@ impl CallError {
             CallError::Timeout { .. } => "timeout",
             CallError::Trap { .. } => "trap",
             CallError::Instantiate { .. } => "instantiate",
+            CallError::HostPanic { .. } => "host_panic",
         }
     }
 

@@ -1,7 +1,11 @@
 //! A provider instance: a loaded plugin, its config and its grants, with a concurrency bound.
 //! Every call runs in a fresh store under the engine's CPU, memory and wall-clock limits.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -94,13 +98,9 @@ impl ProviderInstance {
             kube: declares(Capability::Kube),
             libvirt: declares(Capability::Libvirt),
         };
-        let context = Arc::new(CallContext::bind(
-            name,
-            &plugin.info.name,
-            declared,
-            grants,
-            &resources,
-        )?);
+        let mut context = CallContext::bind(name, &plugin.info.name, declared, grants, &resources)?;
+        context.kube = context.kube.with_memory_limit(engine.options.memory_limit);
+        let context = Arc::new(context);
         Ok(ProviderInstance {
             name: name.to_string(),
             plugin,
@@ -264,7 +264,27 @@ impl PluginEngine {
             Ok(UpdateDeadline::Yield(1))
         });
 
-        let outcome = match bindings::call(&mut store, &plugin.pre, config, call).await {
+        // A panic in a host function (or in the bindings) is a bug of the host's, triggered by
+        // what this plugin sent: it fails this call, never the process (#36).
+        let answer = CatchPanic(Box::pin(bindings::call(
+            &mut store,
+            &plugin.pre,
+            config,
+            call,
+        )))
+        .await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(panic) => {
+                tracing::error!(plugin = %plugin_name, %provider, function, panic = %panic, "the host panicked serving a plugin call; the call fails, the operator goes on");
+                return Err(CallError::HostPanic {
+                    plugin: plugin_name.to_string(),
+                    function,
+                    reason: panic,
+                });
+            }
+        };
+        let outcome = match answer {
             Ok(outcome) => Ok(outcome),
             Err(CallFailure::Instantiate(e)) => {
                 return Err(self.classify_failure(e, store.data(), plugin_name, function, true));
@@ -342,5 +362,47 @@ impl PluginEngine {
                 reason,
             }
         }
+    }
+}
+
+/// A future whose panic, while polled, becomes `Err` with the panic's message.
+struct CatchPanic<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic_message(panic.as_ref()))),
+        }
+    }
+}
+
+/// What a panic said (`panic!` gives a `&str` or a `String`).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_while_polled_is_an_error_with_its_message() {
+        let panics = CatchPanic(Box::pin(async {
+            tokio::task::yield_now().await;
+            let shapes: Vec<u8> = Vec::new();
+            shapes[3]
+        }));
+        let message = panics.await.unwrap_err();
+        assert!(message.contains("index out of bounds"), "{message}");
+        assert_eq!(CatchPanic(Box::pin(async { 7 })).await, Ok(7));
     }
 }

@@ -72,7 +72,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     let pod = pods.get("px-k8s-one").await.unwrap();
     let annotations = pod.metadata.annotations.clone().unwrap();
     assert_eq!(
-        annotations["proxy-operator.dev/owner-uid"],
+        annotations["plugin.proxy-operator.dev/owner-uid"],
         "uid-px-k8s-one"
     );
     let pod_spec = pod.spec.clone().unwrap();
@@ -85,14 +85,18 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         "zone-a"
     );
     assert_eq!(pod_spec.automount_service_account_token, Some(false));
-    assert_eq!(pod.metadata.labels.as_ref().unwrap()["team"], "crawl");
+    // The Proxy's labels, under the only prefix the host admits for a plugin's labels.
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap()["plugin.proxy-operator.dev/team"],
+        "crawl"
+    );
     // The Service in front of it (confined by the host to this instance's Pods) gives the
     // address; the NetworkPolicy admits allowFrom on the squid port.
     let service = services.get("px-k8s-one").await.unwrap();
     let service_spec = service.spec.unwrap();
     assert_eq!(service_spec.type_.as_deref(), Some("ClusterIP"));
     let selector = service_spec.selector.unwrap();
-    assert_eq!(selector["proxy-operator.dev/proxy"], "px-k8s-one");
+    assert_eq!(selector["plugin.proxy-operator.dev/proxy"], "px-k8s-one");
     assert_eq!(selector["proxy-operator.dev/provider"], "in-cluster");
     assert_eq!(service_spec.ports.unwrap()[0].port, i32::from(port));
     let cluster_ip = service_spec.cluster_ip.unwrap();
@@ -108,7 +112,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
         "127.0.0.0/8"
     );
     assert_eq!(
-        policy.pod_selector.unwrap().match_labels.unwrap()["proxy-operator.dev/proxy"],
+        policy.pod_selector.unwrap().match_labels.unwrap()["plugin.proxy-operator.dev/proxy"],
         "px-k8s-one"
     );
     // Idempotent: the same instance again, no second Pod.

@@ -8,15 +8,19 @@ use serde_json::{Value, json};
 
 use crate::config::{AddressFrom, Config, ServiceType};
 
+/// The host admits a plugin's labels and annotations under this prefix only (docs/security.md):
+/// nothing else in the cluster selects or reads them.
+pub const PLUGIN_PREFIX: &str = "plugin.proxy-operator.dev/";
 /// On every Pod and ConfigMap of a proxy: which Proxy instance it belongs to.
-pub const PROXY_LABEL: &str = "proxy-operator.dev/proxy";
+pub const PROXY_LABEL: &str = "plugin.proxy-operator.dev/proxy";
+pub const COMPONENT_LABEL: &str = "plugin.proxy-operator.dev/component";
 /// Selects the squid Pods of this provider (the host adds the provider instance's own label).
-pub const COMPONENT_SELECTOR: &str = "app.kubernetes.io/component=egress-proxy";
+pub const COMPONENT_SELECTOR: &str = "plugin.proxy-operator.dev/component=egress-proxy";
 /// Owner identity, as annotations (no length or character limits, unlike labels).
-pub const OWNER_NAMESPACE: &str = "proxy-operator.dev/owner-namespace";
-pub const OWNER_NAME: &str = "proxy-operator.dev/owner-name";
-pub const OWNER_UID: &str = "proxy-operator.dev/owner-uid";
-pub const OPERATOR_ID: &str = "proxy-operator.dev/operator-id";
+pub const OWNER_NAMESPACE: &str = "plugin.proxy-operator.dev/owner-namespace";
+pub const OWNER_NAME: &str = "plugin.proxy-operator.dev/owner-name";
+pub const OWNER_UID: &str = "plugin.proxy-operator.dev/owner-uid";
+pub const OPERATOR_ID: &str = "plugin.proxy-operator.dev/operator-id";
 /// The node label a Proxy's zone selects.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
@@ -78,12 +82,21 @@ pub fn configmap(config: &Config, spec: &InstanceSpec) -> Value {
 /// A ConfigMap read back from the API server, as this provider applies it: its name, labels and
 /// data (not the server's fields, which an apply may not set).
 pub fn reapplied(configmap: &Value) -> Value {
+    // Only this plugin's own labels: the host sets its own again, and refuses any other (one an
+    // earlier version set, `proxy-operator.dev/proxy`, included).
+    let labels: serde_json::Map<String, Value> = configmap["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| key.starts_with(PLUGIN_PREFIX))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
     json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
             "name": configmap["metadata"]["name"],
-            "labels": configmap["metadata"]["labels"],
+            "labels": labels,
         },
         "data": configmap["data"],
     })
@@ -97,7 +110,7 @@ pub fn service(spec: &InstanceSpec, service_type: ServiceType) -> Value {
         "kind": "Service",
         "metadata": {
             "name": spec.name,
-            "labels": {PROXY_LABEL: spec.name, "app.kubernetes.io/component": "egress-proxy"},
+            "labels": {PROXY_LABEL: spec.name, COMPONENT_LABEL: "egress-proxy"},
         },
         "spec": {
             "type": service_type.as_str(),
@@ -129,13 +142,16 @@ pub fn network_policy(config: &Config, spec: &InstanceSpec) -> Value {
 
 /// The squid Pod. Its name is the instance name, so create is idempotent.
 pub fn pod(config: &Config, spec: &InstanceSpec) -> Value {
+    // The Proxy's labels, by their name under the plugin's prefix (the only labels the host
+    // admits: `team: crawl` and `example.com/team: crawl` both become
+    // `plugin.proxy-operator.dev/team: crawl`).
     let mut labels = serde_json::Map::new();
     for (key, value) in &spec.labels {
-        labels.insert(key.clone(), json!(value));
+        let name = key.rsplit('/').next().unwrap_or(key);
+        labels.insert(format!("{PLUGIN_PREFIX}{name}"), json!(value));
     }
     labels.insert(PROXY_LABEL.into(), json!(spec.name));
-    labels.insert("app.kubernetes.io/name".into(), json!("squid"));
-    labels.insert("app.kubernetes.io/component".into(), json!("egress-proxy"));
+    labels.insert(COMPONENT_LABEL.into(), json!("egress-proxy"));
     let mut node_selector: serde_json::Map<String, Value> = config
         .node_selector
         .iter()
@@ -240,7 +256,14 @@ pub fn address(pod: &Value, service: Option<&Value>, from: AddressFrom) -> Optio
 pub fn instance(pod: &Value) -> Instance {
     let metadata = &pod["metadata"];
     let text = |v: &Value| v.as_str().map(str::to_string);
-    let annotation = |key: &str| text(&metadata["annotations"][key]);
+    // Pods made by earlier versions carry the owner under `proxy-operator.dev/` (no `plugin.`): read both,
+    // so the garbage collector still knows them.
+    let annotation = |key: &str| {
+        text(&metadata["annotations"][key]).or_else(|| {
+            key.strip_prefix("plugin.")
+                .and_then(|legacy| text(&metadata["annotations"][legacy]))
+        })
+    };
     let owner = match (
         annotation(OWNER_NAMESPACE),
         annotation(OWNER_NAME),
@@ -355,7 +378,19 @@ mod tests {
     fn the_pod_carries_identity_zone_and_the_config_mount() {
         let pod = pod(&config(), &spec());
         assert_eq!(pod["metadata"]["name"], "px-0123abcd");
-        assert_eq!(pod["metadata"]["labels"]["team"], "crawl");
+        assert_eq!(
+            pod["metadata"]["labels"]["plugin.proxy-operator.dev/team"],
+            "crawl"
+        );
+        // Every label and annotation is under the plugin's prefix (the host admits no other).
+        for (key, _) in pod["metadata"]["labels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .chain(pod["metadata"]["annotations"].as_object().unwrap())
+        {
+            assert!(key.starts_with(PLUGIN_PREFIX), "{key}");
+        }
         assert_eq!(pod["metadata"]["annotations"][OWNER_UID], "5f6c");
         assert_eq!(pod["spec"]["nodeSelector"][ZONE_LABEL], "zone-a");
         assert_eq!(pod["spec"]["nodeSelector"]["egress"], "public");
@@ -413,6 +448,9 @@ mod tests {
         let mut read_back = configmap(&config(), &spec);
         read_back["metadata"]["resourceVersion"] = json!("42");
         read_back["metadata"]["managedFields"] = json!([]);
+        read_back["metadata"]["labels"]["proxy-operator.dev/provider"] = json!("in-cluster");
+        read_back["metadata"]["labels"]["proxy-operator.dev/proxy"] =
+            json!("by an earlier version");
         assert_eq!(reapplied(&read_back), configmap(&config(), &spec));
         // Without credentials: no password file, no mount.
         assert!(

@@ -25,9 +25,12 @@ impl OperatorObject {
     }
 }
 
-/// The objects no plugin may touch.
+/// The objects no plugin may touch, and the operator's own namespace (which no grant may name).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OperatorObjects(Vec<OperatorObject>);
+pub struct OperatorObjects {
+    objects: Vec<OperatorObject>,
+    home: Option<String>,
+}
 
 impl OperatorObjects {
     /// The objects of the operator `operator_id` in `namespace` (its own): the lease table, the
@@ -59,12 +62,21 @@ impl OperatorObjects {
         if let Some((namespace, name)) = plugins_configmap {
             objects.push(configmap(namespace, name.to_string()));
         }
-        OperatorObjects(objects)
+        OperatorObjects {
+            objects,
+            home: Some(namespace.to_string()),
+        }
+    }
+
+    /// The operator's own namespace: a plugin granted it could label a Pod like the operator's
+    /// and join its Services (the discovery API, with the crawlers' bearer tokens).
+    pub fn home(&self) -> Option<&str> {
+        self.home.as_deref()
     }
 
     /// Whether the object is one of the operator's.
     pub fn contains(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
-        self.0.iter().any(|o| {
+        self.objects.iter().any(|o| {
             o.api_version == api_version
                 && o.kind == kind
                 && o.namespace == namespace

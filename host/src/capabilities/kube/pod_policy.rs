@@ -12,6 +12,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+pub use crate::capabilities::grants::Toleration;
+
 /// What the Pods of an object reference that only the cluster can vet.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PodReferences {
@@ -19,15 +21,79 @@ pub struct PodReferences {
     pub configmaps: BTreeSet<String>,
 }
 
+/// Where the grant lets a plugin's Pods be scheduled.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Scheduling {
+    /// Node label keys `nodeSelector` may use.
+    pub node_selector_keys: Vec<String>,
+    /// Tolerations a Pod may carry.
+    pub tolerations: Vec<Toleration>,
+}
+
 /// Checks every Pod spec in `object`; `Err` is the first problem, naming the field.
-pub fn check(object: &Value) -> Result<PodReferences, String> {
+pub fn check(object: &Value, scheduling: &Scheduling) -> Result<PodReferences, String> {
     let mut references = PodReferences::default();
     let mut specs = Vec::new();
     find_pod_specs(object, String::new(), &mut specs);
     for (path, spec) in specs {
         check_pod_spec(&path, spec, &mut references)?;
+        check_scheduling(&path, spec, scheduling)?;
     }
     Ok(references)
+}
+
+/// `nodeSelector` by the granted keys only, and only the granted tolerations (a toleration is
+/// what lets a Pod onto a tainted node, e.g. the control plane's).
+fn check_scheduling(path: &str, spec: &Value, scheduling: &Scheduling) -> Result<(), String> {
+    match &spec["nodeSelector"] {
+        Value::Null => {}
+        Value::Object(selector) => {
+            if let Some(key) = selector
+                .keys()
+                .find(|k| !scheduling.node_selector_keys.contains(k))
+            {
+                return Err(format!(
+                    "{path}.nodeSelector.{key} is not allowed; grants.kube.scheduling.nodeSelectorKeys allows {}",
+                    list_or_none(&scheduling.node_selector_keys)
+                ));
+            }
+        }
+        other => {
+            return Err(format!(
+                "{path}.nodeSelector must be a map of node labels, not {}",
+                super::traffic_policy::json_kind(other)
+            ));
+        }
+    }
+    for (index, toleration) in items(&spec["tolerations"]).enumerate() {
+        let text = |field: &str| toleration[field].as_str().unwrap_or_default().to_string();
+        let asked = Toleration {
+            key: text("key"),
+            operator: Some(
+                toleration["operator"]
+                    .as_str()
+                    .unwrap_or("Equal")
+                    .to_string(),
+            ),
+            value: text("value"),
+            effect: text("effect"),
+        };
+        if !scheduling.tolerations.contains(&asked) {
+            return Err(format!(
+                "{path}.tolerations[{index}] ({}) is not allowed: a toleration lets the Pod onto tainted nodes; grant it in grants.kube.scheduling.tolerations",
+                toleration
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn list_or_none(keys: &[String]) -> String {
+    if keys.is_empty() {
+        "none".into()
+    } else {
+        keys.join(", ")
+    }
 }
 
 /// Every object with a `containers` array, with its path (`spec.template.spec`).
@@ -133,10 +199,16 @@ fn check_security_context(at: &str, security: &Value) -> Result<(), String> {
             "{at}.seccompProfile.type Unconfined is not allowed; use RuntimeDefault"
         ));
     }
-    if security["appArmorProfile"]["type"] == "Unconfined" {
-        return Err(format!(
-            "{at}.appArmorProfile.type Unconfined is not allowed"
-        ));
+    // A Localhost profile is whatever file of that name the node has: `unconfined` is a valid
+    // name. Only the runtime's default confines for sure.
+    match &security["appArmorProfile"]["type"] {
+        Value::Null => {}
+        Value::String(kind) if kind == "RuntimeDefault" => {}
+        other => {
+            return Err(format!(
+                "{at}.appArmorProfile.type {other} is not allowed; use RuntimeDefault (a Localhost profile is whatever the node has under that name)"
+            ));
+        }
     }
     let selinux = &security["seLinuxOptions"];
     if !selinux["user"].is_null() || !selinux["role"].is_null() {
@@ -147,7 +219,8 @@ fn check_security_context(at: &str, security: &Value) -> Result<(), String> {
     {
         return Err(format!("{at}.seLinuxOptions.type `{kind}` is not allowed"));
     }
-    if security["runAsUser"] == 0 {
+    // Any JSON form of 0 (`0`, `0.0`, `-0`, `0e5`) is stored by the API server as 0.
+    if is_zero(&security["runAsUser"]) {
         return Err(format!("{at}.runAsUser 0 (root) is not allowed"));
     }
     Ok(())
@@ -287,6 +360,11 @@ fn check_handlers(at: &str, container: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether a JSON number is zero in any of its forms (the API server reads `0.0` as 0).
+fn is_zero(value: &Value) -> bool {
+    value.as_f64().is_some_and(|n| n == 0.0)
 }
 
 fn items(value: &Value) -> impl Iterator<Item = &Value> {

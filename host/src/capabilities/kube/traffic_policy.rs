@@ -26,12 +26,15 @@ pub fn confine(
 }
 
 fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
-    let spec = &data["spec"];
-    if spec["type"] == "ExternalName" || !spec["externalName"].is_null() {
+    let spec = spec_of(data)?;
+    if spec.get("type").is_some_and(|t| t == "ExternalName")
+        || spec.get("externalName").is_some_and(|n| !n.is_null())
+    {
         return Err("spec.type ExternalName is not allowed (a DNS alias to any host)".into());
     }
-    if spec["externalIPs"]
-        .as_array()
+    if spec
+        .get("externalIPs")
+        .and_then(Value::as_array)
         .is_some_and(|ips| !ips.is_empty())
     {
         return Err(
@@ -40,40 +43,68 @@ fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
         );
     }
     let chosen = |ip: &Value| ip.as_str().is_some_and(|ip| ip != "None" && !ip.is_empty());
-    if chosen(&spec["clusterIP"])
-        || spec["clusterIPs"]
-            .as_array()
+    if spec.get("clusterIP").is_some_and(chosen)
+        || spec
+            .get("clusterIPs")
+            .and_then(Value::as_array)
             .into_iter()
             .flatten()
             .any(chosen)
     {
         return Err("spec.clusterIP is not allowed; the cluster assigns it (or use None)".into());
     }
-    if spec["selector"].as_object().is_none_or(|s| s.is_empty()) {
-        return Err(
+    match spec.get_mut("selector") {
+        Some(selector) if selector.as_object().is_some_and(|s| !s.is_empty()) => {
+            own_pods(selector, "spec.selector", own)
+        }
+        _ => Err(
             "spec.selector is required: a plugin's Service selects its own Pods (no hand-written endpoints)"
                 .into(),
-        );
+        ),
     }
-    own_pods(&mut data["spec"]["selector"], "spec.selector", own)
 }
 
 fn confine_network_policy(data: &mut Value, own: OwnLabel) -> Result<(), String> {
-    if !data["spec"].is_object() {
-        return Err("spec is missing".into());
-    }
-    let selector = &mut data["spec"]["podSelector"];
+    let spec = spec_of(data)?;
+    let selector = spec.entry("podSelector").or_insert_with(|| json!({}));
     if selector.is_null() {
         *selector = json!({});
     }
-    if !selector["matchLabels"].is_object() {
-        selector["matchLabels"] = Value::Object(Map::new());
+    let Some(selector) = selector.as_object_mut() else {
+        return Err(format!(
+            "spec.podSelector must be a label selector (a map of matchLabels and matchExpressions), not {}",
+            json_kind(selector)
+        ));
+    };
+    let labels = selector
+        .entry("matchLabels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if labels.is_null() {
+        *labels = Value::Object(Map::new());
     }
-    own_pods(
-        &mut data["spec"]["podSelector"]["matchLabels"],
-        "spec.podSelector.matchLabels",
-        own,
-    )
+    own_pods(labels, "spec.podSelector.matchLabels", own)
+}
+
+/// The object's `spec`, which must be a map (the shape is checked before anything is rewritten:
+/// a plugin's JSON is never indexed as what it does not claim to be).
+fn spec_of(data: &mut Value) -> Result<&mut Map<String, Value>, String> {
+    match data.get_mut("spec") {
+        Some(Value::Object(spec)) => Ok(spec),
+        None | Some(Value::Null) => Err("spec is missing".into()),
+        Some(other) => Err(format!("spec must be a map, not {}", json_kind(other))),
+    }
+}
+
+/// What a JSON value is, for messages.
+pub(crate) fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "a map",
+    }
 }
 
 /// Adds the `own` label to a label map; another value under its key is refused.
@@ -100,6 +131,80 @@ mod tests {
 
     fn service(spec: Value) -> Value {
         json!({"spec": spec})
+    }
+
+    /// Issue #36: these shapes made the host index an array or a string as a map (a panic).
+    #[test]
+    fn shapes_that_are_not_maps_are_refused_naming_the_field() {
+        let policy = "networking.k8s.io/v1";
+        let cases = [
+            (
+                "v1",
+                "Service",
+                json!({"spec": []}),
+                "spec must be a map, not an array",
+            ),
+            (
+                "v1",
+                "Service",
+                json!({"spec": "all"}),
+                "spec must be a map, not a string",
+            ),
+            ("v1", "Service", json!({}), "spec is missing"),
+            (
+                "v1",
+                "Service",
+                json!({"spec": {"selector": []}}),
+                "spec.selector is required",
+            ),
+            (
+                policy,
+                "NetworkPolicy",
+                json!({"spec": []}),
+                "spec must be a map",
+            ),
+            (
+                policy,
+                "NetworkPolicy",
+                json!({"spec": {"podSelector": []}}),
+                "spec.podSelector must be a label selector (a map of matchLabels and matchExpressions), not an array",
+            ),
+            (
+                policy,
+                "NetworkPolicy",
+                json!({"spec": {"podSelector": "x"}}),
+                "not a string",
+            ),
+            (
+                policy,
+                "NetworkPolicy",
+                json!({"spec": {"podSelector": {"matchLabels": []}}}),
+                "spec.podSelector.matchLabels must be a map of labels",
+            ),
+            (
+                policy,
+                "NetworkPolicy",
+                json!({"spec": {"podSelector": {"matchLabels": 3}}}),
+                "spec.podSelector.matchLabels must be a map of labels",
+            ),
+        ];
+        for (api_version, kind, mut object, words) in cases {
+            let before = object.clone();
+            let error = confine(api_version, kind, &mut object, (PROVIDER_LABEL, "p")).unwrap_err();
+            assert!(error.contains(words), "{before}: {error}");
+        }
+        let mut null_selector = json!({"spec": {"podSelector": null}});
+        confine(
+            policy,
+            "NetworkPolicy",
+            &mut null_selector,
+            (PROVIDER_LABEL, "p"),
+        )
+        .unwrap();
+        assert_eq!(
+            null_selector["spec"]["podSelector"]["matchLabels"][PROVIDER_LABEL],
+            "p"
+        );
     }
 
     #[test]

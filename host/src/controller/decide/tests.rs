@@ -358,6 +358,40 @@ fn a_sandbox_failure_is_retried() {
     ));
 }
 
+/// Issue #36: a plugin over its own memory limit was retried three times as transient.
+#[test]
+fn out_of_its_own_memory_or_a_host_panic_is_not_retried() {
+    for error in [
+        CallError::OutOfMemory {
+            plugin: "test".into(),
+            function: "create",
+            limit: 128 << 20,
+        },
+        CallError::HostPanic {
+            plugin: "test".into(),
+            function: "create",
+            reason: "index out of bounds".into(),
+        },
+    ] {
+        assert!(
+            matches!(
+                classify(&error),
+                Failure::Permanent {
+                    reason: Reason::ProviderError,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
+    let contention = CallError::MemoryTotal {
+        plugin: "test".into(),
+        function: "create",
+        total: 256 << 20,
+    };
+    assert!(matches!(classify(&contention), Failure::Retry { .. }));
+}
+
 #[rstest]
 #[case::recreated_when_asked(
     true,

@@ -51,14 +51,14 @@ fn with(at: &str, value: Value) -> Value {
 
 #[test]
 fn the_restricted_pod_passes_and_its_configmaps_are_returned() {
-    let refs = check(&allowed_pod()).unwrap();
+    let refs = check(&allowed_pod(), &Scheduling::default()).unwrap();
     assert_eq!(
         refs.configmaps.into_iter().collect::<Vec<_>>(),
         ["env-conf", "px-squid"]
     );
     // Not a Pod at all.
     assert_eq!(
-        check(&json!({"data": {"a": "b"}})),
+        check(&json!({"data": {"a": "b"}}), &Scheduling::default()),
         Ok(PodReferences::default())
     );
 }
@@ -91,6 +91,13 @@ fn the_restricted_pod_passes_and_its_configmaps_are_returned() {
 #[case::selinux_type("/spec/securityContext/seLinuxOptions", json!({"type": "spc_t"}), "seLinuxOptions.type `spc_t`")]
 #[case::host_process("/spec/securityContext/windowsOptions", json!({"hostProcess": true}), "hostProcess")]
 #[case::apparmor_unconfined("/spec/securityContext/appArmorProfile", json!({"type": "Unconfined"}), "appArmorProfile")]
+#[case::apparmor_localhost_unconfined("/spec/securityContext/appArmorProfile", json!({"type": "Localhost", "localhostProfile": "unconfined"}), "appArmorProfile.type \"Localhost\" is not allowed")]
+#[case::container_apparmor_localhost("/spec/containers/0/securityContext/appArmorProfile", json!({"type": "Localhost", "localhostProfile": "unconfined"}), "containers[0].securityContext.appArmorProfile.type")]
+#[case::root_as_a_float("/spec/securityContext/runAsUser", json!(0.0), "spec.securityContext.runAsUser 0 (root)")]
+#[case::root_as_negative_zero("/spec/containers/0/securityContext/runAsUser", json!(-0.0), "runAsUser 0 (root)")]
+#[case::toleration("/spec/tolerations", json!([{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]), "spec.tolerations[0]")]
+#[case::tolerate_everything("/spec/tolerations", json!([{"operator": "Exists"}]), "a toleration lets the Pod onto tainted nodes")]
+#[case::node_selector("/spec/nodeSelector", json!({"node-role.kubernetes.io/control-plane": ""}), "spec.nodeSelector.node-role.kubernetes.io/control-plane is not allowed")]
 #[case::host_path("/spec/volumes/1", json!({"name": "root", "hostPath": {"path": "/"}}), "volume root) is a `hostPath` volume")]
 #[case::secret_volume("/spec/volumes/1", json!({"name": "s", "secret": {"secretName": "kvm-ssh"}}), "is a `secret` volume")]
 #[case::projected_token("/spec/volumes/1", json!({"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}), "is a `projected` volume")]
@@ -112,7 +119,7 @@ fn the_restricted_pod_passes_and_its_configmaps_are_returned() {
 #[case::probe_elsewhere("/spec/containers/0/readinessProbe", json!({"httpGet": {"host": "169.254.169.254", "path": "/", "port": 80}}), "readinessProbe.httpGet.host")]
 #[case::hook_elsewhere("/spec/containers/0/lifecycle", json!({"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 22}}}), "lifecycle.preStop.tcpSocket.host")]
 fn every_escape_names_its_field(#[case] at: &str, #[case] value: Value, #[case] says: &str) {
-    let problem = check(&with(at, value)).expect_err("refused");
+    let problem = check(&with(at, value), &Scheduling::default()).expect_err("refused");
     assert!(problem.contains(says), "{problem}");
 }
 
@@ -121,30 +128,72 @@ fn init_containers_and_every_workload_template_are_held_to_the_same_rules() {
     let bad_container =
         json!({"name": "init", "image": "busybox", "securityContext": {"privileged": true}});
     let pod = with("/spec/initContainers", json!([bad_container]));
-    assert!(check(&pod).unwrap_err().contains("spec.initContainers[0]"));
+    assert!(
+        check(&pod, &Scheduling::default())
+            .unwrap_err()
+            .contains("spec.initContainers[0]")
+    );
 
     let spec = allowed_pod()["spec"].clone();
     let mut bad_spec = spec.clone();
     bad_spec["hostNetwork"] = json!(true);
     let deployment = json!({"kind": "Deployment", "spec": {"template": {"spec": bad_spec}}});
     assert!(
-        check(&deployment)
+        check(&deployment, &Scheduling::default())
             .unwrap_err()
             .contains("spec.template.spec.hostNetwork")
     );
     let cronjob = json!({"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template": {"spec": bad_spec}}}}});
     assert!(
-        check(&cronjob)
+        check(&cronjob, &Scheduling::default())
             .unwrap_err()
             .contains("spec.jobTemplate.spec.template.spec.hostNetwork")
     );
     // A Pod spec wherever a custom resource keeps it.
     let custom = json!({"kind": "Workflow", "spec": {"steps": [{"pod": bad_spec}]}});
     assert!(
-        check(&custom)
+        check(&custom, &Scheduling::default())
             .unwrap_err()
             .contains("spec.steps[0].pod.hostNetwork")
     );
     let fine = json!({"kind": "Deployment", "spec": {"template": {"spec": spec}}});
-    assert!(check(&fine).is_ok());
+    assert!(check(&fine, &Scheduling::default()).is_ok());
+}
+
+#[test]
+fn scheduling_fields_pass_only_as_the_grant_configures_them() {
+    let granted = Scheduling {
+        node_selector_keys: vec!["topology.kubernetes.io/zone".into(), "egress".into()],
+        tolerations: vec![Toleration {
+            key: "dedicated".into(),
+            operator: Some("Equal".into()),
+            value: "proxies".into(),
+            effect: "NoSchedule".into(),
+        }],
+    };
+    let pod = with(
+        "/spec/nodeSelector",
+        json!({"topology.kubernetes.io/zone": "a", "egress": "public"}),
+    );
+    assert!(check(&pod, &granted).is_ok());
+    let pod = with(
+        "/spec/tolerations",
+        json!([{"key": "dedicated", "value": "proxies", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+    );
+    assert!(check(&pod, &granted).is_ok(), "operator Equal by default");
+    let other = with(
+        "/spec/tolerations",
+        json!([{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]),
+    );
+    assert!(
+        check(&other, &granted)
+            .unwrap_err()
+            .contains("grants.kube.scheduling.tolerations")
+    );
+    let not_a_map = with("/spec/nodeSelector", json!(["egress"]));
+    assert!(
+        check(&not_a_map, &granted)
+            .unwrap_err()
+            .contains("must be a map of node labels, not an array")
+    );
 }
