@@ -15,7 +15,8 @@ pub use http::{
 };
 pub use kube::{KubeGrant, KubeKind, ValidKubeGrant};
 pub use libvirt::{
-    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, HypervisorGrant, LibvirtGrant, ValidLibvirtGrant,
+    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, DomainLimits, HypervisorGrant, LibvirtGrant,
+    Publish, ValidLibvirtGrant,
 };
 
 /// What one provider instance may reach, from the `grants` of its providers-config entry.
