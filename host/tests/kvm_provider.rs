@@ -65,6 +65,8 @@ impl Fixture {
                     "pools": [self.libvirtd.pool_name(), "no-such-pool", "stopped"],
                     "networks": ["pxnet"],
                     "userNetworking": true,
+                    "publishAddress": "127.0.0.1",
+                    "portRange": "47200-47201",
                 })
             })
             .collect();

@@ -77,6 +77,7 @@ fn domain_xml(name: &str, uid: &str) -> String {
     format!(
         "<domain type='qemu'><name>{name}</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>\
          <os><type arch='x86_64'>hvm</type></os>\
+         <features><tcg><tb-cache unit='MiB'>16</tb-cache></tcg></features>\
          <metadata><po:owner xmlns:po='{METADATA_URI}' namespace='crawl' name='p1' uid='{uid}' operator-id='op'/></metadata>\
          <devices><serial type='pty'/><interface type='network'><source network='pxnet'/>\
          <model type='virtio'/></interface></devices></domain>"
@@ -305,15 +306,14 @@ async fn domains_volumes_and_images_go_through_the_tunnel() {
         other => panic!("{other:?}"),
     }
     // A libvirt error the plugin caused keeps the shared connection: the next call works.
-    // (The XML passes the host's allow-list; libvirt refuses the memory size.)
-    assert!(matches!(
-        hv.define_domain(
-            "<domain type='qemu'><name>px-bad</name><memory unit='MiB'>lots</memory></domain>"
-                .into()
+    // (The XML passes the host's allow-list; libvirt refuses the lifecycle action.)
+    let bad = hv
+        .define_domain(
+            "<domain type='kvm'><name>px-bad</name><memory unit='MiB'>32</memory><on_poweroff>explode</on_poweroff></domain>"
+                .into(),
         )
-        .await,
-        Err(LibvirtError::Failed(_))
-    ));
+        .await;
+    assert!(matches!(bad, Err(LibvirtError::Failed(_))), "{bad:?}");
     hv.delete_volume(pool.clone(), "seed.iso".into())
         .await
         .unwrap();

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,8 +35,16 @@ struct Fixture {
     victim_xml: String,
     victim_uuid: String,
     victim_volume: Vec<u8>,
+    /// The victim's MAC on `pxnet`, as libvirt chose it.
+    victim_mac: String,
+    /// The victim's QEMU monitor socket, where libvirtd sees it and where the test does.
+    victim_monitor: (String, std::path::PathBuf),
+    /// A root-only file of the hypervisor's.
+    victim_file: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
+
+const VICTIM_FILE_BYTES: &[u8] = b"root-only file of the hypervisor\n";
 
 /// A domain that runs under TCG without disks, on the isolated network.
 fn victim_xml() -> String {
@@ -86,6 +95,22 @@ impl Fixture {
             .unwrap()
             .trim()
             .to_string();
+        let victim_mac = victim_xml
+            .split("<mac address='")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .expect("the victim's MAC")
+            .to_string();
+        let id = libvirtd.virsh_run(&["domid", VICTIM]).await.unwrap();
+        let monitor = format!("qemu/domain-{}-{VICTIM}/monitor.sock", id.trim());
+        let victim_monitor = (
+            format!("/var/lib/libvirt/{monitor}"),
+            libvirtd.dir().join("lib").join(&monitor),
+        );
+        assert!(victim_monitor.1.exists(), "{:?}", victim_monitor.1);
+        let victim_file = dir.path().join("victim-file");
+        std::fs::write(&victim_file, VICTIM_FILE_BYTES).unwrap();
+        std::fs::set_permissions(&victim_file, std::fs::Permissions::from_mode(0o600)).unwrap();
         let hub = LibvirtHub::new(
             MaterialSource::Static(ssh_material(&sshd)),
             dir.path().to_path_buf(),
@@ -106,13 +131,27 @@ impl Fixture {
             victim_xml,
             victim_uuid,
             victim_volume,
+            victim_mac,
+            victim_monitor,
+            victim_file,
             _dir: dir,
         }
     }
 
-    /// hv1 with the harness pool and network `pxnet`; the pool `other` is not granted.
+    /// hv1 with the harness pool and network `pxnet`; the pool `other` is not granted. With
+    /// user-mode networking, port forwards may listen on 127.0.0.1:47300-47309.
     fn grants(&self, user_networking: bool) -> Grants {
-        serde_json::from_value(serde_json::json!({
+        let mut grants = self.grants_value(user_networking);
+        if user_networking {
+            let host = &mut grants["libvirt"]["hosts"][0];
+            host["publishAddress"] = "127.0.0.1".into();
+            host["portRange"] = "47300-47309".into();
+        }
+        serde_json::from_value(grants).unwrap()
+    }
+
+    fn grants_value(&self, user_networking: bool) -> serde_json::Value {
+        serde_json::json!({
             "http": {"allow": [format!("http://{}", self.files.addr())]},
             "libvirt": {"hosts": [{
                 "name": "hv1",
@@ -124,8 +163,7 @@ impl Fixture {
                 "networks": ["pxnet"],
                 "userNetworking": user_networking,
             }]}
-        }))
-        .unwrap()
+        })
     }
 
     /// `text` with the fixture's placeholders filled in.
@@ -134,6 +172,10 @@ impl Fixture {
             .replace("{pool_path}", self.libvirtd.pool_path().to_str().unwrap())
             .replace("{other_path}", self.other_pool.to_str().unwrap())
             .replace("{victim_uuid}", &self.victim_uuid)
+            .replace("{victim_mac}", &self.victim_mac)
+            .replace("{victim_monitor}", &self.victim_monitor.0)
+            .replace("{victim_file}", self.victim_file.to_str().unwrap())
+            .replace("{ssh_port}", &self.sshd.port().to_string())
             .replace("{host_uri}", HOST_METADATA_URI)
             .replace("{prefix}", &volume_prefix("proxy-operator", "hostile-test"))
     }
@@ -192,6 +234,11 @@ impl Fixture {
             .await
             .unwrap();
         assert_eq!(xml, self.victim_xml, "the victim's definition is unchanged");
+        assert!(
+            self.victim_monitor.1.exists(),
+            "the victim's monitor socket is still there"
+        );
+        self.assert_victim_file_intact();
         let domains = self
             .libvirtd
             .virsh_run(&["list", "--all", "--name"])
@@ -213,12 +260,40 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// The hypervisor's root-only file has its bytes, owner and mode (libvirt relabels what it
+    /// hands QEMU: `libvirt-qemu` would own it).
+    fn assert_victim_file_intact(&self) {
+        let meta = std::fs::metadata(&self.victim_file).expect("the victim file is still there");
+        assert_eq!(
+            std::fs::read(&self.victim_file).unwrap(),
+            VICTIM_FILE_BYTES,
+            "the victim file's bytes are intact"
+        );
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (0, 0, 0o600),
+            "the victim file is root's, mode 0600"
+        );
+    }
+}
+
 /// A disk-less domain of the plugin's with `devices` and `os` extras.
 fn domain(name: &str, os: &str, devices: &str) -> String {
     format!(
         "<domain type='qemu'><name>{name}</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>\
-         <os><type arch='x86_64'>hvm</type>{os}</os><devices>{devices}</devices></domain>"
+         <os><type arch='x86_64'>hvm</type>{os}</os>{TB_CACHE}<devices>{devices}</devices></domain>"
     )
+}
+
+/// TCG's translation cache, bounded (QEMU's default is 1 GiB).
+const TB_CACHE: &str = "<features><tcg><tb-cache unit='MiB'>16</tb-cache></tcg></features>";
+
+/// A domain of the plugin's with these sizes.
+fn sized(memory: &str, vcpu: &str, features: &str) -> serde_json::Value {
+    define(&format!(
+        "<domain type='qemu'><name>hostile-1</name>{memory}{vcpu}<os><type arch='x86_64'>hvm</type></os>{features}</domain>"
+    ))
 }
 
 fn define(xml: &str) -> serde_json::Value {
@@ -300,7 +375,58 @@ fn on_victim_volume(attempt: &str) -> serde_json::Value {
 )]
 #[case::channel_socket_outside_libvirts_directories(
     define(&domain("hostile-1", "", "<channel type='unix'><source mode='bind' path='/run/hostile.sock'/><target type='virtio' name='x'/></channel>")),
-    "outside libvirt's own directories"
+    "<channel><source> names a socket path on the hypervisor"
+)]
+// libvirt's directories are every domain's: bound there, the socket would replace the victim's
+// monitor, and be unlinked at the plugin's domain's stop.
+#[case::channel_socket_over_the_victims_monitor(
+    define(&domain("hostile-1", "", "<channel type='unix'><source mode='bind' path='{victim_monitor}'/><target type='virtio' name='org.qemu.guest_agent.0'/></channel>")),
+    "<channel><source> names a socket path on the hypervisor, in directories every domain shares; leave <source> out"
+)]
+// libvirtd (root) would make the socket at a path built from the name, and delete it at stop.
+#[case::channel_target_name_out_of_libvirts_directories(
+    define(&domain("hostile-1", "", "<channel type='unix'><target type='virtio' name='../../../../../../..{victim_file}'/></channel>")),
+    "<channel><target type='virtio' name='../../../../../../..{victim_file}'> is not allowed (allowed names: org.qemu.guest_agent.0): libvirt makes the channel's socket at a path built from the name"
+)]
+#[case::mac_of_the_victim(
+    define(&domain("hostile-1", "", "<interface type='network'><source network='pxnet'/><mac address='{victim_mac}'/></interface>")),
+    "<interface><mac> is libvirt's to choose: an address of the plugin's choice can equal another domain's on the same network; remove <mac>"
+)]
+#[case::memory_of_512_gib(
+    sized("<memory unit='GiB'>512</memory>", "<vcpu>1</vcpu>", TB_CACHE),
+    "<memory unit='GiB'>512</memory> is more than this hypervisor's grant allows (4096 MiB); lower it or raise grants.libvirt.hosts[].limits.memoryMib"
+)]
+#[case::memory_of_512_gib_in_bytes(
+    sized("<memory unit='b'>549755813888</memory>", "<vcpu>1</vcpu>", TB_CACHE),
+    "limits.memoryMib"
+)]
+#[case::memory_of_512_gib_in_kib_by_default(
+    sized("<memory>536870912</memory>", "<vcpu>1</vcpu>", TB_CACHE),
+    "limits.memoryMib"
+)]
+#[case::current_memory_of_512_gib(
+    sized(
+        "<memory unit='MiB'>32</memory><currentMemory unit='GB'>550</currentMemory>",
+        "<vcpu>1</vcpu>",
+        TB_CACHE
+    ),
+    "<currentMemory unit='GB'>550</currentMemory> is more than"
+)]
+#[case::vcpus_64(
+    sized("<memory unit='MiB'>32</memory>", "<vcpu>64</vcpu>", TB_CACHE),
+    "<vcpu> 64 is more than this hypervisor's grant allows (4); lower it or raise grants.libvirt.hosts[].limits.vcpus"
+)]
+#[case::tb_cache_of_512_gib(
+    sized(
+        "<memory unit='MiB'>32</memory>",
+        "<vcpu>1</vcpu>",
+        "<features><tcg><tb-cache unit='GiB'>512</tb-cache></tcg></features>"
+    ),
+    "<tb-cache unit='GiB'>512</tb-cache> is more than this hypervisor's grant allows (256 MiB); lower it or raise grants.libvirt.hosts[].limits.tbCacheMib"
+)]
+#[case::tb_cache_left_at_qemus_default(
+    sized("<memory unit='MiB'>32</memory>", "<vcpu>1</vcpu>", ""),
+    "<domain type='qemu'> needs <features><tcg><tb-cache unit='MiB'>…</tb-cache></tcg></features> of at most 256 MiB"
 )]
 #[case::kernel_from_the_hypervisors_boot(
     define(&domain("hostile-1", "<kernel>/boot/vmlinuz</kernel>", "")),
@@ -742,6 +868,142 @@ async fn a_backing_file_planted_after_the_definition_is_refused_at_start() {
         .await
         .unwrap();
     assert_eq!(state.trim(), "shut off", "not started");
+    call(serde_json::json!({"attempt": "undefine-domain", "name": "hostile-1"}))
+        .await
+        .unwrap();
+    call(serde_json::json!({"attempt": "delete-volume", "pool": pool, "name": "root.qcow2"}))
+        .await
+        .unwrap();
+    fx.assert_nothing_changed().await;
+}
+
+fn user_interface(forward: &str) -> serde_json::Value {
+    define(&domain(
+        "hostile-1",
+        "",
+        &format!(
+            "<interface type='user'><backend type='passt'/>{forward}<model type='virtio'/></interface>"
+        ),
+    ))
+}
+
+/// With user-mode networking granted, a port forward (which passt binds on the hypervisor)
+/// listens only on the grant's `publishAddress` and only on ports of its `portRange`
+/// (127.0.0.1:47300-47309 here): not on every address, not on the hypervisor's own ports.
+#[rstest]
+#[case::port_forward_on_every_address(
+    user_interface("<portForward proto='tcp'><range start='47300' to='3128'/></portForward>"),
+    "<portForward address=''> is not the grant's publishAddress 127.0.0.1 (without an address, passt listens on every address of the hypervisor)"
+)]
+#[case::port_forward_on_0_0_0_0(
+    user_interface(
+        "<portForward proto='tcp' address='0.0.0.0'><range start='47300' to='3128'/></portForward>"
+    ),
+    "<portForward address='0.0.0.0'> is not the grant's publishAddress 127.0.0.1"
+)]
+#[case::port_forward_on_the_hypervisors_ssh_port(
+    user_interface(
+        "<portForward proto='tcp' address='127.0.0.1'><range start='{ssh_port}' to='22'/></portForward>"
+    ),
+    "<portForward><range start='{ssh_port}'> is outside the grant's portRange 47300-47309: these are ports of the hypervisor"
+)]
+#[case::port_forward_of_every_port(
+    user_interface(
+        "<portForward proto='tcp' address='127.0.0.1'><range start='47300' end='65535'/></portForward>"
+    ),
+    "<portForward><range start='47300' end='65535'> is outside the grant's portRange 47300-47309"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forwards_only_on_the_grants_publish_address_and_range(
+    #[case] config: serde_json::Value,
+    #[case] says: &str,
+) {
+    let fx = Fixture::start().await;
+    let config: serde_json::Value = serde_json::from_str(&fx.fill(&config.to_string())).unwrap();
+    let hostile = fx
+        .instance("hostile-test", "hostile-libvirt", config, fx.grants(true))
+        .await;
+    let refused = fx.attempt(&hostile).await.expect_err("refused");
+    assert!(refused.contains(&fx.fill(says)), "{refused}");
+    fx.assert_nothing_changed().await;
+}
+
+/// `qemu-img create -f qcow2 -o data_file=…,data_file_raw=on` writes a header whose guest data
+/// is a file of the hypervisor's; uploaded into the plugin's own volume, libvirt would hand QEMU
+/// that file (relabelled to `libvirt-qemu`) for the guest to read and write. `define-domain`
+/// and `start-domain` read each qcow2 disk's header (its first cluster, as QEMU and libvirt
+/// read it) and refuse an external data file; a clean header passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_data_file_in_a_qcow2_header_is_refused_at_define_and_at_start() {
+    let fx = Fixture::start().await;
+    let qemu_img = |path: &std::path::Path, options: &str| {
+        let made = std::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-o", options])
+            .arg(path)
+            .arg("1M")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::fs::read(path).unwrap()
+    };
+    // qemu-img makes the data file itself: made first, then given the victim's bytes and mode.
+    let evil = qemu_img(
+        &fx._dir.path().join("evil.qcow2"),
+        &format!(
+            "data_file={},data_file_raw=on",
+            fx.victim_file.to_str().unwrap()
+        ),
+    );
+    std::fs::write(&fx.victim_file, VICTIM_FILE_BYTES).unwrap();
+    std::fs::set_permissions(&fx.victim_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let clean = qemu_img(&fx._dir.path().join("clean.qcow2"), "cluster_size=65536");
+    let pool = fx.libvirtd.pool_name().to_string();
+    let call = |config: serde_json::Value| async {
+        fx.attempt(&fx.hostile("hostile-test", config).await).await
+    };
+    let upload = |bytes: &[u8]| serde_json::json!({"attempt": "upload-volume", "pool": pool, "name": "root.qcow2", "bytes": bytes});
+    let create = volume(
+        &pool,
+        "<volume><name>root.qcow2</name><capacity>1048576</capacity><target><format type='qcow2'/></target></volume>",
+    );
+    call(create).await.unwrap();
+    call(upload(&evil)).await.unwrap();
+    let disk = "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{pool_path}/{prefix}root.qcow2'/><target dev='vda'/></disk>";
+    let define: serde_json::Value =
+        serde_json::from_str(&fx.fill(&define(&domain("hostile-1", "", disk)).to_string()))
+            .unwrap();
+    let refused = call(define.clone()).await.unwrap_err();
+    assert!(
+        refused.contains(&fx.fill(&format!(
+            "define-domain: the qcow2 image `{{pool_path}}/{{prefix}}root.qcow2` (disk `{{pool_path}}/{{prefix}}root.qcow2`) may not be a disk: its qcow2 header names an external data file `{}`: QEMU would read and write that file on the hypervisor",
+            fx.victim_file.display()
+        ))),
+        "{refused}"
+    );
+    fx.assert_victim_file_intact();
+
+    // A clean header passes; the data file written in after the definition is refused at start.
+    call(upload(&clean)).await.unwrap();
+    call(define).await.unwrap();
+    call(upload(&evil)).await.unwrap();
+    let refused = call(serde_json::json!({"attempt": "start-domain", "name": "hostile-1"}))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("start-domain: the qcow2 image")
+            && refused.contains(&format!(
+                "external data file `{}`",
+                fx.victim_file.display()
+            )),
+        "{refused}"
+    );
+    let state = fx
+        .libvirtd
+        .virsh_run(&["domstate", "hostile-1"])
+        .await
+        .unwrap();
+    assert_eq!(state.trim(), "shut off", "not started");
+    fx.assert_victim_file_intact();
     call(serde_json::json!({"attempt": "undefine-domain", "name": "hostile-1"}))
         .await
         .unwrap();

@@ -18,7 +18,8 @@ pub use kube::{
     KubeKind, QuotaGrant, SchedulingGrant, Toleration, ValidKubeGrant,
 };
 pub use libvirt::{
-    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, HypervisorGrant, LibvirtGrant, ValidLibvirtGrant,
+    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, DomainLimits, HypervisorGrant, LibvirtGrant,
+    Publish, ValidLibvirtGrant,
 };
 
 /// What one provider instance may reach, from the `grants` of its providers-config entry.

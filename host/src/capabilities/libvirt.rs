@@ -33,7 +33,7 @@ pub use volumes::volume_prefix;
 
 use crate::capabilities::grants::ValidLibvirtGrant;
 pub use crate::capabilities::grants::{
-    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, HypervisorGrant, LibvirtGrant,
+    DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, DomainLimits, HypervisorGrant, LibvirtGrant, Publish,
 };
 
 /// The parsed grant of one provider instance.
@@ -101,6 +101,9 @@ impl LibvirtCapability {
             networks: grant.networks.clone(),
             bridges: grant.bridges.clone(),
             user_networking: grant.user_networking,
+            // Checked when the grant was parsed.
+            publish: grant.publish().ok().flatten(),
+            limits: grant.limits,
         };
         Ok(Hypervisor {
             scope: Arc::new(scope),
@@ -166,6 +169,68 @@ mod tests {
         assert!(err.contains("sshKey"), "{err}");
         let err = grant("sshSecret: Bad_Name\nhosts: []").unwrap_err();
         assert!(err.contains("sshSecret"), "{err}");
+        let host = "name: hv, address: 10.0.0.1, user: virt, pools: [default]";
+        for (extra, says) in [
+            (
+                "publishAddress: 10.0.0.1, portRange: 20000-20099",
+                "set userNetworking: true",
+            ),
+            (
+                "userNetworking: true, publishAddress: 10.0.0.1",
+                "hosts[0].portRange",
+            ),
+            (
+                "userNetworking: true, portRange: 1-2",
+                "hosts[0].publishAddress",
+            ),
+            (
+                "userNetworking: true, publishAddress: 0.0.0.0, portRange: 1-2",
+                "every address",
+            ),
+            (
+                "userNetworking: true, publishAddress: hv.example, portRange: 1-2",
+                "not an IP address",
+            ),
+            (
+                "userNetworking: true, publishAddress: 10.0.0.1, portRange: 2-1",
+                "portRange: `2-1`",
+            ),
+            (
+                "userNetworking: true, publishAddress: 10.0.0.1, portRange: 0-10",
+                "1 <= A <= B",
+            ),
+            (
+                "userNetworking: true, publishAddress: 10.0.0.1, portRange: 1-70000",
+                "65535",
+            ),
+            ("limits: {memoryMib: 0}", "limits.memoryMib: 0"),
+            ("limits: {vcpus: 0}", "limits.vcpus: 0"),
+            ("limits: {tbCacheMib: 0}", "limits.tbCacheMib: 0"),
+            ("limits: {disks: 2}", "unknown field `disks`"),
+        ] {
+            let err = grant(&format!("hosts: [{{{host}, {extra}}}]")).unwrap_err();
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+        let capability = grant(&format!(
+            "hosts: [{{{host}, userNetworking: true, publishAddress: 10.0.0.1, portRange: 20000-20099, limits: {{vcpus: 8}}}}]"
+        ))
+        .unwrap();
+        let hv = capability.open("hv").unwrap();
+        assert_eq!(
+            hv.scope.publish,
+            Some(Publish {
+                address: "10.0.0.1".parse().unwrap(),
+                first: 20000,
+                last: 20099
+            })
+        );
+        assert_eq!(
+            hv.scope.limits,
+            DomainLimits {
+                vcpus: 8,
+                ..DomainLimits::default()
+            }
+        );
     }
 
     #[test]

@@ -550,7 +550,7 @@ providers:
     grants:
       http: {{allow: ["http://{files}"]}}
       libvirt:
-        hosts: [{{name: hv1, address: 127.0.0.1, port: {ssh_port}, user: {user}, socket: "{socket}", pools: ["{pool}"], userNetworking: true}}]
+        hosts: [{{name: hv1, address: 127.0.0.1, port: {ssh_port}, user: {user}, socket: "{socket}", pools: ["{pool}"], userNetworking: true, publishAddress: 127.0.0.1, portRange: "{first}-{last}"}}]
 "#,
         pool = libvirtd.pool_name(),
         first = PORT_RANGE.0,

@@ -53,6 +53,88 @@ pub struct HypervisorGrant {
     /// Whether a domain may have `<interface type='user'>` (user-mode networking, e.g. passt).
     #[serde(default)]
     pub user_networking: bool,
+    /// The hypervisor address a user-mode `<portForward>` may listen on (passt binds it on the
+    /// hypervisor). Without it, and [`Self::port_range`], no port forward is allowed.
+    #[serde(default)]
+    pub publish_address: Option<String>,
+    /// The hypervisor ports (`"A-B"`) a user-mode `<portForward>` may listen on.
+    #[serde(default)]
+    pub port_range: Option<String>,
+    /// The most one domain may take of the hypervisor.
+    #[serde(default)]
+    pub limits: DomainLimits,
+}
+
+/// Upper bounds of one domain's use of the hypervisor, with defaults that fit a proxy VM.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DomainLimits {
+    /// `<memory>` and `<currentMemory>`, in MiB.
+    pub memory_mib: u64,
+    /// `<vcpu>`.
+    pub vcpus: u32,
+    /// The TCG translation cache (`<features><tcg><tb-cache>`), in MiB.
+    pub tb_cache_mib: u64,
+}
+
+impl Default for DomainLimits {
+    fn default() -> Self {
+        DomainLimits {
+            memory_mib: 4096,
+            vcpus: 4,
+            tb_cache_mib: 256,
+        }
+    }
+}
+
+/// Where a user-mode port forward may listen on the hypervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Publish {
+    pub address: std::net::IpAddr,
+    pub first: u16,
+    pub last: u16,
+}
+
+impl HypervisorGrant {
+    /// `publishAddress` and `portRange`, checked; `None` when neither is given.
+    pub fn publish(&self) -> Result<Option<Publish>, String> {
+        let (address, range) = match (&self.publish_address, &self.port_range) {
+            (None, None) => return Ok(None),
+            (Some(a), Some(r)) => (a, r),
+            (Some(_), None) => {
+                return Err("portRange: give the hypervisor ports port forwards may listen on with publishAddress, e.g. \"20000-20099\"".into());
+            }
+            (None, Some(_)) => {
+                return Err("publishAddress: give the hypervisor address port forwards may listen on with portRange, e.g. 192.168.1.10".into());
+            }
+        };
+        if !self.user_networking {
+            return Err(
+                "publishAddress: port forwards are user-mode networking; set userNetworking: true or remove publishAddress and portRange".into(),
+            );
+        }
+        let address: std::net::IpAddr = address.parse().map_err(|_| {
+            format!("publishAddress: `{address}` is not an IP address (e.g. 192.168.1.10)")
+        })?;
+        if address.is_unspecified() || address.is_multicast() {
+            return Err(format!(
+                "publishAddress: `{address}` is not one address of the hypervisor (it would publish on every address); name the one the proxies are reached at"
+            ));
+        }
+        let parsed = range.split_once('-').and_then(|(a, b)| {
+            Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?))
+        });
+        match parsed {
+            Some((first, last)) if first >= 1 && first <= last => Ok(Some(Publish {
+                address,
+                first,
+                last,
+            })),
+            _ => Err(format!(
+                "portRange: `{range}` is not a port range `A-B` with 1 <= A <= B <= 65535 (e.g. \"20000-20099\")"
+            )),
+        }
+    }
 }
 
 fn default_ssh_port() -> u16 {
@@ -115,6 +197,28 @@ fn check_hypervisor(host: &HypervisorGrant) -> Result<(), String> {
     {
         return Err(format!(
             "socket: `{socket}` must be an absolute path, e.g. {DEFAULT_REMOTE_SOCKET}"
+        ));
+    }
+    host.publish()?;
+    let DomainLimits {
+        memory_mib,
+        vcpus,
+        tb_cache_mib,
+    } = host.limits;
+    // The upper ends keep byte counts far from overflow; beyond them is a typo.
+    if !(16..=1 << 24).contains(&memory_mib) {
+        return Err(format!(
+            "limits.memoryMib: {memory_mib} is out of range (16 to 16777216 MiB); the default is 4096"
+        ));
+    }
+    if !(1..=4096).contains(&vcpus) {
+        return Err(format!(
+            "limits.vcpus: {vcpus} is out of range (1 to 4096); the default is 4"
+        ));
+    }
+    if !(1..=1 << 20).contains(&tb_cache_mib) {
+        return Err(format!(
+            "limits.tbCacheMib: {tb_cache_mib} is out of range (1 to 1048576 MiB); the default is 256"
         ));
     }
     if host.pools.is_empty() {

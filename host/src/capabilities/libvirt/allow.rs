@@ -7,10 +7,13 @@
 use roxmltree::{Document, Node};
 
 use super::owner::{HOST_METADATA_URI, OwnerMark};
+use crate::capabilities::grants::{DomainLimits, Publish};
 
 mod images;
+mod qcow2;
 use images::pool_of;
 pub use images::{Disk, VolumeImage, chain_problem, volume_image};
+pub use qcow2::{FIRST_READ as QCOW2_FIRST_READ, head_length as qcow2_head_length};
 
 /// What one provider instance's grant lets a domain use on one hypervisor.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,6 +23,9 @@ pub struct DomainPolicy {
     pub networks: Vec<String>,
     pub bridges: Vec<String>,
     pub user_networking: bool,
+    /// Where a user-mode `<portForward>` may listen (`publishAddress`, `portRange`).
+    pub publish: Option<Publish>,
+    pub limits: DomainLimits,
     /// What the names of this provider instance's volumes start with (`volume_prefix`).
     pub volume_prefix: String,
 }
@@ -51,8 +57,9 @@ const UNIT: Values = OneOf(&[
     "b", "bytes", "KiB", "MiB", "GiB", "KB", "MB", "GB", "k", "M", "G",
 ]);
 const YES_NO: Values = OneOf(&["yes", "no"]);
-/// Directories libvirt makes its own sockets in: a channel may bind a socket there only.
-const LIBVIRT_SOCKET_DIRS: &[&str] = &["/var/lib/libvirt/qemu/", "/run/libvirt/qemu/"];
+/// The channels a domain may have: libvirt makes each one's socket in the domain's own
+/// directory, at a path built from the target name, so only names known to be plain pass.
+const CHANNEL_NAMES: &[&str] = &["org.qemu.guest_agent.0"];
 
 /// What a proxy VM needs. What is not here is refused.
 const DOMAIN_RULES: &[Rule] = &[
@@ -138,7 +145,6 @@ const DOMAIN_RULES: &[Rule] = &[
         "domain/devices/interface/source",
         &[("network", Any), ("bridge", Any)],
     ),
-    ("domain/devices/interface/mac", &[("address", Any)]),
     (
         "domain/devices/interface/model",
         &[("type", OneOf(&["virtio", "e1000", "rtl8139"]))],
@@ -163,10 +169,6 @@ const DOMAIN_RULES: &[Rule] = &[
         &[("type", OneOf(&["serial", "virtio"])), ("port", Number)],
     ),
     ("domain/devices/channel", &[("type", OneOf(&["unix"]))]),
-    (
-        "domain/devices/channel/source",
-        &[("mode", OneOf(&["bind"])), ("path", Any)],
-    ),
     (
         "domain/devices/channel/target",
         &[("type", OneOf(&["virtio"])), ("name", Any)],
@@ -220,6 +222,12 @@ fn known_escape(path: &str, name: &str) -> Option<&'static str> {
         }
         ("domain/os", "loader" | "nvram") => {
             "firmware files are chosen by libvirt (use <os firmware='efi'>); <loader> and <nvram> cannot be set"
+        }
+        ("domain/devices/channel", "source") => {
+            "<channel><source> names a socket path on the hypervisor, in directories every domain shares; leave <source> out and libvirt makes the socket in this domain's own directory"
+        }
+        ("domain/devices/interface", "mac") => {
+            "<interface><mac> is libvirt's to choose: an address of the plugin's choice can equal another domain's on the same network; remove <mac>"
         }
         ("domain", "uuid") => {
             "libvirt picks the UUID, so a definition can never replace a domain it did not make; remove <uuid>"
@@ -321,9 +329,18 @@ fn check_metadata(metadata: Node<'_, '_>) -> Result<(), String> {
     Ok(())
 }
 
-/// The text of `node`, trimmed.
-fn text<'a>(node: Node<'a, '_>) -> &'a str {
-    node.text().unwrap_or("").trim()
+/// The text of `node` as libvirt reads it (XPath `string()`: every text node inside it, so a
+/// comment cannot split what is checked from what libvirt uses).
+fn string_value(node: Node<'_, '_>) -> String {
+    node.descendants()
+        .filter(Node::is_text)
+        .filter_map(|n| n.text())
+        .collect()
+}
+
+/// [`string_value`], trimmed.
+fn text(node: Node<'_, '_>) -> String {
+    string_value(node).trim().to_string()
 }
 
 fn pools_named(policy: &DomainPolicy) -> String {
@@ -357,10 +374,11 @@ fn check_files(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<Vec<Disk>, S
                     format: format.to_string(),
                 });
             }
+            // Untrimmed: libvirt hands QEMU the path as written.
             (Some("os"), what @ ("kernel" | "initrd"))
-                if pool_of(text(node), &policy.pools, &policy.volume_prefix).is_none() =>
+                if pool_of(&string_value(node), &policy.pools, &policy.volume_prefix).is_none() =>
             {
-                return Err(not_in_pool(&format!("<{what}>"), text(node)));
+                return Err(not_in_pool(&format!("<{what}>"), &string_value(node)));
             }
             _ => {}
         }
@@ -416,30 +434,174 @@ fn check_interface(interface: Node<'_, '_>, policy: &DomainPolicy) -> Result<(),
             node.tag_name().name()
         ));
     }
+    for forward in interface
+        .children()
+        .filter(|n| n.has_tag_name("portForward"))
+    {
+        check_port_forward(forward, policy.publish)?;
+    }
     Ok(())
 }
 
-/// Channel sockets only where libvirt makes its own; the rng only from the kernel's devices.
+/// A user-mode port forward listens on the hypervisor (passt binds it there): only on the
+/// grant's publish address, only on ports of its range.
+fn check_port_forward(forward: Node<'_, '_>, publish: Option<Publish>) -> Result<(), String> {
+    let Some(Publish {
+        address,
+        first,
+        last,
+    }) = publish
+    else {
+        return Err("<portForward> listens on the hypervisor and is not granted there; set grants.libvirt.hosts[].publishAddress and portRange".into());
+    };
+    let given = forward.attribute("address");
+    if given.and_then(|a| a.parse::<std::net::IpAddr>().ok()) != Some(address) {
+        return Err(format!(
+            "<portForward address='{}'> is not the grant's publishAddress {address} (without an address, passt listens on every address of the hypervisor); give address='{address}'",
+            given.unwrap_or("")
+        ));
+    }
+    let ranges: Vec<_> = forward
+        .children()
+        .filter(|n| n.has_tag_name("range"))
+        .collect();
+    if ranges.is_empty() {
+        return Err(format!(
+            "<portForward> needs a <range start='…'> within the grant's portRange {first}-{last}"
+        ));
+    }
+    for range in ranges {
+        let port = |name: &str| range.attribute(name).map(|v| v.parse::<u16>().ok());
+        let start = port("start").flatten();
+        let end = port("end").unwrap_or(start);
+        match (start, end) {
+            (Some(s), Some(e)) if first <= s && s <= e && e <= last => {}
+            _ => {
+                return Err(format!(
+                    "<portForward><range start='{}'{}> is outside the grant's portRange {first}-{last}: these are ports of the hypervisor",
+                    range.attribute("start").unwrap_or(""),
+                    range
+                        .attribute("end")
+                        .map(|e| format!(" end='{e}'"))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of a libvirt scaled value (`virScaleInteger`): decimal `digits` in `unit`, KiB when
+/// none is given; `None` when it is not one or does not fit.
+fn scaled_bytes(digits: &str, unit: Option<&str>) -> Option<u64> {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let scale: u64 = match unit.unwrap_or("KiB") {
+        "b" | "bytes" => 1,
+        "KiB" | "k" => 1 << 10,
+        "KB" => 1000,
+        "MiB" | "M" => 1 << 20,
+        "MB" => 1_000_000,
+        "GiB" | "G" => 1 << 30,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(scale)
+}
+
+/// Memory, vCPUs and the TCG translation cache within the grant's `limits`. A `type='qemu'`
+/// domain must bound its translation cache: QEMU's default is 1 GiB of the hypervisor's memory.
+fn check_bounds(root: Node<'_, '_>, limits: DomainLimits) -> Result<(), String> {
+    const MIB: u64 = 1 << 20;
+    let mut tb_cache = false;
+    for node in root.descendants().filter(Node::is_element) {
+        let (what, most, field) = match node.tag_name().name() {
+            name @ ("memory" | "currentMemory") if node.parent() == Some(root) => {
+                (name, limits.memory_mib, "memoryMib")
+            }
+            "tb-cache" => {
+                tb_cache = true;
+                ("tb-cache", limits.tb_cache_mib, "tbCacheMib")
+            }
+            "vcpu" if node.parent() == Some(root) => {
+                let count = |v: &str| {
+                    v.parse::<u64>()
+                        .ok()
+                        .filter(|_| v.bytes().all(|b| b.is_ascii_digit()))
+                };
+                for (value, of) in [
+                    (Some(text(node)), "<vcpu>"),
+                    (
+                        node.attribute("current").map(str::to_string),
+                        "<vcpu current>",
+                    ),
+                ] {
+                    let Some(value) = value else { continue };
+                    match count(&value) {
+                        Some(n) if n <= u64::from(limits.vcpus) => {}
+                        _ => {
+                            return Err(format!(
+                                "{of} {value} is more than this hypervisor's grant allows ({}); lower it or raise grants.libvirt.hosts[].limits.vcpus",
+                                limits.vcpus
+                            ));
+                        }
+                    }
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        let value = text(node);
+        let unit = node.attribute("unit");
+        match scaled_bytes(&value, unit) {
+            Some(bytes) if bytes <= most * MIB => {}
+            Some(_) => {
+                return Err(format!(
+                    "<{what}{}>{value}</{what}> is more than this hypervisor's grant allows ({most} MiB); lower it or raise grants.libvirt.hosts[].limits.{field}",
+                    unit.map(|u| format!(" unit='{u}'")).unwrap_or_default()
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "<{what}> `{value}` is not a size (decimal digits, with a unit such as unit='MiB')"
+                ));
+            }
+        }
+    }
+    if root.attribute("type") == Some("qemu") && !tb_cache {
+        return Err(format!(
+            "<domain type='qemu'> needs <features><tcg><tb-cache unit='MiB'>…</tb-cache></tcg></features> of at most {} MiB: QEMU's default translation cache takes 1 GiB of the hypervisor's memory",
+            limits.tb_cache_mib
+        ));
+    }
+    Ok(())
+}
+
+/// Channels only as libvirt makes them (no `<source>`, see [`known_escape`]; a virtio target of
+/// a known name); the rng only from the kernel's devices.
 fn check_devices(root: Node<'_, '_>, policy: &DomainPolicy) -> Result<(), String> {
     for node in root.descendants().filter(Node::is_element) {
         let parent = node.parent_element().map(|p| p.tag_name().name());
         match (parent, node.tag_name().name()) {
             (Some("devices"), "interface") => check_interface(node, policy)?,
-            (Some("channel"), "source") => {
-                let path = node.attribute("path").unwrap_or("");
-                if !LIBVIRT_SOCKET_DIRS.iter().any(|d| path.starts_with(d))
-                    || path.split('/').any(|part| part == "..")
-                {
+            (Some("devices"), "channel") => {
+                let target = single(node, "target")?;
+                let name = target.and_then(|t| t.attribute("name")).unwrap_or("");
+                let virtio = target.and_then(|t| t.attribute("type")) == Some("virtio");
+                if !virtio || !CHANNEL_NAMES.contains(&name) {
                     return Err(format!(
-                        "<channel><source path='{path}'> is outside libvirt's own directories ({}); leave the path out and libvirt picks one",
-                        LIBVIRT_SOCKET_DIRS.join(", ")
+                        "<channel><target type='virtio' name='{name}'> is not allowed (allowed names: {}): libvirt makes the channel's socket at a path built from the name",
+                        CHANNEL_NAMES.join(", ")
                     ));
                 }
             }
-            (Some("rng"), "backend") if !matches!(text(node), "/dev/urandom" | "/dev/random") => {
+            (Some("rng"), "backend")
+                if !matches!(string_value(node).as_str(), "/dev/urandom" | "/dev/random") =>
+            {
                 return Err(format!(
                     "<rng><backend> `{}` is not allowed (allowed: /dev/urandom, /dev/random)",
-                    text(node)
+                    string_value(node)
                 ));
             }
             _ => {}
@@ -472,11 +634,12 @@ pub fn check_domain(
     }
     check_tree(root, "domain", DOMAIN_RULES)?;
     let name = match single(root, "name")? {
-        Some(name) if !text(name).is_empty() => text(name).to_string(),
+        Some(name) if !text(name).is_empty() => text(name),
         _ => return Err("<name> is missing".into()),
     };
     let disks = check_files(root, policy)?;
     check_devices(root, policy)?;
+    check_bounds(root, policy.limits)?;
     let element = mark.element();
     let xml = match single(root, "metadata")? {
         Some(metadata) => insert_into(xml, metadata.range(), &element, "metadata"),
@@ -572,14 +735,17 @@ pub fn check_volume(
     let (Some(text_node), 1) = (name_node.first_child(), name_node.children().count()) else {
         return Err("<name> must hold the name as plain text".into());
     };
-    let name = text(name_node).to_string();
+    let name = text(name_node);
     if !text_node.is_text() || !is_volume_name(&name) {
         return Err(format!(
             "<name> `{name}` is not a volume name (1 to 200 characters, no '/')"
         ));
     }
     if let Some(backing) = single(root, "backingStore")? {
-        let path = single(backing, "path")?.map(text).unwrap_or("");
+        let path = single(backing, "path")?
+            .map(string_value)
+            .unwrap_or_default();
+        let path = path.as_str();
         let pools = pool_path
             .map(|p| vec![(pool.to_string(), p.to_string())])
             .unwrap_or_default();

@@ -10,6 +10,7 @@ use virt::domain::Domain;
 use virt::error::ErrorNumber;
 use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
+use virt::stream::Stream;
 use virt::sys;
 
 use super::allow::{self, Disk, DomainPolicy, VolumeImage};
@@ -51,13 +52,54 @@ fn owned(c: &Connect, name: &str, mark: &OwnerMark) -> VirtResult<Option<Domain>
     }
 }
 
-/// What libvirt has for the volume at `path`, `None` when it has none there.
+/// What libvirt has for the volume at `path`, `None` when it has none there; for a qcow2
+/// volume with the first bytes of its file, which name what QEMU and libvirt will open.
 fn image_at(c: &Connect, path: &str) -> VirtResult<Option<VolumeImage>> {
-    match StorageVol::lookup_by_path(c, path) {
-        Ok(volume) => Ok(Some(allow::volume_image(&volume.get_xml_desc(0)?))),
-        Err(e) if matches!(e.code(), ErrorNumber::NoStorageVolume) => Ok(None),
-        Err(e) => Err(e),
+    let volume = match StorageVol::lookup_by_path(c, path) {
+        Ok(volume) => volume,
+        Err(e) if matches!(e.code(), ErrorNumber::NoStorageVolume) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut image = allow::volume_image(&volume.get_xml_desc(0)?);
+    if image.format.as_deref() == Some("qcow2") {
+        let mut head = read_head(c, &volume, allow::QCOW2_FIRST_READ)?;
+        let needed = allow::qcow2_head_length(&head);
+        if head.len() == allow::QCOW2_FIRST_READ && needed > head.len() {
+            head = read_head(c, &volume, needed)?;
+        }
+        image.head = Some(head);
     }
+    Ok(Some(image))
+}
+
+/// Up to `length` bytes from the start of `volume`'s file (fewer when it is shorter).
+fn read_head(c: &Connect, volume: &StorageVol, length: usize) -> VirtResult<Vec<u8>> {
+    let stream = Stream::new(c, 0)?;
+    volume.download(&stream, 0, length as u64, 0)?;
+    // One byte more than asked for: libvirt sends at most `length`, then the end.
+    let mut head = vec![0u8; length + 1];
+    let mut got = 0;
+    let ended = loop {
+        match stream.recv(&mut head[got..]) {
+            Ok(0) => break true,
+            Ok(n) => got += n,
+            Err(e) => {
+                let _ = stream.abort();
+                return Err(e);
+            }
+        }
+        if got > length {
+            break false;
+        }
+    };
+    if ended {
+        stream.finish()?;
+    } else {
+        let _ = stream.abort();
+    }
+    head.truncate(got.min(length));
+    head.truncate(got);
+    Ok(head)
 }
 
 fn domain_info(domain: &Domain, metadata_uri: Option<&str>) -> VirtResult<DomainInfo> {
@@ -143,6 +185,8 @@ impl Hypervisor {
             networks: self.scope.networks.clone(),
             bridges: self.scope.bridges.clone(),
             user_networking: self.scope.user_networking,
+            publish: self.scope.publish,
+            limits: self.scope.limits,
             volume_prefix: self.scope.volume_prefix.clone(),
         })
     }

@@ -7,6 +7,7 @@ use super::endpoint::Endpoint;
 use super::error::LibvirtError;
 use super::hub::LibvirtHub;
 use super::owner::OwnerMark;
+use crate::capabilities::grants::{DomainLimits, Publish};
 
 /// A host-side connection handle on one granted hypervisor (the WIT `hypervisor` resource).
 /// Calls share the hub's cached connection to it.
@@ -30,6 +31,9 @@ pub(crate) struct Scope {
     pub networks: Vec<String>,
     pub bridges: Vec<String>,
     pub user_networking: bool,
+    /// Where a user-mode port forward may listen.
+    pub publish: Option<Publish>,
+    pub limits: DomainLimits,
 }
 
 impl Hypervisor {

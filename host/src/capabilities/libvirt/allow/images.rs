@@ -5,6 +5,8 @@
 
 use roxmltree::Document;
 
+use super::qcow2;
+
 /// Backing files deeper than this are refused (a base image has none; an overlay has one).
 const MAX_CHAIN: usize = 8;
 
@@ -35,11 +37,13 @@ pub struct Disk {
     pub format: String,
 }
 
-/// What libvirt has for a volume: its format and its backing file, if any.
+/// What libvirt has for a volume: its format and its backing file, if any; for a qcow2 volume,
+/// the first bytes of the file ([`super::qcow2::head_length`]), read by the caller.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VolumeImage {
     pub format: Option<String>,
     pub backing: Option<String>,
+    pub head: Option<Vec<u8>>,
 }
 
 fn child<'a, 'i>(node: roxmltree::Node<'a, 'i>, name: &str) -> Option<roxmltree::Node<'a, 'i>> {
@@ -61,7 +65,11 @@ pub fn volume_image(xml: &str) -> VolumeImage {
         .and_then(|p| p.text())
         .map(|p| p.trim().to_string())
         .filter(|p| !p.is_empty());
-    VolumeImage { format, backing }
+    VolumeImage {
+        format,
+        backing,
+        head: None,
+    }
 }
 
 /// Why `disk` may not be used, or `None`; `image_at` answers what libvirt has at a path (`None`
@@ -90,10 +98,34 @@ pub fn chain_problem<E>(
         )));
     }
     let mut image = top;
+    let mut path = disk.path.clone();
     for _ in 0..MAX_CHAIN {
         // Only a qcow2 image is parsed by QEMU for a backing file; raw bytes name nothing.
         if image.format.as_deref() != Some("qcow2") {
             return Ok(None);
+        }
+        // Its header as QEMU and libvirt read it: nothing but a backing file, and that one
+        // only where libvirt sees it too (its view is what is checked below).
+        let header = match image.head.as_deref().map(qcow2::references) {
+            Some(Ok(references)) => references,
+            Some(Err(why)) => {
+                return Ok(Some(format!(
+                    "the qcow2 image `{path}` (disk `{}`) may not be a disk: {why}; make qcow2 volumes with create-volume (libvirt writes their headers), and upload only raw data",
+                    disk.path
+                )));
+            }
+            None => {
+                return Ok(Some(format!(
+                    "the header of the qcow2 image `{path}` (disk `{}`) was not read",
+                    disk.path
+                )));
+            }
+        };
+        if header.backing_file.is_some() != image.backing.is_some() {
+            return Ok(Some(format!(
+                "the qcow2 image `{path}` (disk `{}`) names a backing file {:?} in its header where libvirt reads {:?}; a header the two read differently may not be a disk",
+                disk.path, header.backing_file, image.backing
+            )));
         }
         let Some(backing) = image.backing else {
             return Ok(None);
@@ -105,7 +137,10 @@ pub fn chain_problem<E>(
             )));
         }
         match image_at(&backing)? {
-            Some(next) => image = next,
+            Some(next) => {
+                image = next;
+                path = backing;
+            }
             None => {
                 return Ok(Some(format!(
                     "the backing file `{backing}` of disk `{}` is not a volume libvirt knows",
@@ -133,10 +168,27 @@ mod tests {
     /// A format given for the disk, the volumes libvirt has, and what the refusal says.
     type Case<'a> = (&'a str, Vec<(&'a str, VolumeImage)>, Option<&'a str>);
 
+    /// A volume as libvirt reads it, a qcow2 one with the header that says so.
     fn image(format: &str, backing: Option<&str>) -> VolumeImage {
+        let head = (format == "qcow2").then(|| {
+            qcow2::build::Header {
+                backing: backing.map(str::to_string),
+                ..qcow2::build::Header::plain()
+            }
+            .bytes()
+        });
         VolumeImage {
             format: Some(format.into()),
             backing: backing.map(str::to_string),
+            head,
+        }
+    }
+
+    /// A qcow2 volume whose header is `header` while libvirt reads `backing`.
+    fn with_header(backing: Option<&str>, header: qcow2::build::Header) -> VolumeImage {
+        VolumeImage {
+            head: Some(header.bytes()),
+            ..image("qcow2", backing)
         }
     }
 
@@ -212,6 +264,64 @@ mod tests {
                 vec![(&root, image("qcow2", Some(&base)))],
                 Some("is not a volume libvirt knows"),
             ),
+            // An external data file, in the disk or further down the chain.
+            (
+                "qcow2",
+                vec![(
+                    &root,
+                    with_header(
+                        None,
+                        qcow2::build::Header {
+                            incompatible: 1 << 2,
+                            ..qcow2::build::Header::plain()
+                        },
+                    ),
+                )],
+                Some("may not be a disk: its qcow2 header has an external data file"),
+            ),
+            (
+                "qcow2",
+                vec![
+                    (&root, image("qcow2", Some(&base))),
+                    (
+                        &base,
+                        with_header(
+                            None,
+                            qcow2::build::Header {
+                                extensions: vec![(0x4441_5441, b"/dev/sda".to_vec())],
+                                ..qcow2::build::Header::plain()
+                            },
+                        ),
+                    ),
+                ],
+                Some("external data file `/dev/sda`"),
+            ),
+            // libvirt and the header disagree on the backing file.
+            (
+                "qcow2",
+                vec![(
+                    &root,
+                    with_header(
+                        None,
+                        qcow2::build::Header {
+                            backing: Some("/etc/shadow".into()),
+                            ..qcow2::build::Header::plain()
+                        },
+                    ),
+                )],
+                Some("where libvirt reads None"),
+            ),
+            (
+                "qcow2",
+                vec![(
+                    &root,
+                    VolumeImage {
+                        head: None,
+                        ..image("qcow2", None)
+                    },
+                )],
+                Some("was not read"),
+            ),
             // A loop in the chain ends at the bound.
             (
                 "qcow2",
@@ -232,7 +342,13 @@ mod tests {
     fn the_volume_xml_libvirt_answers_is_read() {
         let xml = "<volume type='file'><name>r</name><target><path>/pool/r</path><format type='qcow2'/></target>\
                    <backingStore><path>/pool/b</path><format type='raw'/></backingStore></volume>";
-        assert_eq!(volume_image(xml), image("qcow2", Some("/pool/b")));
+        assert_eq!(
+            volume_image(xml),
+            VolumeImage {
+                head: None,
+                ..image("qcow2", Some("/pool/b"))
+            }
+        );
         assert_eq!(
             volume_image("<volume><target><format type='raw'/></target><backingStore/></volume>"),
             image("raw", None)

@@ -1,6 +1,7 @@
 use rstest::rstest;
 
 use super::*;
+use crate::capabilities::grants::{DomainLimits, Publish};
 
 const POOL: &str = "/var/lib/libvirt/images";
 /// The owner prefix of this provider instance's volumes.
@@ -12,6 +13,12 @@ fn policy() -> DomainPolicy {
         networks: vec!["pxnet".into()],
         bridges: vec!["br0".into()],
         user_networking: true,
+        publish: Some(Publish {
+            address: "127.0.0.1".parse().unwrap(),
+            first: 13100,
+            last: 13199,
+        }),
+        limits: DomainLimits::default(),
         volume_prefix: PFX.into(),
     }
 }
@@ -50,9 +57,10 @@ const NETWORK: &str =
 #[case::user_passt(
     "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.0.0.1'><range start='13128' to='3128'/></portForward><model type='virtio'/></interface>"
 )]
-#[case::channel_in_libvirts_directory(
-    "<channel type='unix'><source mode='bind' path='/var/lib/libvirt/qemu/channel/target/x.sock'/><target type='virtio' name='x'/></channel>"
+#[case::user_passt_a_range_of_the_grant(
+    "<interface type='user'><backend type='passt'/><portForward proto='udp' address='127.0.0.1'><range start='13100' end='13199'/></portForward></interface>"
 )]
+#[case::user_without_port_forwards("<interface type='user'><backend type='passt'/></interface>")]
 fn what_a_proxy_vm_needs_passes(#[case] devices: &str) {
     let checked = check_domain(&domain("", devices), &policy(), &mark()).unwrap();
     assert_eq!(checked.name, "px-1");
@@ -175,11 +183,64 @@ fn the_mark_is_added_wherever_metadata_is(#[case] xml: &str) {
 )]
 #[case::channel_socket_elsewhere(
     "<channel type='unix'><source mode='bind' path='/root/.ssh/x'/><target type='virtio' name='x'/></channel>",
-    "outside libvirt's own directories"
+    "<channel><source> names a socket path on the hypervisor"
 )]
-#[case::channel_socket_dot_dot(
-    "<channel type='unix'><source mode='bind' path='/var/lib/libvirt/qemu/../../../root/x'/><target type='virtio' name='x'/></channel>",
-    "outside libvirt's own directories"
+#[case::channel_socket_in_libvirts_directory(
+    "<channel type='unix'><source mode='bind' path='/var/lib/libvirt/qemu/domain-1-victim/monitor.sock'/><target type='virtio' name='org.qemu.guest_agent.0'/></channel>",
+    "leave <source> out"
+)]
+#[case::channel_target_name_dot_dot(
+    "<channel type='unix'><target type='virtio' name='../../../../etc/x'/></channel>",
+    "<channel><target type='virtio' name='../../../../etc/x'> is not allowed (allowed names: org.qemu.guest_agent.0)"
+)]
+#[case::channel_another_name(
+    "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.1'/></channel>",
+    "allowed names: org.qemu.guest_agent.0"
+)]
+#[case::channel_not_virtio(
+    "<channel type='unix'><target type='guestfwd' name='org.qemu.guest_agent.0'/></channel>",
+    "is not allowed"
+)]
+#[case::channel_without_target("<channel type='unix'/>", "is not allowed")]
+#[case::channel_two_targets(
+    "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/><target type='virtio' name='x'/></channel>",
+    "<target> is given twice"
+)]
+#[case::mac_of_the_plugins_choice(
+    "<interface type='network'><source network='pxnet'/><mac address='52:54:00:12:34:56'/></interface>",
+    "remove <mac>"
+)]
+#[case::port_forward_on_every_address(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp'><range start='13128' to='3128'/></portForward></interface>",
+    "<portForward address=''> is not the grant's publishAddress 127.0.0.1"
+)]
+#[case::port_forward_on_0_0_0_0(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='0.0.0.0'><range start='13128' to='3128'/></portForward></interface>",
+    "is not the grant's publishAddress"
+)]
+#[case::port_forward_on_another_spelling(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.1'><range start='13128' to='3128'/></portForward></interface>",
+    "is not the grant's publishAddress"
+)]
+#[case::port_forward_of_the_hypervisors_ssh_port(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.0.0.1'><range start='22' to='22'/></portForward></interface>",
+    "<portForward><range start='22'> is outside the grant's portRange 13100-13199"
+)]
+#[case::port_forward_a_range_past_the_grant(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.0.0.1'><range start='13190' end='13300'/></portForward></interface>",
+    "end='13300'> is outside the grant's portRange"
+)]
+#[case::port_forward_a_range_backwards(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.0.0.1'><range start='13190' end='13100'/></portForward></interface>",
+    "is outside the grant's portRange"
+)]
+#[case::port_forward_without_a_range(
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.0.0.1'/></interface>",
+    "needs a <range"
+)]
+#[case::rng_split_by_a_comment(
+    "<rng model='virtio'><backend model='random'>/dev/<!---->sda</backend></rng>",
+    "`/dev/sda`"
 )]
 #[case::rng_from_a_file(
     "<rng model='virtio'><backend model='random'>/etc/shadow</backend></rng>",
@@ -273,6 +334,85 @@ fn escapes_through_the_document_are_refused(#[case] xml: &str, #[case] says: &st
 }
 
 #[rstest]
+#[case::memory_512_gib(
+    "<memory unit='GiB'>512</memory>",
+    "<memory unit='GiB'>512</memory> is more than this hypervisor's grant allows (4096 MiB)"
+)]
+#[case::memory_in_kib_by_default("<memory>4194305</memory>", "limits.memoryMib")]
+#[case::memory_in_bytes("<memory unit='b'>4294967297</memory>", "is more than")]
+#[case::memory_in_bytes_spelled_out("<memory unit='bytes'>4294967297</memory>", "is more than")]
+#[case::memory_in_k("<memory unit='k'>4194305</memory>", "is more than")]
+#[case::memory_in_kb("<memory unit='KB'>4294968</memory>", "is more than")]
+#[case::memory_in_m("<memory unit='M'>4097</memory>", "is more than")]
+#[case::memory_in_mb("<memory unit='MB'>4295</memory>", "is more than")]
+#[case::memory_in_g("<memory unit='G'>5</memory>", "is more than")]
+#[case::memory_in_gb("<memory unit='GB'>5</memory>", "is more than")]
+#[case::memory_in_tib("<memory unit='TiB'>1</memory>", "unit='TiB'> is not allowed")]
+#[case::memory_in_lowercase("<memory unit='gib'>1</memory>", "unit='gib'> is not allowed")]
+#[case::memory_overflowing("<memory unit='GiB'>18446744073709551615</memory>", "is not a size")]
+#[case::memory_split_by_a_comment(
+    "<memory unit='MiB'>5<!---->12000</memory>",
+    "<memory unit='MiB'>512000</memory> is more than"
+)]
+#[case::memory_signed("<memory unit='MiB'>+512</memory>", "is not a size")]
+#[case::current_memory(
+    "<currentMemory unit='GiB'>512</currentMemory>",
+    "<currentMemory unit='GiB'>512</currentMemory> is more than"
+)]
+#[case::vcpus(
+    "<vcpu>64</vcpu>",
+    "<vcpu> 64 is more than this hypervisor's grant allows (4)"
+)]
+#[case::vcpus_current("<vcpu current='64'>4</vcpu>", "<vcpu current> 64 is more than")]
+#[case::tb_cache_512_gib(
+    "<features><tcg><tb-cache unit='GiB'>512</tb-cache></tcg></features>",
+    "<tb-cache unit='GiB'>512</tb-cache> is more than this hypervisor's grant allows (256 MiB)"
+)]
+#[case::tb_cache_in_kib(
+    "<features><tcg><tb-cache>262145</tb-cache></tcg></features>",
+    "limits.tbCacheMib"
+)]
+fn bounds_are_the_grants(#[case] element: &str, #[case] says: &str) {
+    let xml = format!(
+        "<domain type='kvm'><name>a</name>{element}<features><tcg><tb-cache unit='MiB'>128</tb-cache></tcg></features></domain>"
+    );
+    let err = check_domain(&xml, &policy(), &mark()).unwrap_err();
+    assert!(err.contains(says), "{err}");
+}
+
+#[test]
+fn bounds_at_the_limits_pass_and_a_qemu_domain_needs_a_tb_cache() {
+    for element in [
+        "<memory unit='GiB'>4</memory><currentMemory unit='b'>4294967296</currentMemory>",
+        "<memory>4194304</memory><vcpu current='1'>4</vcpu>",
+        "<features><tcg><tb-cache unit='MiB'>256</tb-cache></tcg></features>",
+    ] {
+        let xml = format!("<domain type='kvm'><name>a</name>{element}</domain>");
+        check_domain(&xml, &policy(), &mark()).unwrap();
+    }
+    let limits = DomainLimits {
+        memory_mib: 1 << 20,
+        vcpus: 64,
+        tb_cache_mib: 1024,
+    };
+    let big =
+        "<domain type='kvm'><name>a</name><memory unit='GiB'>512</memory><vcpu>64</vcpu></domain>";
+    check_domain(big, &DomainPolicy { limits, ..policy() }, &mark()).unwrap();
+    let err = check_domain(
+        "<domain type='qemu'><name>a</name></domain>",
+        &policy(),
+        &mark(),
+    )
+    .unwrap_err();
+    assert!(err.contains("needs <features><tcg><tb-cache"), "{err}");
+}
+
+#[rstest]
+#[case::port_forward_not_granted(
+    DomainPolicy { publish: None, ..policy() },
+    "<interface type='user'><backend type='passt'/><portForward proto='tcp' address='127.0.0.1'><range start='13128' to='3128'/></portForward></interface>",
+    "set grants.libvirt.hosts[].publishAddress and portRange"
+)]
 #[case::user_mode_not_granted(
     DomainPolicy { user_networking: false, ..policy() },
     "<interface type='user'><backend type='passt'/></interface>",
