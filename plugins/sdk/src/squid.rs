@@ -283,8 +283,13 @@ fn with_nat64(ranges: &[Cidr]) -> Vec<Cidr> {
         .collect()
 }
 
+/// The ranges [`SquidOptions::validate`] accepts; one that slipped past it is left out rather
+/// than written in a form squid misreads (an IPv4-mapped range is every IPv6 address to squid).
 fn parsed(values: &[String]) -> Vec<Cidr> {
-    values.iter().filter_map(|v| Cidr::parse(v)).collect()
+    values
+        .iter()
+        .filter_map(|v| check_destination(v).ok())
+        .collect()
 }
 
 /// The `acl` and `http_access deny` lines that keep crawlers out of the proxy's own network:
