@@ -161,8 +161,10 @@ spec:
 }
 
 /// An overlay of `deploy/` as a user writes one: the squid image the node has, and a health
-/// target inside the cluster (it has no uplink).
+/// target inside the cluster (it has no uplink), which squid must be allowed to reach (it
+/// refuses the cluster's addresses by default): exactly that address.
 fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
+    let (target_ip, _) = health_target.rsplit_once(':').unwrap();
     let dir = repo().join("target/e2e-cluster/overlay");
     std::fs::create_dir_all(&dir).unwrap();
     let providers = format!(
@@ -173,6 +175,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
       image: {squid_image}
       allowFrom: ["10.0.0.0/8"]
       connectPorts: [443, 8080]
+      allowDestinations: ["{target_ip}/32"]
     grants:
       kube:
         namespace: proxies
@@ -424,12 +427,46 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     assert_eq!(status, 407, "through {bare}, without credentials");
     phases.done("leased through the discovery Service; a page fetched through the proxy with its credentials, 407 without");
 
+    // The proxy is no way into the cluster: with the lease's credentials, squid refuses (403,
+    // before connecting) a CONNECT to the API server's Service and a GET of another Pod's port.
+    let api_ip = cluster_ip(cluster, "default", "kubernetes").await;
+    let (status, _) = curl(
+        cluster,
+        &[
+            "-p",
+            "-x",
+            &proxy_url,
+            "-w",
+            "\n%{http_connect}",
+            &format!("http://{api_ip}:443/version"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        status, 403,
+        "CONNECT {api_ip}:443 (the kubernetes Service) through {bare}"
+    );
+
     // A standby answers crawlers with the leader's name, never a grant.
     let standby = ready
         .iter()
         .find(|p| p.metadata.name.as_deref() != Some(leader.as_str()))
         .unwrap();
     let standby_ip = standby.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let (status, _) = curl(
+        cluster,
+        &[
+            "-x",
+            &proxy_url,
+            &format!("http://{standby_ip}:8090/v1/leases"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        status, 403,
+        "another Pod's port ({standby_ip}:8090) through {bare}"
+    );
+    phases.done("through the proxy: the API server's Service and another Pod's port refused (403)");
     let (status, body) = discovery(cluster, &standby_ip, "POST", "/v1/leases").await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(

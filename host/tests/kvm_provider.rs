@@ -204,9 +204,11 @@ fn provider_error(result: Result<impl std::fmt::Debug, CallError>) -> ProviderEr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_is_made_found_listed_and_removed() {
     let fx = Fixture::start().await;
-    let kvm = fx
-        .instance(fx.config(&sha256(&fx.image)), &["hv1", "hv2"])
-        .await;
+    let mut config = fx.config(&sha256(&fx.image));
+    // The managed squid admits the test on loopback and reaches its one loopback site.
+    config["allowFrom"] = serde_json::json!(["127.0.0.0/8"]);
+    config["allowDestinations"] = serde_json::json!(["127.0.0.1/32"]);
+    let kvm = fx.instance(config, &["hv1", "hv2"]).await;
     kvm.validate_config().await.unwrap();
 
     let mut request = spec("px-kvm-one", serde_json::json!({}));
@@ -243,6 +245,11 @@ async fn a_vm_is_made_found_listed_and_removed() {
     assert!(meta.contains("px-kvm-one"), "{meta}");
     let vendor = String::from_utf8_lossy(&iso_file(&seed, "vendor-data").await).to_string();
     assert!(vendor.contains("qemu-guest-agent"), "{vendor}");
+    // The managed squid's config, run by real squid: no way to the hypervisor's addresses
+    // (loopback through passt, the network's gateway) or the LAN behind it.
+    let squid_conf = common::own_network::conf_in_script(&vendor);
+    common::own_network::assert_squid_parses(&squid_conf);
+    common::own_network::assert_refuses_its_own_network(&squid_conf).await;
 
     // The domain: defined from the provider's XML, running, carrying the owner.
     let xml = fx.virsh(&["dumpxml", "px-kvm-one"]).await;

@@ -32,7 +32,9 @@ fn status_hint(code: u16) -> &'static str {
         // squid's `http_access deny`, as every provider configures it.
         403 => {
             ": the proxy refused the request; usually the operator's address is not in the \
-             provider's `allowFrom`, or the port of --health-target is not in its `connectPorts`"
+             provider's `allowFrom`, the port of --health-target is not in its `connectPorts`, \
+             or the target's address is in the proxy's own network (loopback, private, \
+             link-local) and not in its `allowDestinations`"
         }
         // squid's basic auth: the credentials sent are not the ones its password file has.
         407 => {
@@ -257,7 +259,13 @@ mod tests {
         .unwrap_err();
         assert_eq!(failure, ProbeFailure::Status(403));
         let message = failure.to_string();
-        for part in ["HTTP 403", "allowFrom", "connectPorts", "--health-target"] {
+        for part in [
+            "HTTP 403",
+            "allowFrom",
+            "connectPorts",
+            "--health-target",
+            "allowDestinations",
+        ] {
             assert!(
                 message.contains(part),
                 "`{message}` should mention `{part}`"

@@ -6,6 +6,7 @@
 pub mod black_hole;
 pub mod fake_gcp;
 pub mod operator_process;
+pub mod own_network;
 pub mod relay;
 
 use std::collections::HashMap;

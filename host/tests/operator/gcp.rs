@@ -8,6 +8,7 @@ use proxy_operator::plugins::ProviderInstance;
 use proxy_operator::plugins::types::{InstanceState, ProviderError};
 
 use super::common::fake_gcp::{FakeGcp, PROJECT};
+use super::common::own_network;
 use super::common::{spec, test_options};
 use super::{
     Operator, bound_provider, control_plane, phase, providers_with, proxy_yaml, refused, wait_for,
@@ -511,27 +512,56 @@ async fn list_follows_every_page() {
 
 /// Cuts the squid.conf out of a managed squid setup script (a quoted heredoc) and has real
 /// squid parse it.
-fn squid_accepts_the_scripts_conf(script: &str) {
-    let open = "<<'PROXY_OPERATOR_SQUID_CONF'\n";
-    let start = script.find(open).expect("a squid.conf heredoc") + open.len();
-    let end = start
-        + script[start..]
-            .find("\nPROXY_OPERATOR_SQUID_CONF\n")
-            .unwrap()
-        + 1;
+fn squid_accepts_the_scripts_conf(script: &str) -> String {
+    let conf = own_network::conf_in_script(script);
+    own_network::assert_squid_parses(&conf);
+    conf
+}
+
+/// The VM's managed squid is no way to the metadata server (its token, the user's cloud-init)
+/// or the VPC: the startup script's squid.conf, run by real squid, refuses 169.254.169.254, a
+/// name resolving to it and a private address, and reaches the one loopback site the config
+/// allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_managed_squid_refuses_the_metadata_server_and_the_vpc() {
+    let fake = FakeGcp::start(&ZONES).await;
     let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("squid.conf");
-    std::fs::write(&conf, &script[start..end]).unwrap();
-    let parsed = std::process::Command::new("/usr/sbin/squid")
-        .args(["-k", "parse", "-f"])
-        .arg(&conf)
-        .output()
-        .expect("squid (Debian package squid)");
+    let mut entry = entry(&fake, &key_file(&fake, &dir));
+    entry["config"]["allowFrom"] = serde_json::json!(["127.0.0.0/8"]);
+    entry["config"]["allowDestinations"] = serde_json::json!(["127.0.0.1/32"]);
+    let provider = gcp_provider(&entry).await;
+    let mut want = spec("px-gcp-meta", serde_json::json!({}));
+    want.zone = Some("europe-west1-b".into());
+    provider.create(want).await.unwrap();
+    let script = fake.with(|s| {
+        s.instances
+            .values()
+            .flat_map(|vm| {
+                vm["metadata"]["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .find(|i| i["key"] == "startup-script")
+            .and_then(|i| i["value"].as_str().map(str::to_string))
+            .expect("the managed squid's startup script")
+    });
+    let conf = squid_accepts_the_scripts_conf(&script);
+    assert!(conf.contains("acl to_internal dst "), "{conf}");
+    own_network::assert_refuses_its_own_network(&conf).await;
+
+    // A range that squid would misread is refused with the field's name and the fix.
+    entry["config"]["denyDestinations"] = serde_json::json!(["::ffff:10.0.0.0/104"]);
+    let refused = gcp_provider(&entry)
+        .await
+        .validate_config()
+        .await
+        .expect_err("a bad denyDestinations is refused")
+        .to_string();
     assert!(
-        parsed.status.success(),
-        "squid -k parse refused:\n{}\n{}",
-        &script[start..end],
-        String::from_utf8_lossy(&parsed.stderr)
+        refused.contains("config.denyDestinations[0]: `::ffff:10.0.0.0/104`")
+            && refused.contains("write it as IPv4"),
+        "{refused}"
     );
 }
 

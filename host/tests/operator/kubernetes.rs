@@ -53,7 +53,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     let port = free_port().unwrap();
     let provider = kubernetes_provider(
         &ns,
-        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"]}),
+        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"], "allowDestinations": ["127.0.0.1/32"]}),
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
@@ -129,19 +129,11 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     assert!(provider.check().await.unwrap()[0].ok);
 
     // The squid.conf in the ConfigMap, run by real squid: a crawler on loopback (in allowFrom)
-    // fetches through it; CONNECT to a port other than 443 is refused.
+    // fetches through it; CONNECT to a port other than 443 is refused; so is every destination
+    // in the cluster's and the node's network but the one site in allowDestinations.
     let conf = maps.get("px-k8s-one-squid").await.unwrap().data.unwrap()["squid.conf"].clone();
-    let scratch = Scratch::new("k8s-squid-parse").unwrap();
-    let conf_path = scratch.path().join("squid.conf");
-    std::fs::write(&conf_path, &conf).unwrap();
-    let mut parse = std::process::Command::new("/usr/sbin/squid");
-    parse.args(["-k", "parse", "-f"]).arg(&conf_path);
-    let parsed = parse.output().expect("squid (Debian package squid)");
-    assert!(
-        parsed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&parsed.stderr)
-    );
+    super::common::own_network::assert_squid_parses(&conf);
+    super::common::own_network::assert_refuses_its_own_network(&conf).await;
     let (mut squid, _scratch) = run_squid(&conf, port).await;
     let files = FileServer::start().await.unwrap();
     files.serve("/page", b"through squid".to_vec());
@@ -191,7 +183,7 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
     let port = free_port().unwrap();
     let provider = kubernetes_provider(
         &ns,
-        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"]}),
+        serde_json::json!({"image": "registry.example/squid:6", "allowFrom": ["127.0.0.0/8"], "allowDestinations": ["127.0.0.1/32"]}),
     )
     .await;
     let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
@@ -384,7 +376,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             ..test_options()
         },
         &format!(
-        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy]}}}}\n",
+        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], allowDestinations: [127.0.0.1/32], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy]}}}}\n",
         target.addr().port(),
         ns.name(),
         ),

@@ -28,6 +28,18 @@ pub struct Config {
     /// Ports crawlers may `CONNECT` to (HTTPS); squid's safe default is 443 only.
     #[serde(default = "squid::default_connect_ports")]
     pub connect_ports: Vec<u16>,
+    /// Destinations (CIDR) squid reaches although they are in the cluster or its network
+    /// (`squid::REFUSED_DESTINATIONS`, `clusterRanges`), e.g. an in-cluster site to crawl.
+    #[serde(default)]
+    pub allow_destinations: Vec<String>,
+    /// Destinations (CIDR) squid always refuses, even inside `allowDestinations`.
+    #[serde(default)]
+    pub deny_destinations: Vec<String>,
+    /// The cluster's Service and Pod ranges, refused like the built-in ranges: needed where
+    /// they lie outside the private and shared ranges squid refuses anyway. The provider cannot
+    /// read them (they live in cluster-scoped objects its namespaced grant does not reach).
+    #[serde(default)]
+    pub cluster_ranges: Vec<String>,
     /// Keep squid's access log, in `/var/log/squid/access.log` of the Pod (an emptyDir). Off by
     /// default: a crawler's proxy logs every request.
     #[serde(default)]
@@ -110,6 +122,9 @@ impl Config {
         SquidOptions {
             allow_from: self.allow_from.clone(),
             connect_ports: self.connect_ports.clone(),
+            allow_destinations: self.allow_destinations.clone(),
+            deny_destinations: self.deny_destinations.clone(),
+            cluster_ranges: self.cluster_ranges.clone(),
             access_log: self.access_log,
         }
     }
@@ -255,6 +270,13 @@ mod tests {
             error(serde_json::json!({"image": "s", "connectPorts": [443, 0]}))
                 .starts_with("config.connectPorts[1]:")
         );
+        for field in ["allowDestinations", "denyDestinations", "clusterRanges"] {
+            let message = error(serde_json::json!({"image": "s", field: ["10.1.2.3/8"]}));
+            assert!(
+                message.starts_with(&format!("config.{field}[0]: `10.1.2.3/8` has address bits")),
+                "{message}"
+            );
+        }
     }
 
     #[test]

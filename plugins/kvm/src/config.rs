@@ -44,6 +44,13 @@ pub struct Config {
     /// Ports crawlers may `CONNECT` to through the managed squid.
     #[serde(default = "squid::default_connect_ports")]
     pub connect_ports: Vec<u16>,
+    /// Destinations (CIDR) the managed squid reaches although they are in its own network
+    /// (`squid::REFUSED_DESTINATIONS`), e.g. an internal site the crawlers must fetch.
+    #[serde(default)]
+    pub allow_destinations: Vec<String>,
+    /// Destinations (CIDR) the managed squid always refuses, even inside `allowDestinations`.
+    #[serde(default)]
+    pub deny_destinations: Vec<String>,
     /// Keep the managed squid's access log in the VM.
     #[serde(default)]
     pub access_log: bool,
@@ -58,6 +65,9 @@ impl Config {
         SquidOptions {
             allow_from: self.allow_from.clone(),
             connect_ports: self.connect_ports.clone(),
+            allow_destinations: self.allow_destinations.clone(),
+            deny_destinations: self.deny_destinations.clone(),
+            cluster_ranges: Vec::new(),
             access_log: self.access_log,
         }
     }
@@ -820,10 +830,12 @@ mod tests {
             keys,
             [
                 "accessLog",
+                "allowDestinations",
                 "allowFrom",
                 "connectPorts",
                 "defaultImage",
                 "defaults",
+                "denyDestinations",
                 "dnsNameservers",
                 "domainType",
                 "hosts",

@@ -1,10 +1,12 @@
 //! The squid every provider ships, configured the same way whatever runs it (a Pod, a VM): who
-//! may use it (`allowFrom`), where CONNECT may go (`connectPorts`), no cache, no headers that
-//! tell a site about the crawler behind it.
+//! may use it (`allowFrom`), where CONNECT may go (`connectPorts`), which destinations it refuses
+//! (the network it stands in: [`REFUSED_DESTINATIONS`], `allowDestinations`,
+//! `denyDestinations`), no cache, no headers that tell a site about the crawler behind it.
 //!
-//! Providers keep the fields `allowFrom`, `connectPorts` and `accessLog` in their config (with
-//! [`default_allow_from`] and [`default_connect_ports`]; `serde(flatten)` cannot be combined with
-//! `deny_unknown_fields`), turn them into [`SquidOptions`], check them with
+//! Providers keep the fields `allowFrom`, `connectPorts`, `allowDestinations`,
+//! `denyDestinations` and `accessLog` in their config (with [`default_allow_from`] and
+//! [`default_connect_ports`]; `serde(flatten)` cannot be combined with `deny_unknown_fields`),
+//! turn them into [`SquidOptions`], check them with
 //! [`SquidOptions::validate`] and render them with [`squid_conf`]; VM providers ship the result
 //! through cloud-init with [`vm_setup_script`].
 
@@ -19,6 +21,29 @@ pub const DEFAULT_ALLOW_FROM: [&str; 3] = ["10.0.0.0/8", "172.16.0.0/12", "192.1
 /// Where CONNECT may go when the config says nothing: HTTPS only (squid's own safe default).
 pub const DEFAULT_CONNECT_PORTS: [u16; 1] = [443];
 
+/// Destinations squid refuses unless `allowDestinations` lists them: the network a proxy stands
+/// in, which whoever holds a lease must not reach through it (the cloud's metadata server, the
+/// cluster's API server and Pods, the hypervisor, the LAN). IPv4-mapped IPv6 forms
+/// (`::ffff:10.1.2.3`) are covered by the IPv4 ranges themselves, because squid holds every IPv4
+/// address in that form; the NAT64 forms (`64:ff9b::/96`) are added by [`squid_conf`].
+pub const REFUSED_DESTINATIONS: [&str; 10] = [
+    "0.0.0.0/8",      // "this network"; 0.0.0.0 reaches the proxy's own host
+    "10.0.0.0/8",     // RFC 1918
+    "100.64.0.0/10",  // shared address space (carrier NAT, some clusters' Pods)
+    "127.0.0.0/8",    // loopback
+    "169.254.0.0/16", // link-local, with the cloud metadata address 169.254.169.254
+    "172.16.0.0/12",  // RFC 1918
+    "192.168.0.0/16", // RFC 1918
+    "::/96",          // IPv6 unspecified, loopback (::1) and IPv4-compatible forms
+    "fc00::/7",       // IPv6 unique local
+    "fe80::/10",      // IPv6 link-local
+];
+
+/// The NAT64 well-known prefix (RFC 6052): `64:ff9b::10.1.2.3` reaches 10.1.2.3 through a NAT64
+/// gateway, so every refused IPv4 range is refused in this form too.
+pub const NAT64_PREFIX: std::net::Ipv6Addr =
+    std::net::Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0);
+
 /// The squid settings of a provider config (the same field names in every provider).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -29,6 +54,17 @@ pub struct SquidOptions {
     /// Ports crawlers may `CONNECT` to.
     #[serde(default = "default_connect_ports")]
     pub connect_ports: Vec<u16>,
+    /// Destinations (CIDR) reached although [`REFUSED_DESTINATIONS`] or `cluster_ranges` hold
+    /// them, e.g. an internal site the crawlers must fetch.
+    #[serde(default)]
+    pub allow_destinations: Vec<String>,
+    /// Destinations (CIDR) always refused, even inside `allow_destinations`.
+    #[serde(default)]
+    pub deny_destinations: Vec<String>,
+    /// The cluster's Service and Pod ranges (the kubernetes provider's `clusterRanges`), refused
+    /// like [`REFUSED_DESTINATIONS`]; empty for VM providers.
+    #[serde(default)]
+    pub cluster_ranges: Vec<String>,
     /// Keep squid's access log (off by default: a crawler's proxy logs every request).
     #[serde(default)]
     pub access_log: bool,
@@ -39,6 +75,9 @@ impl Default for SquidOptions {
         SquidOptions {
             allow_from: default_allow_from(),
             connect_ports: default_connect_ports(),
+            allow_destinations: Vec::new(),
+            deny_destinations: Vec::new(),
+            cluster_ranges: Vec::new(),
             access_log: false,
         }
     }
@@ -85,8 +124,204 @@ impl SquidOptions {
                 "config.connectPorts[{index}]: 0 is not a port; use 1-65535"
             ));
         }
+        for (field, list) in [
+            ("allowDestinations", &self.allow_destinations),
+            ("denyDestinations", &self.deny_destinations),
+            ("clusterRanges", &self.cluster_ranges),
+        ] {
+            for (index, cidr) in list.iter().enumerate() {
+                check_destination(cidr).map_err(|why| {
+                    ProviderError::InvalidConfig(format!("config.{field}[{index}]: `{cidr}` {why}"))
+                })?;
+            }
+        }
         Ok(())
     }
+}
+
+/// An address range as squid reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub address: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// `a.b.c.d/n` or an IPv6 prefix, as written (bits beyond the prefix kept: see
+    /// [`Cidr::network`]).
+    pub fn parse(value: &str) -> Option<Cidr> {
+        let (address, bits) = value.split_once('/')?;
+        if !bits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let prefix = bits.parse::<u8>().ok()?;
+        let address = address.parse::<std::net::IpAddr>().ok()?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        (prefix <= max).then_some(Cidr { address, prefix })
+    }
+
+    /// The address left-aligned in 128 bits (so a prefix masks the top bits), and its width.
+    fn bits(self) -> (u128, u32) {
+        match self.address {
+            std::net::IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, 32),
+            std::net::IpAddr::V6(a) => (u128::from(a), 128),
+        }
+    }
+
+    /// The range with the bits beyond its prefix cleared.
+    pub fn network(self) -> Cidr {
+        let (bits, _) = self.bits();
+        let mask = mask(u32::from(self.prefix));
+        let address = match self.address {
+            std::net::IpAddr::V4(_) => {
+                std::net::IpAddr::V4(std::net::Ipv4Addr::from(((bits & mask) >> 96) as u32))
+            }
+            std::net::IpAddr::V6(_) => std::net::IpAddr::V6(std::net::Ipv6Addr::from(bits & mask)),
+        };
+        Cidr { address, ..self }
+    }
+
+    /// Whether `other` lies wholly inside this range (same family).
+    pub fn contains(self, other: Cidr) -> bool {
+        let ((a, width_a), (b, width_b)) = (self.bits(), other.bits());
+        width_a == width_b
+            && self.prefix <= other.prefix
+            && (a ^ b) & mask(u32::from(self.prefix)) == 0
+    }
+
+    /// Whether the two ranges share an address (same family).
+    pub fn overlaps(self, other: Cidr) -> bool {
+        self.contains(other) || other.contains(self)
+    }
+
+    /// The NAT64 form (`64:ff9b::/96` + the IPv4 range) of an IPv4 range.
+    pub fn nat64(self) -> Option<Cidr> {
+        match self.address {
+            std::net::IpAddr::V4(a) => Some(Cidr {
+                address: std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                    u128::from(NAT64_PREFIX) | u128::from(u32::from(a)),
+                )),
+                prefix: 96 + self.prefix,
+            }),
+            std::net::IpAddr::V6(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Rust writes mapped addresses as `::ffff:a.b.c.d`; squid reads any IPv6 text.
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
+}
+
+/// The top `prefix` bits of 128 set.
+fn mask(prefix: u32) -> u128 {
+    if prefix == 0 {
+        0
+    } else {
+        u128::MAX << (128 - prefix)
+    }
+}
+
+/// `::ffff:0:0/96`: squid holds IPv4 addresses in this form, so an IPv6 range touching it is
+/// an IPv4 range to squid, read with a 128-bit mask it misapplies.
+const IPV4_MAPPED: Cidr = Cidr {
+    address: std::net::IpAddr::V6(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0)),
+    prefix: 96,
+};
+
+/// Why a destination range cannot be used, said as the end of a sentence after the value.
+fn check_destination(value: &str) -> Result<Cidr, String> {
+    let Some(cidr) = Cidr::parse(value) else {
+        return Err("is not an address range like 10.1.2.3/32 or fd00::/8".into());
+    };
+    if cidr.prefix == 0 {
+        return Err("holds every address; list the ranges you mean".into());
+    }
+    // squid warns and reads such a range oddly; the user most likely mistyped the prefix.
+    if cidr.network() != cidr {
+        return Err(format!(
+            "has address bits beyond its /{}; write the range's first address, `{}`",
+            cidr.prefix,
+            cidr.network()
+        ));
+    }
+    if cidr.address.is_ipv6() && cidr.overlaps(IPV4_MAPPED) {
+        return Err(
+            "is an IPv4-mapped range (::ffff:0:0/96), which squid misreads; write it as IPv4, e.g. 10.0.0.0/8"
+                .into(),
+        );
+    }
+    Ok(cidr)
+}
+
+/// The ranges of `values` (checked by [`SquidOptions::validate`]) without those inside another
+/// one: squid warns about, and drops, a range inside another of the same ACL.
+fn outermost(values: impl IntoIterator<Item = Cidr>) -> Vec<Cidr> {
+    let all: Vec<Cidr> = values.into_iter().collect();
+    let mut kept: Vec<Cidr> = Vec::new();
+    for (index, cidr) in all.iter().enumerate() {
+        let inside_another = all.iter().enumerate().any(|(other_index, other)| {
+            other_index != index
+                && other.contains(*cidr)
+                && (!cidr.contains(*other) || other_index < index)
+        });
+        if !inside_another {
+            kept.push(*cidr);
+        }
+    }
+    kept
+}
+
+/// The ranges with the NAT64 form of each IPv4 one.
+fn with_nat64(ranges: &[Cidr]) -> Vec<Cidr> {
+    ranges
+        .iter()
+        .copied()
+        .chain(ranges.iter().filter_map(|c| c.nat64()))
+        .collect()
+}
+
+/// The ranges [`SquidOptions::validate`] accepts; one that slipped past it is left out rather
+/// than written in a form squid misreads (an IPv4-mapped range is every IPv6 address to squid).
+fn parsed(values: &[String]) -> Vec<Cidr> {
+    values
+        .iter()
+        .filter_map(|v| check_destination(v).ok())
+        .collect()
+}
+
+/// The `acl` and `http_access deny` lines that keep crawlers out of the proxy's own network:
+/// `to_internal` (the refused ranges and the cluster's, with their NAT64 forms) unless
+/// `to_allowed`, and `to_denied` always. squid's `dst` resolves a name first and matches when
+/// any of its addresses is in the list, so a name resolving into a refused range is refused.
+pub fn destination_rules(options: &SquidOptions) -> (String, String) {
+    let builtin = REFUSED_DESTINATIONS.iter().map(|c| Cidr::parse(c).unwrap());
+    let internal = outermost(with_nat64(
+        &builtin
+            .chain(parsed(&options.cluster_ranges))
+            .collect::<Vec<_>>(),
+    ));
+    let allowed = outermost(parsed(&options.allow_destinations));
+    let denied = outermost(with_nat64(&parsed(&options.deny_destinations)));
+    let line = |name: &str, ranges: &[Cidr]| {
+        let list: Vec<String> = ranges.iter().map(Cidr::to_string).collect();
+        format!("acl {name} dst {}\n", list.join(" "))
+    };
+    let mut acls = line("to_internal", &internal);
+    let mut access = String::new();
+    if !denied.is_empty() {
+        acls.push_str(&line("to_denied", &denied));
+        access.push_str("http_access deny to_denied\n");
+    }
+    if allowed.is_empty() {
+        access.push_str("http_access deny to_internal\n");
+    } else {
+        acls.push_str(&line("to_allowed", &allowed));
+        access.push_str("http_access deny to_internal !to_allowed\n");
+    }
+    (acls, access)
 }
 
 /// Whether a VM provider configures squid for a Proxy: `config_default` (the provider config's
@@ -110,17 +345,7 @@ pub fn managed(config_default: bool, provider_options: &str) -> Result<bool, Pro
 
 /// `a.b.c.d/n` or an IPv6 prefix.
 pub fn is_cidr(value: &str) -> bool {
-    let Some((address, bits)) = value.split_once('/') else {
-        return false;
-    };
-    let Ok(bits) = bits.parse::<u8>() else {
-        return false;
-    };
-    match address.parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V4(_)) => bits <= 32,
-        Ok(std::net::IpAddr::V6(_)) => bits <= 128,
-        Err(_) => false,
-    }
+    Cidr::parse(value).is_some()
 }
 
 /// What squid runs on, which decides where its files go.
@@ -183,8 +408,9 @@ pub fn validate_credentials(credentials: &ProxyCredentials) -> Result<(), Provid
     Ok(())
 }
 
-/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to `connect_ports`, and
-/// with `auth`, only crawlers with the proxy's credentials (HTTP basic auth).
+/// squid.conf for one proxy: only `allow_from` may use it, CONNECT only to `connect_ports`, no
+/// destination in the proxy's own network ([`destination_rules`]), and with `auth`, only
+/// crawlers with the proxy's credentials (HTTP basic auth).
 pub fn squid_conf(
     options: &SquidOptions,
     owner: &Owner,
@@ -198,6 +424,7 @@ pub fn squid_conf(
         .map(u16::to_string)
         .collect::<Vec<_>>()
         .join(" ");
+    let (destination_acls, destination_access) = destination_rules(options);
     let mut conf = format!(
         "# proxy-operator: squid for Proxy {}/{} (uid {})\n\
          http_port {port}\n\
@@ -205,29 +432,38 @@ pub fn squid_conf(
          acl SSL_ports port {connect_ports}\n\
          acl Safe_ports port 80 443 1025-65535 {connect_ports}\n\
          acl CONNECT method CONNECT\n\
-         http_access deny !Safe_ports\n\
-         http_access deny CONNECT !SSL_ports\n",
+         {destination_acls}",
         owner.namespace,
         owner.name,
         owner.uid,
         allow = options.allow_from.join(" "),
     );
-    match auth {
-        // Outside allowFrom: refused without a challenge. Inside: a 407 asks for credentials.
-        Some(BasicAuth {
-            helper,
-            password_file,
-        }) => conf.push_str(&format!(
+    if let Some(BasicAuth {
+        helper,
+        password_file,
+    }) = auth
+    {
+        conf.push_str(&format!(
             "auth_param basic program {helper} {password_file}\n\
              auth_param basic children 4 startup=1 idle=1\n\
              auth_param basic realm proxy-operator\n\
              auth_param basic credentialsttl 5 seconds\n\
-             acl proxy_users proxy_auth REQUIRED\n\
-             http_access deny !crawlers\n\
-             http_access allow proxy_users\n"
-        )),
-        None => conf.push_str("http_access allow crawlers\n"),
+             acl proxy_users proxy_auth REQUIRED\n"
+        ));
     }
+    // Every deny before the allow. Outside allowFrom: refused before squid looks a name up.
+    // A refused destination: 403, credentials or not. Inside: with auth, a 407 asks for them.
+    conf.push_str(&format!(
+        "http_access deny !Safe_ports\n\
+         http_access deny CONNECT !SSL_ports\n\
+         http_access deny !crawlers\n\
+         {destination_access}"
+    ));
+    conf.push_str(if auth.is_some() {
+        "http_access allow proxy_users\n"
+    } else {
+        "http_access allow crawlers\n"
+    });
     conf.push_str(
         "http_access deny all\n\
          cache deny all\n\
@@ -411,7 +647,7 @@ mod tests {
         let with = |allow: &[&str], ports: &[u16]| SquidOptions {
             allow_from: allow.iter().map(|s| s.to_string()).collect(),
             connect_ports: ports.to_vec(),
-            access_log: false,
+            ..SquidOptions::default()
         };
         assert!(error(with(&[], &[443])).starts_with("config.allowFrom: empty"));
         assert!(
@@ -435,6 +671,7 @@ mod tests {
             allow_from: vec!["192.0.2.1/32".into()],
             connect_ports: vec![443, 8443],
             access_log: true,
+            ..SquidOptions::default()
         };
         let dns = ["127.0.0.1".to_string()];
         let conf = squid_conf(
@@ -524,6 +761,7 @@ mod tests {
                 "http_access deny !Safe_ports",
                 "http_access deny CONNECT !SSL_ports",
                 "http_access deny !crawlers",
+                "http_access deny to_internal",
                 "http_access allow proxy_users",
                 "http_access deny all",
             ]
@@ -572,5 +810,249 @@ mod tests {
                 "{username:?} {hash:?}"
             );
         }
+    }
+
+    /// The ranges of an `acl NAME dst …` line of `conf`.
+    fn dst_acl(conf: &str, name: &str) -> Option<Vec<Cidr>> {
+        let prefix = format!("acl {name} dst ");
+        conf.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|list| list.split(' ').map(|c| Cidr::parse(c).unwrap()).collect())
+    }
+
+    /// squid's `dst` match, as squid does it: an IPv4-mapped address is the IPv4 address (squid
+    /// holds IPv4 in that form), and any listed range holding the address matches.
+    fn matches(ranges: &[Cidr], address: &str) -> bool {
+        let address: std::net::IpAddr = address.parse().unwrap();
+        let address = match address {
+            std::net::IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map(std::net::IpAddr::V4)
+                .unwrap_or(address),
+            v4 => v4,
+        };
+        let host = Cidr {
+            address,
+            prefix: if address.is_ipv4() { 32 } else { 128 },
+        };
+        ranges.iter().any(|r| r.contains(host))
+    }
+
+    /// Whether squid from `conf` refuses `address` (the `http_access deny` lines on destinations).
+    fn refused(conf: &str, address: &str) -> bool {
+        let internal = dst_acl(conf, "to_internal").unwrap();
+        let allowed = dst_acl(conf, "to_allowed").unwrap_or_default();
+        let denied = dst_acl(conf, "to_denied").unwrap_or_default();
+        matches(&denied, address) || (matches(&internal, address) && !matches(&allowed, address))
+    }
+
+    fn conf_with(options: &SquidOptions) -> String {
+        squid_conf(
+            options,
+            &owner(),
+            3128,
+            SquidHost::Container { log_dir: "/l" },
+            None,
+        )
+    }
+
+    #[test]
+    fn the_proxys_own_network_is_refused_by_default() {
+        let conf = conf_with(&SquidOptions::default());
+        for (address, refused_by_default) in [
+            ("127.0.0.1", true),
+            ("127.255.0.9", true),
+            ("::1", true),
+            ("::", true),
+            ("0.0.0.0", true),
+            ("0.1.2.3", true),
+            ("169.254.169.254", true), // the cloud metadata server
+            ("169.254.0.1", true),
+            ("fe80::1", true),
+            ("10.1.2.3", true),
+            ("172.16.0.1", true),
+            ("172.31.255.255", true),
+            ("192.168.1.1", true),
+            ("100.64.0.1", true),
+            ("100.127.255.255", true),
+            ("fd00::1", true),
+            ("fc00::1", true),
+            // IPv4-mapped forms: the IPv4 ranges themselves, as squid holds them.
+            ("::ffff:169.254.169.254", true),
+            ("::ffff:10.1.2.3", true),
+            ("::ffff:127.0.0.1", true),
+            ("::ffff:100.64.0.1", true),
+            // IPv4-compatible (deprecated) forms.
+            ("::10.1.2.3", true),
+            ("::127.0.0.1", true),
+            // NAT64 forms.
+            ("64:ff9b::a9fe:a9fe", true),
+            ("64:ff9b::10.1.2.3", true),
+            ("64:ff9b::127.0.0.1", true),
+            ("64:ff9b::192.168.0.1", true),
+            ("64:ff9b::100.64.0.1", true),
+            ("64:ff9b::0.0.0.1", true),
+            // The internet stays reachable, through NAT64 too.
+            ("93.184.215.14", false),
+            ("8.8.8.8", false),
+            ("172.32.0.1", false),
+            ("100.128.0.1", false),
+            ("169.255.0.1", false),
+            ("11.0.0.1", false),
+            ("2606:4700::1111", false),
+            ("::ffff:93.184.215.14", false),
+            ("64:ff9b::93.184.215.14", false),
+            ("fec0::1", false),
+        ] {
+            assert_eq!(refused(&conf, address), refused_by_default, "{address}");
+        }
+    }
+
+    #[test]
+    fn the_destination_acl_lines() {
+        let conf = conf_with(&SquidOptions::default());
+        assert!(conf.contains(
+            "acl to_internal dst 0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 127.0.0.0/8 169.254.0.0/16 172.16.0.0/12 192.168.0.0/16 ::/96 fc00::/7 fe80::/10 \
+             64:ff9b::/104 64:ff9b::a00:0/104 64:ff9b::6440:0/106 64:ff9b::7f00:0/104 64:ff9b::a9fe:0/112 64:ff9b::ac10:0/108 64:ff9b::c0a8:0/112\n"
+        ), "{conf}");
+        // squid reads `::ffff:10.0.0.0/104` as ::/0 (every IPv6 address): never written.
+        assert!(!conf.contains("::ffff:"), "{conf}");
+        assert!(!conf.contains("to_allowed") && !conf.contains("to_denied"));
+
+        let options = SquidOptions {
+            allow_destinations: vec!["127.0.0.1/32".into(), "10.20.0.0/16".into()],
+            deny_destinations: vec!["10.20.5.0/24".into(), "203.0.113.0/24".into()],
+            cluster_ranges: vec!["198.18.0.0/15".into(), "10.96.0.0/12".into()],
+            ..SquidOptions::default()
+        };
+        options.validate().unwrap();
+        let conf = conf_with(&options);
+        assert!(
+            conf.contains("acl to_allowed dst 127.0.0.1/32 10.20.0.0/16\n"),
+            "{conf}"
+        );
+        assert!(conf.contains(
+            "acl to_denied dst 10.20.5.0/24 203.0.113.0/24 64:ff9b::a14:500/120 64:ff9b::cb00:7100/120\n"
+        ), "{conf}");
+        let internal = dst_acl(&conf, "to_internal").unwrap();
+        // A cluster range inside a built-in one is left out (squid would warn and drop it).
+        assert!(!internal.contains(&Cidr::parse("10.96.0.0/12").unwrap()));
+        assert!(internal.contains(&Cidr::parse("198.18.0.0/15").unwrap()));
+        assert!(internal.contains(&Cidr::parse("64:ff9b::c612:0/111").unwrap()));
+        let access: Vec<&str> = conf
+            .lines()
+            .filter(|l| l.starts_with("http_access"))
+            .collect();
+        assert_eq!(
+            access,
+            [
+                "http_access deny !Safe_ports",
+                "http_access deny CONNECT !SSL_ports",
+                "http_access deny !crawlers",
+                "http_access deny to_denied",
+                "http_access deny to_internal !to_allowed",
+                "http_access allow crawlers",
+                "http_access deny all",
+            ]
+        );
+        for (address, is_refused) in [
+            ("127.0.0.1", false),
+            ("::ffff:127.0.0.1", false),
+            ("127.0.0.2", true),
+            ("64:ff9b::127.0.0.1", true), // allowing an address allows it, not its NAT64 form
+            ("10.20.1.1", false),
+            ("10.20.5.1", true), // denyDestinations wins inside allowDestinations
+            ("64:ff9b::10.20.5.1", true),
+            ("203.0.113.9", true),
+            ("64:ff9b::203.0.113.9", true),
+            ("198.19.0.1", true),
+            ("10.96.0.1", true),
+            ("169.254.169.254", true),
+            ("93.184.215.14", false),
+        ] {
+            assert_eq!(refused(&conf, address), is_refused, "{address}");
+        }
+    }
+
+    #[test]
+    fn destination_ranges_are_checked() {
+        let error = |field: &str, value: &str| {
+            let mut options = SquidOptions::default();
+            let list = match field {
+                "allowDestinations" => &mut options.allow_destinations,
+                "denyDestinations" => &mut options.deny_destinations,
+                _ => &mut options.cluster_ranges,
+            };
+            list.push("192.0.2.0/24".into());
+            list.push(value.into());
+            match options.validate() {
+                Err(ProviderError::InvalidConfig(m)) => m,
+                other => panic!("{field} {value}: {other:?}"),
+            }
+        };
+        for field in ["allowDestinations", "denyDestinations", "clusterRanges"] {
+            let at = format!("config.{field}[1]: ");
+            for (value, why) in [
+                ("10.1.2.3", "is not an address range like 10.1.2.3/32"),
+                ("metadata.google.internal/32", "is not an address range"),
+                ("10.0.0.0/33", "is not an address range"),
+                ("10.0.0.0/+8", "is not an address range"),
+                (
+                    "10.1.2.3/8",
+                    "has address bits beyond its /8; write the range's first address, `10.0.0.0/8`",
+                ),
+                (
+                    "fd00::1/8",
+                    "has address bits beyond its /8; write the range's first address, `fd00::/8`",
+                ),
+                ("0.0.0.0/0", "holds every address"),
+                ("::/0", "holds every address"),
+                (
+                    "::ffff:10.0.0.0/104",
+                    "IPv4-mapped range (::ffff:0:0/96), which squid misreads; write it as IPv4",
+                ),
+                ("::/64", "IPv4-mapped range"),
+            ] {
+                let message = error(field, value);
+                assert!(message.starts_with(&format!("{at}`{value}` ")), "{message}");
+                assert!(message.contains(why), "{message}");
+            }
+        }
+        let fine = SquidOptions {
+            allow_destinations: vec![
+                "127.0.0.1/32".into(),
+                "fd12:3456::/48".into(),
+                "64:ff9b::/96".into(),
+            ],
+            ..SquidOptions::default()
+        };
+        fine.validate().unwrap();
+    }
+
+    #[test]
+    fn ranges_inside_others_are_left_out() {
+        let cidrs = |list: &[&str]| {
+            list.iter()
+                .map(|c| Cidr::parse(c).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            outermost(cidrs(&[
+                "10.1.0.0/16",
+                "10.0.0.0/8",
+                "10.0.0.0/8",
+                "11.0.0.0/8",
+                "::/96",
+                "::1/128"
+            ])),
+            cidrs(&["10.0.0.0/8", "11.0.0.0/8", "::/96"])
+        );
+        assert_eq!(
+            Cidr::parse("10.0.0.0/8").unwrap().nat64(),
+            Cidr::parse("64:ff9b::a00:0/104")
+        );
+        assert_eq!(Cidr::parse("fd00::/8").unwrap().nat64(), None);
+        assert!(Cidr::parse("::/64").unwrap().overlaps(IPV4_MAPPED));
+        assert!(!Cidr::parse("64:ff9b::/96").unwrap().overlaps(IPV4_MAPPED));
     }
 }

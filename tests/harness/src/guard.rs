@@ -75,15 +75,22 @@ fn iptables(tool: &str, action: &str, rule: &[String]) -> Result<()> {
 impl EgressGuard {
     /// Installs the rules for [`QEMU_USER`] and checks that they are in place.
     pub fn install() -> Result<EgressGuard> {
-        debian_binary("/usr/sbin/iptables", "iptables");
-        debian_binary("/usr/sbin/ip6tables", "iptables");
         crate::squid::user_ids(QEMU_USER)
             .context("look up user libvirt-qemu (Debian package libvirt-daemon-system)")?;
+        EgressGuard::install_for(QEMU_USER)
+    }
+
+    /// The same rules for another user, e.g. `proxy` (squid), so that a squid whose ACLs should
+    /// refuse an address off loopback cannot reach it even when they do not.
+    pub fn install_for(user: &str) -> Result<EgressGuard> {
+        debian_binary("/usr/sbin/iptables", "iptables");
+        debian_binary("/usr/sbin/ip6tables", "iptables");
+        crate::squid::user_ids(user).with_context(|| format!("look up user {user}"))?;
         // Unique per guard, so one guard's removal never takes another's rules.
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let comment = format!("proxy-operator-harness-{}-{n}", std::process::id());
-        let rules = rules_for(QEMU_USER, &comment);
+        let rules = rules_for(user, &comment);
         let mut installed = Vec::new();
         for (tool, rule) in &rules {
             let mut insert = rule.clone();

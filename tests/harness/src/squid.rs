@@ -62,6 +62,40 @@ http_access deny all
         Squid::start_configured(&access, "").await
     }
 
+    /// squid from a provider's own squid.conf (as its Pod or VM would run it), on a free
+    /// loopback port: only the lines that say where squid runs are replaced (`http_port`, its
+    /// logs, pid file, host name and DNS); every `acl` and `http_access` line is the provider's.
+    /// `hosts` is squid's `hosts_file` (names the test resolves, e.g. to 169.254.169.254); no
+    /// other name resolves (DNS goes to 127.0.0.1, where nothing answers). The access log is
+    /// on, in [`Squid::access_log`].
+    pub async fn start_from_provider_conf(conf: &str, hosts: &str) -> Result<Squid> {
+        const PLACED_BY_THE_HARNESS: [&str; 7] = [
+            "http_port ",
+            "cache_log ",
+            "pid_filename ",
+            "coredump_dir ",
+            "access_log ",
+            "visible_hostname ",
+            "dns_nameservers ",
+        ];
+        let kept: String = conf
+            .lines()
+            .filter(|l| !PLACED_BY_THE_HARNESS.iter().any(|p| l.starts_with(p)))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if kept.lines().count() + 1 >= conf.lines().count() {
+            bail!("not a provider's squid.conf (no http_port or logs to place):\n{conf}");
+        }
+        Squid::start_built(|port, dir| {
+            std::fs::write(format!("{dir}/hosts"), hosts)?;
+            Ok(format!(
+                "{kept}# placed by the harness\nhttp_port 127.0.0.1:{port}\nhosts_file {dir}/hosts\n{}",
+                config_tail(dir)
+            ))
+        })
+        .await
+    }
+
     /// Replaces the password file of a [`Squid::start_requiring_login`] squid (lines
     /// `user:crypt-hash`); squid's helper reads it again on its next check.
     pub fn set_passwords(&self, lines: &str) -> Result<()> {
@@ -70,15 +104,23 @@ http_access deny all
     }
 
     async fn start_configured(access: &str, extra: &str) -> Result<Squid> {
+        Squid::start_built(|port, dir| {
+            std::fs::write(format!("{dir}/passwd"), "")?;
+            let access = access.replace("{dir}", dir);
+            Ok(config(port, dir, &access) + extra)
+        })
+        .await
+    }
+
+    /// Starts squid with the config `build` writes for its port and scratch directory.
+    async fn start_built(build: impl FnOnce(u16, &str) -> Result<String>) -> Result<Squid> {
         let squid = debian_binary("/usr/sbin/squid", "squid");
         let scratch = Scratch::new("squid")?;
         let dir = scratch.path();
         let port = free_port()?;
         let conf = dir.join("squid.conf");
         let dir_text = dir.display().to_string();
-        std::fs::write(dir.join("passwd"), "")?;
-        let access = access.replace("{dir}", &dir_text);
-        std::fs::write(&conf, config(port, &dir_text, &access) + extra)
+        std::fs::write(&conf, build(port, &dir_text)?)
             .with_context(|| format!("write {}", conf.display()))?;
         chown_to_proxy(dir)?;
         // Validate first: a config error is clearer from `-k parse` than from a dead process.
@@ -240,14 +282,22 @@ fn config(port: u16, dir: &str, access: &str) -> String {
     format!(
         "# proxy-operator test harness: loopback only, no cache, CONNECT to any port.
 http_port 127.0.0.1:{port}
-{access}pid_filename {dir}/squid.pid
+{access}cache deny all
+shutdown_lifetime 0 seconds
+{}",
+        config_tail(dir)
+    )
+}
+
+/// Where the harness's squid keeps its files, and what keeps it quick and quiet on loopback.
+fn config_tail(dir: &str) -> String {
+    format!(
+        "pid_filename {dir}/squid.pid
 cache_log {dir}/cache.log
 access_log stdio:{dir}/access.log
 netdb_filename none
 coredump_dir {dir}
-cache deny all
 pinger_enable off
-shutdown_lifetime 0 seconds
 visible_hostname harness-squid
 dns_nameservers 127.0.0.1
 "

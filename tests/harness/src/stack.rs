@@ -545,6 +545,8 @@ providers:
       # Through passt, connections from the machine's loopback arrive from the gateway.
       allowFrom: ["{gateway}/32"]
       connectPorts: [443, {site_port}]
+      # The loopback site, as the guest reaches it (squid refuses its own network otherwise).
+      allowDestinations: ["{gateway}/32"]
       # The guest has no DNS here (the egress guard drops it); squid must not wait for one.
       dnsNameservers: ["127.0.0.1"]
     grants:
