@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
     plural = "providerhealths",
     shortname = "ph",
     status = "ProviderHealthStatus",
+    doc = "The health of one provider instance of the operator's providers config (named after it), written by the operator from the provider's check().",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Targets","type":"string","jsonPath":".status.targetsSummary"}"#,

@@ -26,6 +26,8 @@ pub const MAX_POOL_REPLICAS: i32 = 5000;
     category = "crawl",
     namespaced,
     status = "ProxyPoolStatus",
+    doc = "A pool of Proxies made from one template, kept at `replicas` healthy ones, spread over providers and zones, rotated and recycled; crawlers lease from it by name.",
+    selectable = ".spec.template.spec.provider",
     scale(
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.replicas",

@@ -151,9 +151,12 @@ impl KubeCapability {
         }
     }
 
-    /// Server-side apply; the object's namespace is the granted one, and the provider label is
-    /// added. An existing object without that label is refused, never taken over.
-    pub async fn apply(&self, object: &str) -> Result<String> {
+    /// The object a plugin sent, parsed and placed: its types, its name (checked by its kind's
+    /// rules) and its namespace (the granted one, filled in when missing).
+    fn parse_for_apply(
+        &self,
+        object: &str,
+    ) -> Result<(DynamicObject, kube::core::TypeMeta, String, String)> {
         if object.len() > MAX_OBJECT_BYTES {
             return Err(KubeError::Invalid(format!(
                 "the object is {} bytes; at most {MAX_OBJECT_BYTES} are accepted",
@@ -185,6 +188,13 @@ impl KubeCapability {
                 )));
             }
         }
+        Ok((object, types, name, namespace))
+    }
+
+    /// Server-side apply; the object's namespace is the granted one, and the provider label is
+    /// added. An existing object without that label is refused, never taken over.
+    pub async fn apply(&self, object: &str) -> Result<String> {
+        let (mut object, types, name, namespace) = self.parse_for_apply(object)?;
         self.refuse_operator_object(&types.api_version, &types.kind, &namespace, &name)?;
         let refused = |problem: String| {
             KubeError::Denied(format!(

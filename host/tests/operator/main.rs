@@ -250,14 +250,55 @@ async fn a_proxy_applied_with_kubectl_becomes_ready_and_deleting_it_deletes_the_
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "PROVIDER", "ADDRESS", "AGE"],
+        ["NAME", "PHASE", "REASON", "PROVIDER", "ADDRESS", "AGE"],
         "{table}"
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
-        &row[..4],
-        ["alpha", "Ready", "store", "127.0.0.1"],
+        &row[..5],
+        ["alpha", "Ready", "Healthy", "store", "127.0.0.1"],
         "{table}"
+    );
+    // `spec.provider` is a field selector (selectableFields).
+    let selected = cp
+        .kubectl_run(
+            &[
+                "get",
+                "px",
+                "-n",
+                ns.name(),
+                "--field-selector",
+                "spec.provider=store",
+                "-o",
+                "name",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        selected.contains("proxy.proxy-operator.dev/alpha"),
+        "{selected}"
+    );
+    let none = cp
+        .kubectl_run(
+            &[
+                "get",
+                "px",
+                "-n",
+                ns.name(),
+                "--field-selector",
+                "spec.provider=other",
+                "-o",
+                "name",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        none.trim().is_empty() || none.contains("No resources"),
+        "{none}"
     );
 
     let described = cp
