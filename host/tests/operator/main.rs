@@ -256,7 +256,7 @@ async fn a_proxy_applied_with_kubectl_becomes_ready_and_deleting_it_deletes_the_
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(
         &row[..5],
-        ["alpha", "Ready", "Healthy", "store", "127.0.0.1"],
+        ["alpha", "Ready", "InstanceRunning", "store", "127.0.0.1"],
         "{table}"
     );
     // `spec.provider` is a field selector (selectableFields).
