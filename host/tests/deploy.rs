@@ -75,6 +75,13 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["image"], "proxy-operator:dev");
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    // The operator starts before (or without) the static token's Secret: the README makes it
+    // after `apply -k`, and crawlers in the cluster need none (ServiceAccount tokens).
+    for env in container["env"].as_array().unwrap() {
+        if let Some(secret) = env["valueFrom"].get("secretKeyRef") {
+            assert_eq!(secret["optional"], true, "{env}: the Pod would wait for the Secret");
+        }
+    }
     // The discovery Service follows the leader's label; the PDB lets one replica go at a time.
     let discovery = find("Service/proxy-operator-discovery");
     assert_eq!(
