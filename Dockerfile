@@ -9,6 +9,13 @@
 # /plugins/<type>.wasm, user 65532, nothing writable but /tmp (the Deployment runs it with a
 # read-only root file system and an emptyDir on /tmp). See docs/image.md.
 #
+# Stages: `builder` compiles; `runtime` is the image without the operator's files; the last,
+# unnamed stage (what a plain build makes) is `runtime` + the builder's binary and providers.
+# `prebuilt` is `runtime` + a binary and providers compiled outside, from a build context that
+# holds prebuilt/proxy-operator and prebuilt/plugins/*.wasm: CI's test image
+# (`--target prebuilt`, tests/fixtures/operator-image/build.sh with OPERATOR_BINARY), which reuses
+# the test build's binary instead of compiling everything a second time. See docs/image.md.
+#
 # Build arguments:
 #   CARGO_PROFILE  cargo profile of the operator binary: release (default), or a cheaper one for
 #                  CI (e.g. `image-ci`, see Cargo.toml and docs/image.md)
@@ -53,7 +60,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     install -m 0755 "target/$dir/proxy-operator" /out/proxy-operator; \
     ls -l /out/proxy-operator
 
-FROM ${RUNTIME_IMAGE}
+FROM ${RUNTIME_IMAGE} AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="proxy-operator" \
@@ -75,9 +82,18 @@ RUN set -eu; \
     chmod 1777 /tmp; \
     echo 'nonroot:x:65532:65532:nonroot:/nonexistent:/usr/sbin/nologin' >>/etc/passwd; \
     echo 'nonroot:x:65532:' >>/etc/group
-COPY --from=builder /out/proxy-operator /usr/local/bin/proxy-operator
-COPY --from=builder /out/plugins/ /plugins/
 USER 65532:65532
 WORKDIR /tmp
 ENTRYPOINT ["/usr/local/bin/proxy-operator"]
 CMD ["run"]
+
+# CI's test image: the same runtime, the binary and providers the test build made (root-owned,
+# as COPY makes them whatever USER says). Unused by a plain build.
+FROM runtime AS prebuilt
+COPY prebuilt/proxy-operator /usr/local/bin/proxy-operator
+COPY prebuilt/plugins/ /plugins/
+
+# The image: the runtime and what the builder compiled.
+FROM runtime
+COPY --from=builder /out/proxy-operator /usr/local/bin/proxy-operator
+COPY --from=builder /out/plugins/ /plugins/

@@ -22,6 +22,7 @@ help:
 	@echo "make e2e-cluster  the operator from its image in a real single-node cluster, end to end"
 	@echo "make image        the operator's image (Dockerfile) as an OCI archive, built offline with buildah"
 	@echo "                  (CARGO_PROFILE=image-ci for a cheaper build; docs/image.md)"
+	@echo "make test-image   the image the tests install: the same Dockerfile, the test build's binary"
 
 # Debian packages, kube-apiserver/etcd/kubectl and the guest image (idempotent; needs root).
 fixtures:
@@ -39,7 +40,6 @@ plugins: toolchain
 build: plugins
 	$(CARGO) build --workspace
 
-# What CI runs: formatting, clippy, then every test with the plugins freshly built.
 # Runs the operator against the cluster in $KUBECONFIG (e.g. the one `make dev-cluster` prints).
 # The sample's synthetic instances are not real proxies, so health probing is off; the discovery
 # API listens on 127.0.0.1:8090 with token $(DISCOVERY_TOKEN).
@@ -50,15 +50,31 @@ run: plugins
 		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
 
 # Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
-# The operator's image first: the cluster test (host/tests/cluster_e2e.rs) installs it.
-test: fixtures plugins examples lint test-image
-	$(CARGO) test --workspace --no-fail-fast
+# Each phase is timed and the table printed at the end, also when one failed (.ci/phase). The
+# test binaries are built once and run side by side (.ci/run-suites; SUITE_JOBS=N at most at
+# once, default 3); the operator's image the cluster test (host/tests/cluster_e2e.rs) installs
+# takes the test build's binary (docs/image.md).
+test:
+	@.ci/phase --table $(MAKE) --no-print-directory test-phases
+
+.PHONY: test-phases
+test-phases:
+	.ci/phase fixtures $(MAKE) --no-print-directory fixtures
+	.ci/phase plugins $(MAKE) --no-print-directory plugins
+	.ci/phase examples $(MAKE) --no-print-directory examples
+	.ci/phase "cargo fmt --check" $(CARGO) fmt --all --check
+	.ci/phase clippy $(CARGO) clippy --workspace --all-targets -- -D warnings
+	.ci/phase "test build" $(CARGO) test --workspace --no-run
+	.ci/phase "operator image (test build's binary)" $(MAKE) --no-print-directory test-image-of-build
+	.ci/phase "operator image (full Dockerfile build, when its recipe changed)" \
+		$(MAKE) --no-print-directory test-dockerfile
+	.ci/phase "tests (side by side)" .ci/run-suites
 	@# The soak's 60-second version (host/benches/soak.rs), in the dev profile: it checks its
 	@# invariants and fails if one broke; `make soak` runs the 10-minute one in release.
-	SOAK_SECONDS=60 $(CARGO) test -p proxy-operator --bench soak
+	SOAK_SECONDS=60 .ci/phase "soak (60 s, and its build)" $(CARGO) test -p proxy-operator --bench soak
 	@# cargo test built both binaries for the integration tests; `cargo build --bin` would build
 	@# them again with another feature set (minutes on a cold tree).
-	DEV_ONCE=1 target/debug/dev
+	DEV_ONCE=1 .ci/phase "make dev (DEV_ONCE=1)" target/debug/dev
 
 # The operator's main job, for real: control plane, a local hypervisor, the operator with the
 # built plugins, a kvm Proxy that boots, becomes Ready and is leased (tests/harness/src/bin/dev.rs).
@@ -98,19 +114,34 @@ image:
 	@archive="$$(tests/fixtures/operator-image/build.sh)" && \
 		tests/fixtures/operator-image/check.sh "$$archive" && echo "$$archive"
 
-# The image the tests install: the same Dockerfile with the cheaper image-ci profile (release at
-# opt-level 1, docs/image.md), checked the same way.
-IMAGE_PROFILE ?= image-ci
-.PHONY: test-image e2e-cluster
-test-image:
-	@archive="$$(CARGO_PROFILE=$(IMAGE_PROFILE) tests/fixtures/operator-image/build.sh)" && \
+# The image the tests install: the Dockerfile's `prebuilt` target, the same runtime stage as the
+# user's image with the binary the test build made (target/debug/proxy-operator; `cargo test`
+# builds it for the integration tests) and the providers of `make plugins`; checked as `make
+# image` is (docs/image.md).
+.PHONY: test-image test-image-of-build test-dockerfile e2e-cluster
+test-image: plugins
+	$(CARGO) test --workspace --no-run
+	@$(MAKE) --no-print-directory test-image-of-build
+
+# The prebuilt image of the binary already built (what `make test` runs after its test build;
+# no cargo here: another cargo command could rebuild the binary with other features).
+test-image-of-build:
+	@archive="$$(OPERATOR_BINARY=target/debug/proxy-operator tests/fixtures/operator-image/build.sh)" && \
 		tests/fixtures/operator-image/check.sh "$$archive"
+
+# The full Dockerfile build (CARGO_PROFILE=image-ci), checked, whenever what it depends on
+# besides the sources changed (Dockerfile, .dockerignore, Cargo files, toolchain, scripts) and
+# it has not passed for that recipe (docs/image.md); FULL_IMAGE_BUILD=1 forces it.
+test-dockerfile:
+	tests/fixtures/operator-image/full-build-check.sh
 
 # The operator installed from its image with `kubectl apply -k` in a real single-node cluster
 # (kubelet, containerd, kube-proxy in a network namespace with no uplink), a kubernetes-provider
 # Proxy serving real traffic, a rollout restart and evictions (host/tests/cluster_e2e.rs).
-e2e-cluster: fixtures test-image
-	CARGO_PROFILE=$(IMAGE_PROFILE) $(CARGO) test -p proxy-operator --test cluster_e2e -- --nocapture
+e2e-cluster: fixtures plugins
+	$(CARGO) test -p proxy-operator --test cluster_e2e --no-run
+	@$(MAKE) --no-print-directory test-image-of-build
+	$(CARGO) test -p proxy-operator --test cluster_e2e -- --nocapture
 
 # Example providers in other languages (target/plugins/python-example.wasm, js-example.wasm); the
 # tests load them.

@@ -17,8 +17,12 @@ log() { printf '[install-fixtures] %s\n' "$*" >&2; }
 now() { echo "${EPOCHREALTIME/,/.}"; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 step_start=0
-step() { step_start=$(now); log "$*"; }
-step_done() { log "  done in $(elapsed "$step_start") s"; }
+step_name=
+# step NAME WHAT: logs WHAT; step_done logs the time and adds a row NAME to the timing table
+# of .ci/run / `make test` (.ci/phase, $PHASES_FILE) when there is one.
+step() { step_start=$(now); step_name="$1"; shift; log "$*"; }
+record() { [[ -z ${PHASES_FILE:-} ]] || printf 'fixtures: %s\t%s\tok\n' "$1" "$(elapsed "$2")" >>"$PHASES_FILE"; }
+step_done() { log "  done in $(elapsed "$step_start") s"; record "$step_name" "$step_start"; }
 
 # qemu + libvirt come from bookworm-backports (libvirt 11, QEMU 10). Plain
 # bookworm's qemu-system-x86 7.2 conflicts with a backports qemu-utils and would
@@ -84,7 +88,7 @@ ensure_backports_source() {
 
 total_start=$(now)
 
-step "Debian packages"
+step packages "Debian packages"
 mapfile -t need_backports < <(missing "${backports_pkgs[@]}")
 mapfile -t need_plain < <(missing "${plain_pkgs[@]}")
 if ((${#need_backports[@]} + ${#need_plain[@]} == 0)); then
@@ -120,7 +124,7 @@ step_done
 # The crawler examples (docs/examples/) run in a test with Scrapy and requests: a venv keyed by
 # docs/examples/requirements.txt (a copy of it in the venv says what is installed). Python is only
 # for the examples; the operator does not use it.
-step "Python venv of the crawler examples (docs/examples/requirements.txt)"
+step "Python venv" "Python venv of the crawler examples (docs/examples/requirements.txt)"
 pyenv="${PROXY_OPERATOR_PYENV:-$HOME/.cache/proxy-operator/pyenv}"
 requirements="$repo/docs/examples/requirements.txt"
 if [[ -x "$pyenv/bin/python" ]] && cmp -s "$requirements" "$pyenv/requirements.txt"; then
@@ -139,7 +143,7 @@ step_done
 
 # Debian's kernel for the test guest: the package is downloaded, not installed (it would touch
 # /boot); only its vmlinuz is kept in the fixture cache.
-step "guest kernel (Debian linux-image-amd64, vmlinuz only)"
+step "guest kernel" "guest kernel (Debian linux-image-amd64, vmlinuz only)"
 kernel_dir="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}/guest-kernel"
 if [[ -s "$kernel_dir/vmlinuz" ]]; then
     log "  present: $kernel_dir/vmlinuz"
@@ -163,23 +167,24 @@ step_done
 # The guest image (debootstrap: mostly downloads and dpkg, ~4 min cold) builds beside the Go
 # build (CPU-bound, ~10 min cold); both are cached by the hash of their inputs. debootstrap needs
 # root.
-step "proxy VM guest image (tests/fixtures/guest-image/build.sh), in the background"
+step "guest image" "proxy VM guest image (tests/fixtures/guest-image/build.sh), in the background"
+image_start=$step_start
 image_out="$(mktemp)"
 as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
     "$repo/tests/fixtures/guest-image/build.sh" >"$image_out" &
 image_pid=$!
 
-step "kube-apiserver, kubectl, etcd, kubelet, controller-manager, scheduler, kube-proxy (tests/fixtures/k8s/build.sh)"
+step "Go binaries" "kube-apiserver, kubectl, etcd, kubelet, controller-manager, scheduler, kube-proxy (tests/fixtures/k8s/build.sh)"
 bin="$("$repo/tests/fixtures/k8s/build.sh" | tail -n1)"
 step_done
 
 # After the Go build: pause.c comes from its module cache.
-step "node images: pause, squid, web (tests/fixtures/node-images/build.sh)"
+step "node images" "node images: pause, squid, web (tests/fixtures/node-images/build.sh)"
 node_images="$(as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
     GOMODCACHE="$(go env GOMODCACHE)" PATH="$PATH" "$repo/tests/fixtures/node-images/build.sh" | tail -n1)"
 step_done
 
-step "waiting for the guest image"
+step "waiting for the guest image" "waiting for the guest image"
 if ! wait "$image_pid"; then
     log "building the guest image failed (its output is above)"
     exit 1
@@ -187,5 +192,6 @@ fi
 guest_image="$(tail -n1 "$image_out")"
 rm -f "$image_out"
 step_done
+record "guest image (beside the Go build)" "$image_start"
 
 log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; guest image: $guest_image; node images: $node_images"

@@ -95,15 +95,21 @@ async fn main() -> anyhow::Result<()> {
     let created = started.elapsed();
 
     let deadline = Instant::now() + Duration::from_secs(600);
+    let mut seen = 0;
     let ready = loop {
-        let list = api.list(&ListParams::default()).await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
-            .count();
-        if ready == PROXIES || Instant::now() > deadline {
-            break ready;
+        // A failed list (the API server busy) is retried; the count is the last one seen.
+        match api.list(&ListParams::default()).await {
+            Ok(list) => {
+                seen = list
+                    .items
+                    .iter()
+                    .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
+                    .count()
+            }
+            Err(e) => eprintln!("operator_scale: listing the Proxies failed, retrying: {e}"),
+        }
+        if seen == PROXIES || Instant::now() > deadline {
+            break seen;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
@@ -122,14 +128,15 @@ async fn main() -> anyhow::Result<()> {
     let pool_started = Instant::now();
     pools.create(&PostParams::default(), &pool).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
+    let mut seen = 0;
     let pool_ready = loop {
-        let ready = pools
-            .get("scale")
-            .await?
-            .status
-            .map_or(0, |s| s.ready_replicas);
-        if ready as usize == PROXIES || Instant::now() > deadline {
-            break ready as usize;
+        // A failed read (the API server busy) is retried; the count is the last one seen.
+        match pools.get("scale").await {
+            Ok(pool) => seen = pool.status.map_or(0, |s| s.ready_replicas),
+            Err(e) => eprintln!("operator_scale: reading the pool failed, retrying: {e}"),
+        }
+        if seen as usize == PROXIES || Instant::now() > deadline {
+            break seen as usize;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };

@@ -65,9 +65,14 @@ impl Discovery {
         let deadline = Instant::now() + Duration::from_secs(120);
         while held.lock().unwrap().len() < HELD {
             let body = serde_json::json!({"pool": format!("{ns}/rotating"), "ttlSeconds": 60});
-            let (status, lease) = self
+            // No answer (the machine busy) is retried until the deadline like a refusal.
+            let (status, lease) = match self
                 .call(reqwest::Method::POST, "/v1/leases", Some(body))
-                .await?;
+                .await
+            {
+                Ok(answer) => answer,
+                Err(e) => (0, serde_json::Value::String(format!("no answer: {e}"))),
+            };
             if status == 201 {
                 let name = lease["proxy"]["name"]
                     .as_str()
@@ -192,8 +197,21 @@ async fn main() -> anyhow::Result<()> {
     let release_after = Instant::now() + Duration::from_secs(10);
     let mut released = false;
     let deadline = Instant::now() + Duration::from_secs(900);
+    let mut failed_reads = 0;
     loop {
-        let now = pools.get("rotating").await?;
+        // A failed read (the API server busy) is retried until the deadline.
+        let now = match pools.get("rotating").await {
+            Ok(now) => now,
+            Err(e) => {
+                failed_reads += 1;
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the rotation did not finish; the last read failed: {e} ({failed_reads} failed)"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let ready = ready_of(&now);
         {
             let mut low = lowest.lock().unwrap();
@@ -252,10 +270,16 @@ async fn wait_pool(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        if done(&pools.get("rotating").await?) {
+        // A failed read (the API server busy) is retried until the deadline.
+        let seen = pools.get("rotating").await;
+        if seen.as_ref().is_ok_and(&done) {
             return Ok(());
         }
-        anyhow::ensure!(Instant::now() < deadline, "pool never {what}");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "pool never {what}; last seen: {:?}",
+            seen.map(|p| p.status)
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

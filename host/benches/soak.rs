@@ -333,11 +333,18 @@ async fn main() -> anyhow::Result<()> {
                 .count()
         })
     };
+    // A list that fails (the API server busy: a cut chunked body, a timeout) is retried until
+    // the deadline, which then says what the last try saw.
     let deadline = Instant::now() + Duration::from_secs(600);
-    while ready_count().await? < proxies {
+    loop {
+        let seen = match ready_count().await {
+            Ok(ready) if ready >= proxies => break,
+            Ok(ready) => format!("{ready} Ready"),
+            Err(e) => format!("listing the Proxies failed: {e}"),
+        };
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{proxies} Proxies not Ready in 600 s"
+            "{proxies} Proxies not Ready in 600 s; last seen: {seen}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -452,7 +459,15 @@ async fn main() -> anyhow::Result<()> {
     // Settle: deletions finish, late instances are collected.
     let settled = Instant::now();
     let (leaked, missing, unexplained) = loop {
-        let live = api.list(&ListParams::default()).await?.items;
+        let live = match api.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(e) if settled.elapsed() <= Duration::from_secs(120) => {
+                eprintln!("soak: listing the Proxies failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => anyhow::bail!("listing the Proxies failed until the settle deadline: {e}"),
+        };
         let recorded: BTreeSet<String> = live
             .iter()
             .filter_map(|p| p.status.as_ref()?.provider_id.clone())

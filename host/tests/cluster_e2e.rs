@@ -27,14 +27,15 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The operator's image as an OCI archive, built from the Dockerfile by
-/// `tests/fixtures/operator-image/build.sh` (cached by the hash of its inputs; `make test` and
-/// `make e2e-cluster` build it first, with `CARGO_PROFILE=image-ci` unless it is set).
+/// The operator's image as an OCI archive, built from the Dockerfile's `prebuilt` target by
+/// `tests/fixtures/operator-image/build.sh` with the operator binary cargo built for this test
+/// (the runtime stage of the user's image; docs/image.md). Cached by the binary's hash: `make
+/// test` and `make e2e-cluster` build and check it first.
 fn operator_image_archive() -> PathBuf {
     let script = repo().join("tests/fixtures/operator-image/build.sh");
-    let profile = std::env::var("CARGO_PROFILE").unwrap_or_else(|_| "image-ci".into());
     let out = std::process::Command::new(&script)
-        .env("CARGO_PROFILE", profile)
+        .env("OPERATOR_BINARY", env!("CARGO_BIN_EXE_proxy-operator"))
+        .env("PLUGINS_DIR", repo().join("target/plugins"))
         .output()
         .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
     assert!(

@@ -134,15 +134,14 @@ impl World {
         let selector = kube::api::ListParams::default().labels("proxy-operator.dev/leader=true");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let labelled: Vec<String> = pods
-                .list(&selector)
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter_map(|p| p.metadata.name)
-                .collect();
-            if labelled == [leader] {
+            // A failed list (the API server busy) is retried until the deadline.
+            let labelled: Result<Vec<String>, _> = pods.list(&selector).await.map(|list| {
+                list.items
+                    .into_iter()
+                    .filter_map(|p| p.metadata.name)
+                    .collect()
+            });
+            if matches!(&labelled, Ok(names) if names == &[leader]) {
                 return;
             }
             assert!(

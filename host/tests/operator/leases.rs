@@ -337,7 +337,15 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     // Allowed once the proxy is provisioned (503 no-proxy-available until then).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let lease = loop {
-        let response = grant("pool-a").await.unwrap();
+        // No answer (the machine busy) is retried until the deadline like a 503.
+        let response = match grant("pool-a").await {
+            Ok(response) => response,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "no lease: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let status = response.status();
         let body: serde_json::Value =
             serde_json::from_str(&response.text().await.unwrap()).unwrap_or_default();

@@ -157,7 +157,18 @@ async fn wait_for(
 ) -> Option<Proxy> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let proxy = api.get_opt(name).await.unwrap();
+        // A failed read (the API server busy) is retried until the deadline.
+        let proxy = match api.get_opt(name).await {
+            Ok(proxy) => proxy,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting for {name}: {what}; last: reading it failed: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         if check(proxy.as_ref()) {
             return proxy;
         }
@@ -1763,16 +1774,17 @@ async fn a_field_from_a_newer_crd_does_not_stop_the_operator() {
     // The API server keeps the field (it is in the CRD's schema now).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        cp.kubectl_run(&["apply", "-f", "-"], Some(&newer))
-            .await
-            .unwrap();
-        let raw = cp
-            .kubectl_run(
-                &["get", "proxy", "newer", "-n", ns.name(), "-o", "json"],
-                None,
-            )
-            .await
-            .unwrap();
+        // kubectl failing (the API server busy) is retried until the deadline like a pruned field.
+        let raw = match cp.kubectl_run(&["apply", "-f", "-"], Some(&newer)).await {
+            Ok(_) => cp
+                .kubectl_run(
+                    &["get", "proxy", "newer", "-n", ns.name(), "-o", "json"],
+                    None,
+                )
+                .await
+                .unwrap_or_else(|e| format!("kubectl get failed: {e:#}")),
+            Err(e) => format!("kubectl apply failed: {e:#}"),
+        };
         if raw.contains("from-a-newer-operator") {
             break;
         }

@@ -229,10 +229,16 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
     .await;
     let api: Api<Proxy> = s.world.ns.api();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while api.get_opt(&held).await.unwrap().is_some() {
+    loop {
+        // A failed read (the API server busy) is retried until the deadline.
+        let seen = api.get_opt(&held).await;
+        if matches!(seen, Ok(None)) {
+            break;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{held} still exists"
+            "{held} still exists: {:?}",
+            seen.map(|p| p.map(|p| p.status))
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -408,9 +408,12 @@ async fn an_upload_one_instance_refuses_is_swapped_in_for_none() {
     let api: Api<ProviderHealth> = Api::all(cp.client());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let object = api.get_opt(&fits).await.unwrap();
-        let plugin_loaded = object.as_ref().map(|ph| condition(ph, "PluginLoaded"));
-        if let Some((status, _, message)) = &plugin_loaded
+        // A failed read (the API server busy) is retried until the deadline.
+        let object = api.get_opt(&fits).await.map_err(|e| e.to_string());
+        let plugin_loaded = object
+            .as_ref()
+            .map(|o| o.as_ref().map(|ph| condition(ph, "PluginLoaded")));
+        if let Ok(Some((status, _, message))) = &plugin_loaded
             && status == "False"
             && message.contains("not swapped in")
         {

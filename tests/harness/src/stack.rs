@@ -320,8 +320,18 @@ impl Stack {
                 phases.done(&what);
             }
         };
+        let mut last_error = None;
         loop {
-            let status = self.proxy_status().await?.unwrap_or(Value::Null);
+            // A failed read (the API server busy) is retried until the deadline.
+            let status = match self.proxy_status().await {
+                Ok(status) => status.unwrap_or(Value::Null),
+                Err(e) if Instant::now() <= deadline => {
+                    last_error = Some(e);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.context("reading the Proxy failed until the deadline")),
+            };
             let text = |k: &str| status.get(k).and_then(Value::as_str).map(str::to_string);
             if let Some(id) = text("providerID") {
                 say(
@@ -369,8 +379,11 @@ impl Stack {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the Proxy is not Ready after {timeout:?}: {}\noperator log:\n{}",
+                    "the Proxy is not Ready after {timeout:?}: {}{}\noperator log:\n{}",
                     conditions(&status),
+                    last_error
+                        .map(|e| format!(" (a read failed on the way: {e:#})"))
+                        .unwrap_or_default(),
                     self.operator.log_tail(30)
                 );
             }
@@ -406,13 +419,23 @@ impl Stack {
     pub async fn lease(&self) -> Result<Value> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let (status, lease) = self
+            // No answer (the machine busy) is retried until the deadline like a 503.
+            let (status, lease) = match self
                 .discovery(
                     reqwest::Method::POST,
                     "/v1/leases",
                     Some(json!({"proxy": format!("{PROXY_NAMESPACE}/{PROXY_NAME}")})),
                 )
-                .await?;
+                .await
+            {
+                Ok(answer) => answer,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!("POST /v1/leases: no answer, retrying: {e:#}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.context("POST /v1/leases: no answer until the deadline")),
+            };
             match status {
                 201 => return Ok(lease),
                 503 if Instant::now() < deadline => {
@@ -451,10 +474,19 @@ impl Stack {
         }
         api.delete(PROXY_NAME, &DeleteParams::default()).await?;
         let deadline = Instant::now() + timeout;
-        while api.get_opt(PROXY_NAME).await?.is_some() {
+        loop {
+            // A failed read (the API server busy) is retried until the deadline.
+            let seen = api.get_opt(PROXY_NAME).await;
+            if matches!(seen, Ok(None)) {
+                break;
+            }
             if Instant::now() > deadline {
+                let seen = match seen {
+                    Err(e) => format!("the last read failed: {e}"),
+                    Ok(_) => "it still exists".into(),
+                };
                 bail!(
-                    "the Proxy is still there after {timeout:?}:\n{}",
+                    "the Proxy is still there after {timeout:?} ({seen}):\n{}",
                     self.operator.log_tail(20)
                 );
             }
