@@ -79,7 +79,10 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
     // after `apply -k`, and crawlers in the cluster need none (ServiceAccount tokens).
     for env in container["env"].as_array().unwrap() {
         if let Some(secret) = env["valueFrom"].get("secretKeyRef") {
-            assert_eq!(secret["optional"], true, "{env}: the Pod would wait for the Secret");
+            assert_eq!(
+                secret["optional"], true,
+                "{env}: the Pod would wait for the Secret"
+            );
         }
     }
     // The discovery Service follows the leader's label; the PDB lets one replica go at a time.
