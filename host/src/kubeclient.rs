@@ -83,6 +83,28 @@ fn stretched(wait: Duration, share: f64) -> Duration {
     wait + wait.mul_f64(share.clamp(0.0, 1.0))
 }
 
+/// Objects listed per page: the API server answers a page of this size in well under its 60 s
+/// request timeout even at 10 000 Proxies (an unpaginated list of that many was cut by it).
+pub const LIST_PAGE: u32 = 500;
+
+/// Every object `params` selects, page by page (`limit` / `continue`), so no list of a large
+/// fleet is one huge answer.
+pub async fn list_all<K>(api: &kube::Api<K>, params: &kube::api::ListParams) -> kube::Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = params.clone().limit(LIST_PAGE);
+    let mut all = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(all),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,28 +127,6 @@ mod tests {
                 Duration::from_millis(expected),
                 "{wait} ms stretched by {share}"
             );
-        }
-    }
-}
-
-/// Objects listed per page: the API server answers a page of this size in well under its 60 s
-/// request timeout even at 10 000 Proxies (an unpaginated list of that many was cut by it).
-pub const LIST_PAGE: u32 = 500;
-
-/// Every object `params` selects, page by page (`limit` / `continue`), so no list of a large
-/// fleet is one huge answer.
-pub async fn list_all<K>(api: &kube::Api<K>, params: &kube::api::ListParams) -> kube::Result<Vec<K>>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut params = params.clone().limit(LIST_PAGE);
-    let mut all = Vec::new();
-    loop {
-        let page = api.list(&params).await?;
-        all.extend(page.items);
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(all),
         }
     }
 }
