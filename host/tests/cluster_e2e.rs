@@ -323,7 +323,7 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     let web_ip = start_web_server(cluster).await;
     phases.done("web server Pod ready");
 
-    // Install as the README says: apply -k, the token Secret.
+    // Install as the README says: apply -k, the token Secret, a restart.
     let overlay = write_overlay(&cluster.images().squid, &format!("{web_ip}:8080"));
     kubectl(cluster, &["apply", "-k", overlay.to_str().unwrap()]).await;
     kubectl(
@@ -336,6 +336,18 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
             "generic",
             "proxy-operator-discovery",
             &format!("--from-literal=token={TOKEN}"),
+        ],
+    )
+    .await;
+    // The Secret is optional (the operator starts without it), and read at start: a restart.
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "rollout",
+            "restart",
+            "deployment/proxy-operator",
         ],
     )
     .await;
