@@ -830,16 +830,31 @@ fn normalize_reference(reference: &str) -> String {
 /// `ctr images import` of an OCI archive, unpacked for the CRI; `naming` is
 /// `--index-name=REF` (the archive's index gets that name, whatever its annotations say) or
 /// `--base-name=REPO` (each annotated tag T becomes REPO:T).
+///
+/// Tried up to three times: under load (suites side by side) `ctr` was seen once to fail
+/// unpacking an archive it had just written (`content digest … not found`) that imported at the
+/// next try; any other failure repeats and is returned.
 async fn import(socket: &Path, archive: &Path, naming: &str) -> Result<()> {
-    run_output(
-        tokio::process::Command::new("ctr")
-            .arg(format!("--address={}", socket.display()))
-            .args(["--namespace=k8s.io", "images", "import", naming])
-            .arg(archive),
-    )
-    .await
-    .with_context(|| format!("import {} ({naming})", archive.display()))?;
-    Ok(())
+    const ATTEMPTS: usize = 3;
+    let mut attempt = 1;
+    loop {
+        let result = run_output(
+            tokio::process::Command::new("ctr")
+                .arg(format!("--address={}", socket.display()))
+                .args(["--namespace=k8s.io", "images", "import", naming])
+                .arg(archive),
+        )
+        .await
+        .with_context(|| format!("import {} ({naming})", archive.display()));
+        match result {
+            Ok(_) => return Ok(()),
+            Err(e) if attempt < ATTEMPTS => {
+                eprintln!("[node] import attempt {attempt} failed, trying again: {e:#}");
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Runs `f` on a fresh thread that has entered the network namespace at `netns` (a thread's

@@ -495,12 +495,26 @@ impl Stack {
         Ok(())
     }
 
+    /// Copies the operator's log into `dir` (the stack's scratch directory, where it is written,
+    /// goes with the stack), as `operator-<unix seconds>.log`; its path.
+    pub fn keep_operator_log(&self, dir: &Path) -> Result<PathBuf> {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let seconds = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let kept = dir.join(format!("operator-{seconds}.log"));
+        std::fs::copy(self.operator.log_path(), &kept)
+            .with_context(|| format!("copy the operator's log to {}", kept.display()))?;
+        Ok(kept)
+    }
+
     /// `export KUBECONFIG=...` and the rest of what a person can try.
     /// The lease's `proxyUrl` carries the proxy's password: kept in a shell variable, not printed.
     /// `address` is the bare proxy, which answers 407 without the credentials.
     pub fn instructions(&self, address: &str) -> String {
         format!(
-            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  proxy_url=$(curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}' | jq -r .proxyUrl)\n  curl -s -x \"$proxy_url\" {site}\n  curl -s -o /dev/null -w '%{{http_code}}\\n' -x {address} {site}   # 407: the proxy requires its credentials\n\nThe operator's log: {log}\nPress Ctrl-C to stop everything (the VM is removed).\n",
+            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  proxy_url=$(curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}' | jq -r .proxyUrl)\n  curl -s -x \"$proxy_url\" {site}\n  curl -s -o /dev/null -w '%{{http_code}}\\n' -x {address} {site}   # 407: the proxy requires its credentials\n\nThe operator's log: {log} (copied to target/dev-logs/ when make dev ends)\nPress Ctrl-C to stop everything (the VM is removed).\n",
             kubeconfig = self.kubeconfig.display(),
             discovery = self.discovery,
             site = self.site_url(),

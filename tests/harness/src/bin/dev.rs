@@ -70,6 +70,22 @@ async fn run(
 ) -> Result<()> {
     *phase = "start the stack";
     let mut stack = Stack::start(options, phases).await?;
+    let result = drive(&mut stack, phases, once, phase).await;
+    // The stack's directory goes with it: the operator's log is kept, whatever happened.
+    match stack.keep_operator_log(&repo_path("DEV_LOG_DIR", "target/dev-logs")) {
+        Ok(kept) => eprintln!("make dev: the operator's log is kept in {}", kept.display()),
+        Err(e) => eprintln!("make dev: cannot keep the operator's log: {e:#}"),
+    }
+    result
+}
+
+/// What `make dev` does with a started stack: a Proxy Ready, then (once) leased and used.
+async fn drive(
+    stack: &mut Stack,
+    phases: &mut Phases,
+    once: bool,
+    phase: &mut &'static str,
+) -> Result<()> {
     *phase = "apply the Proxy";
     stack.apply_proxy().await?;
     phases.done("Proxy crawlers/egress-1 applied (spec.provider: kvm-home, no cloud-init)");
