@@ -719,21 +719,7 @@ impl LeaseStore {
         }
         inner.rebuild_free_by_pool();
 
-        // What the table keeps about proxies that are gone goes with them.
-        let before = (inner.cooldowns.len(), inner.blocked_reports.len());
-        let pool_ref = &inner.pool;
-        inner.cooldowns.retain(|k, _| pool_ref.contains_key(k));
-        inner.failures.retain(|k, _| pool_ref.contains_key(k));
-        inner
-            .blocked_reports
-            .retain(|k, _| pool_ref.contains_key(k));
-        // At a million sessions or cooldowns a pass costs milliseconds under the lock: only
-        // when a proxy went.
-        if removed_any {
-            changed |= inner.targets.retain_proxies(|k| pool_ref.contains_key(k));
-            changed |= inner.sessions.retain_proxies(|k| pool_ref.contains_key(k));
-        }
-        changed |= before != (inner.cooldowns.len(), inner.blocked_reports.len());
+        changed |= inner.forget_gone_proxies(removed_any);
 
         inner.series.retain(|(pool, provider), series| {
             let used = Arc::strong_count(series) > 1;
@@ -1329,6 +1315,25 @@ fn nothing_free(
         retry_after: soonest
             .map(|s| until(now, s).min(MAX_RETRY_AFTER))
             .unwrap_or(DEFAULT_RETRY_AFTER),
+    }
+}
+
+impl Inner {
+    /// What the table keeps about proxies that are gone goes with them; whether anything did.
+    /// At a million sessions or cooldowns their pass costs milliseconds under the lock: only
+    /// when a proxy went (`removed_any`).
+    fn forget_gone_proxies(&mut self, removed_any: bool) -> bool {
+        let before = (self.cooldowns.len(), self.blocked_reports.len());
+        let pool = &self.pool;
+        self.cooldowns.retain(|k, _| pool.contains_key(k));
+        self.failures.retain(|k, _| pool.contains_key(k));
+        self.blocked_reports.retain(|k, _| pool.contains_key(k));
+        let mut changed = before != (self.cooldowns.len(), self.blocked_reports.len());
+        if removed_any {
+            changed |= self.targets.retain_proxies(|k| pool.contains_key(k));
+            changed |= self.sessions.retain_proxies(|k| pool.contains_key(k));
+        }
+        changed
     }
 }
 

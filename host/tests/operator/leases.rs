@@ -20,26 +20,28 @@ use super::control_plane;
 use super::health::proxy_on_port;
 use super::world::World;
 
+/// A healthy proxy of the `store` provider, not pooled.
+fn entry(ns: &str, name: &str) -> PoolEntry {
+    PoolEntry {
+        key: ProxyKey {
+            namespace: ns.into(),
+            name: name.into(),
+        },
+        provider: "store".into(),
+        zone: None,
+        labels: Default::default(),
+        address: "127.0.0.1".into(),
+        port: 3128,
+        exit_ip: None,
+        healthy: true,
+        pool: None,
+        draining: false,
+        login: None,
+    }
+}
+
 fn pool(ns: &str) -> Vec<PoolEntry> {
-    ["one", "two"]
-        .iter()
-        .map(|name| PoolEntry {
-            key: ProxyKey {
-                namespace: ns.into(),
-                name: (*name).into(),
-            },
-            provider: "store".into(),
-            zone: None,
-            labels: Default::default(),
-            address: "127.0.0.1".into(),
-            port: 3128,
-            exit_ip: None,
-            healthy: true,
-            pool: None,
-            draining: false,
-            login: None,
-        })
-        .collect()
+    ["one", "two"].iter().map(|name| entry(ns, name)).collect()
 }
 
 fn store() -> LeaseStore {
@@ -618,22 +620,7 @@ async fn ten_thousand_leases_never_fill_a_small_etcd_and_all_survive_a_failover(
     .unwrap();
     let ns = cp.namespace("px-etcd-quota").await.unwrap();
     let proxies: Vec<PoolEntry> = (0..LEASES)
-        .map(|i| PoolEntry {
-            key: ProxyKey {
-                namespace: ns.name().into(),
-                name: format!("proxy-{i:05}").into(),
-            },
-            provider: "store".into(),
-            zone: None,
-            labels: Default::default(),
-            address: "127.0.0.1".into(),
-            port: 3128,
-            exit_ip: None,
-            healthy: true,
-            pool: None,
-            draining: false,
-            login: None,
-        })
+        .map(|i| entry(ns.name(), &format!("proxy-{i:05}")))
         .collect();
     let persistence = LeasePersistence::new(ns.client(), ns.name(), "quota-leases");
     let store = Arc::new(store());
