@@ -87,13 +87,16 @@ fn stretched(wait: Duration, share: f64) -> Duration {
 /// request timeout even at 10 000 Proxies (an unpaginated list of that many was cut by it).
 pub const LIST_PAGE: u32 = 500;
 
-/// Every object `params` selects, page by page (`limit` / `continue`), so no list of a large
-/// fleet is one huge answer.
+/// Every object `params` selects, page by page (`limit` / `continue`, [`LIST_PAGE`] unless
+/// `params` sets its own), so no list of a large fleet is one huge answer.
 pub async fn list_all<K>(api: &kube::Api<K>, params: &kube::api::ListParams) -> kube::Result<Vec<K>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = params.clone().limit(LIST_PAGE);
+    let mut params = params.clone();
+    if params.limit.is_none() {
+        params = params.limit(LIST_PAGE);
+    }
     let mut all = Vec::new();
     loop {
         let page = api.list(&params).await?;

@@ -151,21 +151,13 @@ impl LeasePersistence {
         .expect("a ConfigMap from its fields")
     }
 
-    /// Every object of one kind of this table, page by page (a restore of a large table does not
-    /// ask the API server for one huge answer).
+    /// Every object of one kind of this table, in pages of 50 (a part or a segment holds up to
+    /// 512 KiB: a restore of a large table does not ask the API server for one huge answer).
     async fn list_all(&self, object: &str) -> kube::Result<Vec<ConfigMap>> {
-        let mut params = ListParams::default()
+        let params = ListParams::default()
             .labels(&self.selector(object))
             .limit(50);
-        let mut all = Vec::new();
-        loop {
-            let page = self.api.list(&params).await?;
-            all.extend(page.items);
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => return Ok(all),
-            }
-        }
+        crate::kubeclient::list_all(&self.api, &params).await
     }
 
     /// The persisted state: the checkpoint with the journal replayed onto it; none yet is an
