@@ -124,9 +124,13 @@ test-image: plugins
 	@$(MAKE) --no-print-directory test-image-of-build
 
 # The prebuilt image of the binary already built (what `make test` runs after its test build;
-# no cargo here: another cargo command could rebuild the binary with other features).
+# no cargo here: another cargo command could rebuild the binary with other features). A binary
+# `cargo test` built for the integration tests has no dep-info beside it (only `cargo build`
+# writes one there): build.sh then reads rustc's of the operator's crate in the build directory.
 test-image-of-build:
-	@archive="$$(OPERATOR_BINARY=target/debug/proxy-operator tests/fixtures/operator-image/build.sh)" && \
+	@archive="$$(OPERATOR_BINARY=target/debug/proxy-operator \
+		CARGO_BUILD_BUILD_DIR="$${CARGO_BUILD_BUILD_DIR:-target}" \
+		tests/fixtures/operator-image/build.sh)" && \
 		tests/fixtures/operator-image/check.sh "$$archive"
 
 # The full Dockerfile build (CARGO_PROFILE=image-ci), checked, whenever what it depends on
