@@ -141,6 +141,24 @@ else
 fi
 step_done
 
+# Schemathesis, the OpenAPI fuzzer the discovery API's test runs against the live API
+# (host/tests/discovery_api.rs): its own venv keyed by tests/fixtures/schemathesis/requirements.txt,
+# as the examples' is. A test tool only: it talks to loopback.
+step "schemathesis" "schemathesis venv (tests/fixtures/schemathesis/requirements.txt)"
+stenv="${PROXY_OPERATOR_SCHEMATHESIS:-$HOME/.cache/proxy-operator/schemathesis}"
+st_requirements="$repo/tests/fixtures/schemathesis/requirements.txt"
+if [[ -x "$stenv/bin/schemathesis" ]] && cmp -s "$st_requirements" "$stenv/requirements.txt"; then
+    log "  present: $stenv"
+else
+    python="$(command -v /usr/bin/python3 || command -v python3)"
+    rm -rf "$stenv"
+    "$python" -m venv "$stenv"
+    "$stenv/bin/pip" install --quiet --disable-pip-version-check -r "$st_requirements"
+    cp "$st_requirements" "$stenv/requirements.txt"
+    log "  installed into $stenv"
+fi
+step_done
+
 # Debian's kernel for the test guest: the package is downloaded, not installed (it would touch
 # /boot); only its vmlinuz is kept in the fixture cache.
 step "guest kernel" "guest kernel (Debian linux-image-amd64, vmlinuz only)"

@@ -352,15 +352,16 @@ async fn rbac_decides_which_pools_a_service_account_leases_from() {
         report(other)
             .await
             .assert_problem(StatusCode::FORBIDDEN, "forbidden");
-        call(
-            api.addr,
-            reqwest::Method::DELETE,
-            &format!("/v1/leases/{id}"),
-            other,
-            None,
-        )
-        .await
-        .assert_problem(StatusCode::FORBIDDEN, "forbidden");
+        // Read, renew and release too (each 403 documented for its operation).
+        for (method, path) in [
+            (reqwest::Method::DELETE, format!("/v1/leases/{id}")),
+            (reqwest::Method::GET, format!("/v1/leases/{id}")),
+            (reqwest::Method::POST, format!("/v1/leases/{id}/renew")),
+        ] {
+            call(api.addr, method, &path, other, None)
+                .await
+                .assert_problem(StatusCode::FORBIDDEN, "forbidden");
+        }
     }
     assert_eq!(report(&crawler).await.status, StatusCode::OK);
     let by_static = grant(api.addr, STATIC, pool(&a, "pool-a2")).await;

@@ -79,8 +79,16 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for JsonBody<
         let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
             .await
             .map_err(|_| too_large())?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        let Some(&first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) else {
             return Ok(JsonBody(T::default()));
+        };
+        // serde reads a struct from a JSON array too (its fields by position): `[]` would be
+        // an empty body. The document's bodies are objects.
+        if first != b'{' {
+            return Err(match serde_json::from_slice::<serde_json::Value>(&bytes) {
+                Err(syntax) => Problem::bad_request(format!("body: not JSON: {syntax}")),
+                Ok(_) => Problem::bad_request("body: must be a JSON object".into()),
+            });
         }
         // One pass straight into the type. Only a failure is looked at again: for the path of
         // the field that was wrong (serde_path_to_error copies every key it passes, so it is
@@ -119,6 +127,7 @@ struct GrantBody {
     session: Option<String>,
     /// The host the crawler will visit.
     target: Option<String>,
+    #[serde(default, deserialize_with = "whole_seconds")]
     ttl_seconds: Option<u64>,
 }
 
@@ -133,7 +142,28 @@ struct ReportBody {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RenewBody {
+    #[serde(default, deserialize_with = "whole_seconds")]
     ttl_seconds: Option<u64>,
+}
+
+/// `ttlSeconds`: a whole number of seconds. The OpenAPI document types it `integer`, which JSON
+/// Schema admits as `30.0` too, so a number with no fraction is that integer, also past u64; a
+/// fraction or a negative number is refused.
+fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(seconds) = number.as_u64() {
+        return Ok(Some(seconds));
+    }
+    match number.as_f64() {
+        // Past u64 (the document sets no maximum) the cast saturates: the lease is clamped to
+        // --max-lease-ttl like any long one.
+        Some(f) if f.fract() == 0.0 && f >= 0.0 => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "invalid value: {number}, expected a whole number of seconds of at least 1"
+        ))),
+    }
 }
 
 /// Borrowed from the table's entry: an answer copies nothing it only serializes.
@@ -372,27 +402,45 @@ impl FromRequestParts<Arc<Discovery>> for Authorized {
     }
 }
 
-/// The `{id}` of a lease path. Grants make 32 lowercase hex characters; any other id is simply
-/// not a lease (release: 204; get, renew and report: 404), except one that does not decode to
-/// UTF-8 (`%ff`), which is a `bad-request` problem naming `id` rather than the router's
-/// plain-text 400.
+/// The `{id}` of a lease path: 32 lowercase hex characters, as grants make them. Any other id
+/// (one that does not decode to UTF-8, `%ff`, included) is a `bad-request` problem naming `id`,
+/// as the OpenAPI document's pattern says; a well-formed id that is no lease is released
+/// idempotently (204) or not found (404).
 struct LeaseId(String);
+
+/// Whether `id` has the shape of a lease id (`^[0-9a-f]{32}$`).
+fn is_lease_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for LeaseId {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let not_an_id = |shown: &str, why: &str| {
+            Problem::bad_request(format!(
+                "id: `{}` is not a lease id (32 lowercase hex characters, as POST /v1/leases \
+                 returns it){why}",
+                shown.escape_debug()
+            ))
+        };
         match Path::<String>::from_request_parts(parts, state).await {
-            Ok(Path(id)) => Ok(LeaseId(id)),
+            Ok(Path(id)) if is_lease_id(&id) => Ok(LeaseId(id)),
+            Ok(Path(id)) => {
+                let shown: String = id.chars().take(64).collect();
+                Err(not_an_id(&shown, ""))
+            }
             Err(rejection) => {
                 // Only the raw path is left to show: the id did not decode.
                 let raw = parts.uri.path().trim_start_matches("/v1/leases/");
-                Err(Problem::bad_request(format!(
-                    "id: `{}` is not a lease id (32 hex characters, as POST /v1/leases returns \
-                     it): {}",
-                    raw.split('/').next().unwrap_or_default(),
-                    rejection.body_text()
-                )))
+                let raw: String = raw
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(64)
+                    .collect();
+                Err(not_an_id(&raw, &format!(": {}", rejection.body_text())))
             }
         }
     }

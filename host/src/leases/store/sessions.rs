@@ -7,8 +7,9 @@ use sha2::{Digest as _, Sha256};
 
 use super::keys::{FastMap, ProxyKey};
 
-/// Longest `session` key, in bytes.
-pub const MAX_SESSION_BYTES: usize = 256;
+/// Longest `session` key, in characters (Unicode scalar values, as JSON Schema's `maxLength` in
+/// the OpenAPI document counts them; at most 1 KiB of UTF-8).
+pub const MAX_SESSION_CHARS: usize = 256;
 /// Sessions remembered at once, by default; past it the least recently used is forgotten. Held
 /// in memory only (about 120 bytes each, docs/performance.md); a failover rebuilds those of
 /// the leases it restores (docs/architecture.md). `--max-sessions`.
@@ -44,10 +45,10 @@ pub fn validate_session(key: &str) -> Result<(), String> {
     if key.is_empty() {
         return Err("must not be empty (omit it for no session)".into());
     }
-    if key.len() > MAX_SESSION_BYTES {
+    let chars = key.chars().count();
+    if chars > MAX_SESSION_CHARS {
         return Err(format!(
-            "is {} bytes long; at most {MAX_SESSION_BYTES} bytes are accepted",
-            key.len()
+            "is {chars} characters long; at most {MAX_SESSION_CHARS} are accepted"
         ));
     }
     if key.chars().any(char::is_control) {
@@ -206,8 +207,11 @@ mod tests {
         for (key, ok) in [
             ("jar-1", true),
             ("ünïcode ok", true),
-            (&"k".repeat(MAX_SESSION_BYTES), true),
-            (&"k".repeat(MAX_SESSION_BYTES + 1), false),
+            (&"k".repeat(MAX_SESSION_CHARS), true),
+            (&"k".repeat(MAX_SESSION_CHARS + 1), false),
+            // Characters, not bytes: 256 of them in 768 bytes.
+            (&"ü".repeat(MAX_SESSION_CHARS), true),
+            (&"ü".repeat(MAX_SESSION_CHARS + 1), false),
             ("", false),
             ("tab\there", false),
             ("nul\0", false),
