@@ -5,6 +5,10 @@
 //! `ProxyPool` of 1000 scaled from 0: the time until its `readyReplicas` is 1000 (goal ≤ 60 s).
 //!
 //! `cargo bench -p proxy-operator --bench operator_scale` (needs `make plugins` and the fixtures).
+//!
+//! `BENCH_FLEET=10000` runs the fleet phase instead (issue #30): no hand-made Proxies, one
+//! ProxyPool of that many from 0, the operator's resident memory read as `readyReplicas` passes
+//! 1 000, 5 000 and the whole (goal at 10 000: Ready in ≤ 3 min, ≤ 400 MiB peak).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -34,8 +38,74 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The operator's resident memory now (`VmRSS`), KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn pool_of(replicas: usize) -> anyhow::Result<ProxyPool> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "proxy-operator.dev/v1alpha1",
+        "kind": "ProxyPool",
+        "metadata": {"name": "scale"},
+        "spec": {"replicas": replicas, "template": {"spec": {"provider": "mem"}}},
+    }))?)
+}
+
+/// Creates the pool and waits until `readyReplicas` is `replicas` (or `within` passed), reading
+/// the operator's memory as the count passes each of `marks`. Returns the last count seen, the
+/// time it took and `(mark, seconds, VmRSS KiB)` for each mark passed.
+async fn scale_pool_from_zero(
+    pools: &Api<ProxyPool>,
+    replicas: usize,
+    pid: u32,
+    marks: &[usize],
+    within: Duration,
+) -> anyhow::Result<(usize, Duration, Vec<(usize, f64, u64)>)> {
+    let started = Instant::now();
+    pools
+        .create(&PostParams::default(), &pool_of(replicas)?)
+        .await?;
+    let deadline = Instant::now() + within;
+    let mut seen = 0;
+    let mut passed = Vec::new();
+    loop {
+        // A failed read (the API server busy) is retried; the count is the last one seen.
+        match pools.get("scale").await {
+            Ok(pool) => seen = pool.status.map_or(0, |s| s.ready_replicas) as usize,
+            Err(e) => eprintln!("operator_scale: reading the pool failed, retrying: {e}"),
+        }
+        for &mark in marks.iter().filter(|&&m| seen >= m) {
+            if !passed.iter().any(|(m, _, _)| *m == mark) {
+                let at = started.elapsed().as_secs_f64();
+                eprintln!("operator_scale: {seen} Ready after {at:.1} s");
+                passed.push((mark, at, rss_kib(pid)));
+            }
+        }
+        if seen == replicas || Instant::now() > deadline {
+            return Ok((seen, started.elapsed(), passed));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let fleet: Option<usize> = match std::env::var("BENCH_FLEET") {
+        Ok(n) => Some(
+            n.parse()
+                .map_err(|e| anyhow::anyhow!("BENCH_FLEET={n}: {e}"))?,
+        ),
+        Err(_) => None,
+    };
     let cp = ControlPlane::start().await?;
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
     cp.apply_crds(crds).await?;
@@ -47,7 +117,18 @@ async fn main() -> anyhow::Result<()> {
         &config,
         "providers:\n- {name: mem, type: test, config: {endpoint: \"memory:1\"}, maxConcurrentCalls: 16}\n",
     )?;
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+    // BENCH_OPERATOR_WRAPPER (e.g. `heaptrack`) runs the operator under a profiler; the memory
+    // figures are then the wrapper's process's, so read the profile instead.
+    let binary = env!("CARGO_BIN_EXE_proxy-operator");
+    let mut operator = match std::env::var("BENCH_OPERATOR_WRAPPER") {
+        Ok(wrapper) => {
+            let mut command = tokio::process::Command::new(wrapper);
+            command.arg(binary);
+            command
+        }
+        Err(_) => tokio::process::Command::new(binary),
+    };
+    let mut operator = operator
         .args(["run", "--providers-config"])
         .arg(&config)
         .arg("--plugins-dir")
@@ -66,6 +147,33 @@ async fn main() -> anyhow::Result<()> {
         .kill_on_drop(true)
         .spawn()?;
     let pid = operator.id().expect("running");
+    let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
+
+    if let Some(replicas) = fleet {
+        let marks: Vec<usize> = [1000, 5000, replicas]
+            .into_iter()
+            .filter(|&m| m <= replicas)
+            .collect();
+        let (ready, took, passed) =
+            scale_pool_from_zero(&pools, replicas, pid, &marks, Duration::from_secs(1800)).await?;
+        let peak = peak_rss_kib(pid);
+        operator.kill().await.ok();
+        cp.stop().await;
+        println!("operator_scale: a ProxyPool of {replicas} from 0");
+        println!("  readyReplicas {ready} after {:.1} s", took.as_secs_f64());
+        for (mark, at, rss) in passed {
+            println!(
+                "  {mark:>6} Ready at {at:>6.1} s: operator RSS {:.1} MiB",
+                rss as f64 / 1024.0
+            );
+        }
+        println!("  operator peak RSS: {:.1} MiB", peak as f64 / 1024.0);
+        anyhow::ensure!(
+            ready == replicas,
+            "the pool has {ready} of {replicas} Ready"
+        );
+        return Ok(());
+    }
 
     let api: Api<Proxy> = Api::namespaced(cp.client(), ns.name());
     let started = Instant::now();
@@ -118,29 +226,8 @@ async fn main() -> anyhow::Result<()> {
     let rss_1000 = peak_rss_kib(pid);
 
     // A pool of as many, from 0 (its Proxies made by the pool controller).
-    let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
-    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "proxy-operator.dev/v1alpha1",
-        "kind": "ProxyPool",
-        "metadata": {"name": "scale"},
-        "spec": {"replicas": PROXIES, "template": {"spec": {"provider": "mem"}}},
-    }))?;
-    let pool_started = Instant::now();
-    pools.create(&PostParams::default(), &pool).await?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut seen = 0;
-    let pool_ready = loop {
-        // A failed read (the API server busy) is retried; the count is the last one seen.
-        match pools.get("scale").await {
-            Ok(pool) => seen = pool.status.map_or(0, |s| s.ready_replicas),
-            Err(e) => eprintln!("operator_scale: reading the pool failed, retrying: {e}"),
-        }
-        if seen as usize == PROXIES || Instant::now() > deadline {
-            break seen as usize;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    let pool_all_ready = pool_started.elapsed();
+    let (pool_ready, pool_all_ready, _) =
+        scale_pool_from_zero(&pools, PROXIES, pid, &[], Duration::from_secs(600)).await?;
     let rss_2000 = peak_rss_kib(pid);
     operator.kill().await.ok();
     cp.stop().await;

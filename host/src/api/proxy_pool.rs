@@ -13,7 +13,7 @@ use super::ProxySpec;
 
 /// The most Proxies one pool may ask for. A pool is meant for one crawler fleet; a mistyped
 /// `replicas: 100000` would otherwise ask a cloud for a hundred thousand VMs.
-pub const MAX_POOL_REPLICAS: i32 = 5000;
+pub const MAX_POOL_REPLICAS: i32 = 10_000;
 
 /// A pool of Proxies made from one template, kept at `replicas` healthy ones.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -45,7 +45,7 @@ pub const MAX_POOL_REPLICAS: i32 = 5000;
 pub struct ProxyPoolSpec {
     /// How many Proxies the pool keeps (not counting ones being drained). `kubectl scale
     /// pp/NAME --replicas=N` sets it, so a HorizontalPodAutoscaler can drive it.
-    #[schemars(range(min = 0, max = 5000))]
+    #[schemars(range(min = 0, max = 10000))]
     pub replicas: i32,
 
     /// What each Proxy of the pool is made from. A change rolls the pool: new Proxies are made

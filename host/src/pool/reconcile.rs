@@ -713,9 +713,9 @@ mod tests {
                 "spec.spread[1]: the same provider and zone",
             ),
             (
-                serde_json::json!({"replicas": 5001}),
+                serde_json::json!({"replicas": 10001}),
                 "InvalidSpec",
-                "spec.replicas: 5001 is outside 0..=5000",
+                "spec.replicas: 10001 is outside 0..=10000",
             ),
         ];
         for (spec, reason, message) in cases {

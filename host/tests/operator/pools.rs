@@ -267,7 +267,7 @@ async fn a_bad_pool_is_refused_or_says_why_and_makes_nothing() {
     let ns = s.world.ns.name().to_string();
     for (extra, replicas, expected) in [
         ("", -1, "spec.replicas"),
-        ("", 5001, "spec.replicas"),
+        ("", 10001, "spec.replicas"),
         ("  expireAfter: 10s\n", 1, "expireAfter must be at least 1m"),
         ("  expireAfter: soon\n", 1, "spec.expireAfter"),
         ("  recycleAfter: 0\n", 1, "spec.recycleAfter"),
