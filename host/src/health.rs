@@ -159,7 +159,8 @@ impl HealthEngine {
         let notify = changed.clone();
         let watch = reflector::reflector(
             writer,
-            watcher(api, watcher::Config::default().any_semantic()),
+            watcher(api, watcher::Config::default().any_semantic())
+                .modify(crate::kubeclient::trim_for_cache),
         )
         .default_backoff()
         .for_each(move |event| {

@@ -156,19 +156,22 @@ fn changed_credentials(
         None => Api::all(ctx.client.clone()),
     };
     let config = watcher::Config::default().labels(crate::credentials::SECRET_LABEL);
-    reflector::reflector(writer, watcher(secrets, config))
-        .default_backoff()
-        .applied_objects()
-        .filter_map(|secret| async move {
-            let secret = secret.ok()?;
-            let owner = secret
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| o.kind == "Proxy")?;
-            Some(ObjectRef::new(&owner.name).within(&secret.namespace()?))
-        })
+    reflector::reflector(
+        writer,
+        watcher(secrets, config).modify(crate::kubeclient::trim_for_cache),
+    )
+    .default_backoff()
+    .applied_objects()
+    .filter_map(|secret| async move {
+        let secret = secret.ok()?;
+        let owner = secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Proxy")?;
+        Some(ObjectRef::new(&owner.name).within(&secret.namespace()?))
+    })
 }
 
 async fn drive(controller: Controller<Proxy>, ctx: Arc<Context>) {

@@ -217,11 +217,15 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
 async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
     let namespace = pool.namespace().unwrap_or_default();
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
-    let owned = owned_proxies(pool, &proxies).await?;
+    let owned = owned_proxies(pool, &proxies, |proxy| {
+        let deleting = proxy.metadata.deletion_timestamp.is_some();
+        (proxy.name_any(), deleting)
+    })
+    .await?;
     let count = owned.len();
-    for proxy in owned {
-        if proxy.metadata.deletion_timestamp.is_none() {
-            delete_proxy(&proxies, &proxy.name_any()).await?;
+    for (name, deleting) in owned {
+        if !deleting {
+            delete_proxy(&proxies, &name).await?;
         }
     }
     if count > 0 {
@@ -241,20 +245,24 @@ async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
 /// The pool's Proxies: labelled with its name and owned by it (not a same-named pool's from
 /// before, nor a hand-made Proxy carrying the label). A fresh list, not a cache: a create or a
 /// drain of the step before is always seen, so nothing is made or drained twice.
-async fn owned_proxies(pool: &ProxyPool, proxies: &Api<Proxy>) -> Result<Vec<Proxy>, Error> {
+/// What `keep` makes of each, page by page (a pool of 10 000 is never held whole).
+async fn owned_proxies<T>(
+    pool: &ProxyPool,
+    proxies: &Api<Proxy>,
+    mut keep: impl FnMut(Proxy) -> T,
+) -> Result<Vec<T>, Error> {
     let uid = pool.uid().unwrap_or_default();
     let selector = format!("{POOL_LABEL}={}", pool.name_any());
-    let list =
-        crate::kubeclient::list_all(proxies, &ListParams::default().labels(&selector)).await?;
-    Ok(list
-        .into_iter()
-        .filter(|proxy| {
-            proxy
-                .owner_references()
-                .iter()
-                .any(|owner| owner.controller == Some(true) && owner.uid == uid)
-        })
-        .collect())
+    let params = ListParams::default().labels(&selector);
+    let kept = crate::kubeclient::list_all_kept(proxies, &params, |proxy| {
+        let owned = proxy
+            .owner_references()
+            .iter()
+            .any(|owner| owner.controller == Some(true) && owner.uid == uid);
+        owned.then(|| keep(proxy))
+    })
+    .await?;
+    Ok(kept)
 }
 
 async fn members(
@@ -263,11 +271,7 @@ async fn members(
     leases: &LeaseStore,
 ) -> Result<Vec<Member>, Error> {
     let usage = leases.usage();
-    Ok(owned_proxies(pool, proxies)
-        .await?
-        .iter()
-        .map(|proxy| member_of(proxy, &usage))
-        .collect())
+    owned_proxies(pool, proxies, |proxy| member_of(&proxy, &usage)).await
 }
 
 fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
