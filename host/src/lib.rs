@@ -11,6 +11,7 @@ pub mod controller;
 pub mod credentials;
 pub mod digest;
 pub mod events;
+pub mod gateway;
 pub mod gc;
 pub mod health;
 pub mod kubeclient;

@@ -138,11 +138,13 @@ fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     let (reader, writer) = reflector::store();
     let watch = watcher(proxies, watcher::Config::default().any_semantic())
         .modify(crate::kubeclient::trim_for_cache);
-    let controller =
-        Controller::for_stream(reflector::reflector(writer, watch).applied_objects(), reader)
-            // A plugin loaded or a providers config changed: every Proxy waiting for it goes on
-            // at once.
-            .reconcile_all_on(ctx.providers.swaps());
+    let controller = Controller::for_stream(
+        reflector::reflector(writer, watch).applied_objects(),
+        reader,
+    )
+    // A plugin loaded or a providers config changed: every Proxy waiting for it goes on
+    // at once.
+    .reconcile_all_on(ctx.providers.swaps());
     let writer = ctx.secrets_writer.lock().expect("not poisoned").take();
     match writer {
         Some(writer) => controller.reconcile_on(changed_credentials(ctx, namespace, writer)),

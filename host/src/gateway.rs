@@ -1,0 +1,112 @@
+//! The gateway: one proxy endpoint for any client (`proxy-operator gateway`). It takes HTTP/1.1
+//! forward-proxy requests, `CONNECT` tunnels and SOCKS5, reads who the client is (the password:
+//! a token the discovery API accepts) and what it wants (the username: [`Routing`]), and carries
+//! the traffic through an upstream proxy of the fleet that the leader picks ([`Routes`]), logging
+//! in to it with credentials the client never sees.
+//!
+//! The data plane (the protocols, the relay, the destination policy) knows the fleet only
+//! through [`Routes`]: the operator's implementation asks the leader's discovery API, tests use
+//! a fixed set of real squids.
+
+use std::future::Future;
+use std::time::Duration;
+
+/// What a client asked for in its proxy username (`pool-crawlers.egress,session-abc`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routing {
+    /// `(namespace, name)` of a ProxyPool.
+    pub pool: Option<(String, String)>,
+    /// A sticky session: the same upstream while it is usable.
+    pub session: Option<String>,
+    pub zone: Option<String>,
+    pub provider: Option<String>,
+}
+
+/// Where a request or tunnel goes: the host as the client named it (a name is resolved by the
+/// upstream proxy, never by the gateway) and the port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Destination {
+    pub host: String,
+    pub port: u16,
+}
+
+/// One request for an upstream.
+#[derive(Clone, Debug)]
+pub struct RouteRequest {
+    pub routing: Routing,
+    /// The client's password: a token the discovery API accepts. Never logged.
+    pub token: String,
+    pub destination: Destination,
+    /// An upstream not to use (`namespace/name`): the one that just failed, on the retry.
+    pub avoid: Option<String>,
+}
+
+/// The credentials the gateway logs in to an upstream squid with.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamLogin {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for UpstreamLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamLogin")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The upstream proxy chosen for one request or tunnel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The Proxy, `namespace/name`.
+    pub proxy: String,
+    pub address: String,
+    pub port: u16,
+    pub login: Option<UpstreamLogin>,
+    /// Response statuses of plain-HTTP requests that mean "this site blocked the proxy" (the
+    /// pool's; default 403 and 429): reported as `blocked` for the destination's host.
+    pub block_statuses: Vec<u16>,
+}
+
+/// Why no upstream was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteError {
+    /// No token, or one the discovery API does not accept (HTTP 407, SOCKS5 auth failure).
+    Unauthenticated,
+    /// The token may not use what was asked (HTTP 403, SOCKS5 "not allowed by ruleset").
+    Forbidden(String),
+    /// The username asked for something that is malformed or that does not exist: the reason
+    /// names the part (HTTP 407 with the reason, SOCKS5 auth failure).
+    Invalid(String),
+    /// Nothing matching is available now (HTTP 503 with Retry-After).
+    NoProxy { retry_after: Duration },
+    /// The leader could not be asked (HTTP 503).
+    Unavailable(String),
+}
+
+/// What a request through an upstream showed about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// The destination answered with one of the route's `block_statuses`.
+    Blocked,
+    /// The upstream refused, timed out or answered 502/503/504 to the gateway.
+    Failure,
+}
+
+/// Chooses upstreams and hears what happened on them.
+pub trait Routes: Send + Sync + 'static {
+    fn route(
+        &self,
+        request: &RouteRequest,
+    ) -> impl Future<Output = Result<Route, RouteError>> + Send;
+
+    /// Fire and forget: a report that cannot be delivered is logged, never the client's error.
+    fn report(
+        &self,
+        route: &Route,
+        destination: &Destination,
+        report: Report,
+    ) -> impl Future<Output = ()> + Send;
+}
