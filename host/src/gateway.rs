@@ -8,6 +8,8 @@
 //! through [`Routes`]: the operator's implementation asks the leader's discovery API, tests use
 //! a fixed set of real squids.
 
+pub mod leader;
+
 use std::future::Future;
 use std::time::Duration;
 

@@ -143,6 +143,9 @@ impl Operator {
             if let Some(election) = &election {
                 discovery = discovery.naming_the_leader(view.clone(), &election.identity);
             }
+            if let Some(access) = self.args.gateway.access() {
+                discovery = discovery.serving_the_gateway(access);
+            }
             tasks.push(
                 serve_discovery(&stop, self.args.lease.discovery_addr, Arc::new(discovery)).await?,
             );

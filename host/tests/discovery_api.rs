@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use proxy_operator::leases::api::{GATEWAY_TOKEN_HEADER, GatewayAccess};
 use proxy_operator::leases::{
     self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry, ProxyKey,
 };
@@ -14,6 +15,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "s3cret-token";
+const GATEWAY_TOKEN: &str = "gateway-s3cret";
 
 struct Api {
     addr: SocketAddr,
@@ -85,7 +87,12 @@ async fn serve(options: LeaseOptions, pool: Vec<PoolEntry>) -> Api {
     store.set_pool(pool);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = leases::router(Arc::new(Discovery::new(store.clone(), TOKEN)));
+    let discovery = Discovery::new(store.clone(), TOKEN).serving_the_gateway(GatewayAccess {
+        token: GATEWAY_TOKEN.into(),
+        max_connections_per_proxy: 2,
+        block_statuses: vec![403, 429],
+    });
+    let app = leases::router(Arc::new(discovery));
     // The operator's own server (`leases::serve`, as `proxy-operator run` serves the API).
     let server = tokio::spawn(leases::serve(listener, app));
     let expiry = tokio::spawn(leases::persist::expire_leases(store.clone()));
@@ -170,6 +177,57 @@ impl Api {
             headers,
             body,
         }
+    }
+
+    /// A call to the gateway's door: with the gateway token (`gateway`) and a client token.
+    async fn gateway(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Value,
+        gateway: Option<&str>,
+        client: Option<&str>,
+    ) -> Reply {
+        let mut request = self
+            .http
+            .request(method, format!("http://{}{path}", self.addr))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(token) = gateway {
+            request = request.header(GATEWAY_TOKEN_HEADER, token);
+        }
+        if let Some(token) = client {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The gateway's route for `body`, answered 200; the proxy's name.
+    async fn route(&self, body: Value) -> String {
+        let reply = self
+            .gateway(
+                reqwest::Method::POST,
+                "/v1/gateway/routes",
+                body,
+                Some(GATEWAY_TOKEN),
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        reply.body["proxy"]["name"].as_str().unwrap().to_string()
     }
 
     async fn grant(&self, body: Value) -> Reply {
@@ -1231,4 +1289,289 @@ async fn the_live_api_and_its_openapi_document_agree_under_schemathesis() {
     ] {
         assert!(stdout.contains(ran), "no `{ran}` in its summary:\n{stdout}");
     }
+}
+
+#[tokio::test]
+async fn the_gateway_door_shares_proxies_by_the_lease_rules_and_only_for_the_gateway() {
+    let api = serve(
+        options(),
+        vec![pooled("g1", "gw"), pooled("g2", "gw"), pooled("x1", "api")],
+    )
+    .await;
+    let body = json!({ "replica": "gw-0", "pool": "crawlers/gw", "target": "example.com" });
+    let post = reqwest::Method::POST;
+    // Only the gateway, and only for a client the lease API accepts.
+    api.gateway(
+        post.clone(),
+        "/v1/gateway/routes",
+        body.clone(),
+        None,
+        Some(TOKEN),
+    )
+    .await
+    .assert_problem(StatusCode::FORBIDDEN, "not-the-gateway");
+    api.gateway(
+        post.clone(),
+        "/v1/gateway/routes",
+        body.clone(),
+        Some("guess"),
+        Some(TOKEN),
+    )
+    .await
+    .assert_problem(StatusCode::FORBIDDEN, "not-the-gateway");
+    api.gateway(
+        post.clone(),
+        "/v1/gateway/routes",
+        body.clone(),
+        Some(GATEWAY_TOKEN),
+        None,
+    )
+    .await
+    .assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+    api.gateway(
+        post.clone(),
+        "/v1/gateway/routes",
+        body.clone(),
+        Some(GATEWAY_TOKEN),
+        Some("wrong"),
+    )
+    .await
+    .assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+    let answer = api
+        .gateway(
+            post.clone(),
+            "/v1/gateway/routes",
+            body.clone(),
+            Some(GATEWAY_TOKEN),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.body["blockStatuses"], json!([403, 429]));
+    assert_eq!(answer.body["proxy"]["address"], "127.0.0.1");
+    assert_eq!(answer.body["proxy"]["port"], 3128);
+    let first = answer.body["proxy"]["name"].as_str().unwrap().to_string();
+    // Without a session, requests rotate over the pool.
+    let second = api.route(body.clone()).await;
+    assert_ne!(first, second);
+    assert!(["g1", "g2"].contains(&second.as_str()));
+    // Both carry gateway traffic: the lease API does not hand them out exclusively...
+    api.grant(json!({ "pool": "crawlers/gw" }))
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    // ...and the gateway never routes through an exclusive lease's proxy.
+    let leased = api.grant(json!({ "pool": "crawlers/api" })).await;
+    assert_eq!(leased.status, StatusCode::CREATED);
+    api.gateway(
+        post.clone(),
+        "/v1/gateway/routes",
+        json!({ "replica": "gw-0", "pool": "crawlers/api" }),
+        Some(GATEWAY_TOKEN),
+        Some(TOKEN),
+    )
+    .await
+    .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available");
+    // GET /v1/proxies shows the gateway's connections.
+    let listed = api.send(reqwest::Method::GET, "/v1/proxies", None).await;
+    let shown: Vec<(String, Value)> = listed.body["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["gatewayConnections"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            ("g1".to_string(), json!(1)),
+            ("g2".to_string(), json!(1)),
+            ("x1".to_string(), Value::Null)
+        ]
+    );
+
+    // A replica's report replaces what the leader counted: g1 carries two, its bound.
+    let put = reqwest::Method::PUT;
+    let load = |g1: u32| json!({ "connections": { "crawlers/g1": g1, "crawlers/not-a-proxy": 9 } });
+    let reply = api
+        .gateway(
+            put.clone(),
+            "/v1/gateway/replicas/gw-0",
+            load(2),
+            Some(GATEWAY_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.body);
+    for _ in 0..2 {
+        assert_eq!(api.route(body.clone()).await, "g2", "g1 is full");
+    }
+    api.gateway(
+        put.clone(),
+        "/v1/gateway/replicas/gw-0",
+        load(0),
+        Some(GATEWAY_TOKEN),
+        None,
+    )
+    .await;
+
+    // A session keeps its proxy; a block for its site moves it, other sites keep the proxy.
+    let session = json!({ "replica": "gw-0", "pool": "crawlers/gw", "session": "s1", "target": "shop.example" });
+    let bound = api.route(session.clone()).await;
+    assert_eq!(api.route(session.clone()).await, bound);
+    let reply = api
+        .gateway(
+            post.clone(),
+            "/v1/gateway/reports",
+            json!({ "proxy": format!("crawlers/{bound}"), "outcome": "blocked", "target": "shop.example" }),
+            Some(GATEWAY_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.body);
+    api.gateway(
+        put.clone(),
+        "/v1/gateway/replicas/gw-0",
+        load(0),
+        Some(GATEWAY_TOKEN),
+        None,
+    )
+    .await;
+    let moved = api.route(session.clone()).await;
+    assert_ne!(moved, bound, "blocked for shop.example");
+    let other_site = json!({ "replica": "gw-0", "pool": "crawlers/gw", "target": "news.example", "avoid": format!("crawlers/{moved}") });
+    assert_eq!(
+        api.route(other_site).await,
+        bound,
+        "still good for other sites"
+    );
+
+    // Bad input names the field; reports and loads need the gateway token too.
+    for (path, method, body, field) in [
+        (
+            "/v1/gateway/routes",
+            post.clone(),
+            json!({ "pool": "crawlers/gw" }),
+            "replica",
+        ),
+        (
+            "/v1/gateway/routes",
+            post.clone(),
+            json!({ "replica": "r", "pool": "gw" }),
+            "pool",
+        ),
+        (
+            "/v1/gateway/routes",
+            post.clone(),
+            json!({ "replica": "r", "session": "" }),
+            "session",
+        ),
+        (
+            "/v1/gateway/routes",
+            post.clone(),
+            json!({ "replica": "r", "avoid": "x" }),
+            "avoid",
+        ),
+        (
+            "/v1/gateway/reports",
+            post.clone(),
+            json!({ "outcome": "blocked" }),
+            "proxy",
+        ),
+        (
+            "/v1/gateway/reports",
+            post.clone(),
+            json!({ "proxy": "crawlers/g1" }),
+            "outcome",
+        ),
+        (
+            "/v1/gateway/replicas/r",
+            put.clone(),
+            json!({ "connections": { "g1": 1 } }),
+            "connections.g1",
+        ),
+    ] {
+        let reply = api
+            .gateway(method, path, body, Some(GATEWAY_TOKEN), Some(TOKEN))
+            .await;
+        reply.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+        let detail = reply.body["detail"].as_str().unwrap();
+        assert!(detail.starts_with(field), "{path}: {detail}");
+    }
+    let long = "r".repeat(254);
+    api.gateway(
+        put.clone(),
+        &format!("/v1/gateway/replicas/{long}"),
+        load(0),
+        Some(GATEWAY_TOKEN),
+        None,
+    )
+    .await
+    .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    for (method, path) in [
+        (post.clone(), "/v1/gateway/reports"),
+        (put.clone(), "/v1/gateway/replicas/r"),
+    ] {
+        api.gateway(method, path, load(0), None, Some(TOKEN))
+            .await
+            .assert_problem(StatusCode::FORBIDDEN, "not-the-gateway");
+    }
+}
+
+#[tokio::test]
+async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
+    use proxy_operator::gateway::leader::LeaderRoutes;
+    use proxy_operator::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
+
+    let api = serve(options(), vec![pooled("g1", "gw")]).await;
+    let base = format!("http://{}", api.addr);
+    let routes = LeaderRoutes::new(&base, GATEWAY_TOKEN, "gw-0").unwrap();
+    let request = |token: &str, pool: &str| RouteRequest {
+        routing: Routing {
+            pool: Some(("crawlers".into(), pool.into())),
+            session: Some("s".into()),
+            ..Routing::default()
+        },
+        token: token.into(),
+        destination: Destination {
+            host: "example.com".into(),
+            port: 443,
+        },
+        avoid: None,
+    };
+    let route = routes.route(&request(TOKEN, "gw")).await.unwrap();
+    assert_eq!(route.proxy, "crawlers/g1");
+    assert_eq!((route.address.as_str(), route.port), ("127.0.0.1", 3128));
+    assert_eq!(route.block_statuses, vec![403, 429]);
+    assert_eq!(
+        routes.route(&request("wrong", "gw")).await,
+        Err(RouteError::Unauthenticated)
+    );
+    match routes.route(&request(TOKEN, "nope")).await {
+        Err(RouteError::Invalid(why)) => assert!(why.contains("crawlers/nope"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // A block report cools g1 down for the site: nothing else in the pool.
+    routes
+        .report(&route, &request(TOKEN, "gw").destination, Report::Blocked)
+        .await;
+    match routes.route(&request(TOKEN, "gw")).await {
+        Err(RouteError::NoProxy { retry_after }) => assert!(retry_after.as_secs() >= 1),
+        other => panic!("{other:?}"),
+    }
+    routes
+        .push_load(&[("crawlers/g1".into(), 1)])
+        .await
+        .unwrap();
+    assert_eq!(api.store.shared_loads()[&key("g1")], 1);
+    // A gateway with the wrong token is the operator's misconfiguration, not the client's.
+    let impostor = LeaderRoutes::new(&base, "guess", "gw-1").unwrap();
+    match impostor.route(&request(TOKEN, "gw")).await {
+        Err(RouteError::Unavailable(why)) => assert!(why.contains("refused the gateway"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(impostor.push_load(&[]).await.is_err());
 }

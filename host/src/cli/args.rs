@@ -37,6 +37,58 @@ pub struct RunArgs {
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub discovery_auth: DiscoveryAuthArgs,
+    #[command(flatten)]
+    pub gateway: GatewayAccessArgs,
+}
+
+/// What the leader offers the gateway (`proxy-operator gateway`, docs/gateway.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayAccessArgs {
+    /// The token gateway replicas present (from the Secret both Deployments read). Without it
+    /// the discovery API has no gateway routes.
+    #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
+    pub gateway_token: Option<String>,
+    /// Open gateway connections one proxy carries at most; past it the gateway uses another.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS_PER_PROXY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub gateway_max_connections_per_proxy: u32,
+    /// Plain-HTTP response statuses the gateway takes for "this site blocked the proxy" (comma
+    /// separated): the proxy cools down for that site as after a `blocked` report.
+    #[arg(long, env = "GATEWAY_BLOCK_STATUSES", default_value = "403,429", value_parser = parse_statuses)]
+    pub gateway_block_statuses: Statuses,
+}
+
+/// HTTP statuses from a comma-separated list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statuses(pub Vec<u16>);
+
+pub(crate) fn parse_statuses(value: &str) -> Result<Statuses, String> {
+    let mut statuses = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.parse::<u16>() {
+            Ok(s) if (100..=599).contains(&s) => statuses.push(s),
+            _ => {
+                return Err(format!(
+                    "`{part}` is not an HTTP status (100 to 599); e.g. 403,429"
+                ));
+            }
+        }
+    }
+    Ok(Statuses(statuses))
+}
+
+impl GatewayAccessArgs {
+    /// The gateway's door, when a token is set (blank counts as unset).
+    pub fn access(&self) -> Option<crate::leases::api::GatewayAccess> {
+        let token = self.gateway_token.as_deref().map(str::trim)?;
+        if token.is_empty() {
+            return None;
+        }
+        Some(crate::leases::api::GatewayAccess {
+            token: token.to_string(),
+            max_connections_per_proxy: self.gateway_max_connections_per_proxy,
+            block_statuses: self.gateway_block_statuses.0.clone(),
+        })
+    }
 }
 
 /// Where plugins and the providers config come from, and what a plugin call may use.

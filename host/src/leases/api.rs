@@ -9,7 +9,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
@@ -37,8 +37,11 @@ const TRANSPORT_MAX_HEADERS: usize = 1024;
 /// The OpenAPI document of this API, committed under docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
+mod gateway;
 mod problem_response;
 mod problems;
+
+pub use gateway::{GATEWAY_TOKEN_HEADER, GatewayAccess};
 
 /// An RFC 9457 problem. `kind` is the last part of its stable `type` URI (answered as
 /// `application/problem+json` by `api/problem_response.rs`).
@@ -251,6 +254,8 @@ pub struct Discovery {
     stored_within: Option<Duration>,
     /// With leader election: who serves, and this replica's identity.
     leader: Option<(LeaderView, String)>,
+    /// The gateway's side door (`/v1/gateway/…`), when enabled.
+    gateway: Option<GatewayAccess>,
 }
 
 impl Discovery {
@@ -267,6 +272,7 @@ impl Discovery {
             auth,
             stored_within: None,
             leader: None,
+            gateway: None,
         }
     }
 
@@ -302,6 +308,12 @@ impl Discovery {
         }
     }
 
+    /// Serves the gateway's routes, loads and reports to callers with `access.token`.
+    pub fn serving_the_gateway(mut self, access: GatewayAccess) -> Self {
+        self.gateway = Some(access);
+        self
+    }
+
     /// Answers a grant only once it is stored, refusing it when that takes longer than
     /// `deadline` (`--lease-durability sync`).
     pub fn answer_grants_once_stored(mut self, deadline: Duration) -> Self {
@@ -320,6 +332,9 @@ pub fn router(discovery: Arc<Discovery>) -> Router {
         .route("/v1/leases/{id}/report", post(report))
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/proxies", get(proxies))
+        .route("/v1/gateway/routes", post(gateway::route))
+        .route("/v1/gateway/replicas/{replica}", put(gateway::replica_load))
+        .route("/v1/gateway/reports", post(gateway::report))
         .fallback(|_: Authorized| async {
             Problem::new(
                 StatusCode::NOT_FOUND,
@@ -682,6 +697,9 @@ async fn proxies(
             }
             if v.draining {
                 item["draining"] = true.into();
+            }
+            if let Some(connections) = v.gateway_connections {
+                item["gatewayConnections"] = connections.into();
             }
             item
         })

@@ -8,6 +8,7 @@ mod options;
 mod outcomes;
 pub(crate) mod records;
 mod sessions;
+pub(crate) mod shared;
 mod targets;
 mod views;
 
@@ -172,6 +173,10 @@ pub struct ProxyView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     pub draining: bool,
+    /// Carrying gateway traffic (not leased exclusively meanwhile): its open gateway
+    /// connections, over every gateway replica.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway_connections: Option<u32>,
 }
 
 /// How crawlers use one proxy, for the pool controller (drain, recycle).
@@ -278,6 +283,8 @@ struct Inner {
     version: u64,
     /// Since when writes of the table fail (none since the last success).
     failing_since: Option<std::time::Instant>,
+    /// The gateway's shared use of proxies (soft state).
+    shared: shared::SharedUse,
 }
 
 impl Inner {
@@ -711,6 +718,7 @@ impl LeaseStore {
                 s.entry.leasable()
                     && !inner.leased.contains_key(*k)
                     && !inner.free_seq.contains_key(*k)
+                    && !inner.shared.is_in_use(k)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -894,12 +902,31 @@ impl LeaseStore {
         let inner = &mut *guard;
         let (lease, series) = inner.live(id, now)?;
         series.reports[outcome as usize].inc();
+        self.apply_outcome(inner, &lease.proxy, outcome, target, now);
+        if outcome == Outcome::Blocked {
+            inner.end(id, EndReason::Blocked);
+            self.mark_dirty(inner);
+        }
+        Ok(lease)
+    }
+
+    /// What a report (a lease's or the gateway's) does to its proxy: `success` clears its
+    /// failures, `failure` counts towards an early probe, `blocked` cools it down (for `target`
+    /// only, unless the per-target bounds are reached) and wakes its pool.
+    fn apply_outcome(
+        &self,
+        inner: &mut Inner,
+        proxy: &ProxyKey,
+        outcome: Outcome,
+        target: Option<Digest>,
+        now: u64,
+    ) {
         match outcome {
             Outcome::Success => {
-                inner.failures.remove(&lease.proxy);
+                inner.failures.remove(proxy);
             }
             Outcome::Failure => {
-                let count = inner.failures.entry(lease.proxy.clone()).or_insert(0);
+                let count = inner.failures.entry(proxy.clone()).or_insert(0);
                 *count += 1;
                 if *count >= self.options.failure_threshold {
                     *count = 0;
@@ -907,28 +934,28 @@ impl LeaseStore {
                         &*self.suspects.lock().unwrap_or_else(|p| p.into_inner())
                     {
                         // Full channel: a probe of it is already queued or running.
-                        let _ = suspects.try_send(lease.proxy.clone());
+                        let _ = suspects.try_send(proxy.clone());
                     }
                 }
             }
             Outcome::Blocked => {
-                let count = match inner.blocked_reports.get_mut(&lease.proxy) {
+                let count = match inner.blocked_reports.get_mut(proxy) {
                     Some(count) => {
                         *count = count.saturating_add(1);
                         *count
                     }
                     None => {
-                        inner.blocked_reports.insert(lease.proxy.clone(), 1);
+                        inner.blocked_reports.insert(proxy.clone(), 1);
                         1
                     }
                 };
-                inner.record(Change::Blocked(lease.proxy.clone(), count));
+                inner.record(Change::Blocked(proxy.clone(), count));
                 let until_ms = now + self.options.cooldown.as_millis() as u64;
                 let scoped = target.is_some_and(|t| {
-                    let inserted = inner.targets.insert(&lease.proxy, t, until_ms);
+                    let inserted = inner.targets.insert(proxy, t, until_ms);
                     if inserted {
                         inner.record(Change::CooledDownFor(
-                            lease.proxy.clone(),
+                            proxy.clone(),
                             hex::encode(t),
                             until_ms,
                         ));
@@ -936,13 +963,13 @@ impl LeaseStore {
                     inserted
                 });
                 if !scoped {
-                    inner.cooldowns.insert(lease.proxy.clone(), until_ms);
-                    inner.record(Change::CooledDown(lease.proxy.clone(), until_ms));
+                    inner.cooldowns.insert(proxy.clone(), until_ms);
+                    inner.record(Change::CooledDown(proxy.clone(), until_ms));
                 }
-                inner.end(id, EndReason::Blocked);
                 self.mark_dirty(inner);
+                let pool = inner.pool.get(proxy).and_then(|s| s.pool.clone());
                 if let (Some(pool), Some(tx)) = (
-                    lease.pool_key(),
+                    pool,
                     &*self.blocked_pools.lock().unwrap_or_else(|p| p.into_inner()),
                 ) {
                     // Full channel: the pool is already due for a look.
@@ -950,7 +977,6 @@ impl LeaseStore {
                 }
             }
         }
-        Ok(lease)
     }
 
     /// The holder of a live lease (`Some(None)`: the static token); `None` when there is no
@@ -1041,6 +1067,7 @@ impl LeaseStore {
         let cooldowns = inner.cooldowns.len();
         inner.cooldowns.retain(|_, until_ms| *until_ms > now);
         let targets = inner.targets.expire(now);
+        Self::expire_shared(inner, now);
         while inner
             .ended_order
             .front()
@@ -1256,6 +1283,12 @@ fn pick_named(
     };
     if slot.entry.draining {
         return Err(GrantError::Draining);
+    }
+    if inner.shared.is_in_use(key) {
+        // Carrying gateway traffic: not exclusive until that ends.
+        return Err(GrantError::Leased {
+            retry_after: shared::SHARED_HOLD,
+        });
     }
     if let Some(id) = inner.leased.get(key) {
         let lease = &inner.leases[id].lease;

@@ -39,6 +39,10 @@ impl LeaseStore {
                     lease_expires_at_ms: lease.map(|l| l.expires_at_ms),
                     pool: slot.pool.as_ref().map(|k| k.to_string()),
                     draining: e.draining,
+                    gateway_connections: inner
+                        .shared
+                        .is_in_use(&e.key)
+                        .then(|| inner.shared.load(&e.key)),
                 }
             })
             .collect();

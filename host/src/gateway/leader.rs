@@ -1,0 +1,234 @@
+//! [`Routes`] as the operator runs them: every route is the leader's choice, asked through the
+//! discovery API's gateway door (`/v1/gateway/…`, leases/api/gateway.rs), so every gateway
+//! replica agrees on sessions, cooldowns and load without talking to the others, and the
+//! client's token is checked and authorized by the same code as a lease grant.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::Deserialize;
+
+use super::{Destination, Report, Route, RouteError, RouteRequest, Routes, UpstreamLogin};
+use crate::leases::api::GATEWAY_TOKEN_HEADER;
+
+/// Deadline of one call to the leader; a route past it is the client's 503.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The leader's discovery API, as the gateway calls it.
+pub struct LeaderRoutes {
+    http: reqwest::Client,
+    base: reqwest::Url,
+    gateway_token: String,
+    replica: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteAnswer {
+    proxy: RoutedProxy,
+    login: Option<Login>,
+    #[serde(default)]
+    block_statuses: Vec<u16>,
+}
+
+#[derive(Deserialize)]
+struct RoutedProxy {
+    namespace: String,
+    name: String,
+    address: String,
+    port: u16,
+}
+
+#[derive(Deserialize)]
+struct Login {
+    username: String,
+    password: String,
+}
+
+/// The parts of a problem document the gateway acts on.
+#[derive(Deserialize, Default)]
+struct Problem {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    detail: String,
+}
+
+impl Problem {
+    /// The last part of the stable `type` URI (`urn:proxy-operator:problem:no-proxy-available`).
+    fn kind(&self) -> &str {
+        self.kind.rsplit(':').next().unwrap_or_default()
+    }
+}
+
+impl LeaderRoutes {
+    /// `base`: the discovery API (its Service), e.g. `http://proxy-operator-discovery:8090`.
+    pub fn new(base: &str, gateway_token: &str, replica: &str) -> anyhow::Result<Self> {
+        let base = reqwest::Url::parse(base)
+            .map_err(|e| anyhow::anyhow!("--discovery-url `{base}`: {e}"))?;
+        anyhow::ensure!(
+            matches!(base.scheme(), "http" | "https") && base.host().is_some(),
+            "--discovery-url `{base}` must be an http(s) URL with a host (the discovery Service)"
+        );
+        anyhow::ensure!(
+            !gateway_token.trim().is_empty(),
+            "the gateway token is empty; set GATEWAY_TOKEN from the Secret the operator reads too"
+        );
+        let http = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            // Routes are many and small: keep connections to the leader warm.
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        Ok(LeaderRoutes {
+            http,
+            base,
+            gateway_token: gateway_token.trim().to_string(),
+            replica: replica.to_string(),
+        })
+    }
+
+    fn url(&self, path: &str) -> reqwest::Url {
+        self.base.join(path).expect("a fixed relative path joins")
+    }
+
+    /// Tells the leader this replica's open upstream connections per proxy.
+    pub async fn push_load(&self, connections: &[(String, u32)]) -> anyhow::Result<()> {
+        let body = serde_json::json!({
+            "connections": connections.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()
+        });
+        let mut url = self.url("v1/gateway/replicas/");
+        url.path_segments_mut()
+            .map_err(|_| anyhow::anyhow!("the discovery URL cannot have a path"))?
+            .pop_if_empty()
+            .push(&self.replica);
+        let response = self
+            .http
+            .put(url)
+            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let problem = problem_of(response).await;
+            anyhow::bail!("{status}: {}", problem.detail);
+        }
+        Ok(())
+    }
+}
+
+/// The problem document of a refusal (empty when it is none).
+async fn problem_of(response: reqwest::Response) -> Problem {
+    match response.bytes().await {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
+        Err(_) => Problem::default(),
+    }
+}
+
+/// The client's error for a refused route.
+fn refusal(status: StatusCode, retry_after: Option<Duration>, problem: Problem) -> RouteError {
+    match (status, problem.kind()) {
+        (StatusCode::UNAUTHORIZED, _) => RouteError::Unauthenticated,
+        // The leader refused the gateway itself: the operator's side is misconfigured, not the
+        // client's request.
+        (StatusCode::FORBIDDEN, "not-the-gateway")
+        | (StatusCode::NOT_FOUND, "gateway-disabled") => RouteError::Unavailable(format!(
+            "the leader refused the gateway: {}",
+            problem.detail
+        )),
+        (StatusCode::FORBIDDEN, _) => RouteError::Forbidden(problem.detail),
+        (StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available") => RouteError::NoProxy {
+            retry_after: retry_after.unwrap_or(Duration::from_secs(5)),
+        },
+        (StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNPROCESSABLE_ENTITY, _) => {
+            RouteError::Invalid(problem.detail)
+        }
+        (status, kind) => RouteError::Unavailable(format!("{status} {kind}: {}", problem.detail)),
+    }
+}
+
+impl Routes for LeaderRoutes {
+    async fn route(&self, request: &RouteRequest) -> Result<Route, RouteError> {
+        let routing = &request.routing;
+        let body = serde_json::json!({
+            "replica": self.replica,
+            "pool": routing.pool.as_ref().map(|(ns, name)| format!("{ns}/{name}")),
+            "provider": routing.provider,
+            "zone": routing.zone,
+            "session": routing.session,
+            "target": request.destination.host,
+            "avoid": request.avoid,
+        });
+        let response = self
+            .http
+            .post(self.url("v1/gateway/routes"))
+            .bearer_auth(&request.token)
+            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| RouteError::Unavailable(format!("the leader did not answer: {e}")))?;
+        let status = response.status();
+        if status != StatusCode::OK {
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_secs);
+            let problem = problem_of(response).await;
+            return Err(refusal(status, retry_after, problem));
+        }
+        // reqwest's `json` feature is not built: serde_json over the bytes does the same.
+        let answer: RouteAnswer = response
+            .bytes()
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            .map_err(|e| RouteError::Unavailable(format!("the leader's route: {e}")))?;
+        Ok(Route {
+            proxy: format!("{}/{}", answer.proxy.namespace, answer.proxy.name),
+            address: answer.proxy.address,
+            port: answer.proxy.port,
+            login: answer.login.map(|l| UpstreamLogin {
+                username: l.username,
+                password: l.password,
+            }),
+            block_statuses: answer.block_statuses,
+        })
+    }
+
+    async fn report(&self, route: &Route, destination: &Destination, report: Report) {
+        let outcome = match report {
+            Report::Blocked => "blocked",
+            Report::Failure => "failure",
+        };
+        let body = serde_json::json!({
+            "proxy": route.proxy,
+            "outcome": outcome,
+            "target": destination.host,
+        });
+        let sent = self
+            .http
+            .post(self.url("v1/gateway/reports"))
+            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => tracing::warn!(
+                proxy = %route.proxy,
+                outcome,
+                status = %r.status(),
+                "the leader refused a gateway report"
+            ),
+            Err(e) => {
+                tracing::warn!(proxy = %route.proxy, outcome, "gateway report not delivered: {e}")
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The gateway's side door into the discovery API (docs/gateway.md): routes, replica loads and
+//! reports. Only a caller with the gateway token gets in; a route also needs the client's own
+//! token, checked and authorized exactly as a lease grant is, so the gateway can do nothing for
+//! a client that the client could not do through the lease API. Not in the OpenAPI document:
+//! crawlers never call these.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
+
+use super::super::auth::Scope;
+use super::super::store::shared::{ReplicaError, RouteRequest};
+use super::{Authorized, Discovery, JsonBody, Problem, parse_key};
+use crate::leases::store::{LeaseRequest, Outcome, ProxyKey, normalize_target, validate_session};
+
+/// The header carrying the gateway's own token.
+pub const GATEWAY_TOKEN_HEADER: &str = "x-proxy-operator-gateway-token";
+/// Longest replica id (a Pod name is at most 253).
+const MAX_REPLICA_CHARS: usize = 253;
+/// Most proxies one replica load report names.
+const MAX_LOAD_ENTRIES: usize = 100_000;
+
+/// What the leader tells the gateway, and how it shares proxies.
+#[derive(Clone)]
+pub struct GatewayAccess {
+    /// The token gateway replicas present in [`GATEWAY_TOKEN_HEADER`].
+    pub token: String,
+    /// Open gateway connections one proxy carries at most.
+    pub max_connections_per_proxy: u32,
+    /// Plain-HTTP statuses the gateway reports as `blocked`.
+    pub block_statuses: Vec<u16>,
+}
+
+impl std::fmt::Debug for GatewayAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayAccess")
+            .field("token", &"<redacted>")
+            .field("max_connections_per_proxy", &self.max_connections_per_proxy)
+            .field("block_statuses", &self.block_statuses)
+            .finish()
+    }
+}
+
+/// A caller that presented the gateway token.
+pub(super) struct FromGateway;
+
+impl FromRequestParts<Arc<Discovery>> for FromGateway {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        discovery: &Arc<Discovery>,
+    ) -> Result<Self, Problem> {
+        let Some(access) = &discovery.gateway else {
+            return Err(Problem::new(
+                StatusCode::NOT_FOUND,
+                "gateway-disabled",
+                "The gateway is not enabled",
+                "the operator runs without --gateway-token; see docs/gateway.md".into(),
+            ));
+        };
+        let presented = parts
+            .headers
+            .get(GATEWAY_TOKEN_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !bool::from(presented.ct_eq(access.token.as_bytes())) {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "not-the-gateway",
+                "Only the gateway may call this",
+                format!("{GATEWAY_TOKEN_HEADER}: missing or not the gateway's token"),
+            ));
+        }
+        match discovery.standby_answer() {
+            Some(problem) => Err(problem),
+            None => Ok(FromGateway),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct RouteBody {
+    replica: Option<String>,
+    pool: Option<String>,
+    provider: Option<String>,
+    zone: Option<String>,
+    session: Option<String>,
+    /// The destination's host.
+    target: Option<String>,
+    /// `namespace/name` of a proxy not to use.
+    avoid: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteAnswer<'a> {
+    proxy: RoutedProxy<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    login: Option<Login<'a>>,
+    block_statuses: &'a [u16],
+}
+
+#[derive(Serialize)]
+struct RoutedProxy<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    address: &'a str,
+    port: u16,
+}
+
+#[derive(Serialize)]
+struct Login<'a> {
+    username: &'a str,
+    password: &'a str,
+}
+
+fn replica_id(replica: Option<String>) -> Result<String, Problem> {
+    match replica {
+        Some(r) if !r.is_empty() && r.chars().count() <= MAX_REPLICA_CHARS => Ok(r),
+        _ => Err(Problem::bad_request(format!(
+            "replica: the gateway replica's id (its Pod name), 1 to {MAX_REPLICA_CHARS} characters"
+        ))),
+    }
+}
+
+/// `POST /v1/gateway/routes`: the upstream for one client request or tunnel.
+pub(super) async fn route(
+    State(discovery): State<Arc<Discovery>>,
+    _: FromGateway,
+    Authorized(caller): Authorized,
+    JsonBody(body): JsonBody<RouteBody>,
+) -> Result<Response, Problem> {
+    let access = discovery.gateway.as_ref().expect("checked by FromGateway");
+    let replica = replica_id(body.replica)?;
+    if let Some(session) = &body.session {
+        validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))?;
+    }
+    let target = body
+        .target
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    let pool = body
+        .pool
+        .as_deref()
+        .map(|p| parse_key("pool", "ProxyPool", p))
+        .transpose()?;
+    let avoid = body
+        .avoid
+        .as_deref()
+        .map(|p| parse_key("avoid", "Proxy", p))
+        .transpose()?;
+    discovery
+        .auth
+        .authorize_lease(&caller, &Scope::of_grant(pool.as_ref(), None))
+        .await
+        .map_err(Problem::from_auth)?;
+    let filters = LeaseRequest {
+        provider: body.provider,
+        zone: body.zone,
+        pool,
+        session: body.session,
+        target,
+        holder: caller.holder().map(str::to_string),
+        ..LeaseRequest::default()
+    };
+    let request = RouteRequest {
+        filters,
+        replica,
+        avoid,
+        max_connections: access.max_connections_per_proxy,
+    };
+    let entry = discovery
+        .store
+        .route(&request)
+        .map_err(|e| Problem::from_grant_error(e, &request.filters))?;
+    let answer = RouteAnswer {
+        proxy: RoutedProxy {
+            namespace: &entry.key.namespace,
+            name: &entry.key.name,
+            address: &entry.address,
+            port: entry.port,
+        },
+        login: entry.login.as_ref().map(|l| Login {
+            username: l.username(),
+            password: l.password(),
+        }),
+        block_statuses: &access.block_statuses,
+    };
+    Ok(Json(answer).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LoadBody {
+    /// Open upstream connections by `namespace/name`.
+    connections: Option<BTreeMap<String, u32>>,
+}
+
+/// `PUT /v1/gateway/replicas/{replica}`: one replica's open upstream connections.
+pub(super) async fn replica_load(
+    State(discovery): State<Arc<Discovery>>,
+    _: FromGateway,
+    Path(replica): Path<String>,
+    JsonBody(body): JsonBody<LoadBody>,
+) -> Result<StatusCode, Problem> {
+    let replica = replica_id(Some(replica))?;
+    let connections = body.connections.unwrap_or_default();
+    if connections.len() > MAX_LOAD_ENTRIES {
+        return Err(Problem::bad_request(format!(
+            "connections: {} proxies named; at most {MAX_LOAD_ENTRIES}",
+            connections.len()
+        )));
+    }
+    let mut load = Vec::with_capacity(connections.len());
+    for (key, count) in connections {
+        load.push((
+            parse_key(&format!("connections.{key}"), "Proxy", &key)?,
+            count,
+        ));
+    }
+    discovery
+        .store
+        .report_replica_load(&replica, load)
+        .map_err(|ReplicaError::TooManyReplicas| {
+            Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-gateway-replicas",
+                "Too many gateway replicas",
+                format!(
+                    "the leader keeps the loads of at most {} replicas; a silent one is forgotten after {} s",
+                    crate::leases::store::shared::MAX_REPLICAS,
+                    crate::leases::store::shared::REPLICA_SILENCE.as_secs()
+                ),
+            )
+        })?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SharedReportBody {
+    proxy: Option<String>,
+    outcome: Option<Outcome>,
+    target: Option<String>,
+}
+
+/// `POST /v1/gateway/reports`: what the gateway saw on a proxy it routed to.
+pub(super) async fn report(
+    State(discovery): State<Arc<Discovery>>,
+    _: FromGateway,
+    JsonBody(body): JsonBody<SharedReportBody>,
+) -> Result<StatusCode, Problem> {
+    let proxy: ProxyKey = match body.proxy.as_deref() {
+        Some(p) => parse_key("proxy", "Proxy", p)?,
+        None => {
+            return Err(Problem::bad_request(
+                "proxy: missing; namespace/name".into(),
+            ));
+        }
+    };
+    let outcome = body.outcome.ok_or_else(|| {
+        Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
+    })?;
+    let target = body
+        .target
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    let filters = LeaseRequest {
+        proxy: Some(proxy.clone()),
+        ..LeaseRequest::default()
+    };
+    discovery
+        .store
+        .report_shared(&proxy, outcome, target.as_deref())
+        .map_err(|e| Problem::from_grant_error(e, &filters))?;
+    Ok(StatusCode::NO_CONTENT)
+}

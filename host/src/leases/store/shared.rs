@@ -1,0 +1,434 @@
+//! Shared use of proxies by the gateway (`proxy-operator gateway`, docs/gateway.md): unlike a
+//! lease, a route does not hold its proxy alone. A proxy carrying gateway traffic leaves the
+//! free order, so the lease API never hands it out exclusively while the gateway uses it, and
+//! returns to it once its connections are gone and it has not been routed to for a while.
+//!
+//! Soft state, never persisted: after a failover the gateway replicas report their open
+//! connections again within a report interval, and until then a proxy in gateway use may be
+//! leased (docs/architecture.md).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::keys::FastMap;
+use super::outcomes::Outcome;
+use super::sessions::session_digest;
+use super::targets::target_digest;
+use super::{
+    Fit, GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, ProxyKey, Wanted, fit_matching,
+    matches, nothing_free, now_ms,
+};
+
+/// A proxy routed to, with no open gateway connection, stays out of the free order this long:
+/// a client's next request usually follows within it, and a lease in between would take the
+/// proxy from under its session.
+pub const SHARED_HOLD: Duration = Duration::from_secs(30);
+/// A gateway replica that has not reported its connections for this long is gone: what it
+/// reported no longer counts.
+pub const REPLICA_SILENCE: Duration = Duration::from_secs(30);
+/// Gateway replicas the leader keeps the loads of; one more is refused (a misconfigured
+/// gateway inventing ids must not grow the leader's memory).
+pub const MAX_REPLICAS: usize = 256;
+
+/// What the gateway asks for one request or tunnel.
+#[derive(Clone, Debug, Default)]
+pub struct RouteRequest {
+    /// Pool, provider, zone, session, target (the destination host) and holder, as for a lease;
+    /// `proxy` and `ttl` are not used.
+    pub filters: LeaseRequest,
+    /// The gateway replica asking (its open connections are counted under this id).
+    pub replica: String,
+    /// A proxy not to route to (the one that just failed).
+    pub avoid: Option<ProxyKey>,
+    /// Open gateway connections a proxy may carry.
+    pub max_connections: u32,
+}
+
+/// Why a replica's report was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaError {
+    TooManyReplicas,
+}
+
+#[derive(Default)]
+pub(super) struct SharedUse {
+    replicas: HashMap<String, ReplicaLoad>,
+    /// Proxies carrying gateway traffic, with when each was last routed to (ms): out of the
+    /// free order until [`SHARED_HOLD`] after that with no open connection.
+    in_use: FastMap<ProxyKey, u64>,
+}
+
+#[derive(Default)]
+struct ReplicaLoad {
+    /// Open upstream connections per proxy, as the replica last reported them.
+    connections: FastMap<ProxyKey, u32>,
+    /// Routes handed to the replica since that report (its connections the report missed).
+    routed: FastMap<ProxyKey, u32>,
+    reported_at_ms: u64,
+}
+
+impl SharedUse {
+    /// Open gateway connections on `key`, over every replica.
+    pub(super) fn load(&self, key: &ProxyKey) -> u32 {
+        self.replicas
+            .values()
+            .map(|r| {
+                r.connections.get(key).copied().unwrap_or(0)
+                    + r.routed.get(key).copied().unwrap_or(0)
+            })
+            .sum()
+    }
+
+    pub(super) fn is_in_use(&self, key: &ProxyKey) -> bool {
+        self.in_use.contains_key(key)
+    }
+}
+
+impl LeaseStore {
+    /// Chooses the proxy for one gateway request or tunnel, by the rules of a lease (pool,
+    /// provider, zone, session, cooldowns for the target, health, draining) except that it is
+    /// shared: the proxy may carry other gateway connections (up to `max_connections`), never
+    /// an exclusive lease's. The session's proxy while it is usable; else the least loaded,
+    /// the least recently routed first among equals, so requests rotate over the pool.
+    pub fn route(&self, request: &RouteRequest) -> Result<Arc<PoolEntry>, GrantError> {
+        let now = now_ms();
+        let filters = &request.filters;
+        let wanted = Wanted {
+            session: filters
+                .session
+                .as_deref()
+                .map(|s| session_digest(filters.holder.as_deref(), s)),
+            target: filters.target.as_deref().map(target_digest),
+        };
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if !inner.ready {
+            return Err(GrantError::NotReady);
+        }
+        if let Some(pool) = &filters.pool
+            && !inner.is_known(pool)
+        {
+            return Err(GrantError::UnknownPool);
+        }
+        let usable = |inner: &Inner, key: &ProxyKey| -> Result<u32, Option<u64>> {
+            let Some(slot) = inner.pool.get(key) else {
+                return Err(None);
+            };
+            if !slot.entry.leasable()
+                || inner.leased.contains_key(key)
+                || request.avoid.as_ref() == Some(key)
+                || !matches(slot, filters)
+            {
+                return Err(None);
+            }
+            match fit_matching(inner, key, &wanted, now) {
+                Fit::Cooling(until_ms) => return Err(Some(until_ms)),
+                Fit::Mismatch => return Err(None),
+                Fit::Grant(_) => {}
+            }
+            let load = inner.shared.load(key);
+            if load >= request.max_connections {
+                return Err(None);
+            }
+            Ok(load)
+        };
+        let bound = wanted
+            .session
+            .as_ref()
+            .and_then(|s| inner.sessions.proxy_of(s))
+            .filter(|key| usable(inner, key).is_ok())
+            .cloned();
+        let chosen = match bound {
+            Some(key) => key,
+            None => {
+                let mut best: Option<(u32, u64, &ProxyKey)> = None;
+                let mut soonest: Option<u64> = None;
+                for key in inner.pool.keys() {
+                    match usable(inner, key) {
+                        Ok(load) => {
+                            let last = inner.shared.in_use.get(key).copied().unwrap_or(0);
+                            if best.is_none_or(|(l, t, _)| (load, last) < (l, t)) {
+                                best = Some((load, last, key));
+                            }
+                        }
+                        Err(Some(until_ms)) => {
+                            soonest = Some(soonest.map_or(until_ms, |s| s.min(until_ms)))
+                        }
+                        Err(None) => {}
+                    }
+                }
+                match best {
+                    Some((_, _, key)) => key.clone(),
+                    None => return Err(nothing_free(inner, filters, soonest, now)),
+                }
+            }
+        };
+        if let Some(session) = wanted.session {
+            inner.sessions.bind(session, &chosen);
+        }
+        if inner.free_seq.contains_key(&chosen) {
+            inner.remove_free(&chosen);
+        }
+        inner.shared.in_use.insert(chosen.clone(), now);
+        let replica = inner
+            .shared
+            .replicas
+            .entry(request.replica.clone())
+            .or_insert_with(|| ReplicaLoad {
+                reported_at_ms: now,
+                ..ReplicaLoad::default()
+            });
+        *replica.routed.entry(chosen.clone()).or_insert(0) += 1;
+        Ok(inner.pool[&chosen].entry.clone())
+    }
+
+    /// A gateway replica's open upstream connections per proxy, replacing what it reported
+    /// before (and the routes handed to it since).
+    pub fn report_replica_load(
+        &self,
+        replica: &str,
+        connections: Vec<(ProxyKey, u32)>,
+    ) -> Result<(), ReplicaError> {
+        let now = now_ms();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let shared = &mut inner.shared;
+        if !shared.replicas.contains_key(replica) && shared.replicas.len() >= MAX_REPLICAS {
+            return Err(ReplicaError::TooManyReplicas);
+        }
+        let mut load = FastMap::default();
+        for (key, count) in connections {
+            // Only proxies of the table: a report cannot make the leader hold made-up keys.
+            if count > 0 && inner.pool.contains_key(&key) {
+                if !shared.in_use.contains_key(&key) {
+                    shared.in_use.insert(key.clone(), now);
+                }
+                load.insert(key, count);
+            }
+        }
+        shared.replicas.insert(
+            replica.to_string(),
+            ReplicaLoad {
+                connections: load,
+                routed: FastMap::default(),
+                reported_at_ms: now,
+            },
+        );
+        // A proxy in gateway use is out of the free order (also one that was free when a
+        // replica reported it after a failover).
+        let taken: Vec<ProxyKey> = inner
+            .shared
+            .in_use
+            .keys()
+            .filter(|k| inner.free_seq.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in taken {
+            inner.remove_free(&key);
+        }
+        Ok(())
+    }
+
+    /// What the gateway saw on a proxy it routed to: `blocked` for `target` cools it down for
+    /// that host (as a lease's report would), `failure` counts towards a probe. No lease ends.
+    pub fn report_shared(
+        &self,
+        proxy: &ProxyKey,
+        outcome: Outcome,
+        target: Option<&str>,
+    ) -> Result<(), GrantError> {
+        let now = now_ms();
+        let target = target.map(target_digest);
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if !inner.ready {
+            return Err(GrantError::NotReady);
+        }
+        let Some(slot) = inner.pool.get(proxy) else {
+            return Err(GrantError::UnknownProxy);
+        };
+        let series = slot.series.clone();
+        series.reports[outcome as usize].inc();
+        self.apply_outcome(inner, proxy, outcome, target, now);
+        Ok(())
+    }
+
+    /// Gives proxies whose gateway use ended back to the free order, and forgets replicas that
+    /// went silent (with [`LeaseStore::expire`]).
+    pub(super) fn expire_shared(inner: &mut Inner, now: u64) {
+        let silence = REPLICA_SILENCE.as_millis() as u64;
+        inner
+            .shared
+            .replicas
+            .retain(|_, r| now.saturating_sub(r.reported_at_ms) < silence);
+        let hold = SHARED_HOLD.as_millis() as u64;
+        let ended: Vec<ProxyKey> = inner
+            .shared
+            .in_use
+            .iter()
+            .filter(|(k, last)| now.saturating_sub(**last) >= hold && inner.shared.load(k) == 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in ended {
+            inner.shared.in_use.remove(&key);
+            let free_again = inner.pool.get(&key).is_some_and(|s| s.entry.leasable())
+                && !inner.leased.contains_key(&key)
+                && !inner.free_seq.contains_key(&key);
+            if free_again {
+                inner.push_free(key);
+            }
+        }
+        let pool = &inner.pool;
+        inner.shared.in_use.retain(|k, _| pool.contains_key(k));
+    }
+
+    /// Open gateway connections per proxy (for `GET /v1/proxies` and the metrics).
+    pub fn shared_loads(&self) -> HashMap<ProxyKey, u32> {
+        let inner = self.lock();
+        inner
+            .shared
+            .in_use
+            .keys()
+            .map(|k| (k.clone(), inner.shared.load(k)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::{LeaseMetrics, LeaseOptions, Snapshot};
+    use super::*;
+
+    fn key(name: &str) -> ProxyKey {
+        ProxyKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn store_of(names: &[&str]) -> LeaseStore {
+        let store = LeaseStore::new(
+            LeaseOptions::default(),
+            LeaseMetrics::unregistered().unwrap(),
+            None,
+        );
+        store.restore(Snapshot::default());
+        store.set_pool(
+            names
+                .iter()
+                .map(|name| PoolEntry {
+                    key: key(name),
+                    provider: "p".into(),
+                    zone: None,
+                    labels: BTreeMap::new(),
+                    address: "127.0.0.1".into(),
+                    exit_ip: None,
+                    port: 3128,
+                    healthy: true,
+                    pool: None,
+                    draining: false,
+                    login: None,
+                })
+                .collect(),
+        );
+        store
+    }
+
+    fn route(store: &LeaseStore, session: Option<&str>) -> Result<String, GrantError> {
+        store
+            .route(&RouteRequest {
+                filters: LeaseRequest {
+                    session: session.map(str::to_string),
+                    ..LeaseRequest::default()
+                },
+                replica: "gw-0".into(),
+                avoid: None,
+                max_connections: 2,
+            })
+            .map(|e| e.key.name.to_string())
+    }
+
+    #[test]
+    fn routes_rotate_share_and_keep_proxies_from_exclusive_leases_until_their_use_ends() {
+        let store = store_of(&["a", "b"]);
+        let first = route(&store, None).unwrap();
+        let second = route(&store, None).unwrap();
+        assert_ne!(first, second, "requests without a session rotate");
+        // Both carry gateway traffic: no exclusive lease, not even by name.
+        assert!(matches!(
+            store.grant(&LeaseRequest::default()),
+            Err(GrantError::NoProxy { .. })
+        ));
+        assert!(matches!(
+            store.grant(&LeaseRequest {
+                proxy: Some(key("a")),
+                ..LeaseRequest::default()
+            }),
+            Err(GrantError::Leased { .. })
+        ));
+        // Two routes each (the bound): a fifth has nowhere to go until the replica reports
+        // its connections closed.
+        route(&store, None).unwrap();
+        route(&store, None).unwrap();
+        assert!(matches!(
+            route(&store, None),
+            Err(GrantError::NoProxy { .. })
+        ));
+        store
+            .report_replica_load("gw-0", vec![(key("a"), 1)])
+            .unwrap();
+        assert_eq!(route(&store, None).unwrap(), "b", "the least loaded");
+        assert_eq!(store.shared_loads()[&key("a")], 1);
+
+        // No connection left and the hold over: back to the lease API.
+        store.report_replica_load("gw-0", vec![]).unwrap();
+        let later = now_ms() + SHARED_HOLD.as_millis() as u64 + 1;
+        LeaseStore::expire_shared(&mut store.lock(), later);
+        assert!(store.shared_loads().is_empty());
+        store.grant(&LeaseRequest::default()).unwrap();
+        store.grant(&LeaseRequest::default()).unwrap();
+        // Both leased: the gateway never shares an exclusive lease's proxy.
+        assert!(matches!(
+            route(&store, None),
+            Err(GrantError::NoProxy { .. })
+        ));
+    }
+
+    #[test]
+    fn a_session_keeps_its_proxy_and_a_silent_replica_stops_counting() {
+        let store = store_of(&["a", "b", "c"]);
+        let bound = route(&store, Some("s")).unwrap();
+        assert_eq!(route(&store, Some("s")).unwrap(), bound);
+        // Full (two routes): the session moves on rather than overloading it.
+        assert_ne!(route(&store, Some("s")).unwrap(), bound);
+        let silent = now_ms() + REPLICA_SILENCE.as_millis() as u64 + 1;
+        LeaseStore::expire_shared(&mut store.lock(), silent);
+        assert_eq!(store.shared_loads().values().sum::<u32>(), 0);
+    }
+
+    #[test]
+    fn replica_reports_are_bounded_and_name_only_known_proxies() {
+        let store = store_of(&["a"]);
+        store
+            .report_replica_load("gw-x", vec![(key("made-up"), 7), (key("a"), 1)])
+            .unwrap();
+        assert_eq!(
+            store.shared_loads(),
+            std::collections::HashMap::from([(key("a"), 1)])
+        );
+        for i in 1..MAX_REPLICAS {
+            store
+                .report_replica_load(&format!("gw-{i}"), vec![])
+                .unwrap();
+        }
+        assert_eq!(
+            store.report_replica_load("one-too-many", vec![]),
+            Err(ReplicaError::TooManyReplicas)
+        );
+        // A known replica still reports.
+        store.report_replica_load("gw-x", vec![]).unwrap();
+    }
+}
