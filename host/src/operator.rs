@@ -380,7 +380,7 @@ impl Operator {
 }
 
 /// SIGTERM (Kubernetes stopping the Pod) or Ctrl-C cancels `stop`.
-async fn cancel_on_signal(stop: CancellationToken) {
+pub(crate) async fn cancel_on_signal(stop: CancellationToken) {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut term) => {

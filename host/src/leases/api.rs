@@ -9,7 +9,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
@@ -38,10 +38,11 @@ const TRANSPORT_MAX_HEADERS: usize = 1024;
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
 mod gateway;
+mod gateway_access;
 mod problem_response;
 mod problems;
 
-pub use gateway::{GATEWAY_TOKEN_HEADER, GatewayAccess};
+pub use gateway_access::{GATEWAY_TOKEN_HEADER, GatewayAccess};
 
 /// An RFC 9457 problem. `kind` is the last part of its stable `type` URI (answered as
 /// `application/problem+json` by `api/problem_response.rs`).
@@ -325,16 +326,13 @@ impl Discovery {
 /// The discovery API's routes. Everything but the OpenAPI document needs the token, including
 /// the answers for unknown paths and methods.
 pub fn router(discovery: Arc<Discovery>) -> Router {
-    Router::new()
+    Discovery::with_gateway_door(Router::new())
         .route("/openapi.json", get(openapi))
         .route("/v1/leases", post(grant))
         .route("/v1/leases/{id}", get(show).delete(release))
         .route("/v1/leases/{id}/report", post(report))
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/proxies", get(proxies))
-        .route("/v1/gateway/routes", post(gateway::route))
-        .route("/v1/gateway/replicas/{replica}", put(gateway::replica_load))
-        .route("/v1/gateway/reports", post(gateway::report))
         .fallback(|_: Authorized| async {
             Problem::new(
                 StatusCode::NOT_FOUND,

@@ -9,6 +9,7 @@ mod outcomes;
 pub(crate) mod records;
 mod sessions;
 pub(crate) mod shared;
+mod shared_use;
 mod targets;
 mod views;
 
@@ -284,7 +285,7 @@ struct Inner {
     /// Since when writes of the table fail (none since the last success).
     failing_since: Option<std::time::Instant>,
     /// The gateway's shared use of proxies (soft state).
-    shared: shared::SharedUse,
+    shared: shared_use::SharedUse,
 }
 
 impl Inner {
@@ -1287,7 +1288,7 @@ fn pick_named(
     if inner.shared.is_in_use(key) {
         // Carrying gateway traffic: not exclusive until that ends.
         return Err(GrantError::Leased {
-            retry_after: shared::SHARED_HOLD,
+            retry_after: shared_use::SHARED_HOLD,
         });
     }
     if let Some(id) = inner.leased.get(key) {

@@ -17,39 +17,17 @@ use subtle::ConstantTimeEq;
 
 use super::super::auth::Scope;
 use super::super::store::shared::{ReplicaError, RouteRequest};
+use super::gateway_access::GATEWAY_TOKEN_HEADER;
 use super::{Authorized, Discovery, JsonBody, Problem, parse_key};
 use crate::leases::store::{LeaseRequest, Outcome, ProxyKey, normalize_target, validate_session};
 
-/// The header carrying the gateway's own token.
-pub const GATEWAY_TOKEN_HEADER: &str = "x-proxy-operator-gateway-token";
 /// Longest replica id (a Pod name is at most 253).
 const MAX_REPLICA_CHARS: usize = 253;
 /// Most proxies one replica load report names.
 const MAX_LOAD_ENTRIES: usize = 100_000;
 
-/// What the leader tells the gateway, and how it shares proxies.
-#[derive(Clone)]
-pub struct GatewayAccess {
-    /// The token gateway replicas present in [`GATEWAY_TOKEN_HEADER`].
-    pub token: String,
-    /// Open gateway connections one proxy carries at most.
-    pub max_connections_per_proxy: u32,
-    /// Plain-HTTP statuses the gateway reports as `blocked`.
-    pub block_statuses: Vec<u16>,
-}
-
-impl std::fmt::Debug for GatewayAccess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatewayAccess")
-            .field("token", &"<redacted>")
-            .field("max_connections_per_proxy", &self.max_connections_per_proxy)
-            .field("block_statuses", &self.block_statuses)
-            .finish()
-    }
-}
-
 /// A caller that presented the gateway token.
-pub(super) struct FromGateway;
+struct FromGateway;
 
 impl FromRequestParts<Arc<Discovery>> for FromGateway {
     type Rejection = Problem;
@@ -88,7 +66,7 @@ impl FromRequestParts<Arc<Discovery>> for FromGateway {
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct RouteBody {
+struct RouteBody {
     replica: Option<String>,
     pool: Option<String>,
     provider: Option<String>,
@@ -132,8 +110,23 @@ fn replica_id(replica: Option<String>) -> Result<String, Problem> {
     }
 }
 
+impl Discovery {
+    /// The gateway's door on the discovery API's router.
+    pub(super) fn with_gateway_door(
+        router: axum::Router<Arc<Discovery>>,
+    ) -> axum::Router<Arc<Discovery>> {
+        router
+            .route("/v1/gateway/routes", axum::routing::post(route))
+            .route(
+                "/v1/gateway/replicas/{replica}",
+                axum::routing::put(replica_load),
+            )
+            .route("/v1/gateway/reports", axum::routing::post(report))
+    }
+}
+
 /// `POST /v1/gateway/routes`: the upstream for one client request or tunnel.
-pub(super) async fn route(
+async fn route(
     State(discovery): State<Arc<Discovery>>,
     _: FromGateway,
     Authorized(caller): Authorized,
@@ -201,13 +194,13 @@ pub(super) async fn route(
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct LoadBody {
+struct LoadBody {
     /// Open upstream connections by `namespace/name`.
     connections: Option<BTreeMap<String, u32>>,
 }
 
 /// `PUT /v1/gateway/replicas/{replica}`: one replica's open upstream connections.
-pub(super) async fn replica_load(
+async fn replica_load(
     State(discovery): State<Arc<Discovery>>,
     _: FromGateway,
     Path(replica): Path<String>,
@@ -248,14 +241,14 @@ pub(super) async fn replica_load(
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct SharedReportBody {
+struct SharedReportBody {
     proxy: Option<String>,
     outcome: Option<Outcome>,
     target: Option<String>,
 }
 
 /// `POST /v1/gateway/reports`: what the gateway saw on a proxy it routed to.
-pub(super) async fn report(
+async fn report(
     State(discovery): State<Arc<Discovery>>,
     _: FromGateway,
     JsonBody(body): JsonBody<SharedReportBody>,
