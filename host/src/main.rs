@@ -39,6 +39,9 @@ enum LogFormat {
 enum Command {
     /// Run the operator: reconcile Proxies through the configured providers.
     Run(Box<proxy_operator::cli::run::RunArgs>),
+    /// Run the gateway: one proxy endpoint (HTTP, CONNECT, SOCKS5) that carries each request
+    /// through a proxy of the fleet the leader picks (docs/gateway.md).
+    Gateway(Box<proxy_operator::cli::gateway::GatewayArgs>),
     /// Print the CRD manifests generated from the Rust types, or write them into a directory.
     Crds {
         /// Write one file per CRD here (e.g. `deploy/crds`) instead of printing.
@@ -176,6 +179,14 @@ async fn main() -> ExitCode {
     }
     match &cli.command {
         Command::Run(args) => match proxy_operator::cli::run::run((**args).clone()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Gateway(args) => match proxy_operator::cli::gateway::run(*args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");

@@ -4,7 +4,7 @@
 //! operator documents (docs/metrics.md). The cluster test (cluster_e2e.rs) applies all of it to a
 //! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -254,4 +254,89 @@ fn pathdiff(to: &Path, from: &Path) -> String {
         path.push(part);
     }
     path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn the_gateway_component_runs_the_gateway_and_opens_the_leaders_door() {
+    let scratch = repo().join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let overlay = tempfile::tempdir_in(scratch).unwrap();
+    let relative = |p: &str| pathdiff(&repo().join(p), overlay.path());
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}]\n",
+            relative("deploy"),
+            relative("deploy/gateway")
+        ),
+    )
+    .unwrap();
+    let objects = kustomize(overlay.path());
+    let find = |kind_name: &str| {
+        objects
+            .iter()
+            .find(|o| kind_and_name(o) == kind_name)
+            .unwrap_or_else(|| panic!("{kind_name} in the overlay"))
+    };
+    let env_of = |deployment: &Value| -> BTreeMap<String, Value> {
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+            .collect()
+    };
+    // The leader reads the gateway's token from the same Secret as the gateway.
+    let operator = env_of(find("Deployment/proxy-operator"));
+    let gateway_deployment = find("Deployment/proxy-operator-gateway");
+    let gateway = env_of(gateway_deployment);
+    for env in [&operator, &gateway] {
+        assert_eq!(
+            env["GATEWAY_TOKEN"]["valueFrom"]["secretKeyRef"]["name"],
+            "proxy-operator-gateway"
+        );
+    }
+    let container = &gateway_deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["args"], serde_json::json!(["gateway"]));
+    // Every variable the gateway Deployment sets is a flag of `proxy-operator gateway`.
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .args(["gateway", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for name in gateway.keys() {
+        if name != "LOG_FORMAT" {
+            assert!(
+                help.contains(&format!("[env: {name}")),
+                "{name} in:\n{help}"
+            );
+        }
+    }
+    assert_eq!(gateway_deployment["spec"]["replicas"], 2);
+    assert_eq!(
+        gateway_deployment["spec"]["template"]["spec"]["automountServiceAccountToken"],
+        false
+    );
+    let service = find("Service/proxy-operator-gateway");
+    let ports: BTreeSet<i64> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ports, BTreeSet::from([8080, 1080, 9090]));
+    assert_eq!(
+        find("PodDisruptionBudget/proxy-operator-gateway")["spec"]["minAvailable"],
+        1
+    );
+    assert_eq!(
+        find("HorizontalPodAutoscaler/proxy-operator-gateway")["spec"]["minReplicas"],
+        2
+    );
+    // Only labelled crawlers reach the proxy ports.
+    let policy = find("NetworkPolicy/proxy-operator-gateway");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["proxy-operator.dev/gateway-client"],
+        "true"
+    );
 }

@@ -30,6 +30,8 @@ pub const PROXY_NAMESPACE: &str = "crawlers";
 pub const PROXY_NAME: &str = "egress-1";
 /// The discovery API's bearer token.
 pub const TOKEN: &str = "dev-token";
+/// The gateway's own token (the operator's GATEWAY_TOKEN).
+pub const GATEWAY_TOKEN: &str = "dev-gateway-token";
 /// The provider instance of the sample.
 pub const PROVIDER: &str = "kvm-home";
 /// What the loopback site answers at [`SITE_PATH`].
@@ -123,6 +125,11 @@ pub struct Stack {
     pub operator: Proc,
     pub metrics: SocketAddr,
     pub discovery: SocketAddr,
+    /// `proxy-operator gateway`, and its HTTP and SOCKS5 ports.
+    pub gateway: Proc,
+    pub gateway_http: SocketAddr,
+    pub gateway_socks: SocketAddr,
+    gateway_metrics: SocketAddr,
     /// The loopback site as the guest sees it (`<gateway>:<port>`).
     pub site_for_guest: SocketAddr,
     pub kubeconfig: PathBuf,
@@ -230,12 +237,36 @@ impl Stack {
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
             .env("DISCOVERY_TOKEN", TOKEN)
+            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
             .env("PLUGIN_CACHE_DIR", dir.join("plugin-cache"))
             .env(
                 "LOG_LEVEL",
                 std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
             );
         let operator = Proc::spawn("proxy-operator", cmd, &dir.join("operator.log"))?;
+        // The gateway, as its Deployment runs it; the site is on the guest's view of loopback
+        // (a private address), which only a test allows.
+        let (gateway_http, gateway_socks, gateway_metrics): (SocketAddr, SocketAddr, SocketAddr) = (
+            ([127, 0, 0, 1], free_port()?).into(),
+            ([127, 0, 0, 1], free_port()?).into(),
+            ([127, 0, 0, 1], free_port()?).into(),
+        );
+        let mut cmd = std::process::Command::new(&options.operator_bin);
+        cmd.arg("gateway")
+            .args(["--discovery-url", &format!("http://{discovery}")])
+            .args(["--replica", "dev-gateway"])
+            .args(["--http-addr", &gateway_http.to_string()])
+            .args(["--socks-addr", &gateway_socks.to_string()])
+            .args(["--metrics-addr", &gateway_metrics.to_string()])
+            .args(["--allowed-networks", &format!("{gateway}/32")])
+            .args(["--allowed-ports", &files.addr().port().to_string()])
+            .args(["--load-report-interval", "1s"])
+            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
+            .env(
+                "LOG_LEVEL",
+                std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            );
+        let gateway = Proc::spawn("gateway", cmd, &dir.join("gateway.log"))?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(10))
@@ -249,6 +280,10 @@ impl Stack {
             operator,
             metrics,
             discovery,
+            gateway,
+            gateway_http,
+            gateway_socks,
+            gateway_metrics,
             site_for_guest,
             kubeconfig,
             scratch,
@@ -256,6 +291,10 @@ impl Stack {
         };
         stack.wait_operator_ready().await?;
         phases.done("operator ready (kvm provider loaded)");
+        stack.wait_gateway_ready().await?;
+        phases.done(&format!(
+            "gateway ready (HTTP {gateway_http}, SOCKS5 {gateway_socks})"
+        ));
         Ok(stack)
     }
 
@@ -282,6 +321,49 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Waits until the gateway's /readyz answers 200: it reached the leader with its token.
+    async fn wait_gateway_ready(&mut self) -> Result<()> {
+        let url = format!("http://{}/readyz", self.gateway_metrics);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = String::from("no answer");
+        loop {
+            match self.http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => last = format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
+                Err(e) => last = e.to_string(),
+            }
+            if let Some(status) = self.gateway.try_exited() {
+                bail!(
+                    "the gateway exited ({status}):\n{}",
+                    self.gateway.log_tail(40)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the gateway is not ready after 60 s (last: {last}):\n{}",
+                    self.gateway.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The gateway's proxy URL for `username` (routing parameters) and the crawler token.
+    pub fn gateway_url(&self, username: &str) -> String {
+        format!("http://{username}:{TOKEN}@{}", self.gateway_http)
+    }
+
+    /// Ends a lease (its proxy goes back to the pool).
+    pub async fn release(&self, id: &str) -> Result<()> {
+        let (status, body) = self
+            .discovery(reqwest::Method::DELETE, &format!("/v1/leases/{id}"), None)
+            .await?;
+        if status != 204 {
+            bail!("DELETE /v1/leases/{id}: HTTP {status}: {body}");
+        }
+        Ok(())
     }
 
     /// The Proxy API (proxy-operator.dev/v1alpha1) in [`PROXY_NAMESPACE`].
@@ -514,9 +596,11 @@ impl Stack {
     /// `address` is the bare proxy, which answers 407 without the credentials.
     pub fn instructions(&self, address: &str) -> String {
         format!(
-            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  proxy_url=$(curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}' | jq -r .proxyUrl)\n  curl -s -x \"$proxy_url\" {site}\n  curl -s -o /dev/null -w '%{{http_code}}\\n' -x {address} {site}   # 407: the proxy requires its credentials\n\nThe operator's log: {log} (copied to target/dev-logs/ when make dev ends)\nPress Ctrl-C to stop everything (the VM is removed).\n",
+            "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  proxy_url=$(curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}' | jq -r .proxyUrl)\n  curl -s -x \"$proxy_url\" {site}\n  curl -s -o /dev/null -w '%{{http_code}}\\n' -x {address} {site}   # 407: the proxy requires its credentials\n\nOr through the gateway, one proxy endpoint for any client (docs/gateway.md; a proxy in gateway use is not leased for 30 s after):\n  curl -s -x 'http://provider-{PROVIDER}:{TOKEN}@{gateway_http}' {site}\n  curl -s --socks5-hostname {gateway_socks} -U 'provider-{PROVIDER}:{TOKEN}' {site}\n\nThe operator's log: {log} (copied to target/dev-logs/ when make dev ends)\nPress Ctrl-C to stop everything (the VM is removed).\n",
             kubeconfig = self.kubeconfig.display(),
             discovery = self.discovery,
+            gateway_http = self.gateway_http,
+            gateway_socks = self.gateway_socks,
             site = self.site_url(),
             log = self.operator.log_path().display(),
         )

@@ -134,6 +134,24 @@ async fn drive(
         bail!("the proxy should require its credentials (HTTP 407), got HTTP {status}");
     }
     phases.done("request through the leased proxy answered 200 with the site's body");
+    *phase = "a request through the gateway";
+    // The gateway shares no exclusively leased proxy: the lease ends first.
+    stack
+        .release(lease["id"].as_str().context("the lease has no id")?)
+        .await?;
+    let through_gateway = stack.gateway_url(&format!("provider-{}", harness::stack::PROVIDER));
+    let shown = harness::stack::without_password(&through_gateway);
+    let (status, body) = stack.get_through(&through_gateway).await?;
+    println!(
+        "GET {} through the gateway {shown}: HTTP {status}",
+        stack.site_url()
+    );
+    if status != 200 || body != SITE_BODY {
+        bail!(
+            "expected HTTP 200 with the site's body through the gateway, got HTTP {status}: {body:?}"
+        );
+    }
+    phases.done("request through the gateway answered 200 with the site's body");
     *phase = "delete the Proxy";
     stack.delete_proxy(Duration::from_secs(60)).await?;
     phases.done("Proxy deleted, VM removed");

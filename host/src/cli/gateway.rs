@@ -1,0 +1,265 @@
+//! `proxy-operator gateway`: one proxy endpoint for any client (docs/gateway.md). A process of its
+//! own, holding no state: every route is the leader's choice, asked through the discovery API.
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::leader::LeaderRoutes;
+use crate::gateway::metrics::GatewayMetrics;
+use crate::gateway::options::GatewayOptions;
+use crate::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
+use crate::gateway::server::Gateway;
+
+/// A replica whose last load report to the leader is older than this is not ready: it could not
+/// route either.
+const LEADER_STALE_AFTER: Duration = Duration::from_secs(15);
+
+/// Flags of `gateway`; each has an environment fallback for its Deployment.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// The discovery API of the operator (its Service, which routes to the leader).
+    #[arg(long, env = "DISCOVERY_URL")]
+    pub discovery_url: String,
+    /// The gateway's own token, the one the operator has as GATEWAY_TOKEN (from their Secret).
+    #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
+    pub gateway_token: String,
+    /// This replica's id at the leader (its Pod's name); default: the host name.
+    #[arg(long, env = "GATEWAY_REPLICA")]
+    pub replica: Option<String>,
+    /// HTTP/1.1 forward proxy and CONNECT.
+    #[arg(long, env = "GATEWAY_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// SOCKS5.
+    #[arg(long, env = "GATEWAY_SOCKS_ADDR", default_value = "0.0.0.0:1080")]
+    pub socks_addr: SocketAddr,
+    /// /metrics, /healthz and /readyz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Destination ports clients may reach, comma-separated.
+    #[arg(long, env = "GATEWAY_ALLOWED_PORTS", default_value = "80,443")]
+    pub allowed_ports: Ports,
+    /// Non-public networks clients may reach anyway (CIDRs, comma-separated), e.g. a test
+    /// site's; by default none.
+    #[arg(long, env = "GATEWAY_ALLOWED_NETWORKS", default_value = "")]
+    pub allowed_networks: Networks,
+    /// Host names clients may reach although they look internal (`svc`, `example.internal`),
+    /// comma-separated suffixes; by default none.
+    #[arg(long, env = "GATEWAY_ALLOWED_HOST_SUFFIXES", default_value = "")]
+    pub allowed_host_suffixes: HostSuffixes,
+    /// Client connections open at once, in all.
+    #[arg(long, env = "GATEWAY_MAX_CLIENTS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_clients: u64,
+    /// Client connections open at once with one token.
+    #[arg(long, env = "GATEWAY_MAX_CLIENTS_PER_TOKEN", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_clients_per_token: u32,
+    /// A tunnel or request with no byte either way for this long is closed.
+    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// How often this replica tells the leader its open connections per proxy.
+    #[arg(long, env = "GATEWAY_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub load_report_interval: Duration,
+}
+
+impl GatewayArgs {
+    fn options(&self) -> anyhow::Result<GatewayOptions> {
+        anyhow::ensure!(
+            !self.idle_timeout.is_zero(),
+            "--idle-timeout must be more than 0s (e.g. 300s)"
+        );
+        anyhow::ensure!(
+            !self.load_report_interval.is_zero()
+                && self.load_report_interval < crate::leases::store::shared::REPLICA_SILENCE,
+            "--load-report-interval must be more than 0s and less than {} s (the leader forgets a replica silent that long)",
+            crate::leases::store::shared::REPLICA_SILENCE.as_secs()
+        );
+        Ok(GatewayOptions {
+            idle_timeout: self.idle_timeout,
+            max_clients: self.max_clients as usize,
+            max_clients_per_token: self.max_clients_per_token,
+            policy: DestinationPolicy {
+                ports: self.allowed_ports.0.clone(),
+                allowed_networks: self.allowed_networks.0.clone(),
+                allowed_host_suffixes: self.allowed_host_suffixes.0.clone(),
+            },
+            ..GatewayOptions::default()
+        })
+    }
+
+    fn replica(&self) -> String {
+        self.replica
+            .clone()
+            .filter(|r| !r.trim().is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "gateway".into())
+    }
+}
+
+/// Runs the gateway until SIGTERM or Ctrl-C; open tunnels then get the shutdown grace.
+pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
+    let options = args.options()?;
+    let replica = args.replica();
+    let routes = Arc::new(LeaderRoutes::new(
+        &args.discovery_url,
+        &args.gateway_token,
+        &replica,
+    )?);
+    let registry = prometheus::Registry::new();
+    let metrics = GatewayMetrics::register(&registry)?;
+    let http = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .with_context(|| format!("binding --http-addr {}", args.http_addr))?;
+    let socks = tokio::net::TcpListener::bind(args.socks_addr)
+        .await
+        .with_context(|| format!("binding --socks-addr {}", args.socks_addr))?;
+    let gateway = Arc::new(Gateway::new(routes.clone(), options, metrics));
+    let stop = CancellationToken::new();
+    tokio::spawn(crate::operator::cancel_on_signal(stop.clone()));
+
+    let reported = Arc::new(LastReport::default());
+    let probes = serve_probes(&stop, args.metrics_addr, registry, reported.clone()).await?;
+    let pushing = tokio::spawn(push_loads(
+        routes,
+        gateway.clone(),
+        args.load_report_interval,
+        reported,
+        stop.clone(),
+    ));
+    tracing::info!(
+        http = %args.http_addr,
+        socks = %args.socks_addr,
+        %replica,
+        leader = %args.discovery_url,
+        "gateway serving"
+    );
+    gateway.serve(http, socks, stop.clone()).await;
+    stop.cancel();
+    let _ = pushing.await;
+    let _ = probes.await;
+    Ok(())
+}
+
+/// When the leader last took this replica's load report (ms since `started`; 0: never).
+#[derive(Default)]
+struct LastReport {
+    started: std::sync::OnceLock<Instant>,
+    at_ms: AtomicU64,
+}
+
+impl LastReport {
+    fn start(&self) -> Instant {
+        *self.started.get_or_init(Instant::now)
+    }
+
+    fn record(&self) {
+        let ms = self.start().elapsed().as_millis() as u64;
+        self.at_ms.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    fn fresh(&self) -> bool {
+        let at = self.at_ms.load(Ordering::Relaxed);
+        at > 0
+            && self.start().elapsed().saturating_sub(Duration::from_millis(at)) < LEADER_STALE_AFTER
+    }
+}
+
+/// Tells the leader this replica's open connections per proxy, every `interval`, and once more
+/// (empty) on shutdown so its load stops counting at once.
+async fn push_loads(
+    routes: Arc<LeaderRoutes>,
+    gateway: Arc<Gateway<LeaderRoutes>>,
+    interval: Duration,
+    reported: Arc<LastReport>,
+    stop: CancellationToken,
+) {
+    reported.start();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        match routes.push_load(&gateway.upstream_load().snapshot()).await {
+            Ok(()) => {
+                if failing {
+                    tracing::info!("the leader takes load reports again");
+                }
+                failing = false;
+                reported.record();
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!("cannot report this replica's load to the leader: {e:#}");
+                }
+                failing = true;
+            }
+        }
+    }
+    let _ = routes.push_load(&[]).await;
+}
+
+async fn serve_probes(
+    stop: &CancellationToken,
+    addr: SocketAddr,
+    registry: prometheus::Registry,
+    reported: Arc<LastReport>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
+        .route(
+            "/readyz",
+            get(move || {
+                let fresh = reported.fresh();
+                async move {
+                    if fresh {
+                        (StatusCode::OK, "ok\n".to_string())
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "the leader has not taken this replica's load report for {} s (see the log)\n",
+                                LEADER_STALE_AFTER.as_secs()
+                            ),
+                        )
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut text = String::new();
+                    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text)
+                    {
+                        Ok(()) => (StatusCode::OK, text),
+                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {addr}"))?;
+    let stop = stop.clone();
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            result = axum::serve(listener, app).into_future() => {
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "gateway probe server failed");
+                }
+            }
+        }
+    }))
+}
