@@ -13,6 +13,18 @@ pub mod leader;
 use std::future::Future;
 use std::time::Duration;
 
+pub mod head;
+pub mod http;
+pub mod load;
+pub mod metrics;
+pub mod options;
+pub mod policy;
+pub mod relay;
+pub mod server;
+pub mod socks5;
+pub mod upstream;
+pub mod username;
+
 /// What a client asked for in its proxy username (`pool-crawlers.egress,session-abc`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Routing {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
+pub(crate) use allow::in_network;
 pub use allow::{AllowPattern, is_public};
 
 use super::GrantError;

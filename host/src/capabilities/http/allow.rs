@@ -292,6 +292,15 @@ const SPECIAL_V6: [(Ipv6Addr, u8); 17] = [
     (Ipv6Addr::new(0x2001, 0x20, 0, 0, 0, 0, 0, 0), 28), // ORCHIDv2 (likewise)
 ];
 
+/// Whether `ip` is in `net/len` (addresses of the other family never are).
+pub(crate) fn in_network(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(ip), IpAddr::V4(net)) => in_v4(ip, net, len),
+        (IpAddr::V6(ip), IpAddr::V6(net)) => in_v6(ip, net, len),
+        _ => false,
+    }
+}
+
 fn in_v4(ip: Ipv4Addr, net: Ipv4Addr, len: u8) -> bool {
     let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
     u32::from(ip) & mask == u32::from(net) & mask

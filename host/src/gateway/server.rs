@@ -1,0 +1,134 @@
+//! The gateway's listeners: a task per client connection on the HTTP and SOCKS5 ports, each
+//! counted against the bounds; on shutdown no new connection is taken and open ones get the
+//! grace period to finish.
+
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Routes;
+use super::load::{ClientLoad, UpstreamLoad};
+use super::metrics::{GatewayMetrics, Outcome, Protocol};
+use super::options::GatewayOptions;
+use super::upstream::Context;
+use super::{http, socks5};
+
+/// One gateway replica's data plane.
+pub struct Gateway<R: Routes> {
+    routes: Arc<R>,
+    options: GatewayOptions,
+    clients: ClientLoad,
+    upstreams: UpstreamLoad,
+    metrics: GatewayMetrics,
+}
+
+#[derive(Clone, Copy)]
+enum Port {
+    Http,
+    Socks,
+}
+
+impl<R: Routes> Gateway<R> {
+    pub fn new(routes: Arc<R>, options: GatewayOptions, metrics: GatewayMetrics) -> Self {
+        Gateway {
+            clients: ClientLoad::new(options.max_clients, options.max_clients_per_token, &metrics),
+            upstreams: UpstreamLoad::new(&metrics),
+            routes,
+            options,
+            metrics,
+        }
+    }
+
+    /// Open connections per upstream proxy (what the leader is told).
+    pub fn upstream_load(&self) -> &UpstreamLoad {
+        &self.upstreams
+    }
+
+    /// Open client connections.
+    pub fn clients(&self) -> &ClientLoad {
+        &self.clients
+    }
+
+    fn context(&self) -> Context<'_, R> {
+        Context {
+            routes: &self.routes,
+            options: &self.options,
+            clients: &self.clients,
+            upstreams: &self.upstreams,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// Serves both ports until `stop`, then waits up to the shutdown grace for open
+    /// connections.
+    pub async fn serve(
+        self: Arc<Self>,
+        http: TcpListener,
+        socks: TcpListener,
+        stop: CancellationToken,
+    ) {
+        let mut connections = JoinSet::new();
+        loop {
+            let (accepted, port) = tokio::select! {
+                () = stop.cancelled() => break,
+                accepted = http.accept() => (accepted, Port::Http),
+                accepted = socks.accept() => (accepted, Port::Socks),
+            };
+            while connections.try_join_next().is_some() {}
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: the next accept may do.
+                    warn!("accepting a client connection: {e}");
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let gateway = self.clone();
+            connections.spawn(async move { gateway.connection(stream, port).await });
+        }
+        let open = connections.len();
+        if open > 0 {
+            info!(open, grace = ?self.options.shutdown_grace, "stopping: open connections may finish");
+            let drained = async { while connections.join_next().await.is_some() {} };
+            if tokio::time::timeout(self.options.shutdown_grace, drained)
+                .await
+                .is_err()
+            {
+                connections.abort_all();
+            }
+        }
+    }
+
+    async fn connection(&self, mut stream: TcpStream, port: Port) {
+        let Some(_permit) = self.clients.connect() else {
+            let protocol = match port {
+                Port::Http => {
+                    let _ = stream
+                        .write_all(&http::answer(
+                            503,
+                            "Service Unavailable",
+                            &[("Retry-After", "1".into())],
+                            "the gateway holds as many client connections as it may\n",
+                        ))
+                        .await;
+                    Protocol::Http
+                }
+                // A SOCKS5 client reads a reply only after its greeting: closing says it.
+                Port::Socks => Protocol::Socks5,
+            };
+            self.metrics.request(protocol, Outcome::Refused);
+            return;
+        };
+        let ctx = self.context();
+        match port {
+            Port::Http => http::handle(&ctx, stream).await,
+            Port::Socks => socks5::handle(&ctx, stream).await,
+        }
+    }
+}
