@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod dev_api;
+pub mod gateway;
 pub mod logging;
 pub mod plugin;
 pub mod plugin_test;

@@ -8,13 +8,12 @@
 //! through [`Routes`]: the operator's implementation asks the leader's discovery API, tests use
 //! a fixed set of real squids.
 
-pub mod leader;
-
 use std::future::Future;
 use std::time::Duration;
 
 pub mod head;
 pub mod http;
+pub mod leader;
 pub mod load;
 pub mod metrics;
 pub mod options;

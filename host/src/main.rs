@@ -186,7 +186,7 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Gateway(args) => match proxy_operator::cli::gateway::run(*args).await {
+        Command::Gateway(args) => match proxy_operator::cli::gateway::run((**args).clone()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");

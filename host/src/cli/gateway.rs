@@ -166,7 +166,11 @@ impl LastReport {
     fn fresh(&self) -> bool {
         let at = self.at_ms.load(Ordering::Relaxed);
         at > 0
-            && self.start().elapsed().saturating_sub(Duration::from_millis(at)) < LEADER_STALE_AFTER
+            && self
+                .start()
+                .elapsed()
+                .saturating_sub(Duration::from_millis(at))
+                < LEADER_STALE_AFTER
     }
 }
 

@@ -177,6 +177,85 @@ fn login(headers: &[httparse::Header<'_>]) -> Result<(Routing, String), String> 
     Ok((routing, token.to_string()))
 }
 
+/// A request the gateway will carry, once a route is found.
+struct Admitted {
+    protocol: Protocol,
+    routing: Routing,
+    token: String,
+    destination: Destination,
+    /// For a plain request: its head as it goes upstream.
+    upstream_head: Vec<u8>,
+}
+
+/// What a request head asks for, checked (the request, the login, the destination and the
+/// policy); otherwise the answer to send and the outcome to count.
+fn admit(
+    head: &[u8],
+    policy: &super::policy::DestinationPolicy,
+) -> Result<Admitted, (Protocol, Vec<u8>, Outcome)> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    let parsed = request.parse(head);
+    let (Ok(httparse::Status::Complete(_)), Some(method), Some(target)) =
+        (parsed, request.method, request.path)
+    else {
+        let bytes = answer(400, "Bad Request", &[], "not an HTTP/1.1 proxy request\n");
+        return Err((Protocol::Http, bytes, Outcome::Refused));
+    };
+    let protocol = if method == "CONNECT" {
+        Protocol::Connect
+    } else {
+        Protocol::Http
+    };
+    let (routing, token) = login(request.headers).map_err(|why| {
+        if !why.is_empty() {
+            warn!(reason = %header_safe(&why), "refused a client's proxy login");
+        }
+        (
+            protocol,
+            proxy_auth_required(&why),
+            Outcome::Unauthenticated,
+        )
+    })?;
+    let destination = if protocol == Protocol::Connect {
+        parse_authority(target)
+    } else {
+        absolute_destination(target)
+    };
+    let Some(destination) = destination else {
+        let why = if protocol == Protocol::Connect {
+            "CONNECT needs host:port"
+        } else if target.starts_with("https://") {
+            "an https:// URL goes through CONNECT (set the gateway as the HTTPS proxy)"
+        } else {
+            "the request target must be an absolute http:// URL (this is a proxy)"
+        };
+        let bytes = answer(400, "Bad Request", &[], &format!("{why}\n"));
+        return Err((protocol, bytes, Outcome::Refused));
+    };
+    if let Err(why) = policy.check(&destination) {
+        let bytes = answer(
+            403,
+            "Forbidden",
+            &[("X-Proxy-Operator-Error", why.clone())],
+            &format!("{why}\n"),
+        );
+        return Err((protocol, bytes, Outcome::Refused));
+    }
+    let upstream_head = if protocol == Protocol::Connect {
+        Vec::new()
+    } else {
+        upstream_head(method, target, request.headers)
+    };
+    Ok(Admitted {
+        protocol,
+        routing,
+        token,
+        destination,
+        upstream_head,
+    })
+}
+
 /// One client connection on the HTTP port.
 pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
     let head = match tokio::time::timeout(
@@ -203,39 +282,21 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
             return;
         }
     };
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
-    let parsed = request.parse(head.head());
-    let (Ok(httparse::Status::Complete(_)), Some(method), Some(target)) =
-        (parsed, request.method, request.path)
-    else {
-        let _ = client
-            .write_all(&answer(
-                400,
-                "Bad Request",
-                &[],
-                "not an HTTP/1.1 proxy request\n",
-            ))
-            .await;
-        ctx.metrics.request(Protocol::Http, Outcome::Refused);
-        return;
-    };
-    let protocol = if method == "CONNECT" {
-        Protocol::Connect
-    } else {
-        Protocol::Http
-    };
-    let (routing, token) = match login(request.headers) {
-        Ok(login) => login,
-        Err(why) => {
-            if !why.is_empty() {
-                warn!(reason = %header_safe(&why), "refused a client's proxy login");
-            }
-            let _ = client.write_all(&proxy_auth_required(&why)).await;
-            ctx.metrics.request(protocol, Outcome::Unauthenticated);
+    let admitted = match admit(head.head(), &ctx.options.policy) {
+        Ok(admitted) => admitted,
+        Err((protocol, bytes, outcome)) => {
+            let _ = client.write_all(&bytes).await;
+            ctx.metrics.request(protocol, outcome);
             return;
         }
     };
+    let Admitted {
+        protocol,
+        routing,
+        token,
+        destination,
+        upstream_head,
+    } = admitted;
     let Some(_token_permit) = ctx.clients.token(&token) else {
         let _ = client
             .write_all(&answer(
@@ -248,37 +309,6 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
         ctx.metrics.request(protocol, Outcome::Refused);
         return;
     };
-    let destination = if protocol == Protocol::Connect {
-        parse_authority(target)
-    } else {
-        absolute_destination(target)
-    };
-    let Some(destination) = destination else {
-        let why = if protocol == Protocol::Connect {
-            "CONNECT needs host:port".to_string()
-        } else if target.starts_with("https://") {
-            "an https:// URL goes through CONNECT (set the gateway as the HTTPS proxy)".to_string()
-        } else {
-            "the request target must be an absolute http:// URL (this is a proxy)".to_string()
-        };
-        let _ = client
-            .write_all(&answer(400, "Bad Request", &[], &format!("{why}\n")))
-            .await;
-        ctx.metrics.request(protocol, Outcome::Refused);
-        return;
-    };
-    if let Err(why) = ctx.options.policy.check(&destination) {
-        let _ = client
-            .write_all(&answer(
-                403,
-                "Forbidden",
-                &[("X-Proxy-Operator-Error", why.clone())],
-                &format!("{why}\n"),
-            ))
-            .await;
-        ctx.metrics.request(protocol, Outcome::Refused);
-        return;
-    }
     let route_request = RouteRequest {
         routing,
         token,
@@ -288,7 +318,6 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
     let outcome = if protocol == Protocol::Connect {
         tunnel(ctx, &mut client, route_request, head.rest()).await
     } else {
-        let upstream_head = upstream_head(method, target, request.headers);
         let plain = PlainRequest {
             head: &upstream_head,
             early_body: head.rest(),

@@ -45,6 +45,12 @@ impl Squid {
     /// helper `basic_ncsa_auth` and a password file, empty until [`Squid::set_passwords`]); a
     /// request without accepted credentials gets 407.
     pub async fn start_requiring_login() -> Result<Squid> {
+        Squid::start_requiring_login_with("").await
+    }
+
+    /// [`Squid::start_requiring_login`] with `extra` appended to its squid.conf (e.g.
+    /// `tcp_outgoing_address 127.0.0.3`, so the site tells which squid carried a request).
+    pub async fn start_requiring_login_with(extra: &str) -> Result<Squid> {
         let helper = debian_binary("/usr/lib/squid/basic_ncsa_auth", "squid");
         let access = format!(
             "auth_param basic program {} {{dir}}/passwd
@@ -59,7 +65,7 @@ http_access deny all
 ",
             helper.display()
         );
-        Squid::start_configured(&access, "").await
+        Squid::start_configured(&access, extra).await
     }
 
     /// squid from a provider's own squid.conf (as its Pod or VM would run it), on a free

@@ -327,7 +327,7 @@ impl Stack {
     async fn wait_gateway_ready(&mut self) -> Result<()> {
         let url = format!("http://{}/readyz", self.gateway_metrics);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last = String::from("no answer");
+        let mut last: String;
         loop {
             match self.http.get(&url).send().await {
                 Ok(r) if r.status().is_success() => return Ok(()),

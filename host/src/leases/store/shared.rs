@@ -77,11 +77,10 @@ impl LeaseStore {
                 Fit::Mismatch => return Err(None),
                 Fit::Grant(_) => {}
             }
-            let load = inner.shared.load(key);
-            if load >= request.max_connections {
+            if inner.shared.load(key) >= request.max_connections {
                 return Err(None);
             }
-            Ok(load)
+            Ok(inner.shared.estimate(key))
         };
         let bound = wanted
             .session
@@ -97,7 +96,7 @@ impl LeaseStore {
                 for key in inner.pool.keys() {
                     match usable(inner, key) {
                         Ok(load) => {
-                            let last = inner.shared.in_use.get(key).copied().unwrap_or(0);
+                            let last = inner.shared.routed_order.get(key).copied().unwrap_or(0);
                             if best.is_none_or(|(l, t, _)| (load, last) < (l, t)) {
                                 best = Some((load, last, key));
                             }
@@ -121,6 +120,9 @@ impl LeaseStore {
             inner.remove_free(&chosen);
         }
         inner.shared.in_use.insert(chosen.clone(), now);
+        inner.shared.next_route += 1;
+        let order = inner.shared.next_route;
+        inner.shared.routed_order.insert(chosen.clone(), order);
         let replica = inner
             .shared
             .replicas
@@ -231,6 +233,11 @@ impl LeaseStore {
         }
         let pool = &inner.pool;
         inner.shared.in_use.retain(|k, _| pool.contains_key(k));
+        let in_use = &inner.shared.in_use;
+        inner
+            .shared
+            .routed_order
+            .retain(|k, _| in_use.contains_key(k));
     }
 
     /// Open gateway connections per proxy (for `GET /v1/proxies` and the metrics).
@@ -319,10 +326,10 @@ mod tests {
             }),
             Err(GrantError::Leased { .. })
         ));
-        // Two routes each (the bound): a fifth has nowhere to go until the replica reports
-        // its connections closed.
-        route(&store, None).unwrap();
-        route(&store, None).unwrap();
+        // The bound (2) is checked against what the replicas report: both full, nothing.
+        store
+            .report_replica_load("gw-0", vec![(key("a"), 2), (key("b"), 2)])
+            .unwrap();
         assert!(matches!(
             route(&store, None),
             Err(GrantError::NoProxy { .. })
@@ -331,6 +338,8 @@ mod tests {
             .report_replica_load("gw-0", vec![(key("a"), 1)])
             .unwrap();
         assert_eq!(route(&store, None).unwrap(), "b", "the least loaded");
+        // Routes since the report count in the ranking: a burst spreads.
+        assert_eq!(route(&store, None).unwrap(), "a");
         assert_eq!(store.shared_loads()[&key("a")], 1);
 
         // No connection left and the hold over: back to the lease API.
@@ -351,9 +360,15 @@ mod tests {
     fn a_session_keeps_its_proxy_and_a_silent_replica_stops_counting() {
         let store = store_of(&["a", "b", "c"]);
         let bound = route(&store, Some("s")).unwrap();
-        assert_eq!(route(&store, Some("s")).unwrap(), bound);
-        // Full (two routes): the session moves on rather than overloading it.
-        assert_ne!(route(&store, Some("s")).unwrap(), bound);
+        // Routes alone do not move a session (they may have closed); a full report does.
+        for _ in 0..5 {
+            assert_eq!(route(&store, Some("s")).unwrap(), bound);
+        }
+        store
+            .report_replica_load("gw-0", vec![(key(&bound), 2)])
+            .unwrap();
+        assert_ne!(route(&store, Some("s")).unwrap(), bound, "full: moves on");
+        assert_eq!(store.shared_loads().values().sum::<u32>(), 2);
         let silent = now_ms() + REPLICA_SILENCE.as_millis() as u64 + 1;
         LeaseStore::expire_shared(&mut store.lock(), silent);
         assert_eq!(store.shared_loads().values().sum::<u32>(), 0);

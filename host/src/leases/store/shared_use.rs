@@ -29,6 +29,10 @@ pub struct SharedUse {
     /// Proxies carrying gateway traffic, with when each was last routed to (ms): out of the
     /// free order until [`SHARED_HOLD`] after that with no open connection.
     pub(super) in_use: FastMap<ProxyKey, u64>,
+    /// The order routes were handed out in (per proxy, its latest): the tie-breaker that makes
+    /// requests rotate, exact where milliseconds are not.
+    pub(super) routed_order: FastMap<ProxyKey, u64>,
+    pub(super) next_route: u64,
 }
 
 #[derive(Default)]
@@ -41,15 +45,24 @@ pub(super) struct ReplicaLoad {
 }
 
 impl SharedUse {
-    /// Open gateway connections on `key`, over every replica.
+    /// Open gateway connections on `key` over every replica, as they last reported them: what
+    /// the per-proxy bound is checked against (routes since then may have closed already).
     pub(super) fn load(&self, key: &ProxyKey) -> u32 {
         self.replicas
             .values()
-            .map(|r| {
-                r.connections.get(key).copied().unwrap_or(0)
-                    + r.routed.get(key).copied().unwrap_or(0)
-            })
+            .map(|r| r.connections.get(key).copied().unwrap_or(0))
             .sum()
+    }
+
+    /// [`Self::load`] plus the routes handed out since each report: what the choice among
+    /// proxies ranks by, so a burst between two reports spreads rather than piles on one.
+    pub(super) fn estimate(&self, key: &ProxyKey) -> u32 {
+        self.load(key)
+            + self
+                .replicas
+                .values()
+                .map(|r| r.routed.get(key).copied().unwrap_or(0))
+                .sum::<u32>()
     }
 
     pub(super) fn is_in_use(&self, key: &ProxyKey) -> bool {

@@ -1,0 +1,589 @@
+//! The gateway as a client uses it: the `proxy-operator gateway` binary in front of this
+//! discovery API (the leader's side), two real squids requiring their logins as upstreams, a
+//! loopback site that tells which squid carried each request (each squid leaves from its own
+//! loopback address), and the clients users run: curl (HTTP, CONNECT, SOCKS5), Python requests
+//! with `HTTP_PROXY`, Scrapy with only `meta['proxy']`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use harness::process::{Check, Proc, Scratch, free_port, wait_for};
+use harness::squid::Squid;
+use proxy_operator::credentials::ProxyLogin;
+use proxy_operator::leases::{LeaseOptions, PoolEntry};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{Api, GATEWAY_TOKEN, TOKEN, key, pooled, serve};
+
+const PAGE: &str = "the site's page\n";
+/// Each upstream squid leaves from its own loopback address: the site tells them apart.
+const EXITS: [&str; 2] = ["127.0.0.3", "127.0.0.4"];
+
+/// One request the site saw.
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    from: String,
+    host: String,
+    headers: BTreeMap<String, String>,
+}
+
+/// A loopback site on 127.0.0.1 and 127.0.0.2 (two "sites", one port): `/page`, `/blocked`
+/// (429), and everything it saw.
+struct Site {
+    port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Site {
+    async fn start() -> Site {
+        use axum::extract::{ConnectInfo, Request};
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let record = seen.clone();
+        let app = axum::Router::new().fallback(
+            move |ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request| {
+                let record = record.clone();
+                async move {
+                    let headers: BTreeMap<String, String> = request
+                        .headers()
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.as_str().to_string(),
+                                v.to_str().unwrap_or("?").to_string(),
+                            )
+                        })
+                        .collect();
+                    let path = request.uri().path().to_string();
+                    record.lock().unwrap().push(Seen {
+                        path: path.clone(),
+                        from: peer.ip().to_string(),
+                        host: headers.get("host").cloned().unwrap_or_default(),
+                        headers,
+                    });
+                    match path.as_str() {
+                        "/blocked" => (axum::http::StatusCode::TOO_MANY_REQUESTS, "slow down\n"),
+                        _ => (axum::http::StatusCode::OK, PAGE),
+                    }
+                }
+            },
+        );
+        let port = free_port().unwrap();
+        let mut tasks = Vec::new();
+        for ip in ["127.0.0.1", "127.0.0.2"] {
+            let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                let _ = axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .await;
+            }));
+        }
+        Site { port, seen, tasks }
+    }
+
+    fn url(&self, ip: &str, path: &str) -> String {
+        format!("http://{ip}:{}{path}", self.port)
+    }
+
+    fn seen(&self, path: &str) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path == path)
+            .cloned()
+            .collect()
+    }
+
+    /// The exit (which squid) of the last request for `path`.
+    fn last_exit(&self, path: &str) -> String {
+        self.seen(path).last().expect("a request").from.clone()
+    }
+}
+
+/// The squids, the leader's API with both in pool `crawlers/gw`, the gateway binary.
+struct Gateway {
+    api: Api,
+    squids: Vec<Squid>,
+    logins: Vec<ProxyLogin>,
+    site: Site,
+    process: Proc,
+    http: SocketAddr,
+    socks: SocketAddr,
+    metrics: SocketAddr,
+    _scratch: Scratch,
+}
+
+impl Gateway {
+    async fn start(extra_flags: &[&str]) -> Gateway {
+        let site = Site::start().await;
+        let mut squids = Vec::new();
+        let mut logins = Vec::new();
+        let mut pool = Vec::new();
+        for (i, exit) in EXITS.iter().enumerate() {
+            let squid =
+                Squid::start_requiring_login_with(&format!("tcp_outgoing_address {exit}\n"))
+                    .await
+                    .unwrap();
+            let login = ProxyLogin::generate(&format!("squid-{i}"));
+            let hashed = login.hashed();
+            squid
+                .set_passwords(&format!("{}:{}\n", hashed.username, hashed.password_hash))
+                .unwrap();
+            pool.push(PoolEntry {
+                port: squid.port(),
+                login: Some(login.clone()),
+                ..pooled(&format!("up-{i}"), "gw")
+            });
+            squids.push(squid);
+            logins.push(login);
+        }
+        let options = LeaseOptions {
+            failure_threshold: 1,
+            ..super::options()
+        };
+        let api = serve(options, pool).await;
+        let scratch = Scratch::new("gateway").unwrap();
+        let (http, socks, metrics): (SocketAddr, SocketAddr, SocketAddr) = (
+            ([127, 0, 0, 1], free_port().unwrap()).into(),
+            ([127, 0, 0, 1], free_port().unwrap()).into(),
+            ([127, 0, 0, 1], free_port().unwrap()).into(),
+        );
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
+        cmd.arg("gateway")
+            .args(["--discovery-url", &format!("http://{}", api.addr)])
+            .args(["--replica", "gw-test"])
+            .args(["--http-addr", &http.to_string()])
+            .args(["--socks-addr", &socks.to_string()])
+            .args(["--metrics-addr", &metrics.to_string()])
+            .args(["--allowed-networks", "127.0.0.1/32,127.0.0.2/32"])
+            .args(["--allowed-ports", &site.port.to_string()])
+            .args(["--load-report-interval", "1s"])
+            .args(extra_flags)
+            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
+            .env("LOG_LEVEL", "proxy_operator=debug");
+        let process = Proc::spawn("gateway", cmd, &scratch.path().join("gateway.log")).unwrap();
+        let gateway = Gateway {
+            api,
+            squids,
+            logins,
+            site,
+            process,
+            http,
+            socks,
+            metrics,
+            _scratch: scratch,
+        };
+        gateway.wait_ready().await;
+        gateway
+    }
+
+    async fn wait_ready(&self) {
+        let url = format!("http://{}/readyz", self.metrics);
+        let http = reqwest::Client::new();
+        wait_for("the gateway's /readyz", Duration::from_secs(30), || {
+            let http = http.clone();
+            let url = url.clone();
+            async move {
+                match http.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => Check::Ready(()),
+                    Ok(r) => Check::NotYet(format!("{}", r.status())),
+                    Err(e) => Check::NotYet(e.to_string()),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.process.log_tail(30)));
+    }
+
+    fn proxy_url(&self, username: &str) -> String {
+        format!("http://{username}:{TOKEN}@{}", self.http)
+    }
+
+    /// curl with `args`: (HTTP status or 0, body, exit code).
+    async fn curl(&self, args: &[&str]) -> (u16, String, i32) {
+        let out = tokio::process::Command::new("curl")
+            .args(["-s", "--max-time", "20", "-w", "\n%{http_code}"])
+            .args(args)
+            .env_remove("http_proxy")
+            .env_remove("HTTP_PROXY")
+            .env_remove("https_proxy")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("all_proxy")
+            .env_remove("ALL_PROXY")
+            .output()
+            .await
+            .expect("curl is installed (Debian package curl)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (
+            code.trim().parse().unwrap_or(0),
+            body.to_string(),
+            out.status.code().unwrap_or(-1),
+        )
+    }
+
+    fn log(&self) -> String {
+        self.process.log_tail(200)
+    }
+}
+
+/// The examples' venv python (requests and Scrapy, pinned in docs/examples/requirements.txt;
+/// .ci/install-fixtures.sh makes it).
+fn python() -> PathBuf {
+    let pyenv = std::env::var_os("PROXY_OPERATOR_PYENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/proxy-operator/pyenv")
+        });
+    let python = pyenv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run .ci/install-fixtures.sh (it installs docs/examples/requirements.txt)",
+        python.display()
+    );
+    python
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_requests_and_scrapy_reach_the_site_through_the_fleet_never_passing_on_their_login() {
+    let gw = Gateway::start(&[]).await;
+    let page = gw.site.url("127.0.0.1", "/page");
+    let proxy = gw.proxy_url("pool-crawlers.gw");
+
+    // curl: a plain request, a CONNECT tunnel, SOCKS5 with the name resolved upstream.
+    let (status, body, _) = gw.curl(&["-x", &proxy, &page]).await;
+    assert_eq!((status, body.as_str()), (200, PAGE), "{}", gw.log());
+    let (status, body, _) = gw.curl(&["-p", "-x", &proxy, &page]).await;
+    assert_eq!((status, body.as_str()), (200, PAGE), "{}", gw.log());
+    let socks = gw.socks.to_string();
+    let (status, body, code) = gw
+        .curl(&[
+            "--socks5-hostname",
+            &socks,
+            "-U",
+            &format!("pool-crawlers.gw:{TOKEN}"),
+            &page,
+        ])
+        .await;
+    assert_eq!(
+        (status, body.as_str(), code),
+        (200, PAGE, 0),
+        "{}",
+        gw.log()
+    );
+
+    // Python requests with nothing but HTTP_PROXY.
+    let out = tokio::process::Command::new(python())
+        .args([
+            "-c",
+            "import os, requests; r = requests.get(os.environ['PAGE'], timeout=20); print(r.status_code); print(r.text, end='')",
+        ])
+        .env("HTTP_PROXY", &proxy)
+        .env("PAGE", &page)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text,
+        format!("200\n{PAGE}"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Scrapy with only meta['proxy'] (its built-in HttpProxyMiddleware).
+    let dir = Scratch::new("scrapy").unwrap();
+    let spider = dir.path().join("spider.py");
+    std::fs::write(
+        &spider,
+        r#"import os, scrapy
+class Page(scrapy.Spider):
+    name = "page"
+    async def start(self):
+        yield scrapy.Request(os.environ["PAGE"], meta={"proxy": os.environ["GATEWAY"]})
+    def parse(self, response):
+        with open(os.environ["OUT"], "w") as out:
+            out.write(f"{response.status}\n{response.text}")
+"#,
+    )
+    .unwrap();
+    let out_file = dir.path().join("out.txt");
+    let out = tokio::process::Command::new(python())
+        .args([
+            "-m",
+            "scrapy",
+            "runspider",
+            "-s",
+            "TELNETCONSOLE_ENABLED=False",
+        ])
+        .arg(&spider)
+        .env("PAGE", &page)
+        .env("GATEWAY", &proxy)
+        .env("OUT", &out_file)
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&out_file).unwrap_or_default(),
+        format!("200\n{PAGE}"),
+        "scrapy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Every request came from one of the fleet's squids, and none carried the client's login.
+    let seen = gw.site.seen("/page");
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    for s in &seen {
+        assert!(EXITS.contains(&s.from.as_str()), "{s:?}");
+        assert!(!s.headers.contains_key("proxy-authorization"), "{s:?}");
+        assert!(!s.headers.values().any(|v| v.contains(TOKEN)), "{s:?}");
+    }
+    // Without a session, requests rotate over both upstreams.
+    let exits: std::collections::BTreeSet<&str> = seen.iter().map(|s| s.from.as_str()).collect();
+    assert_eq!(exits.len(), 2, "{seen:?}");
+    // The squids saw the fleet's logins, never the client's token.
+    for (squid, login) in gw.squids.iter().zip(&gw.logins) {
+        let log = squid.access_log();
+        assert!(!log.contains(TOKEN), "{log}");
+        // (Lines without a request are the harness's own readiness checks.)
+        let requests: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains("NONE_NONE/000"))
+            .collect();
+        assert!(!requests.is_empty(), "{log}");
+        for line in requests {
+            assert!(line.contains(login.username()), "{line}");
+        }
+    }
+    // The metrics and the leader's view show the gateway at work.
+    let metrics = reqwest::get(format!("http://{}/metrics", gw.metrics))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for family in [
+        "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"http\"}",
+        "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"connect\"}",
+        "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"socks5\"}",
+        "proxy_operator_gateway_clients",
+    ] {
+        assert!(metrics.contains(family), "{family} in\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_its_upstream_and_a_blocked_site_moves_only_that_site() {
+    let gw = Gateway::start(&[]).await;
+    let session = gw.proxy_url("pool-crawlers.gw,session-shop");
+    for _ in 0..3 {
+        let (status, _, _) = gw
+            .curl(&["-x", &session, &gw.site.url("127.0.0.1", "/page")])
+            .await;
+        assert_eq!(status, 200, "{}", gw.log());
+    }
+    let exits: Vec<String> = gw
+        .site
+        .seen("/page")
+        .iter()
+        .map(|s| s.from.clone())
+        .collect();
+    assert!(
+        exits.iter().all(|e| *e == exits[0]),
+        "one upstream: {exits:?}"
+    );
+    let first = exits[0].clone();
+
+    // 127.0.0.1 answers 429: the client gets it, and the upstream cools down for that site.
+    let (status, body, _) = gw
+        .curl(&["-x", &session, &gw.site.url("127.0.0.1", "/blocked")])
+        .await;
+    assert_eq!((status, body.as_str()), (429, "slow down\n"));
+    assert_eq!(gw.site.last_exit("/blocked"), first);
+    let (status, _, _) = gw
+        .curl(&["-x", &session, &gw.site.url("127.0.0.1", "/page")])
+        .await;
+    assert_eq!(status, 200);
+    let moved = gw.site.last_exit("/page");
+    assert_ne!(moved, first, "the session moved off the blocked upstream");
+    // The other site still goes through the first upstream.
+    let mut other = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        let proxy = gw.proxy_url(&format!("pool-crawlers.gw,session-news{i}"));
+        let (status, _, _) = gw
+            .curl(&["-x", &proxy, &gw.site.url("127.0.0.2", "/page")])
+            .await;
+        assert_eq!(status, 200);
+        other.insert(gw.site.last_exit("/page"));
+    }
+    assert!(other.contains(&first), "{other:?}");
+    // Only that site: the block reached the leader as a target cooldown.
+    for s in gw.site.seen("/page") {
+        assert!(
+            ["127.0.0.1", "127.0.0.2"]
+                .iter()
+                .any(|h| s.host.starts_with(h))
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upstream_is_reported_and_retried_once_on_another() {
+    let mut gw = Gateway::start(&[]).await;
+    gw.squids[0].stop().await.unwrap();
+    let proxy = gw.proxy_url("pool-crawlers.gw");
+    let page = gw.site.url("127.0.0.1", "/page");
+    // Whichever upstream the leader picks first, every request is carried by the live one.
+    for _ in 0..3 {
+        let (status, body, _) = gw.curl(&["-x", &proxy, &page]).await;
+        assert_eq!((status, body.as_str()), (200, PAGE), "{}", gw.log());
+        assert_eq!(gw.site.last_exit("/page"), EXITS[1]);
+    }
+    let (status, _, _) = gw.curl(&["-p", "-x", &proxy, &page]).await;
+    assert_eq!(status, 200);
+    // The failure reached the leader, which asks the health engine for a probe of it.
+    let suspect = tokio::time::timeout(Duration::from_secs(10), gw.api.suspects.recv())
+        .await
+        .expect("a failure report")
+        .unwrap();
+    assert_eq!(suspect, key("up-0"));
+    // Both down: 502 naming the reason, after one retry.
+    gw.squids[1].stop().await.unwrap();
+    let (status, body, _) = gw.curl(&["-i", "-x", &proxy, &page]).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.to_ascii_lowercase()
+            .contains("x-proxy-operator-reason: upstream-failed"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_the_reason() {
+    let gw = Gateway::start(&["--max-clients-per-token", "3"]).await;
+    let page = gw.site.url("127.0.0.1", "/page");
+    // Both proxies leased exclusively through the lease API (before any route): the gateway
+    // has none to share until they are released.
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let reply = gw
+            .api
+            .grant(serde_json::json!({ "pool": "crawlers/gw" }))
+            .await;
+        assert_eq!(reply.status, reqwest::StatusCode::CREATED, "{}", reply.body);
+        leases.push(reply.body["id"].as_str().unwrap().to_string());
+    }
+    let proxy = gw.proxy_url("pool-crawlers.gw");
+    let (status, body, _) = gw.curl(&["-i", "-x", &proxy, &page]).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("Retry-After"), "{body}");
+    assert!(gw.site.seen("/page").is_empty());
+    for id in &leases {
+        let reply = gw
+            .api
+            .send(reqwest::Method::DELETE, &format!("/v1/leases/{id}"), None)
+            .await;
+        assert_eq!(reply.status, reqwest::StatusCode::NO_CONTENT);
+    }
+    let (status, _, _) = gw.curl(&["-x", &proxy, &page]).await;
+    assert_eq!(status, 200, "{}", gw.log());
+
+    // No login: 407 with the challenge.
+    let bare = format!("http://{}", gw.http);
+    let (status, body, _) = gw.curl(&["-i", "-x", &bare, &page]).await;
+    assert_eq!(status, 407);
+    assert!(body.contains("Proxy-Authenticate: Basic"), "{body}");
+    // A malformed username: 407 naming the part.
+    let (status, body, _) = gw
+        .curl(&[
+            "-i",
+            "-x",
+            &gw.proxy_url("pool-crawlers.gw,sesion-x"),
+            &page,
+        ])
+        .await;
+    assert_eq!(status, 407);
+    assert!(
+        body.contains("X-Proxy-Operator-Error: username: part 2"),
+        "{body}"
+    );
+    assert!(body.contains("sesion"), "{body}");
+    assert!(gw.log().contains("sesion"), "logged");
+    // A token the leader does not accept: 407, never logged.
+    let wrong = format!("http://pool-crawlers.gw:not-the-token@{}", gw.http);
+    let (status, _, _) = gw.curl(&["-x", &wrong, &page]).await;
+    assert_eq!(status, 407);
+    assert!(!gw.log().contains(TOKEN) && !gw.log().contains("not-the-token"));
+    // A pool that does not exist: 407 naming it.
+    let (status, body, _) = gw
+        .curl(&["-i", "-x", &gw.proxy_url("pool-crawlers.nope"), &page])
+        .await;
+    assert_eq!(status, 407);
+    assert!(body.contains("crawlers/nope"), "{body}");
+    // Destinations the policy refuses: 403, nothing sent upstream.
+    for url in [
+        "http://127.0.0.1:25/".to_string(),
+        format!("http://10.0.0.1:{}/", gw.site.port),
+        format!("http://kubernetes.default.svc:{}/", gw.site.port),
+    ] {
+        let (status, body, _) = gw.curl(&["-x", &proxy, &url]).await;
+        assert_eq!(status, 403, "{url}: {body}");
+    }
+    let socks = gw.socks.to_string();
+    let login = format!("pool-crawlers.gw:{TOKEN}");
+    let (_, _, code) = gw
+        .curl(&[
+            "--socks5-hostname",
+            &socks,
+            "-U",
+            &login,
+            "http://10.0.0.1:80/",
+        ])
+        .await;
+    assert_ne!(code, 0, "SOCKS5 refuses it too");
+    for squid in &gw.squids {
+        assert!(!squid.access_log().contains("10.0.0.1"));
+    }
+
+    // A hostile client holding tunnels: the per-token bound refuses the fourth.
+    let mut held = Vec::new();
+    let authorization = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("pool-crawlers.gw:{TOKEN}"))
+    };
+    for i in 0..4 {
+        let mut stream = tokio::net::TcpStream::connect(gw.http).await.unwrap();
+        let request = format!(
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {authorization}\r\n\r\n",
+            port = gw.site.port
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 256];
+        let n = stream.read(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+        if i < 3 {
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            held.push(stream);
+        } else {
+            assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+        }
+    }
+}
