@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -105,18 +104,11 @@ impl<R: Routes> Gateway<R> {
         }
     }
 
-    async fn connection(&self, mut stream: TcpStream, port: Port) {
+    async fn connection(&self, stream: TcpStream, port: Port) {
         let Some(_permit) = self.clients.connect() else {
             let protocol = match port {
                 Port::Http => {
-                    let _ = stream
-                        .write_all(&http::answer(
-                            503,
-                            "Service Unavailable",
-                            &[("Retry-After", "1".into())],
-                            "the gateway holds as many client connections as it may\n",
-                        ))
-                        .await;
+                    http::refuse_busy(stream).await;
                     Protocol::Http
                 }
                 // A SOCKS5 client reads a reply only after its greeting: closing says it.
