@@ -463,3 +463,82 @@ async fn a_client_holding_more_than_its_bound_is_refused() {
     .await
     .unwrap();
 }
+
+/// A SOCKS5 handshake by hand: greeting with `methods`, then (if 0x02 was chosen) the login,
+/// then CONNECT (`command`) to `address` (an ATYP byte and the address bytes) and `port`.
+/// Returns every reply byte the gateway sent before it closed or answered the request.
+async fn socks5(
+    socks: SocketAddr,
+    methods: &[u8],
+    login: (&str, &str),
+    command: u8,
+    address: &[u8],
+    port: u16,
+) -> (Vec<u8>, TcpStream) {
+    let mut stream = TcpStream::connect(socks).await.unwrap();
+    let mut greeting = vec![5, methods.len() as u8];
+    greeting.extend_from_slice(methods);
+    stream.write_all(&greeting).await.unwrap();
+    let mut replies = vec![0u8; 2];
+    stream.read_exact(&mut replies).await.unwrap();
+    if replies[1] != 2 {
+        return (replies, stream);
+    }
+    let (user, password) = login;
+    let mut auth = vec![1, user.len() as u8];
+    auth.extend_from_slice(user.as_bytes());
+    auth.push(password.len() as u8);
+    auth.extend_from_slice(password.as_bytes());
+    stream.write_all(&auth).await.unwrap();
+    let mut status = [0u8; 2];
+    stream.read_exact(&mut status).await.unwrap();
+    replies.extend_from_slice(&status);
+    if status[1] != 0 {
+        return (replies, stream);
+    }
+    let mut request = vec![5, command, 0];
+    request.extend_from_slice(address);
+    request.extend_from_slice(&port.to_be_bytes());
+    stream.write_all(&request).await.unwrap();
+    let mut reply = [0u8; 10];
+    stream.read_exact(&mut reply).await.unwrap();
+    replies.extend_from_slice(&reply[..2]);
+    (replies, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks5_replies_say_why() {
+    let world = World::start(1000).await;
+    let origin_v4 = [1, 127, 0, 0, 1];
+    let port = world.origin.port();
+    let ok = ("session-b", TOKEN);
+    // No username/password method offered: no acceptable method, and closed.
+    let (replies, _) = socks5(world.socks, &[0], ok, 1, &origin_v4, port).await;
+    assert_eq!(replies, [5, 0xFF]);
+    // A malformed username: RFC 1929 failure.
+    let bad = ("pool-nodot", TOKEN);
+    let (replies, _) = socks5(world.socks, &[0, 2], bad, 1, &origin_v4, port).await;
+    assert_eq!(replies, [5, 2, 1, 1]);
+    // BIND: command not supported.
+    let (replies, _) = socks5(world.socks, &[2], ok, 2, &origin_v4, port).await;
+    assert_eq!(replies, [5, 2, 1, 0, 5, 7]);
+    // A destination the policy refuses: not allowed by ruleset.
+    let private = [1, 10, 0, 0, 1];
+    let (replies, _) = socks5(world.socks, &[2], ok, 1, &private, 80).await;
+    assert_eq!(replies, [5, 2, 1, 0, 5, 2]);
+    // A token the fleet refuses (known only with the request): not allowed.
+    let refused = ("", REFUSED_TOKEN);
+    let (replies, _) = socks5(world.socks, &[2], refused, 1, &origin_v4, port).await;
+    assert_eq!(replies, [5, 2, 1, 0, 5, 2]);
+    // An IPv4 address through the second squid: succeeded, and the tunnel carries HTTP.
+    let (replies, mut stream) = socks5(world.socks, &[2], ok, 1, &origin_v4, port).await;
+    assert_eq!(replies, [5, 2, 1, 0, 5, 0]);
+    let request = format!("GET /raw-socks HTTP/1.1\r\nHost: {}\r\n\r\n", world.origin);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.contains("GET /raw-socks HTTP/1.1"), "{answer}");
+    world
+        .squid_logged(1, &format!("CONNECT {}", world.origin))
+        .await;
+}
