@@ -91,6 +91,9 @@ struct World {
     origin: SocketAddr,
     http: SocketAddr,
     socks: SocketAddr,
+    metrics: prometheus::Registry,
+    stop: CancellationToken,
+    serving: tokio::task::JoinHandle<()>,
     _stop: tokio_util::sync::DropGuard,
 }
 
@@ -133,16 +136,17 @@ impl World {
             },
             ..GatewayOptions::default()
         };
+        let metrics = prometheus::Registry::new();
         let gateway = Arc::new(Gateway::new(
             routes.clone(),
             options,
-            GatewayMetrics::unregistered().unwrap(),
+            GatewayMetrics::register(&metrics).unwrap(),
         ));
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let socks = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (http_addr, socks_addr) = (http.local_addr().unwrap(), socks.local_addr().unwrap());
         let stop = CancellationToken::new();
-        tokio::spawn(gateway.serve(http, socks, stop.clone()));
+        let serving = tokio::spawn(gateway.serve(http, socks, stop.clone()));
         World {
             squids,
             logins,
@@ -150,7 +154,10 @@ impl World {
             origin,
             http: http_addr,
             socks: socks_addr,
-            _stop: stop.drop_guard(),
+            metrics,
+            serving,
+            _stop: stop.clone().drop_guard(),
+            stop,
         }
     }
 
@@ -541,4 +548,77 @@ async fn socks5_replies_say_why() {
     world
         .squid_logged(1, &format!("CONNECT {}", world.origin))
         .await;
+}
+
+/// The value of a sample of the gateway's metrics, 0 when it has no series.
+fn sample(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter())
+        .find(|m| {
+            labels.iter().all(|(k, v)| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == *k && l.value() == *v)
+            })
+        })
+        // A sample is a gauge or a counter; the other reads 0.
+        .map_or(0.0, |m| {
+            m.get_gauge().get_value() + m.get_counter().get_value()
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_accepting_and_lets_open_tunnels_finish_and_metrics_count() {
+    let world = World::start(1000).await;
+    let (mut tunnel, status) = connect_tunnel(world.http, world.origin, "session-a").await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let connections = "proxy_operator_gateway_connections";
+    let upstream_a = [("proxy", "proxies/upstream-a")];
+    assert_eq!(sample(&world.metrics, connections, &upstream_a), 1.0);
+    assert_eq!(
+        sample(&world.metrics, "proxy_operator_gateway_clients", &[]),
+        1.0
+    );
+    world.stop.cancel();
+    wait_for("the ports closed", Duration::from_secs(10), || async {
+        match TcpStream::connect(world.http).await {
+            Err(_) => Check::Ready(()),
+            Ok(_) => Check::NotYet("the HTTP port still accepts".into()),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        !world.serving.is_finished(),
+        "the open tunnel holds the gateway"
+    );
+    // The open tunnel still carries a request.
+    let request = format!(
+        "GET /during-shutdown HTTP/1.1\r\nHost: {}\r\n\r\n",
+        world.origin
+    );
+    tunnel.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tunnel.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.contains("GET /during-shutdown"), "{answer}");
+    drop(tunnel);
+    tokio::time::timeout(Duration::from_secs(10), world.serving)
+        .await
+        .expect("serve returns once the last tunnel closed")
+        .unwrap();
+    assert_eq!(
+        sample(&world.metrics, connections, &upstream_a),
+        0.0,
+        "the series goes with the last connection"
+    );
+    let requests = "proxy_operator_gateway_requests_total";
+    let ok = [("protocol", "connect"), ("outcome", "ok")];
+    assert_eq!(sample(&world.metrics, requests, &ok), 1.0);
+    assert_eq!(
+        sample(&world.metrics, "proxy_operator_gateway_clients", &[]),
+        0.0
+    );
 }

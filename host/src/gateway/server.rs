@@ -91,6 +91,8 @@ impl<R: Routes> Gateway<R> {
             let gateway = self.clone();
             connections.spawn(async move { gateway.connection(stream, port).await });
         }
+        // Closed at once: a client connecting now is refused, not left waiting in the backlog.
+        drop((http, socks));
         let open = connections.len();
         if open > 0 {
             info!(open, grace = ?self.options.shutdown_grace, "stopping: open connections may finish");
