@@ -72,7 +72,9 @@ async fn destination(bulk: u64) -> SocketAddr {
                 }
                 if head.starts_with(b"GET /bulk") {
                     let _ = stream
-                        .write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {bulk}\r\n\r\n").as_bytes())
+                        .write_all(
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {bulk}\r\n\r\n").as_bytes(),
+                        )
                         .await;
                     let chunk = vec![0u8; 256 * 1024];
                     let mut left = bulk;
@@ -118,7 +120,9 @@ async fn tunnel(via: &Via, target: SocketAddr) -> std::io::Result<TcpStream> {
         head.push(byte[0]);
     }
     if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
-        return Err(std::io::Error::other(String::from_utf8_lossy(&head).to_string()));
+        return Err(std::io::Error::other(
+            String::from_utf8_lossy(&head).to_string(),
+        ));
     }
     Ok(stream)
 }
@@ -128,7 +132,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// CONNECT setups from `clients` at once, `per_client` each: (p50, p99).
-async fn connect_setup(via: &Via, target: SocketAddr, clients: usize, per_client: usize) -> (Duration, Duration) {
+async fn connect_setup(
+    via: &Via,
+    target: SocketAddr,
+    clients: usize,
+    per_client: usize,
+) -> (Duration, Duration) {
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let via = via.clone();
@@ -300,14 +309,26 @@ async fn main() {
         .args(["--metrics-addr", &metrics.to_string()])
         .args(["--allowed-networks", "127.0.0.1/32"])
         .args(["--allowed-ports", &target.port().to_string()])
-        .args(["--max-clients", "100000", "--max-clients-per-token", "100000"])
+        .args([
+            "--max-clients",
+            "100000",
+            "--max-clients-per-token",
+            "100000",
+        ])
         .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
         .env("LOG_LEVEL", "warn");
     let gateway = Proc::spawn("gateway", cmd, &scratch.path().join("gateway.log")).unwrap();
     let ready = format!("http://{metrics}/readyz");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !reqwest::get(&ready).await.is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "gateway not ready:\n{}", gateway.log_tail(20));
+    while !reqwest::get(&ready)
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "gateway not ready:\n{}",
+            gateway.log_tail(20)
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -319,7 +340,10 @@ async fn main() {
         addr: squid.addr(),
         authorization: basic(&format!("{}:{}", login.username(), login.password())),
     };
-    println!("gateway bench: squid 127.0.0.1:{}, gateway {http}", squid.port());
+    println!(
+        "gateway bench: squid 127.0.0.1:{}, gateway {http}",
+        squid.port()
+    );
     // Warm both paths (squid's auth helper, the leader's connection).
     connect_setup(&through, target, 4, 20).await;
     connect_setup(&straight, target, 4, 20).await;

@@ -1,6 +1,9 @@
-//! The HTTP/1.1 front: `CONNECT host:port` tunnels and absolute-form requests
-//! (`GET http://host/path`), the client logged in with `Proxy-Authorization: Basic` (the
-//! username says what to route through, the password is the client's token).
+//! The HTTP front: `CONNECT host:port` tunnels and plain requests in absolute form
+//! (`GET http://host/path`), each authenticated by `Proxy-Authorization: Basic` with the
+//! routing username and the token as password. One request per client connection: every answer
+//! says `Connection: close` (keep-alive is out of scope for now).
+
+use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -10,398 +13,368 @@ use super::head::{HeadError, read_head};
 use super::metrics::{Outcome, Protocol};
 use super::relay::relay;
 use super::upstream::{
-    Context, PlainRequest, Refusal, connection_listed, forward, is_hop_by_hop, open_tunnel,
+    Context, PlainRequest, Refusal, authority, connection_listed, forward, is_hop_by_hop,
+    open_tunnel,
 };
 use super::username::parse_username;
 use super::{Destination, RouteError, RouteRequest, Routes, Routing};
 
-/// Largest request head a client may send (`431` beyond).
+/// Largest request head read from a client (431 beyond).
 pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
-/// Most header fields in a request head.
+/// Header fields read from a client (431 beyond).
 const MAX_HEADERS: usize = 100;
+const CHALLENGE: &str = "Basic realm=\"proxy-operator\"";
 
-/// A complete answer from the gateway itself: `Connection: close`, a plain-text body.
-pub fn answer(status: u16, reason: &str, headers: &[(&str, String)], body: &str) -> Vec<u8> {
-    let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
-    for (name, value) in headers {
-        out.push_str(&format!("{name}: {}\r\n", header_safe(value)));
-    }
-    out.push_str(&format!(
-        "Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    ));
-    out.into_bytes()
+/// An answer the gateway makes itself (an error): status, body, extra headers, and how the
+/// request counts.
+struct Answer {
+    status: u16,
+    body: String,
+    headers: Vec<(&'static str, String)>,
+    outcome: Outcome,
 }
 
-/// A header value that cannot end its line: what a client sent (a username part) is echoed in
-/// errors, and a CR or LF in it must not make a header of its own.
-fn header_safe(value: &str) -> String {
-    value
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
-}
-
-fn proxy_auth_required(why: &str) -> Vec<u8> {
-    let mut headers = vec![(
-        "Proxy-Authenticate",
-        "Basic realm=\"proxy-operator\"".to_string(),
-    )];
-    if !why.is_empty() {
-        headers.push(("X-Proxy-Operator-Error", why.to_string()));
-    }
-    answer(
-        407,
-        "Proxy Authentication Required",
-        &headers,
-        &format!(
-            "{}\nLog in with the routing parameters as the username and a token as the password (docs/gateway.md).\n",
-            if why.is_empty() {
-                "proxy credentials required"
-            } else {
-                why
-            }
-        ),
-    )
-}
-
-/// The client's answer to a request that was not carried, and its outcome.
-pub fn refused(refusal: &Refusal) -> (Vec<u8>, Outcome) {
-    match refusal {
-        Refusal::Route(RouteError::Unauthenticated) => (
-            proxy_auth_required("the token (the proxy password) is not accepted"),
-            Outcome::Unauthenticated,
-        ),
-        Refusal::Route(RouteError::Invalid(why)) => {
-            (proxy_auth_required(why), Outcome::Unauthenticated)
+impl Answer {
+    fn new(status: u16, body: impl Into<String>, outcome: Outcome) -> Self {
+        Answer {
+            status,
+            body: body.into(),
+            headers: Vec::new(),
+            outcome,
         }
-        Refusal::Route(RouteError::Forbidden(why)) => (
-            answer(
-                403,
-                "Forbidden",
-                &[("X-Proxy-Operator-Error", why.clone())],
-                why,
-            ),
-            Outcome::Refused,
-        ),
-        Refusal::Route(RouteError::NoProxy { retry_after }) => (
-            answer(
-                503,
-                "Service Unavailable",
-                &[
-                    ("Retry-After", retry_after.as_secs().max(1).to_string()),
-                    ("X-Proxy-Operator-Reason", "no-proxy-available".into()),
-                ],
-                "every matching proxy is busy, cooling down for this site or unhealthy\n",
-            ),
-            Outcome::NoProxy,
-        ),
-        Refusal::Route(RouteError::Unavailable(why)) => (
-            answer(
-                503,
-                "Service Unavailable",
-                &[("X-Proxy-Operator-Reason", "leader-unavailable".into())],
-                &format!("the gateway cannot ask for a route now: {why}\n"),
-            ),
-            Outcome::NoProxy,
-        ),
-        Refusal::Denied(why) => (
-            answer(
-                403,
-                "Forbidden",
-                &[("X-Proxy-Operator-Error", why.clone())],
-                why,
-            ),
-            Outcome::Refused,
-        ),
-        Refusal::Failed(why) => (
-            answer(
-                502,
-                "Bad Gateway",
-                &[("X-Proxy-Operator-Reason", "upstream-failed".into())],
-                &format!("{why}\n"),
-            ),
-            Outcome::UpstreamFailed,
-        ),
+    }
+
+    fn with(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn bad_request(body: impl Into<String>) -> Self {
+        Answer::new(400, body, Outcome::Refused)
+    }
+
+    fn login_required(body: impl Into<String>) -> Self {
+        Answer::new(407, body, Outcome::Unauthenticated).with("Proxy-Authenticate", CHALLENGE)
     }
 }
 
-/// `host:port` of a CONNECT (an IPv6 host in brackets), the host kept without brackets.
-pub fn parse_authority(text: &str) -> Option<Destination> {
-    let (host, port) = text.rsplit_once(':')?;
-    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
-    let host = match host.strip_prefix('[') {
-        Some(inner) => inner.strip_suffix(']')?,
-        None if host.contains(':') => return None,
-        None => host,
-    };
-    (!host.is_empty()).then(|| Destination {
-        host: host.to_ascii_lowercase(),
-        port,
-    })
-}
-
-/// The routing and the token of `Proxy-Authorization: Basic …`; the 407 answer otherwise.
-fn login(headers: &[httparse::Header<'_>]) -> Result<(Routing, String), String> {
-    use base64::Engine;
-    let Some(value) = headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
-        .map(|h| h.value)
-    else {
-        return Err(String::new());
-    };
-    let text =
-        std::str::from_utf8(value).map_err(|_| "Proxy-Authorization is not text".to_string())?;
-    let Some((scheme, encoded)) = text.trim().split_once(' ') else {
-        return Err("Proxy-Authorization: expected `Basic <base64 of username:token>`".into());
-    };
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return Err(format!(
-            "Proxy-Authorization: the scheme is `{}`; the gateway takes Basic",
-            header_safe(&scheme.chars().take(32).collect::<String>())
-        ));
-    }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .map_err(|_| "Proxy-Authorization: not base64".to_string())?;
-    let pair =
-        String::from_utf8(decoded).map_err(|_| "Proxy-Authorization: not UTF-8".to_string())?;
-    let Some((username, token)) = pair.split_once(':') else {
-        return Err("Proxy-Authorization: expected username:token".into());
-    };
-    if token.is_empty() {
-        return Err("the token (the proxy password) is empty".into());
-    }
-    let routing = parse_username(username).map_err(|e| format!("username: {e}"))?;
-    Ok((routing, token.to_string()))
-}
-
-/// A request the gateway will carry, once a route is found.
-struct Admitted {
+/// What a client's request head asks for.
+struct Parsed {
     protocol: Protocol,
-    routing: Routing,
-    token: String,
     destination: Destination,
-    /// For a plain request: its head as it goes upstream.
+    /// Plain requests: the head as it goes upstream (request line and end-to-end headers).
     upstream_head: Vec<u8>,
+    /// `Proxy-Authorization`'s value, if any.
+    authorization: Option<Vec<u8>>,
 }
 
-/// What a request head asks for, checked (the request, the login, the destination and the
-/// policy); otherwise the answer to send and the outcome to count.
-fn admit(
-    head: &[u8],
-    policy: &super::policy::DestinationPolicy,
-) -> Result<Admitted, (Protocol, Vec<u8>, Outcome)> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
-    let parsed = request.parse(head);
-    let (Ok(httparse::Status::Complete(_)), Some(method), Some(target)) =
-        (parsed, request.method, request.path)
-    else {
-        let bytes = answer(400, "Bad Request", &[], "not an HTTP/1.1 proxy request\n");
-        return Err((Protocol::Http, bytes, Outcome::Refused));
-    };
-    let protocol = if method == "CONNECT" {
-        Protocol::Connect
-    } else {
-        Protocol::Http
-    };
-    let (routing, token) = login(request.headers).map_err(|why| {
-        if !why.is_empty() {
-            warn!(reason = %header_safe(&why), "refused a client's proxy login");
-        }
-        (
-            protocol,
-            proxy_auth_required(&why),
-            Outcome::Unauthenticated,
-        )
-    })?;
-    let destination = if protocol == Protocol::Connect {
-        parse_authority(target)
-    } else {
-        absolute_destination(target)
-    };
-    let Some(destination) = destination else {
-        let why = if protocol == Protocol::Connect {
-            "CONNECT needs host:port"
-        } else if target.starts_with("https://") {
-            "an https:// URL goes through CONNECT (set the gateway as the HTTPS proxy)"
-        } else {
-            "the request target must be an absolute http:// URL (this is a proxy)"
-        };
-        let bytes = answer(400, "Bad Request", &[], &format!("{why}\n"));
-        return Err((protocol, bytes, Outcome::Refused));
-    };
-    if let Err(why) = policy.check(&destination) {
-        let bytes = answer(
-            403,
-            "Forbidden",
-            &[("X-Proxy-Operator-Error", why.clone())],
-            &format!("{why}\n"),
-        );
-        return Err((protocol, bytes, Outcome::Refused));
-    }
-    let upstream_head = if protocol == Protocol::Connect {
-        Vec::new()
-    } else {
-        upstream_head(method, target, request.headers)
-    };
-    Ok(Admitted {
-        protocol,
-        routing,
-        token,
-        destination,
-        upstream_head,
-    })
-}
-
-/// One client connection on the HTTP port.
+/// Serves one client connection.
 pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
-    let head = match tokio::time::timeout(
-        ctx.options.handshake_timeout,
-        read_head(&mut client, MAX_REQUEST_HEAD),
-    )
-    .await
-    {
-        Ok(Ok(head)) => head,
-        Ok(Err(HeadError::TooLarge)) => {
-            let body = format!("the request head is larger than {MAX_REQUEST_HEAD} bytes\n");
-            let _ = client
-                .write_all(&answer(431, "Request Header Fields Too Large", &[], &body))
-                .await;
-            ctx.metrics.request(Protocol::Http, Outcome::Refused);
-            return;
-        }
-        Ok(Err(e)) => {
-            debug!("client closed before its request: {e}");
-            return;
-        }
-        Err(_) => {
-            debug!("no request head within the handshake timeout");
-            return;
-        }
-    };
-    let admitted = match admit(head.head(), &ctx.options.policy) {
-        Ok(admitted) => admitted,
-        Err((protocol, bytes, outcome)) => {
-            let _ = client.write_all(&bytes).await;
-            ctx.metrics.request(protocol, outcome);
-            return;
-        }
-    };
-    let Admitted {
-        protocol,
-        routing,
-        token,
-        destination,
-        upstream_head,
-    } = admitted;
-    let Some(_token_permit) = ctx.clients.token(&token) else {
-        let _ = client
-            .write_all(&answer(
-                429,
-                "Too Many Requests",
-                &[("Retry-After", "1".into())],
-                "too many connections open with this token\n",
-            ))
-            .await;
-        ctx.metrics.request(protocol, Outcome::Refused);
-        return;
-    };
-    let route_request = RouteRequest {
-        routing,
-        token,
-        destination,
-        avoid: None,
-    };
-    let outcome = if protocol == Protocol::Connect {
-        tunnel(ctx, &mut client, route_request, head.rest()).await
-    } else {
-        let plain = PlainRequest {
-            head: &upstream_head,
-            early_body: head.rest(),
-        };
-        match forward(ctx, route_request, plain, &mut client).await {
-            Ok(outcome) => outcome,
-            Err(refusal) => {
-                let (bytes, outcome) = refused(&refusal);
-                let _ = client.write_all(&bytes).await;
-                outcome
-            }
+    let (protocol, outcome) = match serve(ctx, &mut client).await {
+        Ok(done) => done,
+        Err((protocol, answer)) => {
+            send(&mut client, &answer).await;
+            (protocol, answer.outcome)
         }
     };
     ctx.metrics.request(protocol, outcome);
 }
 
-async fn tunnel<R: Routes>(
-    ctx: &Context<'_, R>,
-    client: &mut TcpStream,
-    request: RouteRequest,
-    early: &[u8],
-) -> Outcome {
-    match open_tunnel(ctx, request).await {
-        Ok(mut tunnel) => {
-            if client
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .await
-                .is_err()
-            {
-                return Outcome::Ok;
-            }
-            if let Err(e) = relay(
-                client,
-                &mut tunnel.stream,
-                early,
-                &tunnel.leftover,
-                ctx.options.idle_timeout,
-            )
-            .await
-            {
-                debug!(proxy = %tunnel.route.proxy, "tunnel ended: {e}");
-            }
-            Outcome::Ok
-        }
-        Err(refusal) => {
-            let (bytes, outcome) = refused(&refusal);
-            let _ = client.write_all(&bytes).await;
-            outcome
-        }
-    }
+/// Answers a client that is over the gateway's bound on open connections.
+pub async fn refuse_busy(mut client: TcpStream) {
+    let answer = Answer::new(429, "too many client connections open", Outcome::Refused)
+        .with("Retry-After", "1");
+    send(&mut client, &answer).await;
 }
 
-/// The destination of an absolute-form `http://` request target.
-fn absolute_destination(target: &str) -> Option<Destination> {
-    let url = url::Url::parse(target).ok()?;
-    if url.scheme() != "http" {
-        return None;
+async fn serve<R: Routes>(
+    ctx: &Context<'_, R>,
+    client: &mut TcpStream,
+) -> Result<(Protocol, Outcome), (Protocol, Answer)> {
+    let read = tokio::time::timeout(
+        ctx.options.handshake_timeout,
+        read_head(client, MAX_REQUEST_HEAD),
+    );
+    let head = match read.await {
+        Ok(Ok(head)) => head,
+        Ok(Err(HeadError::TooLarge)) => {
+            let body = format!("the request head is over {MAX_REQUEST_HEAD} bytes");
+            return Err((Protocol::Http, Answer::new(431, body, Outcome::Refused)));
+        }
+        Ok(Err(e)) => {
+            debug!("client went away before its request: {e}");
+            return Ok((Protocol::Http, Outcome::Refused));
+        }
+        Err(_) => {
+            let answer = Answer::new(408, "no complete request in time", Outcome::Refused);
+            return Err((Protocol::Http, answer));
+        }
+    };
+    let parsed = parse_request(head.head()).map_err(|a| (Protocol::Http, a))?;
+    let protocol = parsed.protocol;
+    let fail = |answer: Answer| (protocol, answer);
+    let (routing, token) = credentials(parsed.authorization.as_deref()).map_err(fail)?;
+    let Some(_permit) = ctx.clients.token(&token) else {
+        let body = "too many connections open with this token";
+        return Err(fail(
+            Answer::new(429, body, Outcome::Refused).with("Retry-After", "1"),
+        ));
+    };
+    if let Err(reason) = ctx.options.policy.check(&parsed.destination) {
+        return Err(fail(Answer::new(403, reason, Outcome::Refused)));
     }
-    let host = url.host_str()?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    Some(Destination {
-        host: host.to_ascii_lowercase(),
-        port: url.port_or_known_default()?,
+    let request = RouteRequest {
+        routing,
+        token,
+        destination: parsed.destination,
+        avoid: None,
+    };
+    if protocol == Protocol::Connect {
+        let mut tunnel = open_tunnel(ctx, request)
+            .await
+            .map_err(|r| fail(refused(r)))?;
+        let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+        if client.write_all(established).await.is_ok() {
+            let idle = ctx.options.idle_timeout;
+            let relayed = relay(
+                client,
+                &mut tunnel.stream,
+                head.rest(),
+                &tunnel.leftover,
+                idle,
+            );
+            if let Err(e) = relayed.await {
+                debug!(proxy = %tunnel.route.proxy, "tunnel ended: {e}");
+            }
+        }
+        return Ok((protocol, Outcome::Ok));
+    }
+    let plain = PlainRequest {
+        head: &parsed.upstream_head,
+        early_body: head.rest(),
+    };
+    let outcome = forward(ctx, request, plain, client).await;
+    outcome.map(|o| (protocol, o)).map_err(|r| fail(refused(r)))
+}
+
+/// The request head: a CONNECT tunnel or a plain request in absolute `http://` form.
+fn parse_request(head: &[u8]) -> Result<Parsed, Answer> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(Answer::bad_request("incomplete request")),
+        Err(httparse::Error::TooManyHeaders) => {
+            let body = format!("more than {MAX_HEADERS} header fields");
+            return Err(Answer::new(431, body, Outcome::Refused));
+        }
+        Err(e) => return Err(Answer::bad_request(format!("not an HTTP request: {e}"))),
+    }
+    let method = request.method.unwrap_or_default();
+    let target = request.path.unwrap_or_default();
+    let authorization = request
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+        .map(|h| h.value.to_vec());
+    if method == "CONNECT" {
+        return Ok(Parsed {
+            protocol: Protocol::Connect,
+            destination: connect_target(target)?,
+            upstream_head: Vec::new(),
+            authorization,
+        });
+    }
+    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err(Answer::bad_request(
+            "https:// URLs go through a CONNECT tunnel (clients do this for https when given an http:// proxy)",
+        ));
+    }
+    if !lower.starts_with("http://") {
+        return Err(Answer::bad_request(
+            "this is a proxy: send the request in absolute form (GET http://host/path) or CONNECT host:port",
+        ));
+    }
+    let mut url = url::Url::parse(target)
+        .map_err(|e| Answer::bad_request(format!("the request URL does not parse: {e}")))?;
+    let host = match url.host() {
+        Some(url::Host::Domain(d)) => d.to_string(),
+        Some(url::Host::Ipv4(ip)) => ip.to_string(),
+        Some(url::Host::Ipv6(ip)) => ip.to_string(),
+        None => return Err(Answer::bad_request("the request URL has no host")),
+    };
+    let destination = Destination {
+        host,
+        port: url.port_or_known_default().unwrap_or(80),
+    };
+    // Credentials in the URL and the fragment are not the destination's business.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_fragment(None);
+    let version = request.version.unwrap_or(1);
+    let mut upstream_head = format!("{method} {url} HTTP/1.{version}\r\n").into_bytes();
+    // The Host of an absolute-form request is its URL's.
+    let host_header = match url.port() {
+        Some(_) => authority(&destination),
+        None => url.host_str().unwrap_or_default().to_string(),
+    };
+    upstream_head.extend_from_slice(format!("Host: {host_header}\r\n").as_bytes());
+    let listed = connection_listed(request.headers);
+    for h in request.headers.iter() {
+        let dropped = is_hop_by_hop(h.name)
+            || h.name.eq_ignore_ascii_case("host")
+            || listed.iter().any(|l| h.name.eq_ignore_ascii_case(l));
+        if !dropped {
+            upstream_head.extend_from_slice(h.name.as_bytes());
+            upstream_head.extend_from_slice(b": ");
+            upstream_head.extend_from_slice(h.value);
+            upstream_head.extend_from_slice(b"\r\n");
+        }
+    }
+    Ok(Parsed {
+        protocol: Protocol::Http,
+        destination,
+        upstream_head,
+        authorization,
     })
 }
 
-/// The request line and end-to-end headers as they go upstream (no blank line: the upstream
-/// login and `Connection: close` follow).
-fn upstream_head(method: &str, target: &str, headers: &[httparse::Header<'_>]) -> Vec<u8> {
-    let listed = connection_listed(headers);
-    let mut out = format!("{method} {target} HTTP/1.1\r\n").into_bytes();
-    for h in headers {
-        if is_hop_by_hop(h.name) || listed.iter().any(|l| h.name.eq_ignore_ascii_case(l)) {
-            continue;
-        }
-        out.extend_from_slice(h.name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(h.value);
-        out.extend_from_slice(b"\r\n");
+/// `host:port` or `[v6]:port` of a CONNECT.
+fn connect_target(target: &str) -> Result<Destination, Answer> {
+    let bad = || Answer::bad_request("CONNECT needs host:port (e.g. CONNECT example.com:443)");
+    let (host, port) = if let Some(rest) = target.strip_prefix('[') {
+        let (v6, port) = rest.split_once("]:").ok_or_else(bad)?;
+        (v6, port)
+    } else {
+        target.rsplit_once(':').ok_or_else(bad)?
+    };
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(bad)?;
+    if host.is_empty() {
+        return Err(bad());
     }
-    out
+    Ok(Destination {
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// The routing username and the token of `Proxy-Authorization: Basic`.
+fn credentials(authorization: Option<&[u8]>) -> Result<(Routing, String), Answer> {
+    use base64::Engine;
+    let how = "send Proxy-Authorization: Basic with the routing username (may be empty, e.g. pool-<namespace>.<name>,session-<id>) and your token as the password";
+    let Some(value) = authorization else {
+        return Err(Answer::login_required(format!(
+            "proxy authentication required: {how}"
+        )));
+    };
+    let value = String::from_utf8_lossy(value);
+    let encoded = value
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+        .map(|(_, rest)| rest.trim());
+    let pair = encoded
+        .and_then(|e| base64::engine::general_purpose::STANDARD.decode(e).ok())
+        .and_then(|bytes| String::from_utf8(bytes).ok());
+    let Some((user, token)) = pair.as_deref().and_then(|p| p.split_once(':')) else {
+        return Err(Answer::login_required(format!(
+            "Proxy-Authorization is not Basic base64(username:token): {how}"
+        )));
+    };
+    if token.is_empty() {
+        return Err(Answer::login_required(format!("no token: {how}")));
+    }
+    match parse_username(user) {
+        Ok(routing) => Ok((routing, token.to_string())),
+        Err(reason) => {
+            warn!(%reason, "refused a malformed proxy username");
+            Err(Answer::login_required(format!("proxy username: {reason}"))
+                .with("X-Proxy-Operator-Error", reason))
+        }
+    }
+}
+
+/// The answer to a request the gateway could not carry.
+fn refused(refusal: Refusal) -> Answer {
+    match refusal {
+        Refusal::Route(RouteError::Unauthenticated) => {
+            Answer::login_required("the token is not accepted")
+        }
+        Refusal::Route(RouteError::Invalid(reason)) => {
+            warn!(%reason, "the fleet refused the proxy username");
+            Answer::login_required(format!("proxy username: {reason}"))
+                .with("X-Proxy-Operator-Error", reason)
+        }
+        Refusal::Route(RouteError::Forbidden(reason)) => Answer::new(403, reason, Outcome::Refused),
+        Refusal::Route(RouteError::NoProxy { retry_after }) => {
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            Answer::new(503, "no upstream proxy is available now", Outcome::NoProxy)
+                .with("Retry-After", seconds.to_string())
+        }
+        Refusal::Route(RouteError::Unavailable(reason)) => Answer::new(
+            503,
+            format!("the fleet cannot be asked now: {reason}"),
+            Outcome::NoProxy,
+        ),
+        Refusal::Denied(reason) => Answer::new(403, reason, Outcome::Refused),
+        Refusal::Failed(reason) => Answer::new(502, reason, Outcome::UpstreamFailed)
+            .with("X-Proxy-Operator-Reason", "upstream-failed"),
+    }
+}
+
+/// Writes an answer and closes the connection (write side), giving the client a moment to read.
+async fn send(client: &mut TcpStream, answer: &Answer) {
+    let body = format!("{}\n", answer.body);
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n",
+        answer.status,
+        phrase(answer.status),
+        body.len()
+    );
+    for (name, value) in &answer.headers {
+        head.push_str(&format!("{name}: {}\r\n", header_safe(value)));
+    }
+    head.push_str("\r\n");
+    head.push_str(&body);
+    let written = async {
+        client.write_all(head.as_bytes()).await?;
+        client.shutdown().await
+    };
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(5), written).await {
+        debug!("answering a client: {e}");
+    }
+}
+
+/// A header value as printable ASCII (a reason may quote a client's bytes).
+fn header_safe(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+fn phrase(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        407 => "Proxy Authentication Required",
+        408 => "Request Timeout",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        _ => "Error",
+    }
 }
 
 #[cfg(test)]
@@ -409,130 +382,112 @@ mod tests {
     use super::*;
     use rstest::rstest;
 
-    #[rstest]
-    #[case("example.com:443", Some(("example.com", 443)))]
-    #[case("Example.COM:80", Some(("example.com", 80)))]
-    #[case("[2001:db8::1]:443", Some(("2001:db8::1", 443)))]
-    #[case("2001:db8::1:443", None)]
-    #[case("example.com", None)]
-    #[case("example.com:0", None)]
-    #[case("example.com:99999", None)]
-    #[case(":443", None)]
-    #[case("[::1:443", None)]
-    fn connect_authorities(#[case] text: &str, #[case] want: Option<(&str, u16)>) {
-        let got = parse_authority(text);
-        assert_eq!(
-            got.as_ref().map(|d| (d.host.as_str(), d.port)),
-            want,
-            "{text}"
-        );
-    }
-
-    #[rstest]
-    #[case("http://example.com/a?b", Some(("example.com", 80)))]
-    #[case("http://[::1]:8080/", Some(("::1", 8080)))]
-    #[case("https://example.com/", None)]
-    #[case("/origin-form", None)]
-    #[case("ftp://example.com/", None)]
-    fn absolute_targets(#[case] text: &str, #[case] want: Option<(&str, u16)>) {
-        let got = absolute_destination(text);
-        assert_eq!(
-            got.as_ref().map(|d| (d.host.as_str(), d.port)),
-            want,
-            "{text}"
-        );
-    }
-
-    fn basic(pair: &str) -> Vec<u8> {
+    fn basic(pair: &str) -> String {
         use base64::Engine;
         format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(pair)
         )
-        .into_bytes()
+    }
+
+    #[rstest]
+    #[case::connect("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", Ok(("example.com", 443)))]
+    #[case::connect_v6("CONNECT [2001:db8::1]:443 HTTP/1.1\r\n\r\n", Ok(("2001:db8::1", 443)))]
+    #[case::connect_no_port("CONNECT example.com HTTP/1.1\r\n\r\n", Err(400))]
+    #[case::connect_port_0("CONNECT example.com:0 HTTP/1.1\r\n\r\n", Err(400))]
+    #[case::absolute("GET http://example.com/a?b HTTP/1.1\r\n\r\n", Ok(("example.com", 80)))]
+    #[case::absolute_port("POST http://example.com:8080/ HTTP/1.1\r\n\r\n", Ok(("example.com", 8080)))]
+    #[case::absolute_numeric_host("GET http://0x7f.1/ HTTP/1.1\r\n\r\n", Ok(("127.0.0.1", 80)))]
+    #[case::absolute_v6("GET http://[::1]:81/ HTTP/1.1\r\n\r\n", Ok(("::1", 81)))]
+    #[case::https("GET https://example.com/ HTTP/1.1\r\n\r\n", Err(400))]
+    #[case::origin_form("GET /path HTTP/1.1\r\nHost: example.com\r\n\r\n", Err(400))]
+    #[case::not_http("SSH-2.0-OpenSSH_9.2\r\n\r\n", Err(400))]
+    fn request_targets(#[case] head: &str, #[case] expected: Result<(&str, u16), u16>) {
+        let parsed = parse_request(head.as_bytes())
+            .map(|p| (p.destination.host, p.destination.port))
+            .map_err(|a| a.status);
+        assert_eq!(parsed, expected.map(|(h, p)| (h.to_string(), p)));
     }
 
     #[test]
-    fn logins_are_read_and_refusals_name_what_is_wrong() {
-        let value = basic("pool-crawlers.egress,session-a1:tok");
-        let headers = [httparse::Header {
-            name: "Proxy-Authorization",
-            value: &value,
-        }];
-        let (routing, token) = login(&headers).unwrap();
-        assert_eq!(routing.pool, Some(("crawlers".into(), "egress".into())));
-        assert_eq!(routing.session.as_deref(), Some("a1"));
-        assert_eq!(token, "tok");
-        assert_eq!(login(&[]), Err(String::new()));
-        for (pair, wanted) in [
-            ("pool-a.b:", "empty"),
-            ("sesion-x:tok", "sesion"),
-            ("no-colon", "username:token"),
-        ] {
-            let value = basic(pair);
-            let headers = [httparse::Header {
-                name: "proxy-authorization",
-                value: &value,
-            }];
-            let why = login(&headers).unwrap_err();
-            assert!(why.contains(wanted), "{pair}: {why}");
-        }
-        let bearer = [httparse::Header {
-            name: "Proxy-Authorization",
-            value: b"Bearer x",
-        }];
-        assert!(login(&bearer).unwrap_err().contains("Basic"));
-    }
-
-    #[test]
-    fn what_a_client_sent_cannot_make_a_header_of_its_own() {
-        let bytes = answer(
-            407,
-            "Proxy Authentication Required",
-            &[("X-Proxy-Operator-Error", "bad\r\nSet-Cookie: x".into())],
-            "",
+    fn too_many_headers_is_431() {
+        let head = format!(
+            "GET http://a.example/ HTTP/1.1\r\n{}\r\n",
+            "X: y\r\n".repeat(101)
         );
-        let text = String::from_utf8(bytes).unwrap();
-        assert!(
-            text.contains("X-Proxy-Operator-Error: bad??Set-Cookie: x\r\n"),
-            "{text}"
-        );
-        assert!(!text.contains("\r\nSet-Cookie"));
+        assert_eq!(parse_request(head.as_bytes()).err().unwrap().status, 431);
     }
 
     #[test]
-    fn the_clients_login_and_hop_by_hop_headers_never_go_upstream() {
-        let headers = [
-            httparse::Header {
-                name: "Host",
-                value: b"example.com",
-            },
-            httparse::Header {
-                name: "Proxy-Authorization",
-                value: b"Basic c2VjcmV0",
-            },
-            httparse::Header {
-                name: "Proxy-Connection",
-                value: b"keep-alive",
-            },
-            httparse::Header {
-                name: "Connection",
-                value: b"X-Private",
-            },
-            httparse::Header {
-                name: "X-Private",
-                value: b"1",
-            },
-            httparse::Header {
-                name: "Accept",
-                value: b"*/*",
-            },
-        ];
-        let head =
-            String::from_utf8(upstream_head("GET", "http://example.com/", &headers)).unwrap();
+    fn the_upstream_head_has_no_hop_by_hop_headers_and_the_urls_host() {
+        let head = format!(
+            "GET http://u:p@example.com/a#frag HTTP/1.1\r\nHost: evil.example\r\nProxy-Authorization: {}\r\nProxy-Connection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: 1\r\nTE: trailers\r\nUpgrade: h2c\r\nKeep-Alive: 5\r\nAccept: */*\r\n\r\n",
+            basic("u:token")
+        );
+        let parsed = parse_request(head.as_bytes()).ok().unwrap();
         assert_eq!(
-            head,
-            "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n"
+            String::from_utf8(parsed.upstream_head).unwrap(),
+            "GET http://example.com/a HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n"
         );
+        assert!(parsed.authorization.is_some());
+    }
+
+    #[rstest]
+    #[case::ok(Some(basic("pool-ns.p,session-a:tok")), Ok("tok"))]
+    #[case::empty_username(Some(basic(":tok")), Ok("tok"))]
+    #[case::token_with_colon(Some(basic("session-a:to:k")), Ok("to:k"))]
+    #[case::missing(None, Err("proxy authentication required"))]
+    #[case::bearer(Some("Bearer tok".to_string()), Err("is not Basic"))]
+    #[case::not_base64(Some("Basic !!!".to_string()), Err("is not Basic"))]
+    #[case::no_colon(Some(basic("justuser")), Err("is not Basic"))]
+    #[case::no_token(Some(basic("session-a:")), Err("no token"))]
+    #[case::bad_username(
+        Some(basic("sesion-a:tok")),
+        Err("part 1 `sesion-a`: unknown key `sesion`")
+    )]
+    fn credential_headers(#[case] header: Option<String>, #[case] expected: Result<&str, &str>) {
+        let got = credentials(header.as_deref().map(str::as_bytes));
+        match (got, expected) {
+            (Ok((_, token)), Ok(want)) => assert_eq!(token, want),
+            (Err(answer), Err(want)) => {
+                assert_eq!(answer.status, 407);
+                assert!(answer.body.contains(want), "{}", answer.body);
+                assert!(
+                    answer
+                        .headers
+                        .iter()
+                        .any(|(n, _)| *n == "Proxy-Authenticate")
+                );
+            }
+            (got, want) => panic!("{:?} vs {want:?}", got.map(|(r, _)| r).map_err(|a| a.body)),
+        }
+    }
+
+    #[test]
+    fn refusals_map_to_statuses() {
+        let status = |r: Refusal| refused(r).status;
+        assert_eq!(status(Refusal::Route(RouteError::Unauthenticated)), 407);
+        assert_eq!(
+            status(Refusal::Route(RouteError::Forbidden("x".into()))),
+            403
+        );
+        assert_eq!(status(Refusal::Route(RouteError::Invalid("x".into()))), 407);
+        assert_eq!(
+            status(Refusal::Route(RouteError::Unavailable("x".into()))),
+            503
+        );
+        assert_eq!(status(Refusal::Denied("x".into())), 403);
+        let failed = refused(Refusal::Failed("x".into()));
+        assert_eq!(failed.status, 502);
+        assert!(
+            failed
+                .headers
+                .contains(&("X-Proxy-Operator-Reason", "upstream-failed".into()))
+        );
+        let no_proxy = refused(Refusal::Route(RouteError::NoProxy {
+            retry_after: Duration::from_millis(200),
+        }));
+        assert_eq!(no_proxy.status, 503);
+        assert!(no_proxy.headers.contains(&("Retry-After", "1".into())));
     }
 }

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -92,6 +91,8 @@ impl<R: Routes> Gateway<R> {
             let gateway = self.clone();
             connections.spawn(async move { gateway.connection(stream, port).await });
         }
+        // Closed at once: a client connecting now is refused, not left waiting in the backlog.
+        drop((http, socks));
         let open = connections.len();
         if open > 0 {
             info!(open, grace = ?self.options.shutdown_grace, "stopping: open connections may finish");
@@ -105,18 +106,11 @@ impl<R: Routes> Gateway<R> {
         }
     }
 
-    async fn connection(&self, mut stream: TcpStream, port: Port) {
+    async fn connection(&self, stream: TcpStream, port: Port) {
         let Some(_permit) = self.clients.connect() else {
             let protocol = match port {
                 Port::Http => {
-                    let _ = stream
-                        .write_all(&http::answer(
-                            503,
-                            "Service Unavailable",
-                            &[("Retry-After", "1".into())],
-                            "the gateway holds as many client connections as it may\n",
-                        ))
-                        .await;
+                    http::refuse_busy(stream).await;
                     Protocol::Http
                 }
                 // A SOCKS5 client reads a reply only after its greeting: closing says it.
