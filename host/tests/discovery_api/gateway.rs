@@ -19,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{Api, GATEWAY_TOKEN, TOKEN, key, pooled, serve};
 
 const PAGE: &str = "the site's page\n";
+/// `/big`: long enough to kill a gateway in the middle of it.
+const BIG: usize = 8 << 20;
 /// Each upstream squid leaves from its own loopback address: the site tells them apart.
 const EXITS: [&str; 2] = ["127.0.0.3", "127.0.0.4"];
 
@@ -74,8 +76,12 @@ impl Site {
                         headers,
                     });
                     match path.as_str() {
-                        "/blocked" => (axum::http::StatusCode::TOO_MANY_REQUESTS, "slow down\n"),
-                        _ => (axum::http::StatusCode::OK, PAGE),
+                        "/blocked" => (
+                            axum::http::StatusCode::TOO_MANY_REQUESTS,
+                            b"slow down\n".to_vec(),
+                        ),
+                        "/big" => (axum::http::StatusCode::OK, vec![b'x'; BIG]),
+                        _ => (axum::http::StatusCode::OK, PAGE.as_bytes().to_vec()),
                     }
                 }
             },
@@ -114,6 +120,66 @@ impl Site {
     fn last_exit(&self, path: &str) -> String {
         self.seen(path).last().expect("a request").from.clone()
     }
+}
+
+/// One `proxy-operator gateway` process in front of the leader's API at `leader`.
+struct Replica {
+    process: Proc,
+    http: SocketAddr,
+    socks: SocketAddr,
+    metrics: SocketAddr,
+    scratch: Scratch,
+}
+
+impl Replica {
+    fn spawn(leader: SocketAddr, site_port: u16, name: &str, extra_flags: &[&str]) -> Replica {
+        let scratch = Scratch::new("gateway").unwrap();
+        let (http, socks, metrics): (SocketAddr, SocketAddr, SocketAddr) = (
+            ([127, 0, 0, 1], free_port().unwrap()).into(),
+            ([127, 0, 0, 1], free_port().unwrap()).into(),
+            ([127, 0, 0, 1], free_port().unwrap()).into(),
+        );
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
+        cmd.arg("gateway")
+            .args(["--discovery-url", &format!("http://{leader}")])
+            .args(["--replica", name])
+            .args(["--http-addr", &http.to_string()])
+            .args(["--socks-addr", &socks.to_string()])
+            .args(["--metrics-addr", &metrics.to_string()])
+            .args(["--allowed-networks", "127.0.0.1/32,127.0.0.2/32"])
+            .args(["--allowed-ports", &site_port.to_string()])
+            .args(["--load-report-interval", "1s"])
+            .args(extra_flags)
+            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
+            .env("LOG_LEVEL", "proxy_operator=debug");
+        let process = Proc::spawn(name, cmd, &scratch.path().join("gateway.log")).unwrap();
+        Replica {
+            process,
+            http,
+            socks,
+            metrics,
+            scratch,
+        }
+    }
+}
+
+/// Waits until a gateway's /readyz answers 200 (it reached the leader with its token).
+async fn wait_ready(metrics: SocketAddr, process: &Proc) {
+    let url = format!("http://{metrics}/readyz");
+    let http = reqwest::Client::new();
+    wait_for("the gateway's /readyz", Duration::from_secs(30), || {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            match http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => Check::Ready(()),
+                Ok(r) => Check::NotYet(format!("{}", r.status())),
+                Err(e) => Check::NotYet(e.to_string()),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", process.log_tail(30)));
 }
 
 /// The squids, the leader's API with both in pool `crawlers/gw`, the gateway binary.
@@ -158,26 +224,13 @@ impl Gateway {
             ..super::options()
         };
         let api = serve(options, pool).await;
-        let scratch = Scratch::new("gateway").unwrap();
-        let (http, socks, metrics): (SocketAddr, SocketAddr, SocketAddr) = (
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-        );
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
-        cmd.arg("gateway")
-            .args(["--discovery-url", &format!("http://{}", api.addr)])
-            .args(["--replica", "gw-test"])
-            .args(["--http-addr", &http.to_string()])
-            .args(["--socks-addr", &socks.to_string()])
-            .args(["--metrics-addr", &metrics.to_string()])
-            .args(["--allowed-networks", "127.0.0.1/32,127.0.0.2/32"])
-            .args(["--allowed-ports", &site.port.to_string()])
-            .args(["--load-report-interval", "1s"])
-            .args(extra_flags)
-            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
-            .env("LOG_LEVEL", "proxy_operator=debug");
-        let process = Proc::spawn("gateway", cmd, &scratch.path().join("gateway.log")).unwrap();
+        let Replica {
+            process,
+            http,
+            socks,
+            metrics,
+            scratch,
+        } = Replica::spawn(api.addr, site.port, "gw-test", extra_flags);
         let gateway = Gateway {
             api,
             squids,
@@ -189,26 +242,8 @@ impl Gateway {
             metrics,
             _scratch: scratch,
         };
-        gateway.wait_ready().await;
+        wait_ready(gateway.metrics, &gateway.process).await;
         gateway
-    }
-
-    async fn wait_ready(&self) {
-        let url = format!("http://{}/readyz", self.metrics);
-        let http = reqwest::Client::new();
-        wait_for("the gateway's /readyz", Duration::from_secs(30), || {
-            let http = http.clone();
-            let url = url.clone();
-            async move {
-                match http.get(&url).send().await {
-                    Ok(r) if r.status().is_success() => Check::Ready(()),
-                    Ok(r) => Check::NotYet(format!("{}", r.status())),
-                    Err(e) => Check::NotYet(e.to_string()),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.process.log_tail(30)));
     }
 
     fn proxy_url(&self, username: &str) -> String {
@@ -583,4 +618,70 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
             assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_transfer_leaves_the_session_on_its_upstream_through_another() {
+    let mut gw = Gateway::start(&[]).await;
+    // A second replica: stateless, so the session's upstream is the leader's answer there too.
+    let other = Replica::spawn(gw.api.addr, gw.site.port, "gw-other", &[]);
+    wait_ready(other.metrics, &other.process).await;
+    let session = gw.proxy_url("pool-crawlers.gw,session-long");
+    let page = gw.site.url("127.0.0.1", "/page");
+    let (status, _, _) = gw.curl(&["-x", &session, &page]).await;
+    assert_eq!(status, 200);
+    let upstream = gw.site.last_exit("/page");
+
+    // A slow download through the first replica, killed once the site is sending it.
+    let big = gw.site.url("127.0.0.1", "/big");
+    let download = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "--limit-rate",
+            "200k",
+            "-x",
+            &session,
+            &big,
+        ])
+        .args(["-w", "%{size_download}"])
+        .output();
+    let download = tokio::spawn(download);
+    let site = gw.site.seen.clone();
+    wait_for("the site sending /big", Duration::from_secs(20), || {
+        let started = site.lock().unwrap().iter().any(|s| s.path == "/big");
+        async move {
+            if started {
+                Check::Ready(())
+            } else {
+                Check::NotYet("not asked yet".into())
+            }
+        }
+    })
+    .await
+    .unwrap();
+    gw.process.kill();
+    let out = download.await.unwrap().unwrap();
+    assert!(!out.status.success(), "the transfer broke with its replica");
+    let got: usize = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(got < BIG, "{got} bytes");
+
+    // The client reconnects to the other replica: the whole body, through the same upstream.
+    let through_other = format!(
+        "http://pool-crawlers.gw,session-long:{TOKEN}@{}",
+        other.http
+    );
+    let (status, _, code) = gw
+        .curl(&["-o", "/dev/null", "-x", &through_other, &big])
+        .await;
+    assert_eq!((status, code), (200, 0), "{}", other.process.log_tail(20));
+    assert_eq!(
+        gw.site.last_exit("/big"),
+        upstream,
+        "the session kept its upstream"
+    );
 }
