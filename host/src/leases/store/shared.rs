@@ -13,8 +13,8 @@ use std::sync::Arc;
 use super::keys::FastMap;
 use super::outcomes::Outcome;
 use super::sessions::session_digest;
-use super::shared_use::ReplicaLoad;
 pub use super::shared_use::{MAX_REPLICAS, REPLICA_SILENCE, ReplicaError, SHARED_HOLD};
+use super::shared_use::{ReplicaLoad, Use};
 use super::targets::target_digest;
 use super::{
     Fit, GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, ProxyKey, Wanted, fit_matching,
@@ -96,7 +96,7 @@ impl LeaseStore {
                 for key in inner.pool.keys() {
                     match usable(inner, key) {
                         Ok(load) => {
-                            let last = inner.shared.routed_order.get(key).copied().unwrap_or(0);
+                            let last = inner.shared.in_use.get(key).map_or(0, |u| u.order);
                             if best.is_none_or(|(l, t, _)| (load, last) < (l, t)) {
                                 best = Some((load, last, key));
                             }
@@ -119,10 +119,15 @@ impl LeaseStore {
         if inner.free_seq.contains_key(&chosen) {
             inner.remove_free(&chosen);
         }
-        inner.shared.in_use.insert(chosen.clone(), now);
         inner.shared.next_route += 1;
         let order = inner.shared.next_route;
-        inner.shared.routed_order.insert(chosen.clone(), order);
+        inner.shared.in_use.insert(
+            chosen.clone(),
+            Use {
+                last_ms: now,
+                order,
+            },
+        );
         let replica = inner
             .shared
             .replicas
@@ -150,11 +155,19 @@ impl LeaseStore {
             return Err(ReplicaError::TooManyReplicas);
         }
         let mut load = FastMap::default();
+        // Newly in gateway use (one that was free when a replica reported it after a failover,
+        // say): out of the free order.
+        let mut taken = Vec::new();
         for (key, count) in connections {
             // Only proxies of the table: a report cannot make the leader hold made-up keys.
             if count > 0 && inner.pool.contains_key(&key) {
                 if !shared.in_use.contains_key(&key) {
-                    shared.in_use.insert(key.clone(), now);
+                    let reported = Use {
+                        last_ms: now,
+                        order: 0,
+                    };
+                    shared.in_use.insert(key.clone(), reported);
+                    taken.push(key.clone());
                 }
                 load.insert(key, count);
             }
@@ -167,15 +180,6 @@ impl LeaseStore {
                 reported_at_ms: now,
             },
         );
-        // A proxy in gateway use is out of the free order (also one that was free when a
-        // replica reported it after a failover).
-        let taken: Vec<ProxyKey> = inner
-            .shared
-            .in_use
-            .keys()
-            .filter(|k| inner.free_seq.contains_key(*k))
-            .cloned()
-            .collect();
         for key in taken {
             inner.remove_free(&key);
         }
@@ -219,7 +223,7 @@ impl LeaseStore {
             .shared
             .in_use
             .iter()
-            .filter(|(k, last)| now.saturating_sub(**last) >= hold && inner.shared.load(k) == 0)
+            .filter(|(k, u)| now.saturating_sub(u.last_ms) >= hold && inner.shared.load(k) == 0)
             .map(|(k, _)| k.clone())
             .collect();
         for key in ended {
@@ -233,11 +237,6 @@ impl LeaseStore {
         }
         let pool = &inner.pool;
         inner.shared.in_use.retain(|k, _| pool.contains_key(k));
-        let in_use = &inner.shared.in_use;
-        inner
-            .shared
-            .routed_order
-            .retain(|k, _| in_use.contains_key(k));
     }
 
     /// Open gateway connections per proxy (for `GET /v1/proxies` and the metrics).
@@ -254,44 +253,11 @@ impl LeaseStore {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use super::super::{LeaseMetrics, LeaseOptions, Snapshot};
+    use super::super::tests::{entry, key, store_of as store_of_entries};
     use super::*;
 
-    fn key(name: &str) -> ProxyKey {
-        ProxyKey {
-            namespace: "ns".into(),
-            name: name.into(),
-        }
-    }
-
     fn store_of(names: &[&str]) -> LeaseStore {
-        let store = LeaseStore::new(
-            LeaseOptions::default(),
-            LeaseMetrics::unregistered().unwrap(),
-            None,
-        );
-        store.restore(Snapshot::default());
-        store.set_pool(
-            names
-                .iter()
-                .map(|name| PoolEntry {
-                    key: key(name),
-                    provider: "p".into(),
-                    zone: None,
-                    labels: BTreeMap::new(),
-                    address: "127.0.0.1".into(),
-                    exit_ip: None,
-                    port: 3128,
-                    healthy: true,
-                    pool: None,
-                    draining: false,
-                    login: None,
-                })
-                .collect(),
-        );
-        store
+        store_of_entries(names.iter().map(|name| entry(name, None)).collect())
     }
 
     fn route(store: &LeaseStore, session: Option<&str>) -> Result<String, GrantError> {

@@ -26,13 +26,21 @@ pub enum ReplicaError {
 #[derive(Default)]
 pub struct SharedUse {
     pub(super) replicas: HashMap<String, ReplicaLoad>,
-    /// Proxies carrying gateway traffic, with when each was last routed to (ms): out of the
-    /// free order until [`SHARED_HOLD`] after that with no open connection.
-    pub(super) in_use: FastMap<ProxyKey, u64>,
-    /// The order routes were handed out in (per proxy, its latest): the tie-breaker that makes
-    /// requests rotate, exact where milliseconds are not.
-    pub(super) routed_order: FastMap<ProxyKey, u64>,
+    /// Proxies carrying gateway traffic: out of the free order until [`SHARED_HOLD`] after
+    /// their last route with no open connection.
+    pub(super) in_use: FastMap<ProxyKey, Use>,
+    /// Counts routes: each proxy's latest is its [`Use::order`].
     pub(super) next_route: u64,
+}
+
+/// A proxy's gateway use.
+#[derive(Clone, Copy)]
+pub(super) struct Use {
+    /// When it was last routed to (ms).
+    pub(super) last_ms: u64,
+    /// Its last route's place in the order routes were handed out: the tie-breaker that makes
+    /// requests rotate, exact where milliseconds are not (0: reported, never routed here).
+    pub(super) order: u64,
 }
 
 #[derive(Default)]
