@@ -132,15 +132,8 @@ pub async fn serve(
         .route(
             "/metrics",
             get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut text = String::new();
-                    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text)
-                    {
-                        Ok(()) => (StatusCode::OK, text),
-                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                    }
-                }
+                let answer = metrics_text(&registry);
+                async move { answer }
             }),
         );
     let listener = tokio::net::TcpListener::bind(addr)
@@ -241,5 +234,14 @@ mod tests {
             let said = if ready { r.unwrap() } else { r.unwrap_err() };
             assert!(said.contains(words), "{facts:?}: {said}");
         }
+    }
+}
+
+/// `/metrics`: `registry` in the Prometheus text format (the operator's and the gateway's).
+pub fn metrics_text(registry: &prometheus::Registry) -> (StatusCode, String) {
+    let mut text = String::new();
+    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text) {
+        Ok(()) => (StatusCode::OK, text),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

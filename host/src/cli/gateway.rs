@@ -123,7 +123,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     tokio::spawn(crate::operator::cancel_on_signal(stop.clone()));
 
-    let reported = Arc::new(LastReport::default());
+    let reported = Arc::new(LastReport::new());
     let probes = serve_probes(&stop, args.metrics_addr, registry, reported.clone()).await?;
     let pushing = tokio::spawn(push_loads(
         routes,
@@ -146,20 +146,22 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// When the leader last took this replica's load report (ms since `started`; 0: never).
-#[derive(Default)]
+/// When the leader last took this replica's load report: ms since `started`, 0 for never.
 struct LastReport {
-    started: std::sync::OnceLock<Instant>,
+    started: Instant,
     at_ms: AtomicU64,
 }
 
 impl LastReport {
-    fn start(&self) -> Instant {
-        *self.started.get_or_init(Instant::now)
+    fn new() -> Self {
+        LastReport {
+            started: Instant::now(),
+            at_ms: AtomicU64::new(0),
+        }
     }
 
     fn record(&self) {
-        let ms = self.start().elapsed().as_millis() as u64;
+        let ms = self.started.elapsed().as_millis() as u64;
         self.at_ms.store(ms.max(1), Ordering::Relaxed);
     }
 
@@ -167,7 +169,7 @@ impl LastReport {
         let at = self.at_ms.load(Ordering::Relaxed);
         at > 0
             && self
-                .start()
+                .started
                 .elapsed()
                 .saturating_sub(Duration::from_millis(at))
                 < LEADER_STALE_AFTER
@@ -183,7 +185,6 @@ async fn push_loads(
     reported: Arc<LastReport>,
     stop: CancellationToken,
 ) {
-    reported.start();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
@@ -241,15 +242,8 @@ async fn serve_probes(
         .route(
             "/metrics",
             get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut text = String::new();
-                    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text)
-                    {
-                        Ok(()) => (StatusCode::OK, text),
-                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                    }
-                }
+                let answer = crate::probes::metrics_text(&registry);
+                async move { answer }
             }),
         );
     let listener = tokio::net::TcpListener::bind(addr)

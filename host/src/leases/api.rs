@@ -468,6 +468,31 @@ fn parse_key(field: &str, kind: &str, value: &str) -> Result<ProxyKey, Problem> 
     })
 }
 
+/// A `target` field, normalized (see [`normalize_target`]); the problem names the field.
+fn checked_target(target: Option<String>) -> Result<Option<String>, Problem> {
+    target
+        .map(normalize_target)
+        .transpose()
+        .map_err(|e| Problem::bad_request(format!("target: {e}")))
+}
+
+/// A `session` field, checked (see [`validate_session`]).
+fn checked_session(session: Option<&str>) -> Result<(), Problem> {
+    match session {
+        Some(session) => {
+            validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))
+        }
+        None => Ok(()),
+    }
+}
+
+/// A report's `outcome`, which is required.
+fn required_outcome(outcome: Option<Outcome>) -> Result<Outcome, Problem> {
+    outcome.ok_or_else(|| {
+        Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
+    })
+}
+
 /// The request a grant body asks for, every field checked.
 fn lease_request(body: GrantBody) -> Result<LeaseRequest, Problem> {
     if body.ttl_seconds == Some(0) {
@@ -475,14 +500,8 @@ fn lease_request(body: GrantBody) -> Result<LeaseRequest, Problem> {
             "ttlSeconds: must be at least 1 (omit it for the default)".into(),
         ));
     }
-    if let Some(session) = &body.session {
-        validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))?;
-    }
-    let target = body
-        .target
-        .map(normalize_target)
-        .transpose()
-        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    checked_session(body.session.as_deref())?;
+    let target = checked_target(body.target)?;
     Ok(LeaseRequest {
         provider: body.provider,
         zone: body.zone,
@@ -616,14 +635,8 @@ async fn report(
     JsonBody(body): JsonBody<ReportBody>,
 ) -> Result<Response, Problem> {
     discovery.check_holder(&caller, &id)?;
-    let outcome = body.outcome.ok_or_else(|| {
-        Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
-    })?;
-    let target = body
-        .target
-        .map(normalize_target)
-        .transpose()
-        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    let outcome = required_outcome(body.outcome)?;
+    let target = checked_target(body.target)?;
     let lease = discovery
         .store
         .report_for(&id, outcome, target.as_deref())

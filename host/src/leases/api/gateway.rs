@@ -18,8 +18,11 @@ use subtle::ConstantTimeEq;
 use super::super::auth::Scope;
 use super::super::store::shared::{ReplicaError, RouteRequest};
 use super::gateway_access::GATEWAY_TOKEN_HEADER;
-use super::{Authorized, Discovery, JsonBody, Problem, parse_key};
-use crate::leases::store::{LeaseRequest, Outcome, ProxyKey, normalize_target, validate_session};
+use super::{
+    Authorized, Discovery, JsonBody, Problem, checked_session, checked_target, parse_key,
+    required_outcome,
+};
+use crate::leases::store::{LeaseRequest, Outcome, ProxyKey};
 
 /// Longest replica id (a Pod name is at most 253).
 const MAX_REPLICA_CHARS: usize = 253;
@@ -134,14 +137,8 @@ async fn route(
 ) -> Result<Response, Problem> {
     let access = discovery.gateway.as_ref().expect("checked by FromGateway");
     let replica = replica_id(body.replica)?;
-    if let Some(session) = &body.session {
-        validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))?;
-    }
-    let target = body
-        .target
-        .map(normalize_target)
-        .transpose()
-        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    checked_session(body.session.as_deref())?;
+    let target = checked_target(body.target)?;
     let pool = body
         .pool
         .as_deref()
@@ -261,14 +258,8 @@ async fn report(
             ));
         }
     };
-    let outcome = body.outcome.ok_or_else(|| {
-        Problem::bad_request("outcome: missing; one of success, failure, blocked".into())
-    })?;
-    let target = body
-        .target
-        .map(normalize_target)
-        .transpose()
-        .map_err(|e| Problem::bad_request(format!("target: {e}")))?;
+    let outcome = required_outcome(body.outcome)?;
+    let target = checked_target(body.target)?;
     let filters = LeaseRequest {
         proxy: Some(proxy.clone()),
         ..LeaseRequest::default()
