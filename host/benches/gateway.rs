@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::Squid;
-use harness::process::{Proc, Scratch, free_port};
+use harness::gateway::GatewayProcess;
 use proxy_operator::credentials::ProxyLogin;
 use proxy_operator::leases::api::GatewayAccess;
 use proxy_operator::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry};
@@ -297,43 +297,26 @@ async fn main() {
     let leader = listener.local_addr().unwrap();
     tokio::spawn(leases::serve(listener, leases::router(Arc::new(discovery))));
 
-    let scratch = Scratch::new("gateway-bench").unwrap();
-    let (http, socks, metrics): (SocketAddr, SocketAddr, SocketAddr) = (
-        ([127, 0, 0, 1], free_port().unwrap()).into(),
-        ([127, 0, 0, 1], free_port().unwrap()).into(),
-        ([127, 0, 0, 1], free_port().unwrap()).into(),
-    );
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
-    cmd.arg("gateway")
-        .args(["--discovery-url", &format!("http://{leader}")])
-        .args(["--replica", "bench"])
-        .args(["--http-addr", &http.to_string()])
-        .args(["--socks-addr", &socks.to_string()])
-        .args(["--metrics-addr", &metrics.to_string()])
-        .args(["--allowed-networks", "127.0.0.1/32"])
-        .args(["--allowed-ports", &target.port().to_string()])
-        .args([
+    let port = target.port().to_string();
+    let mut gateway = GatewayProcess::spawn(
+        std::path::Path::new(env!("CARGO_BIN_EXE_proxy-operator")),
+        leader,
+        GATEWAY_TOKEN,
+        "bench",
+        &[
+            "--allowed-networks",
+            "127.0.0.1/32",
+            "--allowed-ports",
+            &port,
             "--max-clients",
             "100000",
             "--max-clients-per-token",
             "100000",
-        ])
-        .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
-        .env("LOG_LEVEL", "warn");
-    let gateway = Proc::spawn("gateway", cmd, &scratch.path().join("gateway.log")).unwrap();
-    let ready = format!("http://{metrics}/readyz");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !reqwest::get(&ready)
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "gateway not ready:\n{}",
-            gateway.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ],
+    )
+    .unwrap();
+    gateway.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let http = gateway.http;
 
     let through = Via {
         addr: http,
@@ -378,7 +361,7 @@ async fn main() {
         g / s * 100.0
     );
 
-    let before = rss_kib(gateway.pid());
+    let before = rss_kib(gateway.process.pid());
     let mut held = Vec::with_capacity(idle);
     for i in 0..idle {
         match tokio::time::timeout(Duration::from_secs(10), tunnel(&through, target)).await {
@@ -395,7 +378,7 @@ async fn main() {
     }
     // The gateway's tasks settle after the last tunnel's answer.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rss_kib(gateway.pid());
+    let after = rss_kib(gateway.process.pid());
     println!(
         "idle tunnels: {} held, gateway RSS {} → {} KiB: {:.1} KiB per tunnel",
         held.len(),

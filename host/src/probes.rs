@@ -153,6 +153,15 @@ pub async fn serve(
     }))
 }
 
+/// `/metrics`: `registry` in the Prometheus text format (the operator's and the gateway's).
+pub fn metrics_text(registry: &prometheus::Registry) -> (StatusCode, String) {
+    let mut text = String::new();
+    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text) {
+        Ok(()) => (StatusCode::OK, text),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,14 +243,5 @@ mod tests {
             let said = if ready { r.unwrap() } else { r.unwrap_err() };
             assert!(said.contains(words), "{facts:?}: {said}");
         }
-    }
-}
-
-/// `/metrics`: `registry` in the Prometheus text format (the operator's and the gateway's).
-pub fn metrics_text(registry: &prometheus::Registry) -> (StatusCode, String) {
-    let mut text = String::new();
-    match prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text) {
-        Ok(()) => (StatusCode::OK, text),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

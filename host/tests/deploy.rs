@@ -171,21 +171,7 @@ fn documented_metrics() -> BTreeSet<String> {
 
 #[test]
 fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
-    // An overlay as a user writes one (kustomize takes relative paths).
-    let scratch = repo().join("target");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let overlay = tempfile::tempdir_in(scratch).unwrap();
-    let relative = |p: &str| pathdiff(&repo().join(p), overlay.path());
-    std::fs::write(
-        overlay.path().join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}]\n",
-            relative("deploy"),
-            relative("deploy/monitoring")
-        ),
-    )
-    .unwrap();
-    let objects = kustomize(overlay.path());
+    let objects = with_component("deploy/monitoring");
     let documented = documented_metrics();
     let rule = objects
         .iter()
@@ -236,6 +222,25 @@ fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
     }
 }
 
+/// `kubectl kustomize` of an overlay as a user writes one: `deploy/` and the `component` (a
+/// path under the repository; kustomize takes relative paths).
+fn with_component(component: &str) -> Vec<Value> {
+    let scratch = repo().join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let overlay = tempfile::tempdir_in(scratch).unwrap();
+    let relative = |p: &str| pathdiff(&repo().join(p), overlay.path());
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}]\n",
+            relative("deploy"),
+            relative(component)
+        ),
+    )
+    .unwrap();
+    kustomize(overlay.path())
+}
+
 /// `to` relative to `from` (both under the repository), for kustomize's relative paths.
 fn pathdiff(to: &Path, from: &Path) -> String {
     let to = to.canonicalize().unwrap();
@@ -258,20 +263,7 @@ fn pathdiff(to: &Path, from: &Path) -> String {
 
 #[test]
 fn the_gateway_component_runs_the_gateway_and_opens_the_leaders_door() {
-    let scratch = repo().join("target");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let overlay = tempfile::tempdir_in(scratch).unwrap();
-    let relative = |p: &str| pathdiff(&repo().join(p), overlay.path());
-    std::fs::write(
-        overlay.path().join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}]\n",
-            relative("deploy"),
-            relative("deploy/gateway")
-        ),
-    )
-    .unwrap();
-    let objects = kustomize(overlay.path());
+    let objects = with_component("deploy/gateway");
     let find = |kind_name: &str| {
         objects
             .iter()

@@ -117,6 +117,23 @@ struct Reply {
 }
 
 impl Reply {
+    /// The answer, its body parsed as JSON (`null` when empty).
+    async fn of(response: reqwest::Response) -> Reply {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -168,20 +185,7 @@ impl Api {
                 .header("content-type", "application/json")
                 .body(body);
         }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let body = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-        };
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        Reply::of(request.send().await.unwrap()).await
     }
 
     /// A call to the gateway's door: with the gateway token (`gateway`) and a client token.
@@ -204,20 +208,7 @@ impl Api {
         if let Some(token) = client {
             request = request.bearer_auth(token);
         }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let body = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-        };
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        Reply::of(request.send().await.unwrap()).await
     }
 
     /// The gateway's route for `body`, answered 200; the proxy's name.

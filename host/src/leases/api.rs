@@ -478,12 +478,8 @@ fn checked_target(target: Option<String>) -> Result<Option<String>, Problem> {
 
 /// A `session` field, checked (see [`validate_session`]).
 fn checked_session(session: Option<&str>) -> Result<(), Problem> {
-    match session {
-        Some(session) => {
-            validate_session(session).map_err(|e| Problem::bad_request(format!("session: {e}")))
-        }
-        None => Ok(()),
-    }
+    let invalid = |e| Problem::bad_request(format!("session: {e}"));
+    session.map_or(Ok(()), |s| validate_session(s).map_err(invalid))
 }
 
 /// A report's `outcome`, which is required.

@@ -1155,27 +1155,10 @@ fn pick(
             }
         }
     }
-    // The free proxies in scope by their place in the free order, longest free first.
-    let in_pool = request.pool.as_ref().map(|pool| {
-        inner
-            .free_by_pool
-            .get(pool)
-            .into_iter()
-            .flatten()
-            .filter_map(|seq| Some((*seq, inner.free.get(seq)?)))
-    });
-    let anywhere = request
-        .pool
-        .is_none()
-        .then(|| inner.free.iter().map(|(seq, key)| (*seq, key)));
     let mut soonest: Option<u64> = None;
     let mut cooling = Vec::new();
     let mut found = None;
-    for (seq, key) in in_pool
-        .into_iter()
-        .flatten()
-        .chain(anywhere.into_iter().flatten())
-    {
+    for (seq, key) in free_in_scope(inner, request.pool.as_ref()) {
         match fit(inner, key, request, wanted, now) {
             Fit::Grant(expired) => {
                 found = Some((key.clone(), expired));
@@ -1202,6 +1185,29 @@ fn pick(
         return Ok(Picked::New(key));
     }
     Err(nothing_free(inner, request, soonest, now))
+}
+
+/// The free proxies of `pool` (or of every pool) by their place in the free order, longest
+/// free first, with their sequence numbers.
+fn free_in_scope<'a>(
+    inner: &'a Inner,
+    pool: Option<&PoolKey>,
+) -> impl Iterator<Item = (u64, &'a ProxyKey)> {
+    let in_pool = pool.map(|pool| {
+        inner
+            .free_by_pool
+            .get(pool)
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| Some((*seq, inner.free.get(seq)?)))
+    });
+    let anywhere = pool
+        .is_none()
+        .then(|| inner.free.iter().map(|(seq, key)| (*seq, key)));
+    in_pool
+        .into_iter()
+        .flatten()
+        .chain(anywhere.into_iter().flatten())
 }
 
 fn pick_named(

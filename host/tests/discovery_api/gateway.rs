@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use harness::process::{Check, Proc, Scratch, free_port, wait_for};
+use harness::gateway::GatewayProcess;
+use harness::process::{Check, Scratch, free_port, wait_for};
 use harness::squid::Squid;
 use proxy_operator::credentials::ProxyLogin;
 use proxy_operator::leases::{LeaseOptions, PoolEntry};
@@ -122,64 +123,29 @@ impl Site {
     }
 }
 
-/// One `proxy-operator gateway` process in front of the leader's API at `leader`.
-struct Replica {
-    process: Proc,
-    http: SocketAddr,
-    socks: SocketAddr,
-    metrics: SocketAddr,
-    scratch: Scratch,
-}
-
-impl Replica {
-    fn spawn(leader: SocketAddr, site_port: u16, name: &str, extra_flags: &[&str]) -> Replica {
-        let scratch = Scratch::new("gateway").unwrap();
-        let (http, socks, metrics): (SocketAddr, SocketAddr, SocketAddr) = (
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-            ([127, 0, 0, 1], free_port().unwrap()).into(),
-        );
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
-        cmd.arg("gateway")
-            .args(["--discovery-url", &format!("http://{leader}")])
-            .args(["--replica", name])
-            .args(["--http-addr", &http.to_string()])
-            .args(["--socks-addr", &socks.to_string()])
-            .args(["--metrics-addr", &metrics.to_string()])
-            .args(["--allowed-networks", "127.0.0.1/32,127.0.0.2/32"])
-            .args(["--allowed-ports", &site_port.to_string()])
-            .args(["--load-report-interval", "1s"])
-            .args(extra_flags)
-            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
-            .env("LOG_LEVEL", "proxy_operator=debug");
-        let process = Proc::spawn(name, cmd, &scratch.path().join("gateway.log")).unwrap();
-        Replica {
-            process,
-            http,
-            socks,
-            metrics,
-            scratch,
-        }
-    }
-}
-
-/// Waits until a gateway's /readyz answers 200 (it reached the leader with its token).
-async fn wait_ready(metrics: SocketAddr, process: &Proc) {
-    let url = format!("http://{metrics}/readyz");
-    let http = reqwest::Client::new();
-    wait_for("the gateway's /readyz", Duration::from_secs(30), || {
-        let http = http.clone();
-        let url = url.clone();
-        async move {
-            match http.get(&url).send().await {
-                Ok(r) if r.status().is_success() => Check::Ready(()),
-                Ok(r) => Check::NotYet(format!("{}", r.status())),
-                Err(e) => Check::NotYet(e.to_string()),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", process.log_tail(30)));
+/// A ready `proxy-operator gateway` replica in front of the leader's API at `leader`, allowed
+/// to reach the site on 127.0.0.1 and 127.0.0.2.
+async fn spawn_replica(
+    leader: SocketAddr,
+    site_port: u16,
+    name: &str,
+    extra_flags: &[&str],
+) -> GatewayProcess {
+    let port = site_port.to_string();
+    let mut flags = vec![
+        "--allowed-networks",
+        "127.0.0.1/32,127.0.0.2/32",
+        "--allowed-ports",
+        &port,
+    ];
+    flags.extend_from_slice(extra_flags);
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_proxy-operator"));
+    let mut replica = GatewayProcess::spawn(binary, leader, GATEWAY_TOKEN, name, &flags).unwrap();
+    replica
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    replica
 }
 
 /// The squids, the leader's API with both in pool `crawlers/gw`, the gateway binary.
@@ -188,11 +154,7 @@ struct Gateway {
     squids: Vec<Squid>,
     logins: Vec<ProxyLogin>,
     site: Site,
-    process: Proc,
-    http: SocketAddr,
-    socks: SocketAddr,
-    metrics: SocketAddr,
-    _scratch: Scratch,
+    replica: GatewayProcess,
 }
 
 impl Gateway {
@@ -224,30 +186,18 @@ impl Gateway {
             ..super::options()
         };
         let api = serve(options, pool).await;
-        let Replica {
-            process,
-            http,
-            socks,
-            metrics,
-            scratch,
-        } = Replica::spawn(api.addr, site.port, "gw-test", extra_flags);
-        let gateway = Gateway {
+        let replica = spawn_replica(api.addr, site.port, "gw-test", extra_flags).await;
+        Gateway {
             api,
             squids,
             logins,
             site,
-            process,
-            http,
-            socks,
-            metrics,
-            _scratch: scratch,
-        };
-        wait_ready(gateway.metrics, &gateway.process).await;
-        gateway
+            replica,
+        }
     }
 
     fn proxy_url(&self, username: &str) -> String {
-        format!("http://{username}:{TOKEN}@{}", self.http)
+        self.replica.proxy_url(username, TOKEN)
     }
 
     /// curl with `args`: (HTTP status or 0, body, exit code).
@@ -274,7 +224,7 @@ impl Gateway {
     }
 
     fn log(&self) -> String {
-        self.process.log_tail(200)
+        self.replica.process.log_tail(200)
     }
 }
 
@@ -307,7 +257,7 @@ async fn curl_requests_and_scrapy_reach_the_site_through_the_fleet_never_passing
     assert_eq!((status, body.as_str()), (200, PAGE), "{}", gw.log());
     let (status, body, _) = gw.curl(&["-p", "-x", &proxy, &page]).await;
     assert_eq!((status, body.as_str()), (200, PAGE), "{}", gw.log());
-    let socks = gw.socks.to_string();
+    let socks = gw.replica.socks.to_string();
     let (status, body, code) = gw
         .curl(&[
             "--socks5-hostname",
@@ -409,7 +359,7 @@ class Page(scrapy.Spider):
         }
     }
     // The metrics and the leader's view show the gateway at work.
-    let metrics = reqwest::get(format!("http://{}/metrics", gw.metrics))
+    let metrics = reqwest::get(format!("http://{}/metrics", gw.replica.metrics))
         .await
         .unwrap()
         .text()
@@ -542,7 +492,7 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
     assert_eq!(status, 200, "{}", gw.log());
 
     // No login: 407 with the challenge.
-    let bare = format!("http://{}", gw.http);
+    let bare = format!("http://{}", gw.replica.http);
     let (status, body, _) = gw.curl(&["-i", "-x", &bare, &page]).await;
     assert_eq!(status, 407);
     assert!(body.contains("Proxy-Authenticate: Basic"), "{body}");
@@ -560,7 +510,7 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
     assert!(body.contains("sesion"), "{body}");
     assert!(gw.log().contains("sesion"), "logged");
     // A token the leader does not accept: 407, never logged.
-    let wrong = format!("http://pool-crawlers.gw:not-the-token@{}", gw.http);
+    let wrong = format!("http://pool-crawlers.gw:not-the-token@{}", gw.replica.http);
     let (status, _, _) = gw.curl(&["-x", &wrong, &page]).await;
     assert_eq!(status, 407);
     assert!(!gw.log().contains(TOKEN) && !gw.log().contains("not-the-token"));
@@ -579,7 +529,7 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
         let (status, body, _) = gw.curl(&["-x", &proxy, &url]).await;
         assert_eq!(status, 403, "{url}: {body}");
     }
-    let socks = gw.socks.to_string();
+    let socks = gw.replica.socks.to_string();
     let login = format!("pool-crawlers.gw:{TOKEN}");
     let (_, _, code) = gw
         .curl(&[
@@ -602,7 +552,9 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
         base64::engine::general_purpose::STANDARD.encode(format!("pool-crawlers.gw:{TOKEN}"))
     };
     for i in 0..4 {
-        let mut stream = tokio::net::TcpStream::connect(gw.http).await.unwrap();
+        let mut stream = tokio::net::TcpStream::connect(gw.replica.http)
+            .await
+            .unwrap();
         let request = format!(
             "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {authorization}\r\n\r\n",
             port = gw.site.port
@@ -624,8 +576,7 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
 async fn a_replica_killed_mid_transfer_leaves_the_session_on_its_upstream_through_another() {
     let mut gw = Gateway::start(&[]).await;
     // A second replica: stateless, so the session's upstream is the leader's answer there too.
-    let other = Replica::spawn(gw.api.addr, gw.site.port, "gw-other", &[]);
-    wait_ready(other.metrics, &other.process).await;
+    let other = spawn_replica(gw.api.addr, gw.site.port, "gw-other", &[]).await;
     let session = gw.proxy_url("pool-crawlers.gw,session-long");
     let page = gw.site.url("127.0.0.1", "/page");
     let (status, _, _) = gw.curl(&["-x", &session, &page]).await;
@@ -661,7 +612,7 @@ async fn a_replica_killed_mid_transfer_leaves_the_session_on_its_upstream_throug
     })
     .await
     .unwrap();
-    gw.process.kill();
+    gw.replica.process.kill();
     let out = download.await.unwrap().unwrap();
     assert!(!out.status.success(), "the transfer broke with its replica");
     let got: usize = String::from_utf8_lossy(&out.stdout)

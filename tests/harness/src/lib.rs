@@ -63,6 +63,7 @@
 pub mod bins;
 pub mod bootdisk;
 pub mod control_plane;
+pub mod gateway;
 pub mod guard;
 pub mod guest_image;
 pub mod http;

@@ -18,6 +18,7 @@ use anyhow::{Context, Result, bail};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
 
+use crate::gateway::GatewayProcess;
 use crate::guest_image::{GuestImage, guest_image};
 use crate::process::{Proc, Scratch, free_port};
 use crate::{ControlPlane, EgressGuard, FileServer, Libvirtd, Sshd};
@@ -126,10 +127,7 @@ pub struct Stack {
     pub metrics: SocketAddr,
     pub discovery: SocketAddr,
     /// `proxy-operator gateway`, and its HTTP and SOCKS5 ports.
-    pub gateway: Proc,
-    pub gateway_http: SocketAddr,
-    pub gateway_socks: SocketAddr,
-    gateway_metrics: SocketAddr,
+    pub gateway: GatewayProcess,
     /// The loopback site as the guest sees it (`<gateway>:<port>`).
     pub site_for_guest: SocketAddr,
     pub kubeconfig: PathBuf,
@@ -246,27 +244,18 @@ impl Stack {
         let operator = Proc::spawn("proxy-operator", cmd, &dir.join("operator.log"))?;
         // The gateway, as its Deployment runs it; the site is on the guest's view of loopback
         // (a private address), which only a test allows.
-        let (gateway_http, gateway_socks, gateway_metrics): (SocketAddr, SocketAddr, SocketAddr) = (
-            ([127, 0, 0, 1], free_port()?).into(),
-            ([127, 0, 0, 1], free_port()?).into(),
-            ([127, 0, 0, 1], free_port()?).into(),
-        );
-        let mut cmd = std::process::Command::new(&options.operator_bin);
-        cmd.arg("gateway")
-            .args(["--discovery-url", &format!("http://{discovery}")])
-            .args(["--replica", "dev-gateway"])
-            .args(["--http-addr", &gateway_http.to_string()])
-            .args(["--socks-addr", &gateway_socks.to_string()])
-            .args(["--metrics-addr", &gateway_metrics.to_string()])
-            .args(["--allowed-networks", &format!("{gateway}/32")])
-            .args(["--allowed-ports", &files.addr().port().to_string()])
-            .args(["--load-report-interval", "1s"])
-            .env("GATEWAY_TOKEN", GATEWAY_TOKEN)
-            .env(
-                "LOG_LEVEL",
-                std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".into()),
-            );
-        let gateway = Proc::spawn("gateway", cmd, &dir.join("gateway.log"))?;
+        let gateway = GatewayProcess::spawn(
+            &options.operator_bin,
+            discovery,
+            GATEWAY_TOKEN,
+            "dev-gateway",
+            &[
+                "--allowed-networks",
+                &format!("{gateway}/32"),
+                "--allowed-ports",
+                &files.addr().port().to_string(),
+            ],
+        )?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(10))
@@ -281,9 +270,6 @@ impl Stack {
             metrics,
             discovery,
             gateway,
-            gateway_http,
-            gateway_socks,
-            gateway_metrics,
             site_for_guest,
             kubeconfig,
             scratch,
@@ -291,9 +277,10 @@ impl Stack {
         };
         stack.wait_operator_ready().await?;
         phases.done("operator ready (kvm provider loaded)");
-        stack.wait_gateway_ready().await?;
+        stack.gateway.wait_ready(Duration::from_secs(60)).await?;
         phases.done(&format!(
-            "gateway ready (HTTP {gateway_http}, SOCKS5 {gateway_socks})"
+            "gateway ready (HTTP {}, SOCKS5 {})",
+            stack.gateway.http, stack.gateway.socks
         ));
         Ok(stack)
     }
@@ -323,36 +310,9 @@ impl Stack {
         }
     }
 
-    /// Waits until the gateway's /readyz answers 200: it reached the leader with its token.
-    async fn wait_gateway_ready(&mut self) -> Result<()> {
-        let url = format!("http://{}/readyz", self.gateway_metrics);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last: String;
-        loop {
-            match self.http.get(&url).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
-                Ok(r) => last = format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
-                Err(e) => last = e.to_string(),
-            }
-            if let Some(status) = self.gateway.try_exited() {
-                bail!(
-                    "the gateway exited ({status}):\n{}",
-                    self.gateway.log_tail(40)
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the gateway is not ready after 60 s (last: {last}):\n{}",
-                    self.gateway.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
     /// The gateway's proxy URL for `username` (routing parameters) and the crawler token.
     pub fn gateway_url(&self, username: &str) -> String {
-        format!("http://{username}:{TOKEN}@{}", self.gateway_http)
+        self.gateway.proxy_url(username, TOKEN)
     }
 
     /// Ends a lease (its proxy goes back to the pool).
@@ -599,8 +559,8 @@ impl Stack {
             "\nThe proxy VM is Ready. Try it (in another terminal):\n\n  export KUBECONFIG={kubeconfig}\n  kubectl get px,ph -A -o wide\n  proxy_url=$(curl -s -X POST -H 'Authorization: Bearer {TOKEN}' http://{discovery}/v1/leases -d '{{\"proxy\": \"{PROXY_NAMESPACE}/{PROXY_NAME}\"}}' | jq -r .proxyUrl)\n  curl -s -x \"$proxy_url\" {site}\n  curl -s -o /dev/null -w '%{{http_code}}\\n' -x {address} {site}   # 407: the proxy requires its credentials\n\nOr through the gateway, one proxy endpoint for any client (docs/gateway.md; a proxy in gateway use is not leased for 30 s after):\n  curl -s -x 'http://provider-{PROVIDER}:{TOKEN}@{gateway_http}' {site}\n  curl -s --socks5-hostname {gateway_socks} -U 'provider-{PROVIDER}:{TOKEN}' {site}\n\nThe operator's log: {log} (copied to target/dev-logs/ when make dev ends)\nPress Ctrl-C to stop everything (the VM is removed).\n",
             kubeconfig = self.kubeconfig.display(),
             discovery = self.discovery,
-            gateway_http = self.gateway_http,
-            gateway_socks = self.gateway_socks,
+            gateway_http = self.gateway.http,
+            gateway_socks = self.gateway.socks,
             site = self.site_url(),
             log = self.operator.log_path().display(),
         )

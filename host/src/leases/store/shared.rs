@@ -18,7 +18,7 @@ use super::shared_use::{ReplicaLoad, Use};
 use super::targets::target_digest;
 use super::{
     Fit, GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, ProxyKey, Wanted, fit_matching,
-    matches, nothing_free, now_ms,
+    free_in_scope, matches, nothing_free, now_ms,
 };
 
 /// What the gateway asks for one request or tunnel.
@@ -61,58 +61,7 @@ impl LeaseStore {
         {
             return Err(GrantError::UnknownPool);
         }
-        let usable = |inner: &Inner, key: &ProxyKey| -> Result<u32, Option<u64>> {
-            let Some(slot) = inner.pool.get(key) else {
-                return Err(None);
-            };
-            if !slot.entry.leasable()
-                || inner.leased.contains_key(key)
-                || request.avoid.as_ref() == Some(key)
-                || !matches(slot, filters)
-            {
-                return Err(None);
-            }
-            match fit_matching(inner, key, &wanted, now) {
-                Fit::Cooling(until_ms) => return Err(Some(until_ms)),
-                Fit::Mismatch => return Err(None),
-                Fit::Grant(_) => {}
-            }
-            if inner.shared.load(key) >= request.max_connections {
-                return Err(None);
-            }
-            Ok(inner.shared.estimate(key))
-        };
-        let bound = wanted
-            .session
-            .as_ref()
-            .and_then(|s| inner.sessions.proxy_of(s))
-            .filter(|key| usable(inner, key).is_ok())
-            .cloned();
-        let chosen = match bound {
-            Some(key) => key,
-            None => {
-                let mut best: Option<(u32, u64, &ProxyKey)> = None;
-                let mut soonest: Option<u64> = None;
-                for key in inner.pool.keys() {
-                    match usable(inner, key) {
-                        Ok(load) => {
-                            let last = inner.shared.in_use.get(key).map_or(0, |u| u.order);
-                            if best.is_none_or(|(l, t, _)| (load, last) < (l, t)) {
-                                best = Some((load, last, key));
-                            }
-                        }
-                        Err(Some(until_ms)) => {
-                            soonest = Some(soonest.map_or(until_ms, |s| s.min(until_ms)))
-                        }
-                        Err(None) => {}
-                    }
-                }
-                match best {
-                    Some((_, _, key)) => key.clone(),
-                    None => return Err(nothing_free(inner, filters, soonest, now)),
-                }
-            }
-        };
+        let chosen = choose(inner, request, &wanted, now)?;
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &chosen);
         }
@@ -248,6 +197,80 @@ impl LeaseStore {
             .keys()
             .map(|k| (k.clone(), inner.shared.load(k)))
             .collect()
+    }
+}
+
+/// The proxy for a route ([`LeaseStore::route`]): the session's while it is usable, else the
+/// first fitting free proxy, else the least loaded of those in gateway use.
+fn choose(
+    inner: &Inner,
+    request: &RouteRequest,
+    wanted: &Wanted,
+    now: u64,
+) -> Result<ProxyKey, GrantError> {
+    let filters = &request.filters;
+    let usable = |inner: &Inner, key: &ProxyKey| -> Result<u32, Option<u64>> {
+        let Some(slot) = inner.pool.get(key) else {
+            return Err(None);
+        };
+        if !slot.entry.leasable()
+            || inner.leased.contains_key(key)
+            || request.avoid.as_ref() == Some(key)
+            || !matches(slot, filters)
+        {
+            return Err(None);
+        }
+        match fit_matching(inner, key, wanted, now) {
+            Fit::Cooling(until_ms) => return Err(Some(until_ms)),
+            Fit::Mismatch => return Err(None),
+            Fit::Grant(_) => {}
+        }
+        if inner.shared.load(key) >= request.max_connections {
+            return Err(None);
+        }
+        Ok(inner.shared.estimate(key))
+    };
+    let bound = wanted
+        .session
+        .as_ref()
+        .and_then(|s| inner.sessions.proxy_of(s))
+        .filter(|key| usable(inner, key).is_ok())
+        .cloned();
+    if let Some(key) = bound {
+        return Ok(key);
+    }
+    // A free proxy that fits has no load and no route: none ranks before it, and
+    // the longest free comes first. Only when none fits are the proxies already in
+    // gateway use ranked (never a walk over the whole table under the lock).
+    let mut soonest: Option<u64> = None;
+    let mut free_fit = None;
+    for (_, key) in free_in_scope(inner, filters.pool.as_ref()) {
+        match usable(inner, key) {
+            Ok(_) => {
+                free_fit = Some(key);
+                break;
+            }
+            Err(Some(until_ms)) => soonest = Some(soonest.map_or(until_ms, |s| s.min(until_ms))),
+            Err(None) => {}
+        }
+    }
+    let ranked = free_fit.is_none().then(|| inner.shared.in_use.keys());
+    let mut best: Option<(u32, u64, &ProxyKey)> = free_fit.map(|key| (0, 0, key));
+    for key in ranked.into_iter().flatten() {
+        match usable(inner, key) {
+            Ok(load) => {
+                let last = inner.shared.in_use.get(key).map_or(0, |u| u.order);
+                if best.is_none_or(|(l, t, _)| (load, last) < (l, t)) {
+                    best = Some((load, last, key));
+                }
+            }
+            Err(Some(until_ms)) => soonest = Some(soonest.map_or(until_ms, |s| s.min(until_ms))),
+            Err(None) => {}
+        }
+    }
+    match best {
+        Some((_, _, key)) => Ok(key.clone()),
+        None => Err(nothing_free(inner, filters, soonest, now)),
     }
 }
 
