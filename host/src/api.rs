@@ -12,8 +12,8 @@ pub use proxy::{
     CredentialsStatus, Phase, Placement, PlacementRecord, Proxy, ProxySpec, ProxyStatus, proxies,
 };
 pub use proxy_pool::{
-    MAX_POOL_REPLICAS, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, SpreadTarget,
-    TemplateMetadata,
+    MAX_POOL_REPLICAS, PoolGatewaySpec, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate,
+    SpreadTarget, TemplateMetadata,
 };
 
 use kube::CustomResourceExt;

@@ -11,6 +11,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+pub mod block;
+pub mod client_report;
 pub mod head;
 pub mod http;
 pub mod leader;
@@ -81,6 +83,9 @@ pub struct Route {
     /// Response statuses of plain-HTTP requests that mean "this site blocked the proxy" (the
     /// pool's; default 403 and 429): reported as `blocked` for the destination's host.
     pub block_statuses: Vec<u16>,
+    /// Texts that, in the start of a plain-HTTP response's body, mean a block whatever the
+    /// status (the pool's; ASCII case ignored).
+    pub block_body_patterns: Vec<String>,
 }
 
 /// Why no upstream was chosen.
@@ -102,10 +107,33 @@ pub enum RouteError {
 /// What a request through an upstream showed about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Report {
-    /// The destination answered with one of the route's `block_statuses`.
+    /// The destination answered with one of the route's `block_statuses`, or a body with one
+    /// of its `block_body_patterns`.
     Blocked,
     /// The upstream refused, timed out or answered 502/503/504 to the gateway.
     Failure,
+}
+
+impl Report {
+    /// As the lease API's `outcome` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Report::Blocked => "blocked",
+            Report::Failure => "failure",
+        }
+    }
+}
+
+/// A client's own report on the upstream its session is on ([`client_report`]).
+#[derive(Clone)]
+pub struct SessionReport {
+    /// The client's username: its session (required) and pool.
+    pub routing: Routing,
+    /// The client's token. Never logged.
+    pub token: String,
+    pub report: Report,
+    /// The site's host.
+    pub target: String,
 }
 
 /// Chooses upstreams and hears what happened on them.
@@ -122,4 +150,10 @@ pub trait Routes: Send + Sync + 'static {
         destination: &Destination,
         report: Report,
     ) -> impl Future<Output = ()> + Send;
+
+    /// A client's report, on the upstream its session is on: that upstream (`namespace/name`).
+    fn report_session(
+        &self,
+        report: &SessionReport,
+    ) -> impl Future<Output = Result<String, RouteError>> + Send;
 }

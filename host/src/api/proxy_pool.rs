@@ -81,6 +81,39 @@ pub struct ProxyPoolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub spread: Vec<SpreadTarget>,
+
+    /// How the gateway (`proxy-operator gateway`, docs/gateway.md) shares the pool's Proxies.
+    /// Absent: the operator's defaults (`--gateway-max-connections-per-proxy`,
+    /// `--gateway-block-statuses`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<PoolGatewaySpec>,
+}
+
+/// How the gateway shares a pool's Proxies and what it counts as a site's block.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::kubernetes_formats)]
+pub struct PoolGatewaySpec {
+    /// Open gateway connections one Proxy of the pool carries at most; `0` keeps the pool for
+    /// exclusive leases (the gateway never routes to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100000))]
+    pub max_connections_per_proxy: Option<u32>,
+
+    /// Statuses of a plain-HTTP response that mean the site blocked the Proxy: the Proxy cools
+    /// down for that host, as a crawler's `blocked` report would. Empty: no status is a block
+    /// (only `blockBodyPatterns`). Absent: the operator's `--gateway-block-statuses` (default
+    /// 403 and 429).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), inner(range(min = 100, max = 599)))]
+    pub block_statuses: Option<Vec<u16>>,
+
+    /// Texts that, found in the start of a plain-HTTP response's body (its first 32 KiB as
+    /// sent, ASCII case ignored), mean the site blocked the Proxy whatever the status, e.g. a
+    /// captcha page answered with 200. A compressed body is not decoded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 256)))]
+    pub block_body_patterns: Vec<String>,
 }
 
 /// Labels and annotations every Proxy of the pool gets.

@@ -9,6 +9,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::client_report::{self, ClientReport, GATEWAY_HOST};
 use super::head::{HeadError, read_head};
 use super::metrics::{Outcome, Protocol};
 use super::relay::relay;
@@ -17,7 +18,7 @@ use super::upstream::{
     open_tunnel,
 };
 use super::username::parse_username;
-use super::{Destination, RouteError, RouteRequest, Routes, Routing};
+use super::{Destination, RouteError, RouteRequest, Routes, Routing, SessionReport};
 
 /// Largest request head read from a client (431 beyond).
 pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
@@ -25,10 +26,11 @@ pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
 const MAX_HEADERS: usize = 100;
 const CHALLENGE: &str = "Basic realm=\"proxy-operator\"";
 
-/// An answer the gateway makes itself (an error): status, body, extra headers, and how the
-/// request counts.
+/// An answer the gateway makes itself (an error, or a client report's receipt): status, body,
+/// extra headers, and how the request counts.
 struct Answer {
     status: u16,
+    content_type: &'static str,
     body: String,
     headers: Vec<(&'static str, String)>,
     outcome: Outcome,
@@ -38,6 +40,7 @@ impl Answer {
     fn new(status: u16, body: impl Into<String>, outcome: Outcome) -> Self {
         Answer {
             status,
+            content_type: "text/plain; charset=utf-8",
             body: body.into(),
             headers: Vec::new(),
             outcome,
@@ -66,6 +69,8 @@ struct Parsed {
     upstream_head: Vec<u8>,
     /// `Proxy-Authorization`'s value, if any.
     authorization: Option<Vec<u8>>,
+    /// A request to the gateway itself ([`GATEWAY_HOST`]): a client's report.
+    report: Option<ClientReport>,
 }
 
 /// Serves one client connection.
@@ -120,6 +125,11 @@ async fn serve<R: Routes>(
             Answer::new(429, body, Outcome::Refused).with("Retry-After", "1"),
         ));
     };
+    if let Some(report) = parsed.report {
+        let answer = take_report(ctx, routing, token, report).await;
+        send(client, &answer).await;
+        return Ok((protocol, answer.outcome));
+    }
     if let Err(reason) = ctx.options.policy.check(&parsed.destination) {
         return Err(fail(Answer::new(403, reason, Outcome::Refused)));
     }
@@ -183,6 +193,7 @@ fn parse_request(head: &[u8]) -> Result<Parsed, Answer> {
             destination: connect_target(target)?,
             upstream_head: Vec::new(),
             authorization,
+            report: None,
         });
     }
     let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
@@ -204,6 +215,17 @@ fn parse_request(head: &[u8]) -> Result<Parsed, Answer> {
         Some(url::Host::Ipv6(ip)) => ip.to_string(),
         None => return Err(Answer::bad_request("the request URL has no host")),
     };
+    if host == GATEWAY_HOST {
+        let report = client_report::parse(method, &url)
+            .map_err(|(status, reason)| Answer::new(status, reason, Outcome::Refused))?;
+        return Ok(Parsed {
+            protocol: Protocol::Http,
+            destination: Destination { host, port: 80 },
+            upstream_head: Vec::new(),
+            authorization,
+            report: Some(report),
+        });
+    }
     let destination = Destination {
         host,
         port: url.port_or_known_default().unwrap_or(80),
@@ -237,7 +259,43 @@ fn parse_request(head: &[u8]) -> Result<Parsed, Answer> {
         destination,
         upstream_head,
         authorization,
+        report: None,
     })
+}
+
+/// Passes a client's report to the fleet; the answer names the upstream it landed on.
+async fn take_report<R: Routes>(
+    ctx: &Context<'_, R>,
+    routing: Routing,
+    token: String,
+    report: ClientReport,
+) -> Answer {
+    if routing.session.is_none() {
+        return Answer::bad_request(
+            "a report lands on the upstream of your session: add session-<id> to the proxy username, as on the requests it is about",
+        );
+    }
+    let outcome = report.report.as_str();
+    let target = report.target.clone();
+    let session = SessionReport {
+        routing,
+        token,
+        report: report.report,
+        target: report.target,
+    };
+    match ctx.routes.report_session(&session).await {
+        Ok(proxy) => {
+            let body = serde_json::json!({"proxy": proxy, "outcome": outcome, "target": target});
+            Answer {
+                content_type: "application/json",
+                ..Answer::new(200, body.to_string(), Outcome::Ok)
+            }
+        }
+        // The report itself was wrong (a session on no proxy, a bad target): not a login
+        // problem, so not the 407 a route's would be.
+        Err(RouteError::Invalid(reason)) => Answer::bad_request(reason),
+        Err(e) => refused(Refusal::Route(e)),
+    }
 }
 
 /// `host:port` or `[v6]:port` of a CONNECT.
@@ -330,9 +388,10 @@ fn refused(refusal: Refusal) -> Answer {
 async fn send(client: &mut TcpStream, answer: &Answer) {
     let body = format!("{}\n", answer.body);
     let mut head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
         answer.status,
         phrase(answer.status),
+        answer.content_type,
         body.len()
     );
     for (name, value) in &answer.headers {
@@ -365,9 +424,12 @@ fn header_safe(value: &str) -> String {
 
 fn phrase(status: u16) -> &'static str {
     match status {
+        200 => "OK",
         400 => "Bad Request",
         403 => "Forbidden",
         407 => "Proxy Authentication Required",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
         408 => "Request Timeout",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",

@@ -8,7 +8,9 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
-use super::{Destination, Report, Route, RouteError, RouteRequest, Routes, UpstreamLogin};
+use super::{
+    Destination, Report, Route, RouteError, RouteRequest, Routes, SessionReport, UpstreamLogin,
+};
 use crate::leases::api::GATEWAY_TOKEN_HEADER;
 
 /// Deadline of one call to the leader; a route past it is the client's 503.
@@ -29,6 +31,8 @@ struct RouteAnswer {
     login: Option<Login>,
     #[serde(default)]
     block_statuses: Vec<u16>,
+    #[serde(default)]
+    block_body_patterns: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -197,14 +201,12 @@ impl Routes for LeaderRoutes {
                 password: l.password,
             }),
             block_statuses: answer.block_statuses,
+            block_body_patterns: answer.block_body_patterns,
         })
     }
 
     async fn report(&self, route: &Route, destination: &Destination, report: Report) {
-        let outcome = match report {
-            Report::Blocked => "blocked",
-            Report::Failure => "failure",
-        };
+        let outcome = report.as_str();
         let body = serde_json::json!({
             "proxy": route.proxy,
             "outcome": outcome,
@@ -230,5 +232,38 @@ impl Routes for LeaderRoutes {
                 tracing::warn!(proxy = %route.proxy, outcome, "gateway report not delivered: {e}")
             }
         }
+    }
+
+    async fn report_session(&self, report: &SessionReport) -> Result<String, RouteError> {
+        let body = serde_json::json!({
+            "session": report.routing.session,
+            "outcome": report.report.as_str(),
+            "target": report.target,
+        });
+        let response = self
+            .http
+            .post(self.url("v1/gateway/session-reports"))
+            .bearer_auth(&report.token)
+            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| RouteError::Unavailable(format!("the leader did not answer: {e}")))?;
+        let status = response.status();
+        if status != StatusCode::OK {
+            return Err(refusal(status, None, problem_of(response).await));
+        }
+        #[derive(Deserialize)]
+        struct Landed {
+            proxy: String,
+        }
+        response
+            .bytes()
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Landed>(&b).map_err(|e| e.to_string()))
+            .map(|l| l.proxy)
+            .map_err(|e| RouteError::Unavailable(format!("the leader's answer: {e}")))
     }
 }

@@ -8,6 +8,7 @@ use tokio::io::{AsyncWriteExt, copy};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::block::{SNIFFED_BODY, Sniffed, is_block};
 use super::head::{Head, read_head};
 use super::load::{ClientLoad, UpstreamGuard, UpstreamLoad};
 use super::metrics::{GatewayMetrics, Outcome};
@@ -331,12 +332,19 @@ async fn exchange<R: Routes>(
     if status == 407 || (from_squid && matches!(status, 502..=504)) {
         return Err(retry_or_fail(format!("{} answered {status}", route.proxy)));
     }
-    let blocked = route.block_statuses.contains(&status);
+    // The start of the body, kept only when the pool names texts to look for in it.
+    let sniff_limit = if route.block_body_patterns.is_empty() || from_squid {
+        0
+    } else {
+        SNIFFED_BODY
+    };
+    let mut sniffed = head.rest()[..head.rest().len().min(sniff_limit)].to_vec();
     // From here on the client has bytes of the response: no retry.
     let relayed = async {
         client_write.write_all(&rewritten).await?;
         client_write.write_all(head.rest()).await?;
         {
+            let mut upstream_read = Sniffed::new(&mut upstream_read, &mut sniffed, sniff_limit);
             let down = copy(&mut upstream_read, &mut client_write);
             tokio::pin!(down);
             loop {
@@ -352,11 +360,41 @@ async fn exchange<R: Routes>(
     if let Err(e) = relayed.await {
         debug!(proxy = %route.proxy, "relaying a response: {e}");
     }
+    let seen = Response {
+        status,
+        from_squid,
+        body_start: &sniffed,
+    };
+    Ok(report_a_block(ctx, route, destination, seen).await)
+}
+
+/// A relayed response, as far as telling a block goes.
+struct Response<'b> {
+    status: u16,
+    from_squid: bool,
+    /// The start of the body, when the route names patterns.
+    body_start: &'b [u8],
+}
+
+/// Reports the response as `blocked` if the route's rules say it is one.
+async fn report_a_block<R: Routes>(
+    ctx: &Context<'_, R>,
+    route: &Route,
+    destination: &Destination,
+    seen: Response<'_>,
+) -> Outcome {
+    let blocked = is_block(
+        seen.status,
+        seen.from_squid,
+        &route.block_statuses,
+        &route.block_body_patterns,
+        seen.body_start,
+    );
     if blocked {
         ctx.routes.report(route, destination, Report::Blocked).await;
-        Ok(Outcome::Blocked)
+        Outcome::Blocked
     } else {
-        Ok(Outcome::Ok)
+        Outcome::Ok
     }
 }
 

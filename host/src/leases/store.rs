@@ -34,6 +34,7 @@ pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
 pub use records::{Lease, Snapshot};
 pub use sessions::{MAX_SESSION_CHARS, MAX_SESSIONS, validate_session};
+pub use shared_use::PoolGateway;
 pub use targets::{
     CHECKPOINTED_TARGET_COOLDOWNS, MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY,
     normalize_target,

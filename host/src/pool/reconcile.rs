@@ -18,10 +18,11 @@ use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
 #[cfg(test)]
 use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
-use crate::api::{Proxy, ProxyPool, ProxyPoolStatus};
+use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::controller::conditions::set_named;
 use crate::controller::retry::{self, Backoffs, Wait};
 use crate::events;
+use crate::leases::store::PoolGateway;
 use crate::leases::store::ProxyUsage;
 use crate::leases::{LeaseStore, ProxyKey};
 use crate::providers::ProviderSet;
@@ -122,8 +123,9 @@ fn blocked_pools(
     })
 }
 
-/// Keeps the lease table's list of pools current (every 2 s, from the controller's cache): a
-/// crawler asking for a pool that does not exist gets a 404, one scaling from zero a 503.
+/// Keeps the lease table's list of pools and their gateway settings current (every 2 s, from
+/// the controller's cache): a crawler asking for a pool that does not exist gets a 404, one
+/// scaling from zero a 503.
 async fn tell_known_pools(
     pools: kube::runtime::reflector::Store<ProxyPool>,
     leases: Arc<LeaseStore>,
@@ -131,15 +133,26 @@ async fn tell_known_pools(
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tick.tick().await;
-        let known: Vec<ProxyKey> = pools
-            .state()
+        let state = pools.state();
+        let key = |pool: &ProxyPool| ProxyKey {
+            namespace: pool.namespace().unwrap_or_default().into(),
+            name: pool.name_any().into(),
+        };
+        let gateways = state
             .iter()
-            .map(|pool| ProxyKey {
-                namespace: pool.namespace().unwrap_or_default().into(),
-                name: pool.name_any().into(),
-            })
+            .filter_map(|pool| Some((key(pool), pool_gateway(pool.spec.gateway.as_ref()?))))
             .collect();
-        leases.set_known_pools(known);
+        leases.set_known_pools(state.iter().map(|pool| key(pool)));
+        leases.set_pool_gateways(gateways);
+    }
+}
+
+/// What the lease table keeps of a pool's `spec.gateway`.
+fn pool_gateway(spec: &PoolGatewaySpec) -> PoolGateway {
+    PoolGateway {
+        max_connections_per_proxy: spec.max_connections_per_proxy,
+        block_statuses: spec.block_statuses.clone(),
+        block_body_patterns: spec.block_body_patterns.clone(),
     }
 }
 

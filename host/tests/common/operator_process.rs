@@ -52,7 +52,18 @@ impl OperatorProcess {
         config: &str,
         target: &str,
     ) -> Self {
-        Self::start_with(OperatorSetup {
+        Self::start_with(Self::setup(cp, ns, dir, config, target))
+    }
+
+    /// What [`Self::start`] runs: the operator for `ns` with the providers config at `config`.
+    pub fn setup<'a>(
+        cp: &ControlPlane,
+        ns: &'a TestNamespace,
+        dir: &'a Path,
+        config: &'a str,
+        target: &'a str,
+    ) -> OperatorSetup<'a> {
+        OperatorSetup {
             kubeconfig: cp.kubeconfig().to_path_buf(),
             namespace: ns.name(),
             own_namespace: None,
@@ -64,7 +75,7 @@ impl OperatorProcess {
             plugins_dir: plugins_dir(),
             extra: Vec::new(),
             log: "operator.log",
-        })
+        }
     }
 
     pub fn start_with(setup: OperatorSetup<'_>) -> Self {

@@ -13,7 +13,7 @@ use proxy_operator::gateway::options::GatewayOptions;
 use proxy_operator::gateway::policy::{DestinationPolicy, Networks};
 use proxy_operator::gateway::server::Gateway;
 use proxy_operator::gateway::{
-    Destination, Report, Route, RouteError, RouteRequest, Routes, UpstreamLogin,
+    Destination, Report, Route, RouteError, RouteRequest, Routes, SessionReport, UpstreamLogin,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -47,6 +47,11 @@ impl Routes for TestRoutes {
     async fn report(&self, route: &Route, destination: &Destination, report: Report) {
         let entry = (route.proxy.clone(), destination.clone(), report);
         self.reports.lock().unwrap().push(entry);
+    }
+
+    async fn report_session(&self, report: &SessionReport) -> Result<String, RouteError> {
+        let upstream = usize::from(report.routing.session.as_deref() == Some("b"));
+        Ok(self.upstreams[upstream].proxy.clone())
     }
 }
 
@@ -118,6 +123,7 @@ impl World {
                     password: login.password().into(),
                 }),
                 block_statuses: vec![403, 429],
+                block_body_patterns: vec!["captcha".into()],
             });
             squids.push(squid);
             logins.push(login);
@@ -384,6 +390,12 @@ async fn a_block_status_is_reported_and_a_down_upstream_is_retried_once() {
     assert_eq!(reports.len(), 1, "{reports:?}");
     assert_eq!(reports[0].0, "proxies/upstream-a");
     assert_eq!(reports[0].2, Report::Blocked);
+    world.routes.reports.lock().unwrap().clear();
+    // A 200 whose body has one of the route's texts (the origin echoes the path) is one too.
+    let body = curl(&["-x", &proxy, &world.page("/a-captcha-wall")]).await;
+    assert!(body.contains("GET /a-captcha-wall"), "{body}");
+    let reports = world.reports_when(1).await;
+    assert_eq!(reports[0].2, Report::Blocked, "{reports:?}");
     world.routes.reports.lock().unwrap().clear();
 
     // The first squid down: the retry on the second carries the request.

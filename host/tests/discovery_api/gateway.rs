@@ -14,6 +14,7 @@ use harness::gateway::GatewayProcess;
 use harness::process::{Check, Scratch, free_port, wait_for};
 use harness::squid::Squid;
 use proxy_operator::credentials::ProxyLogin;
+use proxy_operator::leases::store::PoolGateway;
 use proxy_operator::leases::{LeaseOptions, PoolEntry};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -35,7 +36,7 @@ struct Seen {
 }
 
 /// A loopback site on 127.0.0.1 and 127.0.0.2 (two "sites", one port): `/page`, `/blocked`
-/// (429), and everything it saw.
+/// (429), `/captcha` (200 with a captcha page), and everything it saw.
 struct Site {
     port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -82,6 +83,11 @@ impl Site {
                             b"slow down\n".to_vec(),
                         ),
                         "/big" => (axum::http::StatusCode::OK, vec![b'x'; BIG]),
+                        // A soft block: a captcha page answered with 200.
+                        "/captcha" => (
+                            axum::http::StatusCode::OK,
+                            b"<html><h1>Please solve the CAPTCHA</h1></html>\n".to_vec(),
+                        ),
                         _ => (axum::http::StatusCode::OK, PAGE.as_bytes().to_vec()),
                     }
                 }
@@ -635,4 +641,69 @@ async fn a_replica_killed_mid_transfer_leaves_the_session_on_its_upstream_throug
         upstream,
         "the session kept its upstream"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_own_block_rules_and_a_clients_own_report_move_a_session_off_its_upstream() {
+    let gw = Gateway::start(&[]).await;
+    // The pool's own rules: a captcha page is a block, a 429 is not.
+    gw.api.store.set_pool_gateways(vec![(
+        key("gw"),
+        PoolGateway {
+            max_connections_per_proxy: None,
+            block_statuses: Some(vec![]),
+            block_body_patterns: vec!["captcha".into()],
+        },
+    )]);
+    let session = gw.proxy_url("pool-crawlers.gw,session-shop");
+    let get = |path: &'static str| {
+        let url = gw.site.url("127.0.0.1", path);
+        let session = session.clone();
+        let gw = &gw;
+        async move { gw.curl(&["-x", &session, &url]).await.0 }
+    };
+    assert_eq!(get("/page").await, 200, "{}", gw.log());
+    let first = gw.site.last_exit("/page");
+    assert_eq!(get("/blocked").await, 429);
+    assert_eq!(get("/page").await, 200);
+    assert_eq!(gw.site.last_exit("/page"), first, "a 429 is no block here");
+    assert_eq!(
+        get("/captcha").await,
+        200,
+        "the client gets the page as sent"
+    );
+    assert_eq!(get("/page").await, 200);
+    assert_ne!(gw.site.last_exit("/page"), first, "the captcha moved it");
+
+    // A client that read a block inside its TLS tunnel tells the gateway itself.
+    let tls = gw.proxy_url("pool-crawlers.gw,session-tls");
+    let (status, _, _) = gw
+        .curl(&["-x", &tls, &gw.site.url("127.0.0.2", "/page")])
+        .await;
+    assert_eq!(status, 200);
+    let before = gw.site.last_exit("/page");
+    let report = "http://gateway.proxy-operator.invalid/report?outcome=blocked&target=127.0.0.2";
+    let (status, body, _) = gw.curl(&["-x", &tls, "-X", "POST", report]).await;
+    assert_eq!(status, 200, "{body}");
+    let landed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let up = if before == EXITS[0] { "up-0" } else { "up-1" };
+    assert_eq!(landed["proxy"], format!("crawlers/{up}"), "{body}");
+    let (status, _, _) = gw
+        .curl(&["-x", &tls, &gw.site.url("127.0.0.2", "/page")])
+        .await;
+    assert_eq!(status, 200);
+    assert_ne!(gw.site.last_exit("/page"), before, "the report moved it");
+    assert!(gw.site.seen("/report").is_empty(), "never sent to a site");
+
+    // Without a session there is no upstream to land on; a GET changes nothing.
+    let bare = gw.proxy_url("pool-crawlers.gw");
+    let (status, body, _) = gw.curl(&["-x", &bare, "-X", "POST", report]).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("session-<id>"), "{body}");
+    let (status, _, _) = gw.curl(&["-x", &tls, report]).await;
+    assert_eq!(status, 405);
+    let unknown = gw.proxy_url("pool-crawlers.gw,session-never");
+    let (status, body, _) = gw.curl(&["-x", &unknown, "-X", "POST", report]).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("has no proxy now"), "{body}");
 }

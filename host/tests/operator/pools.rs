@@ -271,6 +271,21 @@ async fn a_bad_pool_is_refused_or_says_why_and_makes_nothing() {
         ("  expireAfter: 10s\n", 1, "expireAfter must be at least 1m"),
         ("  expireAfter: soon\n", 1, "spec.expireAfter"),
         ("  recycleAfter: 0\n", 1, "spec.recycleAfter"),
+        (
+            "  gateway:\n    blockStatuses: [700]\n",
+            1,
+            "spec.gateway.blockStatuses[0]",
+        ),
+        (
+            "  gateway:\n    blockBodyPatterns: ['']\n",
+            1,
+            "spec.gateway.blockBodyPatterns[0]",
+        ),
+        (
+            "  gateway:\n    maxConnectionsPerProxy: -1\n",
+            1,
+            "spec.gateway.maxConnectionsPerProxy",
+        ),
     ] {
         let error = s
             .world
@@ -338,4 +353,74 @@ async fn a_bad_pool_is_refused_or_says_why_and_makes_nothing() {
     )
     .await;
     assert!(s.members("budget").await.is_empty());
+}
+
+const GATEWAY_TOKEN: &str = "pools-gateway-token";
+
+/// `POST /v1/gateway/routes` as a gateway replica asks it for a client of `pool`.
+async fn route(operator: &OperatorProcess, pool: &str) -> (StatusCode, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/gateway/routes", operator.discovery))
+        .bearer_auth(super::common::operator_process::TOKEN)
+        .header(
+            proxy_operator::leases::api::GATEWAY_TOKEN_HEADER,
+            GATEWAY_TOKEN,
+        )
+        .body(serde_json::json!({"replica": "gw-0", "pool": pool}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.text().await.unwrap();
+    (status, serde_json::from_str(&body).unwrap_or_default())
+}
+
+/// A pool's `spec.gateway` reaches the leader: `maxConnectionsPerProxy: 0` keeps it for leases,
+/// and its own block rules go to the gateway with each route; a change applies without a
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_gateway_settings_decide_its_routes() {
+    let world = World::start("pp-gw").await;
+    let operator = world
+        .operator_with(&["--gateway-token", GATEWAY_TOKEN])
+        .await;
+    let s = Setup { world, operator };
+    let ns = s.world.ns.name().to_string();
+    let leases_only = "  gateway:\n    maxConnectionsPerProxy: 0\n";
+    s.apply(&pool_yaml(
+        &ns,
+        "crawl",
+        1,
+        s.world.squid.port(),
+        leases_only,
+    ))
+    .await;
+    s.wait_pool("crawl", "one Ready", |_| {}, |p| counts(p).1 == 1)
+        .await;
+    let pool = format!("{ns}/crawl");
+    let (status, body) = route(&s.operator, &pool).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
+    let shared = "  gateway:\n    maxConnectionsPerProxy: 4\n    blockStatuses: [451]\n    blockBodyPatterns: [captcha]\n";
+    s.apply(&pool_yaml(&ns, "crawl", 1, s.world.squid.port(), shared))
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (status, body) = route(&s.operator, &pool).await;
+        if status == StatusCode::OK {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pool's new settings never applied: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(body["blockStatuses"], serde_json::json!([451]), "{body}");
+    assert_eq!(
+        body["blockBodyPatterns"],
+        serde_json::json!(["captcha"]),
+        "{body}"
+    );
+    assert_eq!(body["proxy"]["namespace"], ns.as_str());
 }

@@ -5,7 +5,7 @@
 use harness::{ControlPlane, FileServer, Squid, TestNamespace};
 
 use super::common::InstanceStore;
-use super::common::operator_process::OperatorProcess;
+use super::common::operator_process::{OperatorProcess, OperatorSetup};
 use super::control_plane;
 
 pub struct World {
@@ -50,13 +50,21 @@ impl World {
 
     /// The operator binary for this world, once it serves leases.
     pub async fn operator(&self) -> OperatorProcess {
-        let mut operator = OperatorProcess::start(
-            self.cp,
-            &self.ns,
-            self.dir.path(),
-            &self.config,
-            &self.target.addr().to_string(),
-        );
+        self.operator_with(&[]).await
+    }
+
+    /// [`Self::operator`] with further flags.
+    pub async fn operator_with(&self, extra: &[&str]) -> OperatorProcess {
+        let mut operator = OperatorProcess::start_with(OperatorSetup {
+            extra: extra.iter().map(|f| f.to_string()).collect(),
+            ..OperatorProcess::setup(
+                self.cp,
+                &self.ns,
+                self.dir.path(),
+                &self.config,
+                &self.target.addr().to_string(),
+            )
+        });
         operator.wait_leading().await;
         operator
     }

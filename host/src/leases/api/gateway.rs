@@ -88,6 +88,8 @@ struct RouteAnswer<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     login: Option<Login<'a>>,
     block_statuses: &'a [u16],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    block_body_patterns: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -125,6 +127,10 @@ impl Discovery {
                 axum::routing::put(replica_load),
             )
             .route("/v1/gateway/reports", axum::routing::post(report))
+            .route(
+                "/v1/gateway/session-reports",
+                axum::routing::post(session_report),
+            )
     }
 }
 
@@ -169,10 +175,11 @@ async fn route(
         avoid,
         max_connections: access.max_connections_per_proxy,
     };
-    let entry = discovery
+    let routed = discovery
         .store
         .route(&request)
         .map_err(|e| Problem::from_grant_error(e, &request.filters))?;
+    let (entry, pool) = (&routed.entry, routed.pool.as_deref());
     let answer = RouteAnswer {
         proxy: RoutedProxy {
             namespace: &entry.key.namespace,
@@ -184,7 +191,10 @@ async fn route(
             username: l.username(),
             password: l.password(),
         }),
-        block_statuses: &access.block_statuses,
+        block_statuses: pool
+            .and_then(|p| p.block_statuses.as_deref())
+            .unwrap_or(&access.block_statuses),
+        block_body_patterns: pool.map_or(&[], |p| &p.block_body_patterns),
     };
     Ok(Json(answer).into_response())
 }
@@ -269,4 +279,50 @@ async fn report(
         .report_shared(&proxy, outcome, target.as_deref())
         .map_err(|e| Problem::from_grant_error(e, &filters))?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SessionReportBody {
+    session: Option<String>,
+    outcome: Option<Outcome>,
+    target: Option<String>,
+}
+
+/// `POST /v1/gateway/session-reports`: a gateway client's own report, on the proxy its
+/// session is on. The session is the caller's (sessions are per holder), so a client reports
+/// only on proxies it was routed to.
+async fn session_report(
+    State(discovery): State<Arc<Discovery>>,
+    _: FromGateway,
+    Authorized(caller): Authorized,
+    JsonBody(body): JsonBody<SessionReportBody>,
+) -> Result<Response, Problem> {
+    let Some(session) = body.session else {
+        return Err(Problem::bad_request(
+            "session: missing; a report lands on the session's proxy".into(),
+        ));
+    };
+    checked_session(Some(&session))?;
+    let outcome = required_outcome(body.outcome)?;
+    let target = checked_target(body.target)?;
+    let landed = discovery
+        .store
+        .report_session(caller.holder(), &session, outcome, target.as_deref())
+        .map_err(|e| Problem::from_grant_error(e, &LeaseRequest::default()))?;
+    let Some(proxy) = landed else {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "session-not-found",
+            "The session is on no proxy",
+            format!(
+                "session `{session}` has no proxy now (never routed, or expired): nothing to report on"
+            ),
+        ));
+    };
+    let body = serde_json::json!({
+        "proxy": proxy.to_string(),
+        "outcome": outcome.as_str(),
+    });
+    Ok(Json(body).into_response())
 }

@@ -13,12 +13,14 @@ use std::sync::Arc;
 use super::keys::FastMap;
 use super::outcomes::Outcome;
 use super::sessions::session_digest;
-pub use super::shared_use::{MAX_REPLICAS, REPLICA_SILENCE, ReplicaError, SHARED_HOLD};
+pub use super::shared_use::{
+    MAX_REPLICAS, PoolGateway, REPLICA_SILENCE, ReplicaError, SHARED_HOLD,
+};
 use super::shared_use::{ReplicaLoad, Use};
 use super::targets::target_digest;
 use super::{
-    Fit, GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, ProxyKey, Wanted, fit_matching,
-    free_in_scope, matches, nothing_free, now_ms,
+    Fit, GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, PoolKey, ProxyKey, Wanted,
+    fit_matching, free_in_scope, matches, nothing_free, now_ms,
 };
 
 /// What the gateway asks for one request or tunnel.
@@ -31,8 +33,15 @@ pub struct RouteRequest {
     pub replica: String,
     /// A proxy not to route to (the one that just failed).
     pub avoid: Option<ProxyKey>,
-    /// Open gateway connections a proxy may carry.
+    /// Open gateway connections a proxy may carry, unless its pool says otherwise.
     pub max_connections: u32,
+}
+
+/// A route's answer: the proxy, and its pool's gateway settings if it has its own.
+#[derive(Clone, Debug)]
+pub struct Routed {
+    pub entry: Arc<PoolEntry>,
+    pub pool: Option<Arc<PoolGateway>>,
 }
 
 impl LeaseStore {
@@ -41,7 +50,7 @@ impl LeaseStore {
     /// shared: the proxy may carry other gateway connections (up to `max_connections`), never
     /// an exclusive lease's. The session's proxy while it is usable; else the least loaded,
     /// the least recently routed first among equals, so requests rotate over the pool.
-    pub fn route(&self, request: &RouteRequest) -> Result<Arc<PoolEntry>, GrantError> {
+    pub fn route(&self, request: &RouteRequest) -> Result<Routed, GrantError> {
         let now = now_ms();
         let filters = &request.filters;
         let wanted = Wanted {
@@ -86,7 +95,26 @@ impl LeaseStore {
                 ..ReplicaLoad::default()
             });
         *replica.routed.entry(chosen.clone()).or_insert(0) += 1;
-        Ok(inner.pool[&chosen].entry.clone())
+        let slot = &inner.pool[&chosen];
+        let pool = inner.shared.settings_of(slot.pool.as_ref()).cloned();
+        Ok(Routed {
+            entry: slot.entry.clone(),
+            pool,
+        })
+    }
+
+    /// Sets the pools' own gateway settings (from the pool controller, with the known pools);
+    /// a pool not named uses the operator's defaults.
+    pub fn set_pool_gateways(&self, pools: Vec<(PoolKey, PoolGateway)>) {
+        let mut inner = self.lock();
+        let current = &inner.shared.pools;
+        let unchanged = current.len() == pools.len()
+            && pools
+                .iter()
+                .all(|(k, g)| current.get(k).is_some_and(|c| **c == *g));
+        if !unchanged {
+            inner.shared.pools = pools.into_iter().map(|(k, g)| (k, Arc::new(g))).collect();
+        }
     }
 
     /// A gateway replica's open upstream connections per proxy, replacing what it reported
@@ -159,6 +187,24 @@ impl LeaseStore {
         Ok(())
     }
 
+    /// A gateway client's own report, on the proxy `holder`'s `session` is on, as
+    /// [`Self::report_shared`]. `None`: the session is on no proxy.
+    pub fn report_session(
+        &self,
+        holder: Option<&str>,
+        session: &str,
+        outcome: Outcome,
+        target: Option<&str>,
+    ) -> Result<Option<ProxyKey>, GrantError> {
+        let digest = session_digest(holder, session);
+        let found = self.lock().sessions.proxy_of(&digest).cloned();
+        let Some(proxy) = found else {
+            return Ok(None);
+        };
+        self.report_shared(&proxy, outcome, target)?;
+        Ok(Some(proxy))
+    }
+
     /// Gives proxies whose gateway use ended back to the free order, and forgets replicas that
     /// went silent (with [`LeaseStore::expire`]).
     pub(super) fn expire_shared(inner: &mut Inner, now: u64) {
@@ -225,7 +271,12 @@ fn choose(
             Fit::Mismatch => return Err(None),
             Fit::Grant(_) => {}
         }
-        if inner.shared.load(key) >= request.max_connections {
+        let max = inner
+            .shared
+            .settings_of(slot.pool.as_ref())
+            .and_then(|g| g.max_connections_per_proxy)
+            .unwrap_or(request.max_connections);
+        if inner.shared.load(key) >= max {
             return Err(None);
         }
         Ok(inner.shared.estimate(key))
@@ -294,7 +345,7 @@ mod tests {
                 avoid: None,
                 max_connections: 2,
             })
-            .map(|e| e.key.name.to_string())
+            .map(|r| r.entry.key.name.to_string())
     }
 
     #[test]
@@ -361,6 +412,60 @@ mod tests {
         let silent = now_ms() + REPLICA_SILENCE.as_millis() as u64 + 1;
         LeaseStore::expire_shared(&mut store.lock(), silent);
         assert_eq!(store.shared_loads().values().sum::<u32>(), 0);
+    }
+
+    #[test]
+    fn a_pools_own_bound_holds_and_a_pool_of_zero_is_for_leases_only() {
+        let store = store_of_entries(vec![
+            entry("shared-1", Some("shared")),
+            entry("shared-2", Some("shared")),
+            entry("leases-only", Some("exclusive")),
+        ]);
+        let settings = |max| PoolGateway {
+            max_connections_per_proxy: Some(max),
+            block_statuses: Some(vec![451]),
+            block_body_patterns: vec!["captcha".into()],
+        };
+        store.set_pool_gateways(vec![
+            (key("shared"), settings(1)),
+            (key("exclusive"), settings(0)),
+        ]);
+        let routed = store
+            .route(&RouteRequest {
+                replica: "gw-0".into(),
+                max_connections: 100,
+                ..RouteRequest::default()
+            })
+            .unwrap();
+        assert_eq!(
+            routed.pool.as_deref(),
+            Some(&settings(1)),
+            "the pool's settings"
+        );
+        assert!(routed.entry.key.name.starts_with("shared-"));
+        // One connection each fills the pool's own bound of 1, whatever the request's default.
+        store
+            .report_replica_load("gw-0", vec![(key("shared-1"), 1), (key("shared-2"), 1)])
+            .unwrap();
+        assert!(matches!(
+            route(&store, None),
+            Err(GrantError::NoProxy { .. })
+        ));
+        // The pool kept for leases was never routed to: a lease gets it.
+        let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
+        assert_eq!(&*lease.proxy.name, "leases-only");
+        // Reports of a session land on its proxy; a session on none is told so.
+        store.report_replica_load("gw-0", vec![]).unwrap();
+        let bound = route(&store, Some("s")).unwrap();
+        assert_eq!(
+            store.report_session(None, "s", Outcome::Blocked, Some("shop.example")),
+            Ok(Some(key(&bound)))
+        );
+        assert_eq!(
+            store.report_session(Some("someone-else"), "s", Outcome::Blocked, None),
+            Ok(None),
+            "sessions are the holder's own"
+        );
     }
 
     #[test]

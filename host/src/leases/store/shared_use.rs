@@ -2,9 +2,10 @@
 //! state, never persisted.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::keys::{FastMap, ProxyKey};
+use super::keys::{FastMap, PoolKey, ProxyKey};
 
 /// A proxy routed to, with no open gateway connection, stays out of the free order this long:
 /// a client's next request usually follows within it, and a lease in between would take the
@@ -23,8 +24,19 @@ pub enum ReplicaError {
     TooManyReplicas,
 }
 
+/// A ProxyPool's own gateway settings (its `spec.gateway`), as the pool controller last saw
+/// them; what it leaves out is the operator's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolGateway {
+    pub max_connections_per_proxy: Option<u32>,
+    pub block_statuses: Option<Vec<u16>>,
+    pub block_body_patterns: Vec<String>,
+}
+
 #[derive(Default)]
 pub struct SharedUse {
+    /// Pools with gateway settings of their own.
+    pub(super) pools: FastMap<PoolKey, Arc<PoolGateway>>,
     pub(super) replicas: HashMap<String, ReplicaLoad>,
     /// Proxies carrying gateway traffic: out of the free order until [`SHARED_HOLD`] after
     /// their last route with no open connection.
@@ -71,6 +83,11 @@ impl SharedUse {
                 .values()
                 .map(|r| r.routed.get(key).copied().unwrap_or(0))
                 .sum::<u32>()
+    }
+
+    /// The gateway settings of a proxy's pool (`pool`), if it has its own.
+    pub(super) fn settings_of(&self, pool: Option<&PoolKey>) -> Option<&Arc<PoolGateway>> {
+        self.pools.get(pool?)
     }
 
     pub(super) fn is_in_use(&self, key: &ProxyKey) -> bool {
