@@ -20,6 +20,7 @@ pub mod load;
 pub mod metrics;
 pub mod options;
 pub mod policy;
+pub mod prefetch;
 pub mod relay;
 pub mod server;
 pub mod socks5;
@@ -27,7 +28,7 @@ pub mod upstream;
 pub mod username;
 
 /// What a client asked for in its proxy username (`pool-crawlers.egress,session-abc`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Routing {
     /// `(namespace, name)` of a ProxyPool.
     pub pool: Option<(String, String)>,

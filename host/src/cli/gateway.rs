@@ -16,6 +16,7 @@ use crate::gateway::leader::LeaderRoutes;
 use crate::gateway::metrics::GatewayMetrics;
 use crate::gateway::options::GatewayOptions;
 use crate::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
+use crate::gateway::prefetch::Prefetching;
 use crate::gateway::server::Gateway;
 
 /// A replica whose last load report to the leader is older than this is not ready: it could not
@@ -66,6 +67,10 @@ pub struct GatewayArgs {
     /// How often this replica tells the leader its open connections per proxy.
     #[arg(long, env = "GATEWAY_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub load_report_interval: Duration,
+    /// Ask the leader for a busy client's next route one request ahead (docs/gateway.md):
+    /// `false` asks every route when it is needed.
+    #[arg(long, env = "GATEWAY_ROUTE_PREFETCH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub route_prefetch: bool,
 }
 
 impl GatewayArgs {
@@ -106,11 +111,12 @@ impl GatewayArgs {
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let options = args.options()?;
     let replica = args.replica();
-    let routes = Arc::new(LeaderRoutes::new(
+    let leader = Arc::new(LeaderRoutes::new(
         &args.discovery_url,
         &args.gateway_token,
         &replica,
     )?);
+    let routes = Arc::new(Prefetching::new(leader.clone(), args.route_prefetch));
     let registry = prometheus::Registry::new();
     let metrics = GatewayMetrics::register(&registry)?;
     let http = tokio::net::TcpListener::bind(args.http_addr)
@@ -126,7 +132,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let reported = Arc::new(LastReport::new());
     let probes = serve_probes(&stop, args.metrics_addr, registry, reported.clone()).await?;
     let pushing = tokio::spawn(push_loads(
-        routes,
+        leader,
         gateway.clone(),
         args.load_report_interval,
         reported,
@@ -180,7 +186,7 @@ impl LastReport {
 /// (empty) on shutdown so its load stops counting at once.
 async fn push_loads(
     routes: Arc<LeaderRoutes>,
-    gateway: Arc<Gateway<LeaderRoutes>>,
+    gateway: Arc<Gateway<Prefetching<LeaderRoutes>>>,
     interval: Duration,
     reported: Arc<LastReport>,
     stop: CancellationToken,
