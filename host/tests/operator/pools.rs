@@ -375,8 +375,34 @@ async fn route(operator: &OperatorProcess, pool: &str) -> (StatusCode, serde_jso
     (status, serde_json::from_str(&body).unwrap_or_default())
 }
 
-/// A pool's `spec.gateway` reaches the leader: `maxConnectionsPerProxy: 0` keeps it for leases,
-/// and its own block rules go to the gateway with each route; a change applies without a
+/// Routes `pool` until `done` holds for an answer (the pool's settings reach the leader from
+/// the pool controller's cache within seconds).
+async fn route_until(
+    s: &Setup,
+    pool: &str,
+    what: &str,
+    done: impl Fn(StatusCode, &serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = route(&s.operator, pool).await;
+        if done(status, &body) {
+            return body;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let name = pool.rsplit('/').next().unwrap();
+            panic!(
+                "{what}: last {status} {body}\nthe pool's spec: {:?}\n{}",
+                s.pool(name).await.spec.gateway,
+                s.operator.proc.log_tail(40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A pool's `spec.gateway` reaches the leader: its own block rules go to the gateway with each
+/// route, and `maxConnectionsPerProxy: 0` keeps it for leases; a change applies without a
 /// restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pools_gateway_settings_decide_its_routes() {
@@ -386,6 +412,26 @@ async fn a_pools_gateway_settings_decide_its_routes() {
         .await;
     let s = Setup { world, operator };
     let ns = s.world.ns.name().to_string();
+    let shared = "  gateway:\n    maxConnectionsPerProxy: 4\n    blockStatuses: [451]\n    blockBodyPatterns: [captcha]\n";
+    s.apply(&pool_yaml(&ns, "crawl", 1, s.world.squid.port(), shared))
+        .await;
+    let pool = format!("{ns}/crawl");
+    let body = route_until(
+        &s,
+        &pool,
+        "a route with the pool's rules",
+        |status, body| {
+            status == StatusCode::OK && body["blockStatuses"] == serde_json::json!([451])
+        },
+    )
+    .await;
+    assert_eq!(
+        body["blockBodyPatterns"],
+        serde_json::json!(["captcha"]),
+        "{body}"
+    );
+    assert_eq!(body["proxy"]["namespace"], ns.as_str());
+
     let leases_only = "  gateway:\n    maxConnectionsPerProxy: 0\n";
     s.apply(&pool_yaml(
         &ns,
@@ -395,32 +441,15 @@ async fn a_pools_gateway_settings_decide_its_routes() {
         leases_only,
     ))
     .await;
-    s.wait_pool("crawl", "one Ready", |_| {}, |p| counts(p).1 == 1)
-        .await;
-    let pool = format!("{ns}/crawl");
-    let (status, body) = route(&s.operator, &pool).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-
-    let shared = "  gateway:\n    maxConnectionsPerProxy: 4\n    blockStatuses: [451]\n    blockBodyPatterns: [captcha]\n";
-    s.apply(&pool_yaml(&ns, "crawl", 1, s.world.squid.port(), shared))
-        .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let (status, body) = route(&s.operator, &pool).await;
-        if status == StatusCode::OK {
-            break body;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the pool's new settings never applied: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(body["blockStatuses"], serde_json::json!([451]), "{body}");
+    let body = route_until(
+        &s,
+        &pool,
+        "no route to a pool kept for leases",
+        |status, _| status == StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
     assert_eq!(
-        body["blockBodyPatterns"],
-        serde_json::json!(["captcha"]),
-        "{body}"
+        body["type"],
+        "urn:proxy-operator:problem:no-proxy-available"
     );
-    assert_eq!(body["proxy"]["namespace"], ns.as_str());
 }
