@@ -6,7 +6,9 @@
 //! `Ready` → leased through the discovery Service → a request through the proxy returns a page
 //! from a server in the cluster → `kubectl rollout restart` finishes and the lease is still held →
 //! evictions respect the PodDisruptionBudget → deleting the Proxy removes its Pod, Service,
-//! ConfigMap and NetworkPolicy. Each phase is printed with its time (`make e2e-cluster`).
+//! ConfigMap and NetworkPolicy. The gateway (the `deploy/gateway` component, the same image)
+//! carries a `curl -x` through its Service and the squid Pod. Each phase is printed with its time
+//! (`make e2e-cluster`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,6 +21,8 @@ use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "e2e-cluster-token";
+/// The gateway's own token (its Secret, read by it and by the operator).
+const GATEWAY_TOKEN: &str = "e2e-cluster-gateway-token";
 const OPERATOR_IMAGE: &str = "docker.io/library/proxy-operator:dev";
 /// The plugin's objects carry this label with the provider instance's name.
 const PROVIDER_SELECTOR: &str = "proxy-operator.dev/provider=in-cluster";
@@ -163,7 +167,9 @@ spec:
 
 /// An overlay of `deploy/` as a user writes one: the squid image the node has, and a health
 /// target inside the cluster (it has no uplink), which squid must be allowed to reach (it
-/// refuses the cluster's addresses by default): exactly that address.
+/// refuses the cluster's addresses by default): exactly that address. With the gateway
+/// component, allowed to reach that address too (the gateway refuses private ones by default),
+/// and squid's access log kept (to see which squid carried a request).
 fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
     let (target_ip, _) = health_target.rsplit_once(':').unwrap();
     let dir = repo().join("target/e2e-cluster/overlay");
@@ -177,6 +183,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
       allowFrom: ["10.0.0.0/8"]
       connectPorts: [443, 8080]
       allowDestinations: ["{target_ip}/32"]
+      accessLog: true
     grants:
       kube:
         namespace: proxies
@@ -187,6 +194,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["../../../deploy"],
+        "components": ["../../../deploy/gateway"],
         "patches": [
             {"patch": serde_json::to_string(&json!({
                 "apiVersion": "v1", "kind": "ConfigMap",
@@ -202,6 +210,21 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
                     "env": [
                         {"name": "HEALTH_TARGET", "value": health_target},
                         {"name": "HEALTH_INTERVAL", "value": "2s"},
+                    ],
+                }]}}},
+            })).unwrap()},
+            {"patch": serde_json::to_string(&json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "proxy-operator-gateway", "namespace": "proxy-operator"},
+                "spec": {"template": {"spec": {"containers": [{
+                    "name": "gateway",
+                    "imagePullPolicy": "Never",
+                    "env": [
+                        {"name": "GATEWAY_ALLOWED_PORTS", "value": "8080"},
+                        {"name": "GATEWAY_ALLOWED_NETWORKS", "value": format!("{target_ip}/32")},
+                        // The node has no cluster DNS: the discovery Service's address from
+                        // the variables the kubelet gives every Pod.
+                        {"name": "DISCOVERY_URL", "value": "http://$(PROXY_OPERATOR_DISCOVERY_SERVICE_HOST):8090"},
                     ],
                 }]}}},
             })).unwrap()},
@@ -308,6 +331,84 @@ async fn proxy_view(cluster: &Cluster, discovery_ip: &str, name: &str) -> Option
         .cloned()
 }
 
+/// squid's access log in `squid_pod` (`accessLog: true` in the providers config).
+async fn squid_access_log(cluster: &Cluster, squid_pod: &str) -> String {
+    let cat = ["cat", "/var/log/squid/access.log"];
+    let args = [&["-n", "proxies", "exec", squid_pod, "--"][..], &cat].concat();
+    kubectl(cluster, &args).await
+}
+
+/// `curl -x` through the gateway's Service (`deploy/gateway`, the operator's image) as a
+/// client uses it, the routing username and a token the discovery API accepts as its login:
+/// the page, counted by a gateway replica, and one more `GET` of it in `squid_pod`'s access log
+/// with the proxy's own login (`fleet_user`, which only the gateway has), never the client's
+/// token. (squid sees every client as the bridge's address: kube-proxy masquerades all.)
+async fn through_the_gateway(cluster: &Cluster, web_ip: &str, squid_pod: &str, fleet_user: &str) {
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "rollout",
+            "status",
+            "deployment/proxy-operator-gateway",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    let page = format!("http://{web_ip}:8080/");
+    let logged = format!(" GET {page} {fleet_user} ");
+    let before = squid_access_log(cluster, squid_pod)
+        .await
+        .matches(&logged)
+        .count();
+    let gateway_ip = cluster_ip(cluster, "proxy-operator", "proxy-operator-gateway").await;
+    let proxy = format!("http://session-e2e:{TOKEN}@{gateway_ip}:8080");
+    let (status, body) = curl(cluster, &["-x", &proxy, &page]).await;
+    assert_eq!(
+        (status, body.trim()),
+        (200, WEB_BODY.trim()),
+        "through the gateway at {gateway_ip}"
+    );
+
+    // Which replica carried it: the one whose metrics count an HTTP request.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "proxy-operator");
+    let replicas = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=proxy-operator-gateway"))
+        .await
+        .unwrap()
+        .items;
+    let mut carried = 0;
+    for ip in replicas.into_iter().filter_map(|p| p.status?.pod_ip) {
+        let (_, metrics) = curl(cluster, &[&format!("http://{ip}:9090/metrics")]).await;
+        carried += metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with(
+                    "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"http\"} ",
+                )
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    assert_eq!(carried, 1, "requests the gateway replicas carried");
+
+    // squid's logging daemon writes the line shortly after the request.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = squid_access_log(cluster, squid_pod).await;
+        if log.matches(&logged).count() == before + 1 {
+            assert!(!log.contains(TOKEN), "{log}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not one more `{logged}` in the squid Pod's access log in 30 s:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls_out() {
     let mut phases = Phases::new();
@@ -339,7 +440,22 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
         ],
     )
     .await;
-    // The Secret is optional (the operator starts without it), and read at start: a restart.
+    // The gateway's Secret, which its Pods and (with the component) the operator's wait for.
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "create",
+            "secret",
+            "generic",
+            "proxy-operator-gateway",
+            &format!("--from-literal=token={GATEWAY_TOKEN}"),
+        ],
+    )
+    .await;
+    // The discovery Secret is optional (the operator starts without it), and read at start: a
+    // restart; the gateway's Pods start at once rather than at the kubelet's next retry.
     kubectl(
         cluster,
         &[
@@ -348,6 +464,7 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
             "rollout",
             "restart",
             "deployment/proxy-operator",
+            "deployment/proxy-operator-gateway",
         ],
     )
     .await;
@@ -529,6 +646,12 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     .await;
     assert_eq!(status, 204, "the lease from before the rollout is released");
     phases.done("the lease survived the rollout");
+
+    // The released proxy carries gateway traffic.
+    let squid_pod = squid_pods[0].metadata.name.clone().unwrap();
+    let fleet_user = url::Url::parse(&proxy_url).unwrap().username().to_string();
+    through_the_gateway(cluster, &web_ip, &squid_pod, &fleet_user).await;
+    phases.done("through the gateway's Service: the page, carried by the squid Pod");
 
     // Evictions (as `kubectl drain` makes them) respect the PodDisruptionBudget.
     // As `kubectl get pdb` shows it once the restart has settled: 2 healthy, 1 disruption allowed.
