@@ -27,6 +27,9 @@ const OPERATOR_IMAGE: &str = "docker.io/library/proxy-operator:dev";
 /// The plugin's objects carry this label with the provider instance's name.
 const PROVIDER_SELECTOR: &str = "proxy-operator.dev/provider=in-cluster";
 
+#[path = "cluster_e2e/gateway.rs"]
+mod gateway;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -331,84 +334,6 @@ async fn proxy_view(cluster: &Cluster, discovery_ip: &str, name: &str) -> Option
         .cloned()
 }
 
-/// squid's access log in `squid_pod` (`accessLog: true` in the providers config).
-async fn squid_access_log(cluster: &Cluster, squid_pod: &str) -> String {
-    let cat = ["cat", "/var/log/squid/access.log"];
-    let args = [&["-n", "proxies", "exec", squid_pod, "--"][..], &cat].concat();
-    kubectl(cluster, &args).await
-}
-
-/// `curl -x` through the gateway's Service (`deploy/gateway`, the operator's image) as a
-/// client uses it, the routing username and a token the discovery API accepts as its login:
-/// the page, counted by a gateway replica, and one more `GET` of it in `squid_pod`'s access log
-/// with the proxy's own login (`fleet_user`, which only the gateway has), never the client's
-/// token. (squid sees every client as the bridge's address: kube-proxy masquerades all.)
-async fn through_the_gateway(cluster: &Cluster, web_ip: &str, squid_pod: &str, fleet_user: &str) {
-    kubectl(
-        cluster,
-        &[
-            "-n",
-            "proxy-operator",
-            "rollout",
-            "status",
-            "deployment/proxy-operator-gateway",
-            "--timeout=120s",
-        ],
-    )
-    .await;
-    let page = format!("http://{web_ip}:8080/");
-    let logged = format!(" GET {page} {fleet_user} ");
-    let before = squid_access_log(cluster, squid_pod)
-        .await
-        .matches(&logged)
-        .count();
-    let gateway_ip = cluster_ip(cluster, "proxy-operator", "proxy-operator-gateway").await;
-    let proxy = format!("http://session-e2e:{TOKEN}@{gateway_ip}:8080");
-    let (status, body) = curl(cluster, &["-x", &proxy, &page]).await;
-    assert_eq!(
-        (status, body.trim()),
-        (200, WEB_BODY.trim()),
-        "through the gateway at {gateway_ip}"
-    );
-
-    // Which replica carried it: the one whose metrics count an HTTP request.
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "proxy-operator");
-    let replicas = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=proxy-operator-gateway"))
-        .await
-        .unwrap()
-        .items;
-    let mut carried = 0;
-    for ip in replicas.into_iter().filter_map(|p| p.status?.pod_ip) {
-        let (_, metrics) = curl(cluster, &[&format!("http://{ip}:9090/metrics")]).await;
-        carried += metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with(
-                    "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"http\"} ",
-                )
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    assert_eq!(carried, 1, "requests the gateway replicas carried");
-
-    // squid's logging daemon writes the line shortly after the request.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let log = squid_access_log(cluster, squid_pod).await;
-        if log.matches(&logged).count() == before + 1 {
-            assert!(!log.contains(TOKEN), "{log}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not one more `{logged}` in the squid Pod's access log in 30 s:\n{log}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls_out() {
     let mut phases = Phases::new();
@@ -650,7 +575,7 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     // The released proxy carries gateway traffic.
     let squid_pod = squid_pods[0].metadata.name.clone().unwrap();
     let fleet_user = url::Url::parse(&proxy_url).unwrap().username().to_string();
-    through_the_gateway(cluster, &web_ip, &squid_pod, &fleet_user).await;
+    gateway::through_the_gateway(cluster, &web_ip, &squid_pod, &fleet_user).await;
     phases.done("through the gateway's Service: the page, carried by the squid Pod");
 
     // Evictions (as `kubectl drain` makes them) respect the PodDisruptionBudget.
