@@ -43,7 +43,8 @@ backports_pkgs=(
 # buildah, skopeo, jq: the operator's image from the Dockerfile and its checks (tests/fixtures/operator-image/, `make
 # test-image`).
 # curl: a client of the gateway's tests (host/tests/discovery_api/gateway.rs) and the cluster e2e.
-plain_pkgs=(curl squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
+# chromium: the headless browser of the gateway's browser test (host/tests/discovery_api/browser.rs).
+plain_pkgs=(curl chromium squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
     debootstrap e2fsprogs passt ovmf iptables
     containerd runc containernetworking-plugins umoci gcc

@@ -6,7 +6,9 @@
 //! `Ready` → leased through the discovery Service → a request through the proxy returns a page
 //! from a server in the cluster → `kubectl rollout restart` finishes and the lease is still held →
 //! evictions respect the PodDisruptionBudget → deleting the Proxy removes its Pod, Service,
-//! ConfigMap and NetworkPolicy. Each phase is printed with its time (`make e2e-cluster`).
+//! ConfigMap and NetworkPolicy. The gateway (the `deploy/gateway` component, the same image)
+//! carries a `curl -x` through its Service and the squid Pod. Each phase is printed with its time
+//! (`make e2e-cluster`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,9 +21,14 @@ use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "e2e-cluster-token";
+/// The gateway's own token (its Secret, read by it and by the operator).
+const GATEWAY_TOKEN: &str = "e2e-cluster-gateway-token";
 const OPERATOR_IMAGE: &str = "docker.io/library/proxy-operator:dev";
 /// The plugin's objects carry this label with the provider instance's name.
 const PROVIDER_SELECTOR: &str = "proxy-operator.dev/provider=in-cluster";
+
+#[path = "cluster_e2e/gateway.rs"]
+mod gateway;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -163,7 +170,9 @@ spec:
 
 /// An overlay of `deploy/` as a user writes one: the squid image the node has, and a health
 /// target inside the cluster (it has no uplink), which squid must be allowed to reach (it
-/// refuses the cluster's addresses by default): exactly that address.
+/// refuses the cluster's addresses by default): exactly that address. With the gateway
+/// component, allowed to reach that address too (the gateway refuses private ones by default),
+/// and squid's access log kept (to see which squid carried a request).
 fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
     let (target_ip, _) = health_target.rsplit_once(':').unwrap();
     let dir = repo().join("target/e2e-cluster/overlay");
@@ -177,6 +186,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
       allowFrom: ["10.0.0.0/8"]
       connectPorts: [443, 8080]
       allowDestinations: ["{target_ip}/32"]
+      accessLog: true
     grants:
       kube:
         namespace: proxies
@@ -187,6 +197,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["../../../deploy"],
+        "components": ["../../../deploy/gateway"],
         "patches": [
             {"patch": serde_json::to_string(&json!({
                 "apiVersion": "v1", "kind": "ConfigMap",
@@ -202,6 +213,21 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
                     "env": [
                         {"name": "HEALTH_TARGET", "value": health_target},
                         {"name": "HEALTH_INTERVAL", "value": "2s"},
+                    ],
+                }]}}},
+            })).unwrap()},
+            {"patch": serde_json::to_string(&json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "proxy-operator-gateway", "namespace": "proxy-operator"},
+                "spec": {"template": {"spec": {"containers": [{
+                    "name": "gateway",
+                    "imagePullPolicy": "Never",
+                    "env": [
+                        {"name": "GATEWAY_ALLOWED_PORTS", "value": "8080"},
+                        {"name": "GATEWAY_ALLOWED_NETWORKS", "value": format!("{target_ip}/32")},
+                        // The node has no cluster DNS: the discovery Service's address from
+                        // the variables the kubelet gives every Pod.
+                        {"name": "DISCOVERY_URL", "value": "http://$(PROXY_OPERATOR_DISCOVERY_SERVICE_HOST):8090"},
                     ],
                 }]}}},
             })).unwrap()},
@@ -339,7 +365,22 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
         ],
     )
     .await;
-    // The Secret is optional (the operator starts without it), and read at start: a restart.
+    // The gateway's Secret, which its Pods and (with the component) the operator's wait for.
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "create",
+            "secret",
+            "generic",
+            "proxy-operator-gateway",
+            &format!("--from-literal=token={GATEWAY_TOKEN}"),
+        ],
+    )
+    .await;
+    // The discovery Secret is optional (the operator starts without it), and read at start: a
+    // restart; the gateway's Pods start at once rather than at the kubelet's next retry.
     kubectl(
         cluster,
         &[
@@ -348,6 +389,7 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
             "rollout",
             "restart",
             "deployment/proxy-operator",
+            "deployment/proxy-operator-gateway",
         ],
     )
     .await;
@@ -529,6 +571,12 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     .await;
     assert_eq!(status, 204, "the lease from before the rollout is released");
     phases.done("the lease survived the rollout");
+
+    // The released proxy carries gateway traffic.
+    let squid_pod = squid_pods[0].metadata.name.clone().unwrap();
+    let fleet_user = url::Url::parse(&proxy_url).unwrap().username().to_string();
+    gateway::through_the_gateway(cluster, &web_ip, &squid_pod, &fleet_user).await;
+    phases.done("through the gateway's Service: the page, carried by the squid Pod");
 
     // Evictions (as `kubectl drain` makes them) respect the PodDisruptionBudget.
     // As `kubectl get pdb` shows it once the restart has settled: 2 healthy, 1 disruption allowed.

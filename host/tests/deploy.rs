@@ -290,6 +290,11 @@ fn the_gateway_component_runs_the_gateway_and_opens_the_leaders_door() {
     }
     let container = &gateway_deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["args"], serde_json::json!(["gateway"]));
+    // The operator's image, as the base names it (its `images:` does not reach a component).
+    assert_eq!(
+        container["image"],
+        find("Deployment/proxy-operator")["spec"]["template"]["spec"]["containers"][0]["image"]
+    );
     // Every variable the gateway Deployment sets is a flag of `proxy-operator gateway`.
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
         .args(["gateway", "--help"])

@@ -14,6 +14,8 @@ use proxy_operator::leases::{
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+#[path = "discovery_api/browser.rs"]
+mod browser;
 #[path = "discovery_api/dataplane.rs"]
 mod dataplane;
 #[path = "discovery_api/gateway.rs"]

@@ -20,25 +20,27 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Api, GATEWAY_TOKEN, TOKEN, key, pooled, serve};
 
-const PAGE: &str = "the site's page\n";
+pub(super) const PAGE: &str = "the site's page\n";
+/// `/browser`: a page a browser renders (its script runs) and the other clients do not.
+pub(super) const BROWSER_PAGE: &str = "<!doctype html><title>site</title><p id=\"static\">the site's page</p><p id=\"script\"></p><script>document.getElementById('script').textContent = 'rendered over ' + location.protocol;</script>";
 /// `/big`: long enough to kill a gateway in the middle of it.
 const BIG: usize = 8 << 20;
 /// Each upstream squid leaves from its own loopback address: the site tells them apart.
-const EXITS: [&str; 2] = ["127.0.0.3", "127.0.0.4"];
+pub(super) const EXITS: [&str; 2] = ["127.0.0.3", "127.0.0.4"];
 
 /// One request the site saw.
 #[derive(Clone, Debug)]
-struct Seen {
-    path: String,
-    from: String,
-    host: String,
-    headers: BTreeMap<String, String>,
+pub(super) struct Seen {
+    pub(super) path: String,
+    pub(super) from: String,
+    pub(super) host: String,
+    pub(super) headers: BTreeMap<String, String>,
 }
 
 /// A loopback site on 127.0.0.1 and 127.0.0.2 (two "sites", one port): `/page`, `/blocked`
-/// (429), `/captcha` (200 with a captcha page), and everything it saw.
-struct Site {
-    port: u16,
+/// (429), `/captcha` (200 with a captcha page), `/browser` (HTML), and everything it saw.
+pub(super) struct Site {
+    pub(super) port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -77,18 +79,21 @@ impl Site {
                         host: headers.get("host").cloned().unwrap_or_default(),
                         headers,
                     });
+                    use axum::http::{StatusCode, header::CONTENT_TYPE};
+                    use axum::response::IntoResponse;
                     match path.as_str() {
-                        "/blocked" => (
-                            axum::http::StatusCode::TOO_MANY_REQUESTS,
-                            b"slow down\n".to_vec(),
-                        ),
-                        "/big" => (axum::http::StatusCode::OK, vec![b'x'; BIG]),
+                        "/blocked" => {
+                            (StatusCode::TOO_MANY_REQUESTS, b"slow down\n".to_vec()).into_response()
+                        }
+                        "/big" => (StatusCode::OK, vec![b'x'; BIG]).into_response(),
+                        "/browser" => ([(CONTENT_TYPE, "text/html")], BROWSER_PAGE).into_response(),
                         // A soft block: a captcha page answered with 200.
                         "/captcha" => (
-                            axum::http::StatusCode::OK,
+                            StatusCode::OK,
                             b"<html><h1>Please solve the CAPTCHA</h1></html>\n".to_vec(),
-                        ),
-                        _ => (axum::http::StatusCode::OK, PAGE.as_bytes().to_vec()),
+                        )
+                            .into_response(),
+                        _ => (StatusCode::OK, PAGE.as_bytes().to_vec()).into_response(),
                     }
                 }
             },
@@ -109,11 +114,11 @@ impl Site {
         Site { port, seen, tasks }
     }
 
-    fn url(&self, ip: &str, path: &str) -> String {
+    pub(super) fn url(&self, ip: &str, path: &str) -> String {
         format!("http://{ip}:{}{path}", self.port)
     }
 
-    fn seen(&self, path: &str) -> Vec<Seen> {
+    pub(super) fn seen(&self, path: &str) -> Vec<Seen> {
         self.seen
             .lock()
             .unwrap()
@@ -124,25 +129,29 @@ impl Site {
     }
 
     /// The exit (which squid) of the last request for `path`.
-    fn last_exit(&self, path: &str) -> String {
+    pub(super) fn last_exit(&self, path: &str) -> String {
         self.seen(path).last().expect("a request").from.clone()
     }
 }
 
 /// A ready `proxy-operator gateway` replica in front of the leader's API at `leader`, allowed
-/// to reach the site on 127.0.0.1 and 127.0.0.2.
+/// to reach `ports` (the site's) on 127.0.0.1 and 127.0.0.2.
 async fn spawn_replica(
     leader: SocketAddr,
-    site_port: u16,
+    ports: &[u16],
     name: &str,
     extra_flags: &[&str],
 ) -> GatewayProcess {
-    let port = site_port.to_string();
+    let ports = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let mut flags = vec![
         "--allowed-networks",
         "127.0.0.1/32,127.0.0.2/32",
         "--allowed-ports",
-        &port,
+        &ports,
     ];
     flags.extend_from_slice(extra_flags);
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_proxy-operator"));
@@ -155,16 +164,21 @@ async fn spawn_replica(
 }
 
 /// The squids, the leader's API with both in pool `crawlers/gw`, the gateway binary.
-struct Gateway {
+pub(super) struct Gateway {
     api: Api,
-    squids: Vec<Squid>,
+    pub(super) squids: Vec<Squid>,
     logins: Vec<ProxyLogin>,
-    site: Site,
-    replica: GatewayProcess,
+    pub(super) site: Site,
+    pub(super) replica: GatewayProcess,
 }
 
 impl Gateway {
     async fn start(extra_flags: &[&str]) -> Gateway {
+        Gateway::start_allowing(&[], extra_flags).await
+    }
+
+    /// [`Gateway::start`] with `extra_ports` allowed besides the site's (e.g. a TLS front's).
+    pub(super) async fn start_allowing(extra_ports: &[u16], extra_flags: &[&str]) -> Gateway {
         let site = Site::start().await;
         let mut squids = Vec::new();
         let mut logins = Vec::new();
@@ -192,7 +206,8 @@ impl Gateway {
             ..super::options()
         };
         let api = serve(options, pool).await;
-        let replica = spawn_replica(api.addr, site.port, "gw-test", extra_flags).await;
+        let ports = [&[site.port], extra_ports].concat();
+        let replica = spawn_replica(api.addr, &ports, "gw-test", extra_flags).await;
         Gateway {
             api,
             squids,
@@ -229,7 +244,7 @@ impl Gateway {
         )
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         self.replica.process.log_tail(200)
     }
 }
@@ -582,7 +597,7 @@ async fn bad_logins_refused_destinations_and_exclusive_leases_are_answered_with_
 async fn a_replica_killed_mid_transfer_leaves_the_session_on_its_upstream_through_another() {
     let mut gw = Gateway::start(&[]).await;
     // A second replica: stateless, so the session's upstream is the leader's answer there too.
-    let other = spawn_replica(gw.api.addr, gw.site.port, "gw-other", &[]).await;
+    let other = spawn_replica(gw.api.addr, &[gw.site.port], "gw-other", &[]).await;
     let session = gw.proxy_url("pool-crawlers.gw,session-long");
     let page = gw.site.url("127.0.0.1", "/page");
     let (status, _, _) = gw.curl(&["-x", &session, &page]).await;

@@ -9,6 +9,7 @@
 //! | [`Sshd`] | sshd with generated ed25519 host and client keys | ~0.05 s |
 //! | [`Libvirtd`] | private libvirtd + virtlogd, QEMU (TCG), a `dir` pool | ~0.7 s |
 //! | [`FileServer`] | HTTP file server that counts requests | instant |
+//! | [`netns::Netns`] | a network namespace with only `lo`, no route off it (checked); `listen`/`connect` inside it, `command` runs a program in it | ~15 ms |
 //! | [`EgressGuard`] | iptables rules rejecting whatever QEMU/passt send off loopback | ~20 ms |
 //! | [`guest_image()`] | the proxy VM image (Debian, cloud-init, squid, guest agent) built by `tests/fixtures/guest-image/build.sh` | instant (cached; build ~4 min) |
 //!
@@ -68,6 +69,7 @@ pub mod guard;
 pub mod guest_image;
 pub mod http;
 pub mod libvirtd;
+pub mod netns;
 pub mod node;
 pub mod process;
 pub mod shared;

@@ -18,14 +18,13 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, Config};
@@ -36,6 +35,7 @@ use crate::control_plane::{
     ADMIN_USER, Pki, config_from_kubeconfig, kubeconfig_yaml, kubectl_run, random_hex,
     wait_apiserver_ready,
 };
+use crate::netns::{check_no_uplink, connect_in, enter_netns, run};
 use crate::process::{Check, ExitHook, Proc, Scratch, at_exit, free_port, run_output, wait_for};
 use crate::shared::Shared;
 
@@ -74,14 +74,6 @@ const KUBELET_SYSCTLS: &[&str] = &[
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 ];
-/// Outside addresses whose route lookup must fail inside the namespace.
-const OUTSIDE: &[Ipv4Addr] = &[
-    Ipv4Addr::new(1, 1, 1, 1),
-    Ipv4Addr::new(8, 8, 8, 8),
-    Ipv4Addr::new(192, 168, 1, 1),
-    Ipv4Addr::new(172, 17, 0, 1),
-];
-
 /// References of the images the fixture imported into the node's containerd (use them with
 /// `imagePullPolicy: Never`).
 #[derive(Debug, Clone)]
@@ -788,22 +780,6 @@ fn write(path: &Path, text: &str) -> Result<()> {
     fs::write(path, text).with_context(|| format!("write {}", path.display()))
 }
 
-fn run(program: &str, args: &[&str]) -> Result<()> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("run {program}"))?;
-    if !out.status.success() {
-        bail!(
-            "{program} {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
 /// `docker.io/library/x:latest` for `x`, as containerd's CRI names images.
 fn normalize_reference(reference: &str) -> String {
     let (name, tagged) = match reference.rsplit_once('/') {
@@ -855,68 +831,6 @@ async fn import(socket: &Path, archive: &Path, naming: &str) -> Result<()> {
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Runs `f` on a fresh thread that has entered the network namespace at `netns` (a thread's
-/// namespace is its own; the thread ends with `f`, so no pool thread is left inside).
-fn in_netns<T: Send + 'static>(
-    netns: &Path,
-    f: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    let netns = netns.to_owned();
-    std::thread::spawn(move || {
-        enter_netns(&netns)?;
-        f()
-    })
-    .join()
-    .map_err(|_| io::Error::other("netns thread panicked"))?
-}
-
-fn enter_netns(netns: &Path) -> io::Result<()> {
-    let file = fs::File::open(netns)?;
-    // SAFETY: setns(2) on a valid fd; it affects only the calling thread.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-async fn connect_in(netns: &Path, addr: SocketAddr) -> io::Result<TcpStream> {
-    let netns = netns.to_owned();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let result = in_netns(&netns, move || {
-            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-            s.set_nonblocking(true)?;
-            Ok(s)
-        });
-        let _ = tx.send(result);
-    });
-    rx.await
-        .map_err(|_| io::Error::other("netns thread gone"))?
-}
-
-fn check_no_uplink(netns: &Path) -> Result<()> {
-    let routed = in_netns(netns, || {
-        let mut routed = Vec::new();
-        for ip in OUTSIDE {
-            // A UDP connect only looks the route up; it sends nothing.
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-            if s.connect((*ip, 53)).is_ok() {
-                routed.push(*ip);
-            }
-        }
-        Ok(routed)
-    })
-    .context("route lookups in the namespace")?;
-    if !routed.is_empty() {
-        bail!(
-            "NO-UPLINK GUARD: {} has a route to {routed:?}; the node must not reach any \
-             network but its own",
-            netns.display()
-        );
-    }
-    Ok(())
 }
 
 /// A relay from a free 127.0.0.1 port into the network namespace, on plain threads (it must
@@ -1124,14 +1038,7 @@ fn cleanup(cgroup_root: &str, mntns: Option<&str>, netns: &str) {
     for h in &hierarchies {
         remove_cgroup_tree(&h.join(cgroup_root));
     }
-    let path = format!("/run/netns/{netns}");
-    if Path::new(&path).exists() {
-        if let Ok(c) = std::ffi::CString::new(path.clone()) {
-            // SAFETY: umount2 with a valid C string.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        }
-        let _ = fs::remove_file(&path);
-    }
+    crate::netns::delete(netns);
 }
 
 fn collect_procs(dir: &Path, pids: &mut Vec<libc::pid_t>) {

@@ -114,13 +114,20 @@ pub struct Proc {
 impl Proc {
     /// Spawns `cmd` (stdin from /dev/null, stdout+stderr appended to `log`) on the
     /// spawner thread with `PR_SET_PDEATHSIG = SIGKILL` and its own process group.
-    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Proc> {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("open log file {}", log.display()))?;
+    pub fn spawn(name: &str, cmd: Command, log: &Path) -> Result<Proc> {
+        let out = open_log(log)?;
         let err = out.try_clone()?;
+        Proc::spawn_to(name, cmd, out, err, log)
+    }
+
+    /// [`Proc::spawn`] with stdout to a file of its own (created or truncated), for a program
+    /// whose output is its result; stderr still goes to `log`.
+    pub fn spawn_with_stdout(name: &str, cmd: Command, stdout: &Path, log: &Path) -> Result<Proc> {
+        let out = File::create(stdout).with_context(|| format!("create {}", stdout.display()))?;
+        Proc::spawn_to(name, cmd, out, open_log(log)?, log)
+    }
+
+    fn spawn_to(name: &str, mut cmd: Command, out: File, err: File, log: &Path) -> Result<Proc> {
         cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -278,6 +285,14 @@ impl Drop for Proc {
             self.stop_blocking(DEFAULT_GRACE);
         }
     }
+}
+
+fn open_log(log: &Path) -> Result<File> {
+    File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("open log file {}", log.display()))
 }
 
 fn forget_live(pid: u32) {

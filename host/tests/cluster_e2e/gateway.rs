@@ -1,0 +1,93 @@
+//! The gateway in the cluster: the `deploy/gateway` component of the overlay, used as a client
+//! uses it, through its Service.
+
+use std::time::{Duration, Instant};
+
+use harness::node::{Cluster, WEB_BODY};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use super::{TOKEN, cluster_ip, curl, kubectl};
+
+/// squid's access log in `squid_pod` (`accessLog: true` in the providers config).
+async fn squid_access_log(cluster: &Cluster, squid_pod: &str) -> String {
+    let cat = ["cat", "/var/log/squid/access.log"];
+    let args = [&["-n", "proxies", "exec", squid_pod, "--"][..], &cat].concat();
+    kubectl(cluster, &args).await
+}
+
+/// `curl -x` through the gateway's Service (`deploy/gateway`, the operator's image) as a
+/// client uses it, the routing username and a token the discovery API accepts as its login:
+/// the page, counted by a gateway replica, and one more `GET` of it in `squid_pod`'s access log
+/// with the proxy's own login (`fleet_user`, which only the gateway has), never the client's
+/// token. (squid sees every client as the bridge's address: kube-proxy masquerades all.)
+pub(super) async fn through_the_gateway(
+    cluster: &Cluster,
+    web_ip: &str,
+    squid_pod: &str,
+    fleet_user: &str,
+) {
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "rollout",
+            "status",
+            "deployment/proxy-operator-gateway",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    let page = format!("http://{web_ip}:8080/");
+    let logged = format!(" GET {page} {fleet_user} ");
+    let before = squid_access_log(cluster, squid_pod)
+        .await
+        .matches(&logged)
+        .count();
+    let gateway_ip = cluster_ip(cluster, "proxy-operator", "proxy-operator-gateway").await;
+    let proxy = format!("http://session-e2e:{TOKEN}@{gateway_ip}:8080");
+    let (status, body) = curl(cluster, &["-x", &proxy, &page]).await;
+    assert_eq!(
+        (status, body.trim()),
+        (200, WEB_BODY.trim()),
+        "through the gateway at {gateway_ip}"
+    );
+
+    // Which replica carried it: the one whose metrics count an HTTP request.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "proxy-operator");
+    let replicas = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=proxy-operator-gateway"))
+        .await
+        .unwrap()
+        .items;
+    let mut carried = 0;
+    for ip in replicas.into_iter().filter_map(|p| p.status?.pod_ip) {
+        let (_, metrics) = curl(cluster, &[&format!("http://{ip}:9090/metrics")]).await;
+        carried += metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with(
+                    "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"http\"} ",
+                )
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    assert_eq!(carried, 1, "requests the gateway replicas carried");
+
+    // squid's logging daemon writes the line shortly after the request.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = squid_access_log(cluster, squid_pod).await;
+        if log.matches(&logged).count() == before + 1 {
+            assert!(!log.contains(TOKEN), "{log}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not one more `{logged}` in the squid Pod's access log in 30 s:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
