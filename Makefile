@@ -51,9 +51,10 @@ run: plugins
 
 # Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
 # Each phase is timed and the table printed at the end, also when one failed (.ci/phase). The
-# test binaries are built once and run by .ci/run-suites (SUITE_JOBS=N at most at once,
-# default 1 until the interference seen side by side is found, docs/development.md); the operator's image the cluster test (host/tests/cluster_e2e.rs) installs
-# takes the test build's binary (docs/image.md).
+# test binaries are built once and run by .ci/run-suites (SUITE_JOBS=N at most at once, default
+# 2, the suites that boot VMs or a node cluster never beside one another, docs/development.md);
+# the operator's image the cluster test (host/tests/cluster_e2e.rs) installs takes the test
+# build's binary (docs/image.md).
 test:
 	@.ci/phase --table $(MAKE) --no-print-directory test-phases
 

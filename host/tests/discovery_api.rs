@@ -1283,10 +1283,32 @@ async fn the_live_api_and_its_openapi_document_agree_under_schemathesis() {
         "✅ Coverage",
         "✅ Fuzzing",
         "✅ Stateful",
-        "No issues found",
     ] {
         assert!(stdout.contains(ran), "no `{ran}` in its summary:\n{stdout}");
     }
+    assert!(
+        stdout.contains("No issues found") || only_the_known_timing_warning(&stdout),
+        "schemathesis warned:\n{stdout}"
+    );
+}
+
+/// Whether the run's only warning is `validation_mismatch` for `GET /v1/leases/{id}`: how many
+/// of that operation's answers are 4xx depends on how many of the run's leases had ended when
+/// it asked (tests/fixtures/schemathesis/schemathesis.toml), and schemathesis 4.32 shows the
+/// heuristic although the configuration turns it off for that operation.
+fn only_the_known_timing_warning(stdout: &str) -> bool {
+    let Some((_, warnings)) = stdout.split_once("=== WARNINGS ===") else {
+        return false;
+    };
+    let warnings = warnings.split("=== SUMMARY ===").next().unwrap_or_default();
+    let listed: Vec<&str> = warnings
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("- "))
+        .collect();
+    warnings.contains("Schema validation mismatch: 1 operation")
+        && listed == ["- GET /v1/leases/{id}"]
+        && stdout.matches("⚠️").count() == 1
 }
 
 #[tokio::test]
