@@ -391,10 +391,28 @@ fn no_import_cycles_between_files() {
     );
 }
 
-/// Lines of code of a file before its `#[cfg(test)]` module, without blank and comment lines.
+/// The lines of a file before its test module (`#[cfg(test)]` then `mod tests {` or
+/// `mod tests;`). Only there: another `#[cfg(test)]` item (a test-only `use` near the top) must
+/// not end the reading, or the code after it goes unmeasured.
+fn before_tests(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let is_test_module = |at: usize| {
+        lines[at + 1..]
+            .iter()
+            .map(|l| l.trim())
+            .find(|l| !l.starts_with("#["))
+            .is_some_and(|l| l == "mod tests {" || l == "mod tests;")
+    };
+    let end = (0..lines.len())
+        .find(|&at| lines[at].trim() == "#[cfg(test)]" && is_test_module(at))
+        .unwrap_or(lines.len());
+    lines[..end].to_vec()
+}
+
+/// Lines of code of a file before its test module, without blank and comment lines.
 fn code_lines(text: &str) -> usize {
-    text.lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
+    before_tests(text)
+        .iter()
         .filter(|l| {
             let t = l.trim();
             !t.is_empty() && !t.starts_with("//")
@@ -403,12 +421,9 @@ fn code_lines(text: &str) -> usize {
 }
 
 /// (name, line count) of every function, measured from its `fn` line to the closing brace at
-/// the same indentation (the code is rustfmt-formatted), before the file's tests.
+/// the same indentation (the code is rustfmt-formatted), before the file's test module.
 fn function_lengths(text: &str) -> Vec<(String, usize)> {
-    let lines: Vec<&str> = text
-        .lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
-        .collect();
+    let lines = before_tests(text);
     let mut found = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
@@ -474,7 +489,7 @@ fn functions_and_files_stay_small() {
 }
 
 /// The checks can fail: a planted cycle (through a re-export and a `super::` path) and a long
-/// function are found.
+/// function are found, also after a test-only item.
 #[test]
 fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     let file = |relative: &str, text: &str| SourceFile {
@@ -519,4 +534,11 @@ fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     );
     let long = format!("fn long() {{\n{}}}\n", "    let _ = 1;\n".repeat(120));
     assert_eq!(function_lengths(&long), [("long".to_string(), 122)]);
+    // A test-only item near the top does not hide the code after it; the test module does.
+    let hidden = format!(
+        "#[cfg(test)]\nuse a::b;\n{long}#[cfg(test)]\n#[allow(dead_code)]\nmod tests {{\n{}}}\n",
+        "    fn t() {}\n".repeat(700)
+    );
+    assert_eq!(function_lengths(&hidden), [("long".to_string(), 122)]);
+    assert_eq!(code_lines(&hidden), 2 + 122);
 }
