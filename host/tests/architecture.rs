@@ -1,7 +1,8 @@
 //! The shape of `host/src`, checked: no import cycles between its files, no function over
 //! ~100 lines and no file over ~600 lines of code (tests aside), except where a one-line reason
 //! below says why a longer one reads better. `cargo test -p proxy-operator --test architecture`
-//! prints what it measured.
+//! prints what it measured. Also the figures the docs quote from the code (a test beside these
+//! rather than a binary of its own, which would cost another link).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -391,10 +392,28 @@ fn no_import_cycles_between_files() {
     );
 }
 
-/// Lines of code of a file before its `#[cfg(test)]` module, without blank and comment lines.
+/// The lines of a file before its test module (`#[cfg(test)]` then `mod tests {` or
+/// `mod tests;`). Only there: another `#[cfg(test)]` item (a test-only `use` near the top) must
+/// not end the reading, or the code after it goes unmeasured.
+fn before_tests(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let is_test_module = |at: usize| {
+        lines[at + 1..]
+            .iter()
+            .map(|l| l.trim())
+            .find(|l| !l.starts_with("#["))
+            .is_some_and(|l| l == "mod tests {" || l == "mod tests;")
+    };
+    let end = (0..lines.len())
+        .find(|&at| lines[at].trim() == "#[cfg(test)]" && is_test_module(at))
+        .unwrap_or(lines.len());
+    lines[..end].to_vec()
+}
+
+/// Lines of code of a file before its test module, without blank and comment lines.
 fn code_lines(text: &str) -> usize {
-    text.lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
+    before_tests(text)
+        .iter()
         .filter(|l| {
             let t = l.trim();
             !t.is_empty() && !t.starts_with("//")
@@ -403,12 +422,9 @@ fn code_lines(text: &str) -> usize {
 }
 
 /// (name, line count) of every function, measured from its `fn` line to the closing brace at
-/// the same indentation (the code is rustfmt-formatted), before the file's tests.
+/// the same indentation (the code is rustfmt-formatted), before the file's test module.
 fn function_lengths(text: &str) -> Vec<(String, usize)> {
-    let lines: Vec<&str> = text
-        .lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
-        .collect();
+    let lines = before_tests(text);
     let mut found = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
@@ -474,7 +490,7 @@ fn functions_and_files_stay_small() {
 }
 
 /// The checks can fail: a planted cycle (through a re-export and a `super::` path) and a long
-/// function are found.
+/// function are found, also after a test-only item.
 #[test]
 fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     let file = |relative: &str, text: &str| SourceFile {
@@ -519,4 +535,141 @@ fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     );
     let long = format!("fn long() {{\n{}}}\n", "    let _ = 1;\n".repeat(120));
     assert_eq!(function_lengths(&long), [("long".to_string(), 122)]);
+    // A test-only item near the top does not hide the code after it; the test module does.
+    let hidden = format!(
+        "#[cfg(test)]\nuse a::b;\n{long}#[cfg(test)]\n#[allow(dead_code)]\nmod tests {{\n{}}}\n",
+        "    fn t() {}\n".repeat(700)
+    );
+    assert_eq!(function_lengths(&hidden), [("long".to_string(), 122)]);
+    assert_eq!(code_lines(&hidden), 2 + 122);
+}
+
+/// A duration as the docs write it: `30 s`, `5 min`.
+fn as_docs_say(d: std::time::Duration) -> String {
+    match d.as_secs() {
+        s if s >= 60 && s.is_multiple_of(60) => format!("{} min", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+/// A number as the docs write it: `10 000`.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(' ');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// Figures the docs quote, read from the code's constants: changing one fails here until the
+/// docs say the new figure (each phrase is looked for with its whitespace collapsed, so a
+/// line break in the docs does not matter).
+#[test]
+fn the_docs_quote_the_figures_of_the_code() {
+    use proxy_operator::api::MAX_POOL_REPLICAS;
+    use proxy_operator::controller::decide::{
+        POLL_PROVISIONING, RECHECK_OUTSIDE_SPEC, WAIT_FOR_PROVIDER,
+    };
+    use proxy_operator::leases::store::{REPLICA_SILENCE, SHARED_HOLD};
+    use proxy_operator::plugins::SUPPORTED_WIT_VERSIONS;
+
+    let versions = SUPPORTED_WIT_VERSIONS.join(" and ");
+    let each_with_patches: Vec<String> = SUPPORTED_WIT_VERSIONS
+        .iter()
+        .map(|v| {
+            let major_minor = v.rsplit_once('.').expect("X.Y.Z").0;
+            format!("{v} (and any later {major_minor}.x)")
+        })
+        .collect();
+    let max_replicas = grouped(MAX_POOL_REPLICAS.unsigned_abs().into());
+    let quoted = [
+        (
+            "docs/architecture.md",
+            format!(
+                "looked at again at every providers-config or plugin swap, and every {}",
+                as_docs_say(WAIT_FOR_PROVIDER)
+            ),
+        ),
+        (
+            "docs/architecture.md",
+            format!(
+                "get(providerID) every {} until running",
+                as_docs_say(POLL_PROVISIONING)
+            ),
+        ),
+        (
+            "docs/architecture.md",
+            format!(
+                "again every {} and at every providers-config or plugin swap",
+                as_docs_say(RECHECK_OUTSIDE_SPEC)
+            ),
+        ),
+        (
+            "docs/architecture.md",
+            format!(
+                "returns to the free order {} after its last route",
+                as_docs_say(SHARED_HOLD)
+            ),
+        ),
+        (
+            "docs/gateway.md",
+            format!("it was not routed to for {}", as_docs_say(SHARED_HOLD)),
+        ),
+        (
+            "docs/gateway.md",
+            format!(
+                "a replica silent for {} no longer counts",
+                as_docs_say(REPLICA_SILENCE)
+            ),
+        ),
+        (
+            "docs/pools.md",
+            format!("Proxies the pool keeps (0–{max_replicas})"),
+        ),
+        (
+            "docs/pools.md",
+            format!("`replicas` outside 0–{max_replicas}"),
+        ),
+        (
+            "docs/architecture.md",
+            format!("bindings per supported version ({versions})"),
+        ),
+        (
+            "docs/plugin-authoring.md",
+            format!("bindings for ({versions} today)"),
+        ),
+        (
+            "wit/README.md",
+            format!("served by the {versions} bindings"),
+        ),
+        (
+            "wit/README.md",
+            format!("supported versions: {}.", each_with_patches.join(", ")),
+        ),
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let collapse = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut missing = Vec::new();
+    for (doc, phrase) in &quoted {
+        let text = std::fs::read_to_string(root.join(doc)).expect("read a doc");
+        if !collapse(&text).contains(&collapse(phrase)) {
+            missing.push(format!("{doc}: no `{phrase}`"));
+        }
+    }
+    for version in SUPPORTED_WIT_VERSIONS {
+        let frozen = format!("wit/since_v{version}");
+        if !root.join(&frozen).is_dir() {
+            missing.push(format!("{frozen}/: missing for a supported version"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the docs no longer say what the code does (fix the doc, or the phrase here if only \
+         its wording changed):\n  {}",
+        missing.join("\n  ")
+    );
 }

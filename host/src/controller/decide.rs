@@ -21,7 +21,9 @@ pub const RESYNC: Duration = Duration::from_secs(300);
 /// A Proxy waiting for its plugin, or naming an unknown provider instance, is reconciled again at
 /// every provider-set swap (`Controller::reconcile_all_on`); this is only the safety net.
 const WAIT_FOR_PLUGIN: Duration = Duration::from_secs(300);
-const WAIT_FOR_PROVIDER: Duration = Duration::from_secs(300);
+/// The same safety net for a Proxy naming a provider instance not in the providers config
+/// (public for the test that holds docs/architecture.md to it).
+pub const WAIT_FOR_PROVIDER: Duration = Duration::from_secs(300);
 /// How often a failure caused outside the spec (credentials, grants, the providers config) is
 /// tried again, so it recovers once that is fixed; a provider swap retries at once.
 pub const RECHECK_OUTSIDE_SPEC: Duration = Duration::from_secs(300);

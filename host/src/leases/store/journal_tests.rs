@@ -1,6 +1,9 @@
 //! The lease table's persisted side: what the writer takes (the journal's changes, bounded),
 //! what a checkpoint keeps, and what a restore rebuilds.
 
+use std::time::Duration;
+
+use super::sessions::digest;
 use super::tests::{entry, key, store_of, with_session};
 use super::*;
 use crate::leases::journal::Change;

@@ -12,16 +12,14 @@ use std::sync::Arc;
 
 use super::keys::FastMap;
 use super::outcomes::Outcome;
+use super::picking::{Fit, Wanted, fit_matching, free_in_scope, matches, nothing_free};
 use super::sessions::session_digest;
 pub use super::shared_use::{
     MAX_REPLICAS, PoolGateway, REPLICA_SILENCE, ReplicaError, SHARED_HOLD,
 };
 use super::shared_use::{ReplicaLoad, Use};
 use super::targets::target_digest;
-use super::{
-    Fit, GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, PoolKey, ProxyKey, Wanted,
-    fit_matching, free_in_scope, matches, nothing_free, now_ms,
-};
+use super::{GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, PoolKey, ProxyKey, now_ms};
 
 /// What the gateway asks for one request or tunnel.
 #[derive(Clone, Debug, Default)]

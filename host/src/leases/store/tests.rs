@@ -1,3 +1,7 @@
+use std::time::Duration;
+
+use super::grants::MAX_ENDED;
+use super::picking::MAX_RETRY_AFTER;
 use super::*;
 
 fn store_of_one() -> LeaseStore {
