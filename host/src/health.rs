@@ -17,6 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::{Notify, mpsc};
+use tracing::Instrument;
 
 use crate::api::{Phase, Proxy};
 use crate::credentials::{CredentialsBook, ProxyLogin};
@@ -202,13 +203,22 @@ impl HealthEngine {
     }
 
     /// Probes every provisioned proxy (or only `only`), then writes the statuses that changed.
+    /// One span per round (`health_round`, with the proxies probed and the statuses written),
+    /// so what a round logs says which round it was.
+    #[tracing::instrument(
+        name = "health_round",
+        skip_all,
+        fields(only = only.map(tracing::field::display), probed, written)
+    )]
     pub async fn round(&mut self, reader: &Store<Proxy>, only: Option<&ProxyKey>) {
         let due = self.due(reader, only);
+        tracing::Span::current().record("probed", due.len());
         let results = self.probe_all(due).await;
         let writes: Vec<_> = results
             .into_iter()
             .filter_map(|probed| self.judge(probed))
             .collect();
+        tracing::Span::current().record("written", writes.len());
         self.write_statuses(writes).await;
     }
 
@@ -237,6 +247,11 @@ impl HealthEngine {
             .map(|(proxy, exit_ip_due)| {
                 let (target, exit_ip_url) = (target.clone(), exit_ip_url.clone());
                 let login = self.login_of(&proxy);
+                let span = tracing::debug_span!(
+                    "probe",
+                    proxy = %key_of(&proxy),
+                    provider = %proxy.spec.provider
+                );
                 async move {
                     let (address, status) = provisioned(&proxy).expect("filtered above");
                     let port = status_port(&proxy, status);
@@ -250,6 +265,7 @@ impl HealthEngine {
                     };
                     (proxy, result, exit)
                 }
+                .instrument(span)
             })
             .buffer_unordered(self.options.workers.max(1))
             .collect()

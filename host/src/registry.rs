@@ -10,6 +10,7 @@ mod sources;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -196,6 +197,7 @@ impl PluginRegistry {
 
     /// Applies new ConfigMap content: changed plugins are loaded and swapped in, removed ones
     /// fall back to the built-in directory or become `PluginNotLoaded`.
+    #[tracing::instrument(name = "registry_reload", skip_all, fields(source = "plugins-configmap", files = content.len()))]
     pub async fn apply_configmap(&self, content: PluginFiles) -> Vec<Change> {
         let mut state = self.state.lock().await;
         if state.configmap == content {
@@ -213,6 +215,7 @@ impl PluginRegistry {
 
     /// Re-reads the providers config file; a changed, valid one replaces the old as a whole. An
     /// invalid one (syntax, schema, a plugin's `validate-config`) is refused and the old one stays.
+    #[tracing::instrument(name = "registry_reload", skip_all, fields(source = "providers-config", config = %self.config_file.display()))]
     pub async fn reload_config(&self) -> Result<Vec<Change>, String> {
         let text = std::fs::read_to_string(&self.config_file).map_err(|e| {
             format!(
@@ -279,7 +282,16 @@ impl PluginRegistry {
                 out.serve(entry, old.clone());
                 continue;
             }
-            match bind_entry(&self.engine, &at, entry, plugin.clone()).await {
+            let span = tracing::info_span!(
+                "bind",
+                provider = %entry.name,
+                plugin_type = %entry.provider_type,
+                sha256 = %plugin.sha256
+            );
+            match bind_entry(&self.engine, &at, entry, plugin.clone())
+                .instrument(span)
+                .await
+            {
                 Ok(instance) => {
                     swapped.push((entry.clone(), previous.clone()));
                     out.changes.push(Change::Loaded {

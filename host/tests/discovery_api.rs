@@ -1596,3 +1596,64 @@ async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
     }
     assert!(impostor.push_load(&[]).await.is_err());
 }
+
+/// A log sink for one test's subscriber.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With debug logs on, each request is a span naming its method and path, closed by one event
+/// with its status, and what a handler logs inside carries the span.
+#[tokio::test]
+async fn each_request_is_a_span_with_its_method_path_and_status() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("proxy_operator=debug")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // This test's runtime is one thread: the server's tasks log through this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let api = serve(options(), vec![entry("kvm-1a", true)]).await;
+    let response = api
+        .http
+        .get(format!("http://{}/v1/proxies", api.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let missing = api
+        .http
+        .get(format!("http://{}/v1/leases/{}", api.addr, "0".repeat(32)))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.lines().any(
+            |l| l.contains("discovery_request{method=GET path=/v1/proxies}")
+                && l.contains("status=200")
+        ),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains(&format!(
+            "discovery_request{{method=GET path=/v1/leases/{}}}",
+            "0".repeat(32)
+        )) && l.contains("status=404")),
+        "{text}"
+    );
+}

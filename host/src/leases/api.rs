@@ -1,9 +1,9 @@
 //! The discovery HTTP API (see docs/discovery-api.md and the OpenAPI document it serves).
 //! Every error is `application/problem+json` (RFC 9457) with a stable `type`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+
 use tower::ServiceExt;
 
 use crate::leader::LeaderView;
@@ -21,7 +21,7 @@ use crate::leader::LeaderView;
 use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{
     EndReason, GrantError, Lease, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome,
-    PoolEntry, PoolKey, ProxyKey, normalize_target, validate_session,
+    PoolEntry, ProxyKey, normalize_target, validate_session,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -41,8 +41,10 @@ mod gateway;
 mod gateway_access;
 mod problem_response;
 mod problems;
+mod wire;
 
 pub use gateway_access::{GATEWAY_TOKEN_HEADER, GatewayAccess};
+use wire::{GrantBody, Granted, RenewBody, ReportBody, proxy_url, rfc3339};
 
 /// An RFC 9457 problem. `kind` is the last part of its stable `type` URI (answered as
 /// `application/problem+json` by `api/problem_response.rs`).
@@ -114,137 +116,6 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for JsonBody<
             Ok(_) => Problem::bad_request(field_error.unwrap_or_else(|| "body: not valid".into())),
         })
     }
-}
-
-/// Every field is optional, and `null` is the same as absent for each of them.
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GrantBody {
-    provider: Option<String>,
-    zone: Option<String>,
-    selector: Option<BTreeMap<String, String>>,
-    /// `namespace/name` of a particular proxy.
-    proxy: Option<String>,
-    /// `namespace/name` of a ProxyPool.
-    pool: Option<String>,
-    /// A sticky session key.
-    session: Option<String>,
-    /// The host the crawler will visit.
-    target: Option<String>,
-    #[serde(default, deserialize_with = "whole_seconds")]
-    ttl_seconds: Option<u64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ReportBody {
-    outcome: Option<Outcome>,
-    /// With `blocked`: the host that blocked the proxy.
-    target: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct RenewBody {
-    #[serde(default, deserialize_with = "whole_seconds")]
-    ttl_seconds: Option<u64>,
-}
-
-/// `ttlSeconds`: a whole number of seconds. The OpenAPI document types it `integer`, which JSON
-/// Schema admits as `30.0` too, so a number with no fraction is that integer, also past u64; a
-/// fraction or a negative number is refused.
-fn whole_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
-        return Ok(None);
-    };
-    if let Some(seconds) = number.as_u64() {
-        return Ok(Some(seconds));
-    }
-    match number.as_f64() {
-        // Past u64 (the document sets no maximum) the cast saturates: the lease is clamped to
-        // --max-lease-ttl like any long one.
-        Some(f) if f.fract() == 0.0 && f >= 0.0 => Ok(Some(f as u64)),
-        _ => Err(serde::de::Error::custom(format!(
-            "invalid value: {number}, expected a whole number of seconds of at least 1"
-        ))),
-    }
-}
-
-/// Borrowed from the table's entry: an answer copies nothing it only serializes.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ProxyRef<'a> {
-    namespace: &'a str,
-    name: &'a str,
-    provider: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    zone: Option<&'a str>,
-    address: &'a str,
-    port: u16,
-    #[serde(rename = "exitIP", skip_serializing_if = "Option::is_none")]
-    exit_ip: Option<&'a str>,
-}
-
-/// A lease as the API shows it: the answer to a grant, a renewal and `GET /v1/leases/{id}` (see
-/// `Lease` in the OpenAPI document).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Granted<'a> {
-    id: String,
-    proxy: ProxyRef<'a>,
-    proxy_url: String,
-    granted_at: String,
-    expires_at: String,
-    ttl_seconds: u64,
-    /// `namespace/name`, written without a string made for it.
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "as_text")]
-    pool: Option<PoolKey>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    session: Option<Arc<str>>,
-}
-
-fn as_text<S: serde::Serializer>(key: &Option<PoolKey>, serializer: S) -> Result<S::Ok, S::Error> {
-    match key {
-        Some(key) => serializer.collect_str(key),
-        None => serializer.serialize_none(),
-    }
-}
-
-impl<'a> Granted<'a> {
-    fn new(lease: Lease, entry: &'a PoolEntry) -> Self {
-        let pool = lease.pool_key();
-        Granted {
-            proxy_url: match &entry.login {
-                Some(login) => login.proxy_url(&entry.address, entry.port),
-                None => proxy_url(&entry.address, entry.port),
-            },
-            granted_at: rfc3339(lease.granted_at_ms),
-            expires_at: rfc3339(lease.expires_at_ms),
-            ttl_seconds: if lease.ttl_ms > 0 {
-                lease.ttl_ms / 1000
-            } else {
-                (lease.expires_at_ms - lease.granted_at_ms) / 1000
-            },
-            proxy: ProxyRef {
-                namespace: &entry.key.namespace,
-                name: &entry.key.name,
-                provider: &entry.provider,
-                zone: entry.zone.as_deref(),
-                address: &entry.address,
-                port: entry.port,
-                exit_ip: entry.exit_ip.as_deref(),
-            },
-            pool,
-            session: lease.session,
-            id: lease.id,
-        }
-    }
-}
-
-fn rfc3339(ms: u64) -> String {
-    k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
 }
 
 /// What the API needs: the store and who may call it.
@@ -362,12 +233,25 @@ pub async fn serve(mut listener: tokio::net::TcpListener, router: Router) {
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let router = router.clone();
+                // A span per request (debug, as tower-http's trace layer has it: the grant path
+                // pays nothing for it at the default level), so what a handler logs names the
+                // request, and one event with the status when it is answered.
+                let span = tracing::debug_span!(
+                    "discovery_request",
+                    method = %request.method(),
+                    path = %request.uri().path()
+                );
                 async move {
                     let count = request.headers().len();
                     if count > MAX_HEADERS {
                         return Ok(Problem::headers_too_large(count).into_response());
                     }
-                    router.oneshot(request).await
+                    let answered = router.oneshot(request).instrument(span.clone()).await;
+                    if let Ok(response) = &answered {
+                        let status = response.status().as_u16();
+                        tracing::debug!(parent: &span, status, "answered");
+                    }
+                    answered
                 }
             });
             let mut http = hyper::server::conn::http1::Builder::new();
@@ -614,14 +498,6 @@ async fn renew(
     // which the crawler must be told.
     confirm_stored(&discovery).await?;
     Ok(Json(Granted::new(lease, &entry)).into_response())
-}
-
-fn proxy_url(address: &str, port: u16) -> String {
-    if address.contains(':') {
-        format!("http://[{address}]:{port}")
-    } else {
-        format!("http://{address}:{port}")
-    }
 }
 
 async fn report(
