@@ -7,14 +7,19 @@ use clap::Parser;
 use proxy_operator::cli::command::{Cli, Command, LogFormat, PluginCommand};
 use proxy_operator::cli::plugin;
 
-/// Logs to stderr, coloured only when stderr is a terminal (log files and container logs get
-/// plain text). A `--log-level` that is not a filter is refused, not replaced by `info`.
+/// Logs to stderr, coloured only on a terminal without `NO_COLOR` (`logging::colour`). A
+/// `--log-level` that is not a filter is refused, not replaced by `info`.
 fn init_logging(cli: &Cli) -> Result<(), String> {
+    use proxy_operator::cli::logging;
     use std::io::IsTerminal;
-    let filter = proxy_operator::cli::logging::filter(&cli.log_level)?;
+    let filter = logging::filter(&cli.log_level)?;
+    let no_color = std::env::var_os("NO_COLOR");
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(logging::colour(
+            std::io::stderr().is_terminal(),
+            no_color.as_deref(),
+        ))
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
