@@ -53,6 +53,19 @@ fn write_crds(out: Option<&std::path::Path>) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before the log set-up: a script is printed whatever LOG_LEVEL says.
+    if let Command::Completions { shell } = cli.command {
+        use std::io::Write;
+        let written =
+            std::io::stdout().write_all(&proxy_operator::cli::command::completions(shell));
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: writing the completion script: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Err(e) = init_logging(&cli) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
@@ -82,6 +95,7 @@ async fn main() -> ExitCode {
             }
         },
         Command::Plugin { command } => plugin_command(command).await,
+        Command::Completions { .. } => unreachable!("printed before the log set-up"),
     }
 }
 
