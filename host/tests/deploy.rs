@@ -3,7 +3,8 @@
 //! stand-in, and the monitoring component, whose alerts and dashboard may only query metrics the
 //! operator documents (docs/metrics.md). The cluster test (cluster_e2e.rs) applies all of it to a
 //! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
-//! `cli.rs`: the shell completion script.
+//! `cli.rs`: docs/configuration.md held to the command line and the providers config parser, and
+//! the shell completion script.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
