@@ -1,145 +1,25 @@
-//! The operator binary: the composition root. Flags, logging, and dispatch to subcommands.
+//! The operator binary: the composition root. Logging, and dispatch to subcommands (the flags
+//! are `cli::command`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use proxy_operator::cli::plugin::{self, RunFunction};
+use clap::Parser;
+use proxy_operator::cli::command::{Cli, Command, LogFormat, PluginCommand};
+use proxy_operator::cli::plugin;
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "proxy-operator",
-    version,
-    about = "Healthy egress proxies for crawler fleets"
-)]
-struct Cli {
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `proxy_operator=debug`.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
-    log_level: String,
-    /// Log format.
-    #[arg(
-        long,
-        env = "LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    log_format: LogFormat,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run the operator: reconcile Proxies through the configured providers.
-    Run(Box<proxy_operator::cli::run::RunArgs>),
-    /// Run the gateway: one proxy endpoint (HTTP, CONNECT, SOCKS5) that carries each request
-    /// through a proxy of the fleet the leader picks (docs/gateway.md).
-    Gateway(Box<proxy_operator::cli::gateway::GatewayArgs>),
-    /// Print the CRD manifests generated from the Rust types, or write them into a directory.
-    Crds {
-        /// Write one file per CRD here (e.g. `deploy/crds`) instead of printing.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
-    /// Tools for plugin authors: inspect, validate and call a provider component.
-    Plugin {
-        #[command(subcommand)]
-        command: PluginCommand,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum PluginCommand {
-    /// Show a component's WIT version, exports, imports, capabilities, size and sha256; with
-    /// `--config`, also which capabilities it declares against those the entry grants.
-    Inspect {
-        file: PathBuf,
-        /// A providers-config entry (YAML or JSON) whose `grants` to compare with the declared
-        /// capabilities.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-    /// Check configs as the operator does (the plugin's JSON Schema, the grants, then
-    /// `validate-config`): one entry against a component, or a whole providers config.
-    Validate {
-        /// The component (with `--config`).
-        #[arg(required_unless_present = "providers_config", requires = "config")]
-        file: Option<PathBuf>,
-        /// A providers-config entry (YAML or JSON): `config` and `grants`.
-        #[arg(long, conflicts_with = "providers_config")]
-        config: Option<PathBuf>,
-        /// A whole providers config: every entry, its plugin from `--plugins-dir` (or its URL).
-        #[arg(long)]
-        providers_config: Option<PathBuf>,
-        /// Where the built-in plugins are, as the operator's `--plugins-dir`.
-        #[arg(long, env = "PLUGINS_DIR", default_value = "/plugins")]
-        plugins_dir: PathBuf,
-    },
-    /// Call one provider function against real capabilities.
-    Run {
-        file: PathBuf,
-        /// A providers-config entry (YAML or JSON): `config` and `grants`.
-        #[arg(long)]
-        config: PathBuf,
-        /// For `grants.libvirt`: the SSH private key (OpenSSH, unencrypted) to reach hypervisors.
-        #[arg(long, requires = "known_hosts")]
-        ssh_key: Option<PathBuf>,
-        /// For `grants.libvirt`: the known_hosts file the hypervisors' host keys are checked against.
-        #[arg(long, requires = "ssh_key")]
-        known_hosts: Option<PathBuf>,
-        /// For `grants.kube`: the cluster (default `KUBECONFIG`, then `~/.kube/config`).
-        #[arg(long)]
-        kubeconfig: Option<PathBuf>,
-        #[command(subcommand)]
-        function: RunFunction,
-    },
-    /// Run the conformance suite against a component: one line per check, non-zero exit when
-    /// one fails (docs/plugin-authoring.md, "Testing a provider").
-    Test {
-        file: PathBuf,
-        /// A providers-config entry (YAML or JSON): a good `config` and its `grants`.
-        #[arg(long)]
-        config: PathBuf,
-        /// An instance spec (YAML or JSON) to create instead of the default one.
-        #[arg(long)]
-        spec: Option<PathBuf>,
-        /// Print one JSON document (for CI) instead of lines.
-        #[arg(long)]
-        json: bool,
-        /// For `grants.libvirt`: the SSH private key (OpenSSH, unencrypted) to reach hypervisors.
-        #[arg(long, requires = "known_hosts")]
-        ssh_key: Option<PathBuf>,
-        /// For `grants.libvirt`: the known_hosts file the hypervisors' host keys are checked against.
-        #[arg(long, requires = "ssh_key")]
-        known_hosts: Option<PathBuf>,
-    },
-    /// Write a new provider crate (SDK, JSON Schema, every function, README, small release
-    /// profile) that passes `plugin test` as generated.
-    New(proxy_operator::cli::scaffold::NewArgs),
-    /// Serve the instances API the scaffold's provider talks to, in memory on loopback, so a
-    /// new provider can be tried and tested offline.
-    DevApi {
-        /// Where to listen; `127.0.0.1:0` picks a free port (printed on stdout).
-        #[arg(long, default_value = "127.0.0.1:8787")]
-        listen: std::net::SocketAddr,
-    },
-}
-
-/// Logs to stderr, coloured only when stderr is a terminal (log files and container logs get
-/// plain text). A `--log-level` that is not a filter is refused, not replaced by `info`.
+/// Logs to stderr, coloured only on a terminal without `NO_COLOR` (`logging::colour`). A
+/// `--log-level` that is not a filter is refused, not replaced by `info`.
 fn init_logging(cli: &Cli) -> Result<(), String> {
+    use proxy_operator::cli::logging;
     use std::io::IsTerminal;
-    let filter = proxy_operator::cli::logging::filter(&cli.log_level)?;
+    let filter = logging::filter(&cli.log_level)?;
+    let no_color = std::env::var_os("NO_COLOR");
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(logging::colour(
+            std::io::stderr().is_terminal(),
+            no_color.as_deref(),
+        ))
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
@@ -173,6 +53,19 @@ fn write_crds(out: Option<&std::path::Path>) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before the log set-up: a script is printed whatever LOG_LEVEL says.
+    if let Command::Completions { shell } = cli.command {
+        use std::io::Write;
+        let written =
+            std::io::stdout().write_all(&proxy_operator::cli::command::completions(shell));
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: writing the completion script: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Err(e) = init_logging(&cli) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
@@ -202,6 +95,7 @@ async fn main() -> ExitCode {
             }
         },
         Command::Plugin { command } => plugin_command(command).await,
+        Command::Completions { .. } => unreachable!("printed before the log set-up"),
     }
 }
 

@@ -3,12 +3,17 @@
 //! stand-in, and the monitoring component, whose alerts and dashboard may only query metrics the
 //! operator documents (docs/metrics.md). The cluster test (cluster_e2e.rs) applies all of it to a
 //! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
+//! `cli.rs`: docs/configuration.md held to the command line and the providers config parser, and
+//! the shell completion script.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
+
+#[path = "deploy/cli.rs"]
+mod cli;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -217,8 +217,9 @@ pub struct LeaseArgs {
     /// Address of the discovery API (leases for crawlers).
     #[arg(long, env = "DISCOVERY_ADDR", default_value = "0.0.0.0:8090")]
     pub discovery_addr: SocketAddr,
-    /// Bearer token crawlers present to the discovery API (from a Secret). Without it the
-    /// discovery API is not served.
+    /// Bearer token crawlers present to the discovery API (from a Secret). Without it crawlers
+    /// use ServiceAccount tokens (--discovery-kubernetes-auth); without either the discovery API
+    /// is not served.
     #[arg(long, env = "DISCOVERY_TOKEN", hide_env_values = true)]
     pub discovery_token: Option<String>,
     /// Lease lifetime when a crawler does not ask for one.

@@ -1,6 +1,16 @@
-//! The operator's log filter (`--log-level` / `LOG_LEVEL`), checked rather than guessed at.
+//! The operator's log filter (`--log-level` / `LOG_LEVEL`), checked rather than guessed at, and
+//! whether its log is coloured.
+
+use std::ffi::OsStr;
 
 use tracing_subscriber::EnvFilter;
+
+/// Whether the log gets ANSI colour: only on a terminal (log files and container logs get plain
+/// text), and never when `NO_COLOR` is set and not empty (https://no-color.org). clap's own help
+/// and errors already follow both rules.
+pub fn colour(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(OsStr::is_empty)
+}
 
 /// Words other loggers use as levels. `EnvFilter` would take each for a target name and show
 /// nothing at all, so they are refused with the levels that exist.
@@ -29,7 +39,30 @@ pub fn filter(spec: &str) -> Result<EnvFilter, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::filter;
+    use super::{colour, filter};
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        let table: [(bool, Option<&str>, bool); 8] = [
+            (true, None, true),
+            // Set but empty counts as unset, as no-color.org says.
+            (true, Some(""), true),
+            (true, Some("1"), false),
+            (true, Some("0"), false),
+            (false, None, false),
+            (false, Some(""), false),
+            (false, Some("1"), false),
+            (false, Some("yes"), false),
+        ];
+        for (terminal, no_color, expected) in table {
+            assert_eq!(
+                colour(terminal, no_color.map(OsStr::new)),
+                expected,
+                "terminal {terminal}, NO_COLOR {no_color:?}"
+            );
+        }
+    }
 
     #[test]
     fn log_filters_are_checked() {
