@@ -268,6 +268,11 @@ async fn labelled_leaders(cluster: &Cluster) -> Vec<String> {
 }
 
 async fn rollout_status(cluster: &Cluster) {
+    deployment_rolled_out(cluster, "proxy-operator", "240s").await;
+}
+
+/// `kubectl rollout status` of a Deployment in the operator's namespace, for at most `timeout`.
+async fn deployment_rolled_out(cluster: &Cluster, deployment: &str, timeout: &str) {
     kubectl(
         cluster,
         &[
@@ -275,8 +280,25 @@ async fn rollout_status(cluster: &Cluster) {
             "proxy-operator",
             "rollout",
             "status",
-            "deployment/proxy-operator",
-            "--timeout=240s",
+            &format!("deployment/{deployment}"),
+            &format!("--timeout={timeout}"),
+        ],
+    )
+    .await;
+}
+
+/// A Secret in the operator's namespace with one key, `token`.
+async fn create_token_secret(cluster: &Cluster, name: &str, token: &str) {
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "create",
+            "secret",
+            "generic",
+            name,
+            &format!("--from-literal=token={token}"),
         ],
     )
     .await;
@@ -352,33 +374,9 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     // Install as the README says: apply -k, the token Secret, a restart.
     let overlay = write_overlay(&cluster.images().squid, &format!("{web_ip}:8080"));
     kubectl(cluster, &["apply", "-k", overlay.to_str().unwrap()]).await;
-    kubectl(
-        cluster,
-        &[
-            "-n",
-            "proxy-operator",
-            "create",
-            "secret",
-            "generic",
-            "proxy-operator-discovery",
-            &format!("--from-literal=token={TOKEN}"),
-        ],
-    )
-    .await;
+    create_token_secret(cluster, "proxy-operator-discovery", TOKEN).await;
     // The gateway's Secret, which its Pods and (with the component) the operator's wait for.
-    kubectl(
-        cluster,
-        &[
-            "-n",
-            "proxy-operator",
-            "create",
-            "secret",
-            "generic",
-            "proxy-operator-gateway",
-            &format!("--from-literal=token={GATEWAY_TOKEN}"),
-        ],
-    )
-    .await;
+    create_token_secret(cluster, "proxy-operator-gateway", GATEWAY_TOKEN).await;
     // The discovery Secret is optional (the operator starts without it), and read at start: a
     // restart; the gateway's Pods start at once rather than at the kubelet's next retry.
     kubectl(

@@ -275,8 +275,6 @@ async fn take_report<R: Routes>(
             "a report lands on the upstream of your session: add session-<id> to the proxy username, as on the requests it is about",
         );
     }
-    let outcome = report.report.as_str();
-    let target = report.target.clone();
     let session = SessionReport {
         routing,
         token,
@@ -285,7 +283,9 @@ async fn take_report<R: Routes>(
     };
     match ctx.routes.report_session(&session).await {
         Ok(proxy) => {
-            let body = serde_json::json!({"proxy": proxy, "outcome": outcome, "target": target});
+            let outcome = session.report.as_str();
+            let body =
+                serde_json::json!({"proxy": proxy, "outcome": outcome, "target": session.target});
             Answer {
                 content_type: "application/json",
                 ..Answer::new(200, body.to_string(), Outcome::Ok)

@@ -95,6 +95,24 @@ impl LeaderRoutes {
         self.base.join(path).expect("a fixed relative path joins")
     }
 
+    /// POSTs `body` to the leader on behalf of a client: the gateway's token and the client's.
+    async fn post_for_client(
+        &self,
+        path: &str,
+        client_token: &str,
+        body: &serde_json::Value,
+    ) -> Result<reqwest::Response, RouteError> {
+        self.http
+            .post(self.url(path))
+            .bearer_auth(client_token)
+            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| RouteError::Unavailable(format!("the leader did not answer: {e}")))
+    }
+
     /// Tells the leader this replica's open upstream connections per proxy.
     pub async fn push_load(&self, connections: &[(String, u32)]) -> anyhow::Result<()> {
         let body = serde_json::json!({
@@ -120,6 +138,20 @@ impl LeaderRoutes {
         }
         Ok(())
     }
+}
+
+/// A 200's JSON body (reqwest's `json` feature is not built: serde_json over the bytes does the
+/// same); one that does not read is the leader being unavailable.
+async fn answer_of<T: serde::de::DeserializeOwned>(
+    response: reqwest::Response,
+    what: &str,
+) -> Result<T, RouteError> {
+    response
+        .bytes()
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        .map_err(|e| RouteError::Unavailable(format!("{what}: {e}")))
 }
 
 /// The problem document of a refusal (empty when it is none).
@@ -165,15 +197,8 @@ impl Routes for LeaderRoutes {
             "avoid": request.avoid,
         });
         let response = self
-            .http
-            .post(self.url("v1/gateway/routes"))
-            .bearer_auth(&request.token)
-            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .map_err(|e| RouteError::Unavailable(format!("the leader did not answer: {e}")))?;
+            .post_for_client("v1/gateway/routes", &request.token, &body)
+            .await?;
         let status = response.status();
         if status != StatusCode::OK {
             let retry_after = response
@@ -185,13 +210,7 @@ impl Routes for LeaderRoutes {
             let problem = problem_of(response).await;
             return Err(refusal(status, retry_after, problem));
         }
-        // reqwest's `json` feature is not built: serde_json over the bytes does the same.
-        let answer: RouteAnswer = response
-            .bytes()
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-            .map_err(|e| RouteError::Unavailable(format!("the leader's route: {e}")))?;
+        let answer: RouteAnswer = answer_of(response, "the leader's route").await?;
         Ok(Route {
             proxy: format!("{}/{}", answer.proxy.namespace, answer.proxy.name),
             address: answer.proxy.address,
@@ -241,15 +260,8 @@ impl Routes for LeaderRoutes {
             "target": report.target,
         });
         let response = self
-            .http
-            .post(self.url("v1/gateway/session-reports"))
-            .bearer_auth(&report.token)
-            .header(GATEWAY_TOKEN_HEADER, &self.gateway_token)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .map_err(|e| RouteError::Unavailable(format!("the leader did not answer: {e}")))?;
+            .post_for_client("v1/gateway/session-reports", &report.token, &body)
+            .await?;
         let status = response.status();
         if status != StatusCode::OK {
             return Err(refusal(status, None, problem_of(response).await));
@@ -258,12 +270,7 @@ impl Routes for LeaderRoutes {
         struct Landed {
             proxy: String,
         }
-        response
-            .bytes()
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<Landed>(&b).map_err(|e| e.to_string()))
-            .map(|l| l.proxy)
-            .map_err(|e| RouteError::Unavailable(format!("the leader's answer: {e}")))
+        let landed: Landed = answer_of(response, "the leader's answer").await?;
+        Ok(landed.proxy)
     }
 }

@@ -80,13 +80,18 @@ fn take(slots: &mut HashMap<Key, Slot>, key: &Key, now: Instant) -> Take {
             };
         }
     }
-    let slot = slots.entry(key.clone()).or_insert(Slot {
-        spare: None,
-        // Never asked: not hot.
-        last_asked: now.checked_sub(HOT_WINDOW).unwrap_or(now),
-        fetching: false,
-        epoch: 0,
-    });
+    // The key (the client's token, username and site) is copied only the first time it comes.
+    if !slots.contains_key(key) {
+        let never_asked = Slot {
+            spare: None,
+            // Not hot.
+            last_asked: now.checked_sub(HOT_WINDOW).unwrap_or(now),
+            fetching: false,
+            epoch: 0,
+        };
+        slots.insert(key.clone(), never_asked);
+    }
+    let slot = slots.get_mut(key).expect("inserted above");
     let hot = now.duration_since(slot.last_asked) < HOT_WINDOW;
     slot.last_asked = now;
     let spare = slot

@@ -7,7 +7,7 @@ use harness::node::{Cluster, WEB_BODY};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::{TOKEN, cluster_ip, curl, kubectl};
+use super::{TOKEN, cluster_ip, curl, deployment_rolled_out, kubectl};
 
 /// squid's access log in `squid_pod` (`accessLog: true` in the providers config).
 async fn squid_access_log(cluster: &Cluster, squid_pod: &str) -> String {
@@ -27,18 +27,7 @@ pub(super) async fn through_the_gateway(
     squid_pod: &str,
     fleet_user: &str,
 ) {
-    kubectl(
-        cluster,
-        &[
-            "-n",
-            "proxy-operator",
-            "rollout",
-            "status",
-            "deployment/proxy-operator-gateway",
-            "--timeout=120s",
-        ],
-    )
-    .await;
+    deployment_rolled_out(cluster, "proxy-operator-gateway", "120s").await;
     let page = format!("http://{web_ip}:8080/");
     let logged = format!(" GET {page} {fleet_user} ");
     let before = squid_access_log(cluster, squid_pod)

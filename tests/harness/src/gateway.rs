@@ -3,9 +3,9 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::process::{Proc, Scratch, free_port};
 
@@ -70,27 +70,7 @@ impl GatewayProcess {
             .no_proxy()
             .timeout(Duration::from_secs(5))
             .build()?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            let last = match http.get(&url).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
-                Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
-                Err(e) => e.to_string(),
-            };
-            if let Some(status) = self.process.try_exited() {
-                bail!(
-                    "the gateway exited ({status}):\n{}",
-                    self.process.log_tail(40)
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the gateway is not ready after {timeout:?} (last: {last}):\n{}",
-                    self.process.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.process.wait_http_ok(&http, &url, timeout).await
     }
 
     /// `http://username:token@<http port>`: the proxy URL a client uses.

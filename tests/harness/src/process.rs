@@ -210,6 +210,36 @@ impl Proc {
     }
 
     /// The last `lines` lines of the log file (at most 64 KiB are read).
+    /// Waits until `url` answers 2xx (a readiness endpoint of this process); fails at once if
+    /// the process exits, and after `timeout` with the last answer; either way with its log.
+    pub async fn wait_http_ok(
+        &mut self,
+        http: &reqwest::Client,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<()> {
+        let what = format!("{} at {url}", self.name);
+        let waited = wait_for(&what, timeout, || {
+            let exited = self.try_exited();
+            let asked = http.get(url).send();
+            async move {
+                if let Some(status) = exited {
+                    return Check::Failed(anyhow::anyhow!("exited ({status})"));
+                }
+                match asked.await {
+                    Ok(r) if r.status().is_success() => Check::Ready(()),
+                    Ok(r) => {
+                        let status = r.status();
+                        Check::NotYet(format!("{status}: {}", r.text().await.unwrap_or_default()))
+                    }
+                    Err(e) => Check::NotYet(e.to_string()),
+                }
+            }
+        })
+        .await;
+        waited.map_err(|e| anyhow::anyhow!("{e:#}:\n{}", self.log_tail(40)))
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         log_tail(&self.log, lines)
     }

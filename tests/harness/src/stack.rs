@@ -289,27 +289,9 @@ impl Stack {
 
     async fn wait_operator_ready(&mut self) -> Result<()> {
         let url = format!("http://{}/readyz", self.metrics);
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Ok(r) = self.http.get(&url).send().await
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            if let Some(status) = self.operator.try_exited() {
-                bail!(
-                    "the operator exited ({status}):\n{}",
-                    self.operator.log_tail(40)
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the operator is not ready after 90 s:\n{}",
-                    self.operator.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        self.operator
+            .wait_http_ok(&self.http, &url, Duration::from_secs(90))
+            .await
     }
 
     /// The gateway's proxy URL for `username` (routing parameters) and the crawler token.

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::picking::{Picked, Wanted, pick};
-use super::sessions::session_digest;
 use super::targets::target_digest;
 use super::{
     EndReason, Grant, GrantError, Held, Inner, Lease, LeaseError, LeaseRequest, LeaseStore,
@@ -48,14 +47,7 @@ impl LeaseStore {
         let (held_id, leased_id) = (id.clone(), id.clone());
         let session: Option<Arc<str>> = request.session.as_deref().map(Arc::from);
         let holder = request.holder.clone();
-        let wanted = Wanted {
-            // Per holder: two crawlers choosing the same key do not share a proxy.
-            session: request
-                .session
-                .as_deref()
-                .map(|s| session_digest(request.holder.as_deref(), s)),
-            target: request.target.as_deref().map(target_digest),
-        };
+        let wanted = Wanted::of(request);
         let ttl_ms = ttl.as_millis() as u64;
         let mut guard = self.lock();
         let inner = &mut *guard;

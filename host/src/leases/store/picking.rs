@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::sessions::Digest;
+use super::sessions::{Digest, session_digest};
 use super::shared_use::SHARED_HOLD;
+use super::targets::target_digest;
 use super::{GrantError, Inner, LeaseRequest, PoolKey, ProxyKey, Slot};
 
 /// Retry-After when nothing is known to free up sooner.
@@ -17,6 +18,20 @@ pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 pub(super) struct Wanted {
     pub(super) session: Option<Digest>,
     pub(super) target: Option<Digest>,
+}
+
+impl Wanted {
+    /// The digests of a request's session (per holder: two crawlers choosing the same key do
+    /// not share a proxy) and target, made before the table's lock is taken.
+    pub(super) fn of(request: &LeaseRequest) -> Wanted {
+        Wanted {
+            session: request
+                .session
+                .as_deref()
+                .map(|s| session_digest(request.holder.as_deref(), s)),
+            target: request.target.as_deref().map(target_digest),
+        }
+    }
 }
 
 pub(super) enum Picked {

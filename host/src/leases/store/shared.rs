@@ -51,13 +51,7 @@ impl LeaseStore {
     pub fn route(&self, request: &RouteRequest) -> Result<Routed, GrantError> {
         let now = now_ms();
         let filters = &request.filters;
-        let wanted = Wanted {
-            session: filters
-                .session
-                .as_deref()
-                .map(|s| session_digest(filters.holder.as_deref(), s)),
-            target: filters.target.as_deref().map(target_digest),
-        };
+        let wanted = Wanted::of(filters);
         let mut guard = self.lock();
         let inner = &mut *guard;
         if !inner.ready {
