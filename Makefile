@@ -49,7 +49,8 @@ run: plugins
 		--providers-config deploy/samples/providers-config.yaml --plugins-dir $(PLUGINS_DIR) \
 		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
 
-# Every test, then the one-command run of `make dev` once (DEV_ONCE=1), as a newcomer would.
+# Every test, with the 60-second soak and the one-command run of `make dev` once (DEV_ONCE=1), as a
+# newcomer would, among the suites.
 # Each phase is timed and the table printed at the end, also when one failed (.ci/phase). The
 # test binaries are built once and run by .ci/run-suites (SUITE_JOBS=N at most at once, default
 # 2, the suites that boot VMs or a node cluster never beside one another, docs/development.md);
@@ -65,17 +66,15 @@ test-phases:
 	.ci/phase examples $(MAKE) --no-print-directory examples
 	.ci/phase "cargo fmt --check" $(CARGO) fmt --all --check
 	.ci/phase clippy $(CARGO) clippy --workspace --all-targets -- -D warnings
-	.ci/phase "test build" $(CARGO) test --workspace --no-run
+	@# Every test target, the examples, the binaries and the soak bench, built once.
+	.ci/phase "test build" .ci/run-suites --build-only
 	.ci/phase "operator image (test build's binary)" $(MAKE) --no-print-directory test-image-of-build
 	.ci/phase "operator image (full Dockerfile build, when its recipe changed)" \
 		$(MAKE) --no-print-directory test-dockerfile
-	.ci/phase "tests (side by side)" .ci/run-suites
-	@# The soak's 60-second version (host/benches/soak.rs), in the dev profile: it checks its
-	@# invariants and fails if one broke; `make soak` runs the 10-minute one in release.
-	SOAK_SECONDS=60 .ci/phase "soak (60 s, and its build)" $(CARGO) test -p proxy-operator --bench soak
-	@# cargo test built both binaries for the integration tests; `cargo build --bin` would build
-	@# them again with another feature set (minutes on a cold tree).
-	DEV_ONCE=1 .ci/phase "make dev (DEV_ONCE=1)" target/debug/dev
+	@# The suites side by side, among them the 60-second soak (host/benches/soak.rs, it checks its
+	@# invariants and fails if one broke; `make soak` runs the 10-minute one in release) and
+	@# `make dev` once (DEV_ONCE=1) as a newcomer would, with the VM suites.
+	.ci/phase "tests (side by side, the soak and make dev among them)" .ci/run-suites
 
 # The operator's main job, for real: control plane, a local hypervisor, the operator with the
 # built plugins, a kvm Proxy that boots, becomes Ready and is leased (tests/harness/src/bin/dev.rs).
@@ -121,7 +120,7 @@ image:
 # image` is (docs/image.md).
 .PHONY: test-image test-image-of-build test-dockerfile e2e-cluster
 test-image: plugins
-	$(CARGO) test --workspace --no-run
+	.ci/run-suites --build-only
 	@$(MAKE) --no-print-directory test-image-of-build
 
 # The prebuilt image of the binary already built (what `make test` runs after its test build;

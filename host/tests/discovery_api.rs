@@ -14,6 +14,9 @@ use proxy_operator::leases::{
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+// Who may lease what: ServiceAccount tokens and RBAC against a real API server.
+#[path = "discovery_api/auth.rs"]
+mod auth;
 #[path = "discovery_api/browser.rs"]
 mod browser;
 #[path = "discovery_api/dataplane.rs"]

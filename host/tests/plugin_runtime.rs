@@ -3,6 +3,9 @@
 //! cache and metrics.
 
 mod common;
+// WIT versions with real components (one test binary with the runtime's: one link fewer).
+#[path = "plugin_runtime/versions.rs"]
+mod versions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

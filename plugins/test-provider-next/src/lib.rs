@@ -1,5 +1,5 @@
 //! A test fixture, not a provider: built against `tests/fixtures/wit-0.1.1` (the 0.1.0 package at
-//! version 0.1.1 plus an exported `describe-extended`), so `host/tests/plugin_versions.rs` can
+//! version 0.1.1 plus an exported `describe-extended`), so `host/tests/plugin_runtime/versions.rs` can
 //! check that the host loads a compatible 0.1.x component through its 0.1.0 bindings. Its
 //! instances are synthetic; it imports `log@0.1.1` (called from `list`) so the component also
 //! has a versioned host import to match.

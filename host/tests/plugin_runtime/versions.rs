@@ -4,9 +4,7 @@
 //! host's 0.1.0 bindings; any other major or minor version is refused naming the version found
 //! and the versions supported.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proxy_operator::capabilities::Grants;
 use proxy_operator::plugins::types::{InstanceState, ProviderError};
 use proxy_operator::plugins::{LoadError, ProviderInstance, ProviderInstanceOptions};
