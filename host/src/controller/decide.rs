@@ -632,4 +632,6 @@ pub fn delete_failed(id: &str, error: &CallError) -> (Note, Then) {
 }
 
 #[cfg(test)]
+mod provisioning_tests;
+#[cfg(test)]
 mod tests;

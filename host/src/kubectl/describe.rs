@@ -104,7 +104,7 @@ fn field(out: &mut String, label: &str, value: &str, colour: bool) {
     out.push_str(&format!(
         "{}{}{value}\n",
         bold(&format!("{label}:"), colour),
-        " ".repeat(13usize.saturating_sub(label.len() + 1))
+        " ".repeat(13usize.saturating_sub(label.len() + 1).max(1))
     ));
 }
 
@@ -209,6 +209,32 @@ pub fn proxy_view(proxy: &Proxy, health: Option<&ProviderHealth>, fleet: &Fleet)
     }
 }
 
+/// `none`, or the reports and cooldowns of the lease table.
+fn blocks_text(view: &ProxyView, now_ms: u64) -> String {
+    let p = &view.proxy;
+    let mut parts = Vec::new();
+    if p.blocked_reports > 0 {
+        parts.push(format!("{} blocked report(s)", p.blocked_reports));
+    }
+    if let Some(until) = p.cooling_down_until_ms {
+        parts.push(format!(
+            "cooling down for every target, leasable again {}",
+            relative(until, now_ms)
+        ));
+    }
+    if view.targets_cooling_down > 0 {
+        parts.push(format!(
+            "cooling down for {} target(s)",
+            view.targets_cooling_down
+        ));
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 pub fn render_proxy(view: &ProxyView, now_ms: u64, colour: bool) -> String {
     let p = &view.proxy;
     let mut out = String::new();
@@ -259,21 +285,7 @@ pub fn render_proxy(view: &ProxyView, now_ms: u64, colour: bool) -> String {
         None => lease_state(p, now_ms).text,
     };
     field(&mut out, "Lease", &lease, colour);
-    field(
-        &mut out,
-        "Blocks",
-        &format!(
-            "{} reported; cooling down {}; for {} target(s)",
-            p.blocked_reports,
-            p.cooling_down_until_ms
-                .map_or("for no target".into(), |u| format!(
-                    "for every target until {}",
-                    relative(u, now_ms)
-                )),
-            view.targets_cooling_down
-        ),
-        colour,
-    );
+    field(&mut out, "Blocks", &blocks_text(view, now_ms), colour);
     field(
         &mut out,
         "Last probe",
@@ -330,7 +342,7 @@ Age:         5m
 Address:     -
 Exit IP:     -
 Lease:       -
-Blocks:      0 reported; cooling down for no target; for 0 target(s)
+Blocks:      none
 Last probe:  -
 Last error:  Create: quota: HTTP 429: full
 Provisioned: False Quota: Create at provider store: quota: HTTP 429: full; retrying

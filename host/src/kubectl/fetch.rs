@@ -16,6 +16,7 @@ use super::why::EventLine;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::kubeclient::list_all;
 use crate::leases::LeasePersistence;
+use crate::providerhealth::OPERATOR_LABEL;
 
 /// The cluster as the kubeconfig (and `--kubeconfig`, `--context`) says, and the namespace to
 /// use: `-n`, else the context's, else `default`.
@@ -112,7 +113,9 @@ pub async fn fleet(
     let proxies = list_all(&proxies, &params)
         .await
         .map_err(|e| Failure::kube("listing Proxies", e))?;
-    let providers = list_all(&Api::<ProviderHealth>::all(cluster.client.clone()), &params)
+    // Those of this operator: another installation's provider instances are not its fleet.
+    let own = ListParams::default().labels(&format!("{OPERATOR_LABEL}={}", global.operator_id));
+    let providers = list_all(&Api::<ProviderHealth>::all(cluster.client.clone()), &own)
         .await
         .map_err(|e| Failure::kube("listing ProviderHealths", e))?;
     let leases = lease_facts(
@@ -223,4 +226,20 @@ where
     api.get_opt(name)
         .await
         .map_err(|e| Failure::kube(&format!("reading {what} {name}"), e))
+}
+
+/// The ProviderHealth of the Proxy's provider instance, when this operator wrote one (one a
+/// user may not read is no reason to fail `why`).
+pub async fn provider_health(
+    client: &Client,
+    provider: &str,
+    operator_id: &str,
+) -> Option<ProviderHealth> {
+    let api: Api<ProviderHealth> = Api::all(client.clone());
+    api.get_opt(provider).await.ok().flatten().filter(|h| {
+        kube::ResourceExt::labels(h)
+            .get(OPERATOR_LABEL)
+            .map(String::as_str)
+            == Some(operator_id)
+    })
 }

@@ -37,8 +37,15 @@ pub struct PoolRow {
     pub created: Option<String>,
     #[serde(skip)]
     pub created_ms: Option<u64>,
-    /// The `Ready` condition's status and reason.
-    pub ready_condition: Option<(String, String)>,
+    /// The `Ready` condition.
+    pub ready_condition: Option<Brief>,
+}
+
+/// A condition's status and reason.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Brief {
+    pub status: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -160,7 +167,8 @@ pub fn pool_row(pool: &ProxyPool, fleet: &Fleet) -> PoolRow {
         provider: pool.spec.template.spec.provider.clone(),
         created: created_ms.map(rfc3339),
         created_ms,
-        ready_condition: condition(&status.conditions, "Ready").map(|(s, r, _)| (s, r)),
+        ready_condition: condition(&status.conditions, "Ready")
+            .map(|(status, reason, _)| Brief { status, reason }),
         namespace,
         name,
     }
@@ -352,14 +360,13 @@ pub fn providers_table(rows: &[ProviderRow], now_ms: u64) -> Table {
             Cell::new(or_dash(row.ready.as_deref()), tone),
             or_dash(row.reason.as_deref()).into(),
             or_dash(row.targets.as_deref()).into(),
-            Cell::new(
-                or_dash(row.plugin.as_deref()),
-                if row.plugin_loaded.as_deref() == Some("True") {
-                    Tone::Plain
-                } else {
-                    Tone::Bad
-                },
-            ),
+            // A plugin that is not loaded says why at length: `why`, `-o json` and the
+            // ProviderHealth have it; the table stays one screen wide.
+            if row.plugin_loaded.as_deref() == Some("True") {
+                Cell::new(or_dash(row.plugin.as_deref()), Tone::Plain)
+            } else {
+                Cell::new("not loaded", Tone::Bad)
+            },
             row.last_check_ms
                 .map_or("-".into(), |c| relative(c, now_ms))
                 .into(),

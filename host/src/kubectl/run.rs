@@ -18,7 +18,7 @@ use super::fetch::{self, Cluster};
 use super::fleet::{self, key_of};
 use super::lease_api::{self, Answer, Discovery, Token};
 use super::why::{self, Leasing};
-use crate::api::{ProviderHealth, Proxy, ProxyPool};
+use crate::api::{Proxy, ProxyPool};
 use crate::leases::Outcome;
 use crate::leases::store::{now_ms, persisted_target};
 
@@ -313,7 +313,9 @@ async fn status(
             Ok(done)
         }
         (None, Some(proxy)) => {
-            let health = provider_health(&cluster, &proxy).await?;
+            let health =
+                fetch::provider_health(&cluster.client, &proxy.spec.provider, &global.operator_id)
+                    .await;
             let fleet = fleet::Fleet {
                 leases: fetch::lease_facts(
                     &cluster.client,
@@ -341,15 +343,6 @@ async fn status(
     }
 }
 
-async fn provider_health(
-    cluster: &Cluster,
-    proxy: &Proxy,
-) -> Result<Option<ProviderHealth>, Failure> {
-    let api: Api<ProviderHealth> = Api::all(cluster.client.clone());
-    // ProviderHealths are cluster-scoped; one a user may not read is no reason to fail `why`.
-    Ok(api.get_opt(&proxy.spec.provider).await.ok().flatten())
-}
-
 async fn the_proxy(cluster: &Cluster, name: &str) -> Result<(Api<Proxy>, Proxy), Failure> {
     let api: Api<Proxy> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     match fetch::get_opt(&api, name, "Proxy").await? {
@@ -365,7 +358,8 @@ async fn why_not(global: &Global, name: &str, colour: bool) -> Result<Done, Fail
     let cluster = fetch::connect(global).await?;
     let (_, proxy) = the_proxy(&cluster, name).await?;
     let now = now_ms();
-    let health = provider_health(&cluster, &proxy).await?;
+    let health =
+        fetch::provider_health(&cluster.client, &proxy.spec.provider, &global.operator_id).await;
     let events = fetch::events(&cluster.client, &cluster.namespace, name, 5).await;
     let facts = fetch::lease_facts(
         &cluster.client,

@@ -264,32 +264,6 @@ fn what_the_provider_says_becomes_the_status(
     assert_eq!(effects.status.observed_generation, Some(3));
 }
 
-/// The provider's message on an instance still provisioning (the kvm provider's "waiting for
-/// the guest agent", and after 5 minutes what to check) reaches the condition, not only its log.
-#[rstest]
-#[case::with_the_providers_words(
-    Some("running; waiting for the guest agent to report an IPv4 address"),
-    "instance vm-1 is Provisioning, waiting for an address: running; waiting for the guest agent to report an IPv4 address"
-)]
-#[case::without(None, "instance vm-1 is Provisioning, waiting for an address")]
-#[case::blank(Some("  "), "instance vm-1 is Provisioning, waiting for an address")]
-fn a_provisioning_instance_s_message_is_in_its_condition(
-    #[case] said: Option<&str>,
-    #[case] expected: &str,
-) {
-    let mut waiting = instance(InstanceState::Provisioning, None);
-    waiting.message = said.map(String::from);
-    let effects = observed(&proxy(1, None), ProxyStatus::default(), &waiting, true);
-    let provisioned = effects
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Provisioned")
-        .unwrap();
-    assert_eq!(provisioned.reason, "Provisioning");
-    assert_eq!(provisioned.message, expected);
-}
-
 #[test]
 fn a_created_instance_is_announced_then_provisioned_once() {
     let effects = created(
