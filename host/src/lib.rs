@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod gc;
 pub mod health;
 pub mod kubeclient;
+pub mod kubectl;
 pub mod leader;
 pub mod leader_label;
 pub mod leases;

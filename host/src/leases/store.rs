@@ -53,7 +53,7 @@ pub use sessions::{MAX_SESSION_CHARS, MAX_SESSIONS, validate_session};
 pub use shared_use::{PoolGateway, REPLICA_SILENCE, SHARED_HOLD};
 pub use targets::{
     CHECKPOINTED_TARGET_COOLDOWNS, MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY,
-    normalize_target,
+    normalize_target, persisted_target,
 };
 
 /// A provisioned proxy and what the table keeps beside it.
