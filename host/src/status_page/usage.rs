@@ -59,7 +59,7 @@ pub fn usage_of(families: &[MetricFamily]) -> Usage {
         .into_iter()
         .map(|(provider, (c, d))| (provider, c, d))
         .collect();
-    usage.leases_granted = granted.into_iter().collect();
+    usage.leases_granted = granted.into_iter().filter(|(_, n)| *n > 0.0).collect();
     usage.first_block.sort_by(|a, b| a.0.cmp(&b.0));
     usage
 }
