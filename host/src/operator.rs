@@ -361,8 +361,7 @@ impl Operator {
             tasks.push(spawn_until(&work, label.keep()));
         }
         tracing::info!(namespace = ?namespace, "reconciling Proxies and ProxyPools");
-        self.reconcile_until(stop, namespace.as_deref(), fleet)
-            .await;
+        self.reconcile_until(stop, fleet).await;
         // Crawlers go to the next leader from here on; grants still in flight finish.
         view.set_serving(false);
         if let Some(label) = &label {
@@ -383,12 +382,8 @@ impl Operator {
 impl Operator {
     /// The Proxy and ProxyPool controllers (and the usage meter beside them), until `stop`;
     /// reconciles in flight finish first.
-    async fn reconcile_until(
-        &self,
-        stop: &CancellationToken,
-        namespace: Option<&str>,
-        fleet: &Fleet,
-    ) {
+    async fn reconcile_until(&self, stop: &CancellationToken, fleet: &Fleet) {
+        let namespace = self.args.proxy_namespace.as_deref();
         let pools = Arc::new(PoolContext::new(
             self.client.clone(),
             self.ctx.providers.clone(),
