@@ -48,6 +48,9 @@ setInterval(refresh,SECONDS*1000);
 })();
 ";
 
+const ON_THE_LEADER: &str =
+    "<p class=\"note\" id=\"ID\">Counted by the leader: see its page or /metrics.</p>";
+
 /// The whole page.
 pub fn page(snapshot: &Snapshot) -> String {
     let script = SCRIPT.replace("SECONDS", &REFRESH_SECONDS.to_string());
@@ -74,9 +77,19 @@ pub fn fragment(s: &Snapshot) -> String {
     html.push_str("<h2>Leases</h2>");
     html.push_str(&leases(s));
     html.push_str("<div class=\"grid\"><div><h2>Blocks per target, last hour</h2>");
-    html.push_str(&blocks(s));
+    // Blocks, leases and the meter are the leader's: a standby's own counts are empty.
+    let leader = s.replica == Replica::Leader;
+    html.push_str(&if leader {
+        blocks(s)
+    } else {
+        ON_THE_LEADER.replace("ID", "blocks")
+    });
     html.push_str("</div><div><h2>Usage</h2>");
-    html.push_str(&super::render_usage::usage(&s.usage));
+    html.push_str(&if leader {
+        super::render_usage::usage(&s.usage)
+    } else {
+        ON_THE_LEADER.replace("ID", "usage")
+    });
     html.push_str("</div></div><h2>Plugins</h2>");
     html.push_str(&plugins(s));
     html
@@ -440,10 +453,17 @@ mod tests {
             "Leases are on the leader.",
             "No ProxyPool.",
             "No Proxy.",
-            "No block in the last hour.",
-            "No instance counted yet.",
+            "<p class=\"note\" id=\"blocks\">Counted by the leader",
+            "<p class=\"note\" id=\"usage\">Counted by the leader",
         ] {
             assert!(html.contains(words), "{words} not in\n{html}");
+        }
+        let empty = fragment(&Snapshot {
+            replica: Replica::Leader,
+            ..Snapshot::default()
+        });
+        for words in ["No block in the last hour.", "No instance counted yet."] {
+            assert!(empty.contains(words), "{words} not in\n{empty}");
         }
         let mut pools = sample();
         pools.pools[0].cooling = None;
