@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod blocks;
 pub mod journal;
 pub mod metrics;
 pub mod persist;
@@ -10,9 +11,10 @@ pub mod store;
 
 pub use api::{Discovery, router, serve};
 pub use auth::{Auth, KubeAuthOptions, KubeReviewer, TokenPools};
+pub use blocks::BlockMetrics;
 pub use metrics::LeaseMetrics;
 pub use persist::{Durability, LeasePersistence};
 pub use store::{
-    LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, PoolKey, ProxyKey, ProxyUsage,
-    Snapshot,
+    FirstBlock, LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, PoolKey, ProxyKey,
+    ProxyUsage, Snapshot,
 };

@@ -11,6 +11,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 pub struct ReconcileMetrics {
     total: IntCounterVec,
     duration: HistogramVec,
+    created: IntCounterVec,
+    deleted: IntCounterVec,
 }
 
 impl ReconcileMetrics {
@@ -32,9 +34,44 @@ impl ReconcileMetrics {
             ]),
             &["result"],
         )?;
-        registry.register(Box::new(total.clone()))?;
+        let created = IntCounterVec::new(
+            Opts::new(
+                "proxy_operator_proxies_created_total",
+                "Instances created at their provider for a Proxy, by provider instance.",
+            ),
+            &["provider"],
+        )?;
+        let deleted = IntCounterVec::new(
+            Opts::new(
+                "proxy_operator_proxies_deleted_total",
+                "Instances of deleted Proxies deleted at their provider, by provider instance.",
+            ),
+            &["provider"],
+        )?;
+        for family in [&total, &created, &deleted] {
+            registry.register(Box::new(family.clone()))?;
+        }
         registry.register(Box::new(duration.clone()))?;
-        Ok(ReconcileMetrics { total, duration })
+        Ok(ReconcileMetrics {
+            total,
+            duration,
+            created,
+            deleted,
+        })
+    }
+
+    /// Counts an instance created at `provider`.
+    pub(crate) fn created(metrics: &Option<Self>, provider: &str) {
+        if let Some(m) = metrics {
+            m.created.with_label_values(&[provider]).inc();
+        }
+    }
+
+    /// Counts an instance deleted at `provider`.
+    pub(crate) fn deleted(metrics: &Option<Self>, provider: &str) {
+        if let Some(m) = metrics {
+            m.deleted.with_label_values(&[provider]).inc();
+        }
     }
 
     pub(crate) fn observe(&self, elapsed: Duration, ok: bool) {
@@ -56,6 +93,7 @@ pub struct Metrics {
     pub probes: crate::health::ProbeMetrics,
     pub gc: crate::gc::GcMetrics,
     pub provider_checks: crate::providerhealth::HealthMetrics,
+    pub usage: crate::usage::UsageMetrics,
 }
 
 impl Metrics {
@@ -69,6 +107,7 @@ impl Metrics {
             probes: crate::health::ProbeMetrics::register(&registry)?,
             gc: crate::gc::GcMetrics::register(&registry)?,
             provider_checks: crate::providerhealth::HealthMetrics::register(&registry)?,
+            usage: crate::usage::UsageMetrics::register(&registry)?,
             registry,
         })
     }

@@ -18,6 +18,7 @@ use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::cli::args::RunArgs;
 use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
+use crate::fleet::Fleet;
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
 use crate::kubeclient;
@@ -32,6 +33,7 @@ use crate::pool::{self, PoolContext};
 use crate::probes::{self, ProbeState};
 use crate::providerhealth;
 use crate::registry::{PluginRegistry, RegistryOptions};
+use crate::{status_page, usage};
 
 /// The operator, built and ready to run.
 pub struct Operator {
@@ -120,7 +122,17 @@ impl Operator {
             None => LeaderView::always_serving(),
         };
         let sync = self.args.lease.lease_durability == Durability::Sync;
+        // Every replica keeps the fleet's caches: its status page, and the leader's meter.
+        let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
+        let status = status_page::Sources {
+            fleet: fleet.clone(),
+            leases: self.leases.clone(),
+            providers: self.ctx.providers.clone(),
+            view: view.clone(),
+            registry: self.metrics.registry.clone(),
+        };
         let mut tasks = vec![
+            spawn_until(&stop, watches),
             probes::serve(
                 &stop,
                 self.args.metrics_addr,
@@ -130,6 +142,7 @@ impl Operator {
                     leases: self.leases.clone(),
                     grants_wait_for_writes: sync,
                 },
+                status_page::router(status),
             )
             .await?,
         ];
@@ -171,9 +184,10 @@ impl Operator {
                 &stop,
                 leader::follow(self.client.clone(), election.clone(), view.clone()),
             ));
-            self.lead_while_elected(&stop, election, &view).await
+            self.lead_while_elected(&stop, election, &view, &fleet)
+                .await
         } else {
-            self.lead(&stop, &view).await;
+            self.lead(&stop, &view, &fleet).await;
             Ok(())
         };
         tracing::info!("shutting down");
@@ -190,6 +204,7 @@ impl Operator {
         stop: &CancellationToken,
         election: &leader::LeaderElection,
         view: &LeaderView,
+        fleet: &Fleet,
     ) -> anyhow::Result<()> {
         let mut lost_once = false;
         loop {
@@ -200,7 +215,7 @@ impl Operator {
                     tokio::spawn(async move { label.unmark().await });
                 }
             };
-            let work = || self.lead(stop, view);
+            let work = || self.lead(stop, view, fleet);
             match leader::lead(self.client.clone(), election, stop, step_down, work).await {
                 Ok(leader::Term::Shutdown) => return Ok(()),
                 Ok(leader::Term::Lost) if stop.is_cancelled() => return Ok(()),
@@ -262,7 +277,7 @@ impl Operator {
     /// The leader's work: the lease table restored first, then probes, GC, provider checks and
     /// the controller, until `stop`; on the way out the lease table is flushed. Dropped halfway
     /// (leadership lost), everything it started stops and nothing more is written.
-    async fn lead(&self, stop: &CancellationToken, view: &LeaderView) {
+    async fn lead(&self, stop: &CancellationToken, view: &LeaderView, fleet: &Fleet) {
         let Operator {
             args,
             client,
@@ -346,7 +361,7 @@ impl Operator {
             tasks.push(spawn_until(&work, label.keep()));
         }
         tracing::info!(namespace = ?namespace, "reconciling Proxies and ProxyPools");
-        self.reconcile_until(stop, namespace.as_deref()).await;
+        self.reconcile_until(stop, fleet).await;
         // Crawlers go to the next leader from here on; grants still in flight finish.
         view.set_serving(false);
         if let Some(label) = &label {
@@ -365,17 +380,30 @@ impl Operator {
 }
 
 impl Operator {
-    /// The Proxy and ProxyPool controllers, until `stop`; reconciles in flight finish first.
-    async fn reconcile_until(&self, stop: &CancellationToken, namespace: Option<&str>) {
+    /// The Proxy and ProxyPool controllers (and the usage meter beside them), until `stop`;
+    /// reconciles in flight finish first.
+    async fn reconcile_until(&self, stop: &CancellationToken, fleet: &Fleet) {
+        let namespace = self.args.proxy_namespace.as_deref();
         let pools = Arc::new(PoolContext::new(
             self.client.clone(),
             self.ctx.providers.clone(),
             self.leases.clone(),
         ));
-        tokio::join!(
-            controller::run_until(self.ctx.clone(), namespace, stop.clone().cancelled_owned()),
-            pool::run_until(pools, namespace, stop.clone().cancelled_owned()),
+        let meter = usage::run(
+            fleet.proxies.clone(),
+            self.leases.first_blocks(),
+            self.metrics.usage.clone(),
         );
+        let controllers = async {
+            tokio::join!(
+                controller::run_until(self.ctx.clone(), namespace, stop.clone().cancelled_owned()),
+                pool::run_until(pools, namespace, stop.clone().cancelled_owned()),
+            )
+        };
+        tokio::select! {
+            _ = controllers => {}
+            () = meter => {}
+        }
     }
 }
 

@@ -8,6 +8,6 @@ mod spec;
 
 pub use reconcile::{
     DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_FINALIZER, POOL_LABEL, PoolContext,
-    TEMPLATE_LABEL, run_until,
+    RECYCLE_ANNOTATION, TEMPLATE_LABEL, run_until,
 };
 pub use spec::{Invalid, resolve, template_hash};

@@ -1,4 +1,5 @@
-//! `/healthz`, `/readyz`, `/leaderz` and `/metrics` on `--metrics-addr`.
+//! `/healthz`, `/readyz`, `/leaderz` and `/metrics` on `--metrics-addr` (and the status page,
+//! `crate::status_page`).
 //!
 //! Every healthy replica is ready, so a Deployment's rolling update can finish and a
 //! PodDisruptionBudget counts both replicas: the leader once it serves leases, a standby while it
@@ -105,12 +106,13 @@ fn answer(decision: Result<String, String>) -> (StatusCode, String) {
     }
 }
 
-/// Serves the probes and metrics until `stop`.
+/// Serves the probes and metrics, and `pages` (the status page) beside them, until `stop`.
 pub async fn serve(
     stop: &CancellationToken,
     addr: std::net::SocketAddr,
     registry: prometheus::Registry,
     state: ProbeState,
+    pages: axum::Router,
 ) -> anyhow::Result<JoinHandle<()>> {
     let (ready_state, leader_state) = (state.clone(), state);
     let app = axum::Router::new()
@@ -135,11 +137,12 @@ pub async fn serve(
                 let answer = metrics_text(&registry);
                 async move { answer }
             }),
-        );
+        )
+        .merge(pages);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --metrics-addr {addr}"))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz, /leaderz");
+    tracing::info!(%addr, "serving /metrics, /status, /healthz, /readyz, /leaderz");
     let stop = stop.clone();
     Ok(tokio::spawn(async move {
         tokio::select! {

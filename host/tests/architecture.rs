@@ -48,8 +48,8 @@ fn library_files() -> Vec<SourceFile> {
                 .unwrap()
                 .to_string_lossy()
                 .to_string();
-            // main.rs is the binary crate: it sees the library through `proxy_operator::`.
-            if relative == "main.rs" {
+            // main.rs and bin/ are binary crates: they see the library through `proxy_operator::`.
+            if relative == "main.rs" || relative.starts_with("bin/") {
                 continue;
             }
             let module = if relative == "lib.rs" {

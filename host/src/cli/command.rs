@@ -67,8 +67,17 @@ pub enum Command {
 /// parses with, so it cannot miss a flag.
 pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
     use clap::CommandFactory;
+    completion_script(shell, &mut Cli::command(), BIN)
+}
+
+/// The completion script of `shell` for `command`, a binary called `bin` (also `kubectl-px`'s).
+pub fn completion_script(
+    shell: clap_complete::Shell,
+    command: &mut clap::Command,
+    bin: &str,
+) -> Vec<u8> {
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), BIN, &mut script);
+    clap_complete::generate(shell, command, bin, &mut script);
     if shell != clap_complete::Shell::Bash {
         return script;
     }
@@ -77,9 +86,9 @@ pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
     // complete it (`proxy__subcmd__operator__subcmd__run`), so nothing past the subcommand
     // completes (clap-rs/clap#6421, open in 4.6.12). Spelled as the loop does; a no-op once fixed.
     let script = String::from_utf8(script).expect("clap_complete writes UTF-8");
-    let loop_spelling = BIN.replace('-', "__");
+    let loop_spelling = bin.replace('-', "__");
     script
-        .replace(&BIN.replace('-', "__subcmd__"), &loop_spelling)
+        .replace(&bin.replace('-', "__subcmd__"), &loop_spelling)
         .into_bytes()
 }
 

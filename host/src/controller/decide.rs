@@ -310,15 +310,24 @@ pub fn observed(
         }
         _ => {
             status.phase = Some(Phase::Provisioning);
+            // The provider's own words on why (a VM booting, its guest agent silent for
+            // minutes, what to check) are its last answer: kept, so `kubectl describe` and
+            // `kubectl px why` can say them.
             let message = format!(
-                "instance {} is {:?}{}",
+                "instance {} is {:?}{}{}",
                 instance.provider_id,
                 instance.state,
                 if instance.address.is_none() {
                     ", waiting for an address"
                 } else {
                     ""
-                }
+                },
+                instance
+                    .message
+                    .as_deref()
+                    .filter(|m| !m.trim().is_empty())
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
             );
             conditions::not_provisioned(
                 &mut status.conditions,
@@ -622,5 +631,7 @@ pub fn delete_failed(id: &str, error: &CallError) -> (Note, Then) {
     )
 }
 
+#[cfg(test)]
+mod provisioning_tests;
 #[cfg(test)]
 mod tests;

@@ -478,7 +478,11 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
                 Written::Unchanged => proxy,
                 Written::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
             };
-            let effects = match provider.create(spec).await {
+            let created = provider.create(spec).await;
+            if created.is_ok() {
+                ReconcileMetrics::created(&ctx.metrics, provider.name());
+            }
+            let effects = match created {
                 Ok(instance) => decide::created(
                     placed,
                     status,
@@ -583,7 +587,7 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
     let mut notes = Vec::new();
     for id in ids {
         match provider.delete(&id).await {
-            Ok(Deletion::Deleted) => {}
+            Ok(Deletion::Deleted) => ReconcileMetrics::deleted(&ctx.metrics, provider.name()),
             Ok(Deletion::NothingThere(detail)) => {
                 notes.push(decide::delete_found_nothing(&id, provider.name(), &detail))
             }

@@ -44,7 +44,8 @@ mod problems;
 mod wire;
 
 pub use gateway_access::{GATEWAY_TOKEN_HEADER, GatewayAccess};
-use wire::{GrantBody, Granted, RenewBody, ReportBody, proxy_url, rfc3339};
+pub use wire::{GrantBody, ReportBody};
+use wire::{Granted, RenewBody, proxy_url, rfc3339};
 
 /// An RFC 9457 problem. `kind` is the last part of its stable `type` URI (answered as
 /// `application/problem+json` by `api/problem_response.rs`).

@@ -3,6 +3,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
+use super::blocks::BlockMetrics;
 use super::store::{EndReason, Outcome};
 
 /// The `pool` label of a lease on a proxy no ProxyPool made, or of a request naming no pool.
@@ -28,6 +29,8 @@ pub struct LeaseMetrics {
     /// `checkpoint`, `manifest`), and their data's bytes.
     pub(crate) table_writes: IntCounterVec,
     pub(crate) table_written_bytes: IntCounterVec,
+    /// `blocked` reports by target host (bounded; the status page reads its last hour).
+    pub(crate) blocks: BlockMetrics,
 }
 
 /// The series of one pool and provider, bound once (when the pool is read, not per lease): no
@@ -53,6 +56,7 @@ impl LeaseMetrics {
         registry.register(Box::new(metrics.sessions.clone()))?;
         registry.register(Box::new(metrics.table_writes.clone()))?;
         registry.register(Box::new(metrics.table_written_bytes.clone()))?;
+        metrics.blocks.register(registry)?;
         Ok(metrics)
     }
 
@@ -121,6 +125,7 @@ impl LeaseMetrics {
                 ),
                 &["object"],
             )?,
+            blocks: BlockMetrics::unregistered()?,
         })
     }
 

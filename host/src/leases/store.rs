@@ -44,7 +44,7 @@ pub use keys::{PoolKey, ProxyKey};
 pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
 pub use pending::{MAX_PENDING_CHANGES, NotStored, Pending};
-pub use records::{Lease, Snapshot};
+pub use records::{FirstBlock, Lease, Snapshot};
 pub use requests::{
     DRAINING_ANNOTATION, Grant, GrantError, LeaseError, LeaseRequest, POOL_LABEL, PoolEntry,
     ProxyUsage, ProxyView,
@@ -53,7 +53,7 @@ pub use sessions::{MAX_SESSION_CHARS, MAX_SESSIONS, validate_session};
 pub use shared_use::{PoolGateway, REPLICA_SILENCE, SHARED_HOLD};
 pub use targets::{
     CHECKPOINTED_TARGET_COOLDOWNS, MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY,
-    normalize_target,
+    normalize_target, persisted_target,
 };
 
 /// A provisioned proxy and what the table keeps beside it.
@@ -158,6 +158,7 @@ pub struct LeaseStore {
     metrics: LeaseMetrics,
     suspects: Mutex<Option<mpsc::Sender<ProxyKey>>>,
     blocked_pools: Mutex<Option<mpsc::Sender<PoolKey>>>,
+    first_blocks: Mutex<Option<mpsc::Sender<FirstBlock>>>,
     stored: watch::Sender<Stored>,
     changed: Notify,
 }
@@ -182,6 +183,7 @@ impl LeaseStore {
             metrics,
             suspects: Mutex::new(suspects),
             blocked_pools: Mutex::new(None),
+            first_blocks: Mutex::new(None),
             stored: watch::Sender::new(Stored::default()),
             changed: Notify::new(),
         }

@@ -5,8 +5,8 @@
 //! - a *member* is a Proxy of the pool; *active* ones take new leases, *draining* ones do not
 //!   and are deleted once they hold no lease;
 //! - an active member is *old* when its template or spread target is not the pool's any more,
-//!   it is older than `expireAfter`, or crawlers reported it blocked `recycleAfter` times; the
-//!   others are *current*;
+//!   it is older than `expireAfter`, crawlers reported it blocked `recycleAfter` times, or
+//!   someone asked for it to be recycled; the others are *current*;
 //! - new Proxies are made while fewer than `replicas` are current, keeping current + old within
 //!   `replicas + maxSurge`;
 //! - old ones are drained while the Ready active ones stay at least `replicas -
@@ -46,6 +46,9 @@ pub struct Member {
     /// Its credentials Secret changed and its provider could not change the running proxy's
     /// (`CredentialsCurrent` is `False`, reason `RotationFailed`): a new proxy gets them.
     pub credentials_stale: bool,
+    /// Someone asked for a new one in its place (the pool's recycle annotation, as `kubectl px
+    /// recycle` sets it): replaced like any old member, within the budget.
+    pub recycle_requested: bool,
 }
 
 /// What the pool's spec asks for, resolved.
@@ -64,6 +67,8 @@ pub struct Desired {
 /// Why a member is drained. The order is the order old members are replaced in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DrainReason {
+    /// Someone asked for it to be replaced (the recycle annotation).
+    Requested,
     /// Crawlers reported it blocked `recycleAfter` times.
     Recycled,
     /// Its credentials were rotated, which its provider cannot do in place.
@@ -80,6 +85,7 @@ impl DrainReason {
     /// The event reason and the annotation value.
     pub fn as_str(self) -> &'static str {
         match self {
+            DrainReason::Requested => "RecycleRequested",
             DrainReason::Recycled => "Recycled",
             DrainReason::CredentialsRotated => "CredentialsRotated",
             DrainReason::Expired => "Expired",
@@ -222,6 +228,9 @@ pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
 
 /// Why an active member should be replaced, if it should.
 fn outdated(desired: &Desired, member: &Member, now_ms: u64) -> Option<DrainReason> {
+    if member.recycle_requested {
+        return Some(DrainReason::Requested);
+    }
     if desired
         .recycle_after
         .is_some_and(|limit| member.blocked_reports >= limit)

@@ -33,8 +33,11 @@ use crate::providers::ProviderSet;
 pub use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 /// The hash of the template a pool's Proxy was made from.
 pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
-/// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`).
+/// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`, …).
 pub const DRAIN_REASON_ANNOTATION: &str = "proxy-operator.dev/drain-reason";
+/// `"true"` on a Proxy of a pool: replace it (`kubectl px recycle`). The pool makes a new one
+/// and drains this one within its budget (`maxSurge`, `maxUnavailable`), as for an expired one.
+pub const RECYCLE_ANNOTATION: &str = "proxy-operator.dev/recycle";
 /// Deleting a pool deletes its Proxies first (each through its own finalizer), also where no
 /// garbage collector runs.
 pub const POOL_FINALIZER: &str = "proxy-operator.dev/pool-cleanup";
@@ -318,6 +321,10 @@ fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
             .is_some_and(|v| v == "true"),
         lease_ends_ms: usage.lease_expires_at_ms,
         blocked_reports: usage.blocked_reports,
+        recycle_requested: proxy
+            .annotations()
+            .get(RECYCLE_ANNOTATION)
+            .is_some_and(|v| v == "true"),
         credentials_stale: proxy.status.as_ref().is_some_and(|s| {
             s.conditions.iter().any(|c| {
                 c.type_ == crate::controller::credentials::CONDITION

@@ -145,6 +145,12 @@ pub struct StoreState {
     /// Ports new instances take in turn (each a real squid) instead of the spec's, while any are
     /// left: each Proxy of a pool then has a proxy of its own.
     pub ports: Mutex<std::collections::VecDeque<u16>>,
+    /// Every create is answered with this status and message instead (429: a provider out of
+    /// quota, which the test provider reports as `quota`).
+    pub refuse_creates: Mutex<Option<(u16, String)>>,
+    /// Fields every new instance takes over the usual ones (a VM still booting:
+    /// `{"state": "provisioning", "address": null, "message": "…"}`).
+    pub new_instances: Mutex<Option<serde_json::Value>>,
 }
 
 /// The test provider's instance store on a loopback port.
@@ -295,6 +301,10 @@ async fn put(
     let _guard = InFlight::enter(&state);
     state.puts.fetch_add(1, Ordering::SeqCst);
     pause(&state).await;
+    if let Some((status, message)) = state.refuse_creates.lock().unwrap().clone() {
+        let status = StatusCode::from_u16(status).expect("a status code");
+        return (status, Json(serde_json::json!({ "error": message })));
+    }
     let lag = *state.create_lag.lock().unwrap();
     if !lag.is_zero() {
         // Stored by a task of its own, so it happens even if this request is given up.
@@ -333,6 +343,12 @@ fn store_instance(
         "message": null,
         "credentials": body["credentials"],
     });
+    let mut instance = instance;
+    if let Some(serde_json::Value::Object(fields)) = state.new_instances.lock().unwrap().clone() {
+        for (field, value) in fields {
+            instance[field] = value;
+        }
+    }
     instances.insert(id, instance.clone());
     (StatusCode::CREATED, Json(instance))
 }

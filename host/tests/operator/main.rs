@@ -15,6 +15,7 @@ mod kvm;
 mod leases;
 mod pools;
 mod reload;
+mod status_page;
 mod world;
 
 use std::sync::Arc;

@@ -8,31 +8,46 @@ use serde::{Deserialize, Serialize};
 
 use crate::leases::store::{Lease, Outcome, PoolEntry, PoolKey};
 
-/// Every field is optional, and `null` is the same as absent for each of them.
-#[derive(Deserialize, Default)]
+/// Every field is optional, and `null` is the same as absent for each of them. Serialized as a
+/// client sends it (`kubectl px lease`), without the fields it leaves out.
+#[derive(Deserialize, Serialize, Default, Debug, Clone, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct GrantBody {
-    pub(super) provider: Option<String>,
-    pub(super) zone: Option<String>,
-    pub(super) selector: Option<BTreeMap<String, String>>,
+pub struct GrantBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector: Option<BTreeMap<String, String>>,
     /// `namespace/name` of a particular proxy.
-    pub(super) proxy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
     /// `namespace/name` of a ProxyPool.
-    pub(super) pool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// A sticky session key.
-    pub(super) session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
     /// The host the crawler will visit.
-    pub(super) target: Option<String>,
-    #[serde(default, deserialize_with = "whole_seconds")]
-    pub(super) ttl_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "whole_seconds",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ttl_seconds: Option<u64>,
 }
 
-#[derive(Deserialize, Default)]
+/// A report on a lease, as the server reads it and a client sends it.
+#[derive(Deserialize, Serialize, Default, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ReportBody {
-    pub(super) outcome: Option<Outcome>,
+pub struct ReportBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
     /// With `blocked`: the host that blocked the proxy.
-    pub(super) target: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

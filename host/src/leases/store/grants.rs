@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::picking::{Picked, Wanted, pick};
-use super::targets::target_digest;
 use super::{
     EndReason, Grant, GrantError, Held, Inner, Lease, LeaseError, LeaseRequest, LeaseStore,
     Outcome, PoolEntry, ProxyKey, ProxyUsage, now_ms,
@@ -122,7 +121,6 @@ impl LeaseStore {
         target: Option<&str>,
     ) -> Result<Lease, LeaseError> {
         let now = now_ms();
-        let target = target.map(target_digest);
         let mut guard = self.lock();
         let inner = &mut *guard;
         let (lease, series) = inner.live(id, now)?;

@@ -36,7 +36,7 @@ impl EndReason {
 }
 
 /// How a crawler's use of a proxy went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     Success,

@@ -8,6 +8,15 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::{PoolKey, ProxyKey};
 
+/// A proxy's first `blocked` report: how long it lasted before a site blocked it
+/// (`proxy_operator_proxy_lifetime_to_first_block_seconds`, observed where its Proxy is known).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FirstBlock {
+    pub proxy: ProxyKey,
+    pub provider: String,
+    pub at_ms: u64,
+}
+
 /// A granted lease.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,7 +1,8 @@
 //! What a report does to its proxy, the same for a lease's report and the gateway's.
 
 use super::super::journal::Change;
-use super::sessions::Digest;
+use super::records::FirstBlock;
+use super::targets::target_digest;
 use super::{Inner, LeaseStore, Outcome, ProxyKey};
 
 impl LeaseStore {
@@ -13,7 +14,7 @@ impl LeaseStore {
         inner: &mut Inner,
         proxy: &ProxyKey,
         outcome: Outcome,
-        target: Option<Digest>,
+        target: Option<&str>,
         now: u64,
     ) {
         match outcome {
@@ -34,6 +35,7 @@ impl LeaseStore {
                 }
             }
             Outcome::Blocked => {
+                self.metrics.blocks.record(target, now);
                 let count = match inner.blocked_reports.get_mut(proxy) {
                     Some(count) => {
                         *count = count.saturating_add(1);
@@ -41,9 +43,11 @@ impl LeaseStore {
                     }
                     None => {
                         inner.blocked_reports.insert(proxy.clone(), 1);
+                        self.tell_first_block(inner, proxy, now);
                         1
                     }
                 };
+                let target = target.map(target_digest);
                 inner.record(Change::Blocked(proxy.clone(), count));
                 let until_ms = now + self.options.cooldown.as_millis() as u64;
                 let scoped = target.is_some_and(|t| {
@@ -71,6 +75,30 @@ impl LeaseStore {
                     let _ = tx.try_send(pool);
                 }
             }
+        }
+    }
+}
+
+impl LeaseStore {
+    /// A new channel for proxies' first `blocked` reports, replacing the last one (each
+    /// leadership term's usage meter).
+    pub fn first_blocks(&self) -> tokio::sync::mpsc::Receiver<FirstBlock> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        *self.first_blocks.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    fn tell_first_block(&self, inner: &Inner, proxy: &ProxyKey, at_ms: u64) {
+        let Some(provider) = inner.pool.get(proxy).map(|s| s.entry.provider.clone()) else {
+            return;
+        };
+        if let Some(tx) = &*self.first_blocks.lock().unwrap_or_else(|p| p.into_inner()) {
+            // Full channel (thousands of first blocks at once): that observation is lost.
+            let _ = tx.try_send(FirstBlock {
+                proxy: proxy.clone(),
+                provider,
+                at_ms,
+            });
         }
     }
 }

@@ -18,7 +18,6 @@ pub use super::shared_use::{
     MAX_REPLICAS, PoolGateway, REPLICA_SILENCE, ReplicaError, SHARED_HOLD,
 };
 use super::shared_use::{ReplicaLoad, Use};
-use super::targets::target_digest;
 use super::{GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, PoolKey, ProxyKey, now_ms};
 
 /// What the gateway asks for one request or tunnel.
@@ -164,7 +163,6 @@ impl LeaseStore {
         target: Option<&str>,
     ) -> Result<(), GrantError> {
         let now = now_ms();
-        let target = target.map(target_digest);
         let mut guard = self.lock();
         let inner = &mut *guard;
         if !inner.ready {

@@ -74,6 +74,13 @@ pub(crate) fn target_digest(target: &str) -> Digest {
     digest(target.as_bytes())
 }
 
+/// A host as the persisted table names it (the hex digest of the normalized host, as in a
+/// checkpoint's `targetCooldowns` and a journal's `t` lines), or why it is no host. Readers of
+/// the table (`kubectl px status --target`) find a host's cooldowns by it.
+pub fn persisted_target(host: &str) -> Result<String, String> {
+    normalize_target(host.to_string()).map(|t| hex::encode(target_digest(&t)))
+}
+
 /// Cooldowns by (proxy, target digest), each with its end (ms). One hash lookup per candidate
 /// proxy of a grant, whatever the number held; ends are forgotten in order, from a min-heap, so
 /// expiry touches only what ended.

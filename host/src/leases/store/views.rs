@@ -50,3 +50,22 @@ impl LeaseStore {
         Ok(views)
     }
 }
+
+impl LeaseStore {
+    /// Every live lease (not expired), soonest to expire first: the status page's view.
+    pub fn live_leases(&self) -> Result<Vec<super::Lease>, LeaseError> {
+        let now = now_ms();
+        let inner = self.lock();
+        if !inner.ready {
+            return Err(LeaseError::NotReady);
+        }
+        let mut leases: Vec<super::Lease> = inner
+            .leases
+            .values()
+            .map(|held| held.lease.clone())
+            .filter(|lease| lease.expires_at_ms > now)
+            .collect();
+        leases.sort_by(|a, b| (a.expires_at_ms, &a.id).cmp(&(b.expires_at_ms, &b.id)));
+        Ok(leases)
+    }
+}

@@ -35,6 +35,7 @@ fn member(name: &str, age_s: u64) -> Member {
         lease_ends_ms: None,
         blocked_reports: 0,
         credentials_stale: false,
+        recycle_requested: false,
     }
 }
 
@@ -400,4 +401,37 @@ fn a_member_whose_credentials_could_not_be_rotated_is_replaced_after_recycled_on
         ]
     );
     assert_eq!(step.create.len(), 3);
+}
+
+/// A member someone asked to recycle is replaced as an old one is: a new member first (the
+/// surge), then drained only while the Ready ones stay at `replicas - maxUnavailable`; before
+/// any other old member, and whatever its age or reports.
+#[test]
+fn a_member_asked_to_recycle_is_replaced_within_the_budget_first() {
+    let mut asked = member("asked", 10);
+    asked.recycle_requested = true;
+    let mut wanted = desired(2);
+    wanted.expire_after = Some(Duration::from_secs(60));
+    let members = [member("aged", 61), asked.clone()];
+    // maxUnavailable 0: new ones first, nothing drained while none of them is Ready.
+    let first = plan(&wanted, &members, NOW);
+    assert_eq!(first.drain, vec![]);
+    assert_eq!(first.create.len(), 1, "the surge of 1");
+    assert!(first.progressing);
+    // A Ready replacement lets one go: the one asked for, before the expired one.
+    let made = Member {
+        name: "new".into(),
+        ..member("new", 0)
+    };
+    let second = plan(&wanted, &[members[0].clone(), asked.clone(), made], NOW);
+    assert_eq!(
+        names(&second.drain),
+        vec![("asked", DrainReason::Requested)]
+    );
+    assert_eq!(DrainReason::Requested.as_str(), "RecycleRequested");
+    // Not Ready, it goes at once (it costs nothing).
+    let mut unready = asked;
+    unready.ready = false;
+    let third = plan(&desired(1), &[member("ok", 10), unready], NOW);
+    assert_eq!(names(&third.drain), vec![("asked", DrainReason::Requested)]);
 }

@@ -1,0 +1,44 @@
+//! `/status` (the page) and `/status/fragment` (what its script swaps in), on the metrics port.
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use super::gather::Sources;
+use super::render;
+
+/// The page's routes over `sources`, to merge into the metrics server's router.
+pub fn router(sources: Sources) -> axum::Router {
+    let fragment_sources = sources.clone();
+    axum::Router::new()
+        .route(
+            "/status",
+            get(move || {
+                let html = render::page(&sources.snapshot());
+                async move { html_response(html) }
+            }),
+        )
+        .route(
+            "/status/fragment",
+            get(move || {
+                let html = render::fragment(&fragment_sources.snapshot());
+                async move { html_response(html) }
+            }),
+        )
+}
+
+fn html_response(html: String) -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            // Nothing but the page's own inline style and script, and fetches of its own origin.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; img-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        html,
+    )
+}

@@ -1,0 +1,195 @@
+//! What the fleet costs, as figures a fleet owner can bill from: instance-seconds per provider
+//! instance and zone (every Proxy with an instance at its provider, advanced by the leader every
+//! [`METER_INTERVAL`]), and how long proxies last before a site first blocks them. Proxies
+//! created and deleted are counted by the controller (`metrics.rs`), leases and blocks by the
+//! lease table (`leases/metrics.rs`, `leases/blocks.rs`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use prometheus::{CounterVec, HistogramOpts, HistogramVec, Opts, Registry};
+use tokio::sync::mpsc;
+
+use crate::api::Proxy;
+use crate::leases::FirstBlock;
+
+/// How often the leader adds the instance-seconds of the proxies that exist.
+pub const METER_INTERVAL: Duration = Duration::from_secs(5);
+/// The `zone` label of a proxy whose provider names no zone.
+pub const NO_ZONE: &str = "none";
+
+/// The usage families.
+#[derive(Clone)]
+pub struct UsageMetrics {
+    pub(crate) instance_seconds: CounterVec,
+    pub(crate) first_block: HistogramVec,
+}
+
+impl UsageMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let metrics = UsageMetrics {
+            instance_seconds: CounterVec::new(
+                Opts::new(
+                    "proxy_operator_instance_seconds_total",
+                    "Seconds of proxy instances existing at their provider (a Proxy with a providerID), by provider instance and zone.",
+                ),
+                &["provider", "zone"],
+            )?,
+            first_block: HistogramVec::new(
+                HistogramOpts::new(
+                    "proxy_operator_proxy_lifetime_to_first_block_seconds",
+                    "Age of a proxy (from its Proxy's creation) at its first `blocked` report, by provider instance.",
+                )
+                .buckets(vec![
+                    60.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0, 21600.0, 43200.0, 86400.0,
+                    259200.0, 604800.0,
+                ]),
+                &["provider"],
+            )?,
+        };
+        registry.register(Box::new(metrics.instance_seconds.clone()))?;
+        registry.register(Box::new(metrics.first_block.clone()))?;
+        Ok(metrics)
+    }
+}
+
+/// Instance-seconds between ticks (no I/O: table-tested).
+#[derive(Default)]
+pub struct Meter {
+    last_ms: Option<u64>,
+}
+
+impl Meter {
+    /// The seconds to add per (provider, zone) for the instances that exist at `now_ms`: the
+    /// time since the last tick for each (so a proxy is counted to within one tick). The first
+    /// tick of a term only starts the clock.
+    pub fn advance(
+        &mut self,
+        now_ms: u64,
+        existing: impl IntoIterator<Item = (String, String)>,
+    ) -> BTreeMap<(String, String), f64> {
+        let Some(last) = self.last_ms.replace(now_ms) else {
+            return BTreeMap::new();
+        };
+        let seconds = now_ms.saturating_sub(last) as f64 / 1000.0;
+        let mut added = BTreeMap::new();
+        for group in existing {
+            *added.entry(group).or_insert(0.0) += seconds;
+        }
+        added.retain(|_, s| *s > 0.0);
+        added
+    }
+}
+
+/// A Proxy's (provider, zone) when it has an instance at its provider.
+pub fn billed(proxy: &Proxy) -> Option<(String, String)> {
+    let status = proxy.status.as_ref()?;
+    status.provider_id.as_ref()?;
+    let zone = status.zone.clone().unwrap_or_else(|| NO_ZONE.into());
+    Some((proxy.spec.provider.clone(), zone))
+}
+
+/// The age in seconds of a Proxy created at `created_ms` when it was first blocked at `at_ms`.
+pub fn age_at(created_ms: i64, at_ms: u64) -> f64 {
+    (at_ms as i64).saturating_sub(created_ms).max(0) as f64 / 1000.0
+}
+
+/// The leader's meter: instance-seconds every [`METER_INTERVAL`], and the age of each proxy at
+/// its first block, until dropped.
+pub async fn run(
+    proxies: Store<Proxy>,
+    mut first_blocks: mpsc::Receiver<FirstBlock>,
+    metrics: UsageMetrics,
+) {
+    let mut meter = Meter::default();
+    let mut tick = tokio::time::interval(METER_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let now = crate::leases::store::now_ms();
+                let existing = proxies.state().into_iter().filter_map(|p| billed(&p));
+                for ((provider, zone), seconds) in meter.advance(now, existing) {
+                    metrics
+                        .instance_seconds
+                        .with_label_values(&[&provider, &zone])
+                        .inc_by(seconds);
+                }
+            }
+            Some(block) = first_blocks.recv() => {
+                let key = ObjectRef::new(&block.proxy.name).within(&block.proxy.namespace);
+                let created = proxies
+                    .get(&key)
+                    .and_then(|p| p.creation_timestamp())
+                    .map(|t| t.0.as_millisecond());
+                if let Some(created) = created {
+                    metrics
+                        .first_block
+                        .with_label_values(&[&block.provider])
+                        .observe(age_at(created, block.at_ms));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Group = (String, String);
+    /// (now ms, instances, seconds added per group)
+    type Case = (u64, Vec<Group>, Vec<(Group, f64)>);
+
+    fn group(provider: &str, zone: &str) -> Group {
+        (provider.into(), zone.into())
+    }
+
+    #[test]
+    fn each_existing_instance_adds_the_time_since_the_last_tick() {
+        let mut meter = Meter::default();
+        // (now ms, instances, seconds added per group)
+        let cases: Vec<Case> = vec![
+            (1_000, vec![group("gcp", "a")], vec![]),
+            (
+                6_000,
+                vec![group("gcp", "a"), group("gcp", "a"), group("kvm", NO_ZONE)],
+                vec![(group("gcp", "a"), 10.0), (group("kvm", NO_ZONE), 5.0)],
+            ),
+            (6_500, vec![], vec![]),
+            (
+                7_000,
+                vec![group("kvm", NO_ZONE)],
+                vec![(group("kvm", NO_ZONE), 0.5)],
+            ),
+            // A clock going back adds nothing.
+            (6_000, vec![group("kvm", NO_ZONE)], vec![]),
+        ];
+        for (now, existing, added) in cases {
+            let got: Vec<_> = meter.advance(now, existing).into_iter().collect();
+            assert_eq!(got, added, "at {now}");
+        }
+    }
+
+    #[test]
+    fn only_proxies_with_an_instance_are_billed_and_ages_are_never_negative() {
+        let mut proxy: Proxy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "a", "namespace": "n"},
+            "spec": {"provider": "gcp-eu"}
+        }))
+        .unwrap();
+        assert_eq!(billed(&proxy), None);
+        proxy.status = Some(Default::default());
+        assert_eq!(billed(&proxy), None);
+        let status = proxy.status.as_mut().unwrap();
+        status.provider_id = Some("px-1".into());
+        assert_eq!(billed(&proxy), Some(group("gcp-eu", NO_ZONE)));
+        proxy.status.as_mut().unwrap().zone = Some("europe-west1-b".into());
+        assert_eq!(billed(&proxy), Some(group("gcp-eu", "europe-west1-b")));
+        assert_eq!(age_at(1_000, 61_000), 60.0);
+        assert_eq!(age_at(61_000, 1_000), 0.0);
+    }
+}
