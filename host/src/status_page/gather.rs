@@ -17,7 +17,7 @@ use crate::leases::store::{Lease, ProxyView};
 use crate::providers::ProviderSet;
 
 use super::snapshot::{
-    LeaseRow, MAX_ROWS, PluginRow, PoolRow, ProviderRow, ProxyRow, Replica, Snapshot,
+    LeaseRow, MAX_ROWS, PluginRow, PoolRow, ProviderRow, ProxyRow, Replica, Snapshot, Usage,
     human_duration,
 };
 use super::usage::usage_of;
@@ -82,7 +82,15 @@ impl Sources {
             }),
             blocks: self.leases.metrics().blocks.last_hour(now_ms, TOP_TARGETS),
             plugins: self.plugin_rows(),
-            usage: usage_of(&self.registry.gather()),
+            usage: Usage {
+                gateway_bytes: self
+                    .leases
+                    .gateway_bytes()
+                    .into_iter()
+                    .map(|(pool, t)| (pool, t.sent, t.received))
+                    .collect(),
+                ..usage_of(&self.registry.gather())
+            },
         }
     }
 
