@@ -12,6 +12,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod block;
+pub mod bytes;
 pub mod client_report;
 pub mod head;
 pub mod http;
@@ -78,6 +79,8 @@ impl std::fmt::Debug for UpstreamLogin {
 pub struct Route {
     /// The Proxy, `namespace/name`.
     pub proxy: String,
+    /// Its ProxyPool, `namespace/name` (none: a Proxy of no pool): what its bytes count under.
+    pub pool: Option<String>,
     pub address: String,
     pub port: u16,
     pub login: Option<UpstreamLogin>,

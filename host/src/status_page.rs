@@ -2,6 +2,7 @@
 //! glance, server-rendered from what the operator keeps in memory. Apart from the controllers:
 //! it only reads their caches (`gather.rs` → a [`Snapshot`] → the pure `render.rs`).
 
+pub mod blocks_json;
 mod gather;
 mod html;
 mod render;

@@ -1568,6 +1568,11 @@ async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
     };
     let route = routes.route(&request(TOKEN, "gw")).await.unwrap();
     assert_eq!(route.proxy, "crawlers/g1");
+    assert_eq!(
+        route.pool.as_deref(),
+        Some("crawlers/gw"),
+        "its bytes' pool"
+    );
     assert_eq!((route.address.as_str(), route.port), ("127.0.0.1", 3128));
     assert_eq!(route.block_statuses, vec![403, 429]);
     assert_eq!(
@@ -1586,18 +1591,48 @@ async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
         Err(RouteError::NoProxy { retry_after }) => assert!(retry_after.as_secs() >= 1),
         other => panic!("{other:?}"),
     }
+    // The load report carries the bytes per pool since the last one: the leader adds them up,
+    // for pools it knows (and `none`).
+    let bytes = std::collections::BTreeMap::from([
+        ("crawlers/gw".to_string(), (10, 200)),
+        ("none".to_string(), (1, 2)),
+        ("crawlers/made-up".to_string(), (5, 5)),
+    ]);
     routes
-        .push_load(&[("crawlers/g1".into(), 1)])
+        .push_load(&[("crawlers/g1".into(), 1)], &bytes)
+        .await
+        .unwrap();
+    routes
+        .push_load(&[("crawlers/g1".into(), 1)], &bytes)
         .await
         .unwrap();
     assert_eq!(api.store.shared_loads()[&key("g1")], 1);
+    let totals: Vec<(String, (u64, u64))> = api
+        .store
+        .gateway_bytes()
+        .into_iter()
+        .map(|(pool, t)| (pool, (t.sent, t.received)))
+        .collect();
+    assert_eq!(
+        totals,
+        [
+            ("crawlers/gw".to_string(), (20, 400)),
+            ("none".into(), (2, 4))
+        ]
+    );
+    let malformed = std::collections::BTreeMap::from([("no-slash".to_string(), (1, 1))]);
+    let refused = routes.push_load(&[], &malformed).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("bytes.no-slash"),
+        "{refused:#}"
+    );
     // A gateway with the wrong token is the operator's misconfiguration, not the client's.
     let impostor = LeaderRoutes::new(&base, "guess", "gw-1").unwrap();
     match impostor.route(&request(TOKEN, "gw")).await {
         Err(RouteError::Unavailable(why)) => assert!(why.contains("refused the gateway"), "{why}"),
         other => panic!("{other:?}"),
     }
-    assert!(impostor.push_load(&[]).await.is_err());
+    assert!(impostor.push_load(&[], &bytes).await.is_err());
 }
 
 /// A log sink for one test's subscriber.

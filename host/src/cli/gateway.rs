@@ -1,6 +1,7 @@
 //! `proxy-operator gateway`: one proxy endpoint for any client (docs/gateway.md). A process of its
 //! own, holding no state: every route is the leader's choice, asked through the discovery API.
 
+use std::collections::BTreeMap;
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -194,17 +195,25 @@ async fn push_loads(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    // The byte totals the leader has taken: each report carries what was counted since.
+    let mut taken = BTreeMap::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        match routes.push_load(&gateway.upstream_load().snapshot()).await {
+        let totals = gateway.metrics().bytes_by_pool();
+        let since = bytes_since(&totals, &taken);
+        match routes
+            .push_load(&gateway.upstream_load().snapshot(), &since)
+            .await
+        {
             Ok(()) => {
                 if failing {
                     tracing::info!("the leader takes load reports again");
                 }
                 failing = false;
+                taken = totals;
                 reported.record();
             }
             Err(e) => {
@@ -215,7 +224,26 @@ async fn push_loads(
             }
         }
     }
-    let _ = routes.push_load(&[]).await;
+    let totals = gateway.metrics().bytes_by_pool();
+    let _ = routes.push_load(&[], &bytes_since(&totals, &taken)).await;
+}
+
+/// Bytes per pool counted since `taken`, leaving out pools with none.
+fn bytes_since(
+    totals: &BTreeMap<String, (u64, u64)>,
+    taken: &BTreeMap<String, (u64, u64)>,
+) -> BTreeMap<String, (u64, u64)> {
+    totals
+        .iter()
+        .filter_map(|(pool, (sent, received))| {
+            let (sent0, received0) = taken.get(pool).copied().unwrap_or_default();
+            let since = (
+                sent.saturating_sub(sent0),
+                received.saturating_sub(received0),
+            );
+            (since != (0, 0)).then(|| (pool.clone(), since))
+        })
+        .collect()
 }
 
 async fn serve_probes(
@@ -266,4 +294,23 @@ async fn serve_probes(
             }
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_carries_the_bytes_counted_since_the_leader_took_the_last() {
+        let taken = BTreeMap::from([("ns/a".to_string(), (100, 1000)), ("none".into(), (5, 5))]);
+        let totals = BTreeMap::from([
+            ("ns/a".to_string(), (150, 1000)),
+            ("none".into(), (5, 5)),
+            ("ns/b".into(), (1, 2)),
+        ]);
+        assert_eq!(
+            bytes_since(&totals, &taken),
+            BTreeMap::from([("ns/a".to_string(), (50, 0)), ("ns/b".into(), (1, 2))])
+        );
+    }
 }

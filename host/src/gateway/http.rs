@@ -146,12 +146,14 @@ async fn serve<R: Routes>(
         let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
         if client.write_all(established).await.is_ok() {
             let idle = ctx.options.idle_timeout;
+            let bytes = ctx.metrics.pool_bytes(tunnel.route.pool.as_deref());
             let relayed = relay(
                 client,
                 &mut tunnel.stream,
                 head.rest(),
                 &tunnel.leftover,
                 idle,
+                &bytes,
             );
             if let Err(e) = relayed.await {
                 debug!(proxy = %tunnel.route.proxy, "tunnel ended: {e}");

@@ -3,6 +3,7 @@
 //! replica agrees on sessions, cooldowns and load without talking to the others, and the
 //! client's token is checked and authorized by the same code as a lease grant.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -28,6 +29,9 @@ pub struct LeaderRoutes {
 #[serde(rename_all = "camelCase")]
 struct RouteAnswer {
     proxy: RoutedProxy,
+    /// The proxy's ProxyPool, `namespace/name`.
+    #[serde(default)]
+    pool: Option<String>,
     login: Option<Login>,
     #[serde(default)]
     block_statuses: Vec<u16>,
@@ -113,10 +117,25 @@ impl LeaderRoutes {
             .map_err(|e| RouteError::Unavailable(format!("the leader did not answer: {e}")))
     }
 
-    /// Tells the leader this replica's open upstream connections per proxy.
-    pub async fn push_load(&self, connections: &[(String, u32)]) -> anyhow::Result<()> {
+    /// Tells the leader this replica's open upstream connections per proxy, and the bytes it
+    /// carried per pool since its last report that the leader took: (sent, received).
+    pub async fn push_load(
+        &self,
+        connections: &[(String, u32)],
+        bytes: &BTreeMap<String, (u64, u64)>,
+    ) -> anyhow::Result<()> {
+        let bytes: BTreeMap<&String, serde_json::Value> = bytes
+            .iter()
+            .map(|(pool, (sent, received))| {
+                (
+                    pool,
+                    serde_json::json!({"sent": sent, "received": received}),
+                )
+            })
+            .collect();
         let body = serde_json::json!({
-            "connections": connections.iter().cloned().collect::<std::collections::BTreeMap<_, _>>()
+            "connections": connections.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "bytes": bytes,
         });
         let mut url = self.url("v1/gateway/replicas/");
         url.path_segments_mut()
@@ -213,6 +232,7 @@ impl Routes for LeaderRoutes {
         let answer: RouteAnswer = answer_of(response, "the leader's route").await?;
         Ok(Route {
             proxy: format!("{}/{}", answer.proxy.namespace, answer.proxy.name),
+            pool: answer.pool,
             address: answer.proxy.address,
             port: answer.proxy.port,
             login: answer.login.map(|l| UpstreamLogin {

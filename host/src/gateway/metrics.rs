@@ -1,8 +1,14 @@
-//! Gateway metrics. Labels are fixed sets (protocol, outcome) and the fleet's proxies, whose
-//! series go when no connection is open on them, so the series stay bounded by the fleet; never
-//! a client, token, session or destination.
+//! Gateway metrics. Labels are fixed sets (protocol, outcome, direction), the fleet's proxies,
+//! whose series go when no connection is open on them, and its pools (as the leader's route
+//! names them, or `none`), so the series stay bounded by the fleet; never a client, token,
+//! session or destination.
 
+use std::collections::BTreeMap;
+
+use prometheus::core::Collector;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+use super::bytes::{ByteMeter, NO_POOL, PoolBytes};
 
 /// How a client spoke to the gateway.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +66,7 @@ pub struct GatewayMetrics {
     pub(crate) connections: IntGaugeVec,
     pub(crate) requests: IntCounterVec,
     pub(crate) clients: IntGauge,
+    bytes: IntCounterVec,
 }
 
 impl GatewayMetrics {
@@ -69,6 +76,7 @@ impl GatewayMetrics {
         registry.register(Box::new(metrics.connections.clone()))?;
         registry.register(Box::new(metrics.requests.clone()))?;
         registry.register(Box::new(metrics.clients.clone()))?;
+        registry.register(Box::new(metrics.bytes.clone()))?;
         Ok(metrics)
     }
 
@@ -93,6 +101,13 @@ impl GatewayMetrics {
                 "proxy_operator_gateway_clients",
                 "Client connections open to the gateway.",
             )?,
+            bytes: IntCounterVec::new(
+                Opts::new(
+                    "proxy_operator_gateway_bytes_total",
+                    "Bytes the gateway carried, by the upstream's ProxyPool (namespace/name, or none) and direction as the client sees it: sent (client to site, written to the upstream) or received (site to client, written to the client).",
+                ),
+                &["pool", "direction"],
+            )?,
         })
     }
 
@@ -101,5 +116,39 @@ impl GatewayMetrics {
         self.requests
             .with_label_values(&[protocol.label(), outcome.label()])
             .inc();
+    }
+
+    /// The byte meters of one request or tunnel through an upstream of `pool`
+    /// (`namespace/name`; `None`: the upstream is in no pool).
+    pub fn pool_bytes(&self, pool: Option<&str>) -> PoolBytes {
+        let pool = pool.unwrap_or(NO_POOL);
+        PoolBytes {
+            sent: ByteMeter::new(self.bytes.with_label_values(&[pool, "sent"])),
+            received: ByteMeter::new(self.bytes.with_label_values(&[pool, "received"])),
+        }
+    }
+
+    /// Bytes counted so far per pool: (sent, received).
+    pub fn bytes_by_pool(&self) -> BTreeMap<String, (u64, u64)> {
+        let mut totals: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for family in self.bytes.collect() {
+            for metric in family.get_metric() {
+                let label = |name: &str| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == name)
+                        .map(|l| l.value().to_string())
+                        .unwrap_or_default()
+                };
+                let value = metric.get_counter().get_value() as u64;
+                let entry = totals.entry(label("pool")).or_default();
+                match label("direction").as_str() {
+                    "sent" => entry.0 += value,
+                    _ => entry.1 += value,
+                }
+            }
+        }
+        totals
     }
 }

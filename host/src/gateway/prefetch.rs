@@ -203,6 +203,7 @@ mod tests {
             let n = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
             Ok(Route {
                 proxy: format!("ns/p{n}"),
+                pool: None,
                 address: "127.0.0.1".into(),
                 port: 3128,
                 login: None,
@@ -302,6 +303,7 @@ mod tests {
     fn route(proxy: &str) -> Route {
         Route {
             proxy: proxy.into(),
+            pool: None,
             address: "127.0.0.1".into(),
             port: 3128,
             login: None,

@@ -1,6 +1,7 @@
 //! Copying a tunnel both ways until either side closes, or until no byte moved either way for
 //! the idle timeout. Activity is one relaxed counter bumped per read (not per byte) and looked
-//! at by a timer a few times per timeout, so the copy itself stays `copy_bidirectional`.
+//! at by a timer a few times per timeout, so the copy itself stays `copy_bidirectional`. The
+//! bytes written each way count for the upstream's pool ([`PoolBytes`]).
 
 use std::io;
 use std::pin::Pin;
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
+
+use super::bytes::{Metered, PoolBytes};
 
 /// Reads that returned bytes, on any stream wrapped in [`Counted`] over it.
 #[derive(Default)]
@@ -113,18 +116,22 @@ pub enum RelayEnd {
 
 /// Relays `client` ⇄ `upstream`, first writing what each side already sent past its handshake
 /// (`to_upstream`: the client's bytes read with its request head; `to_client`: the upstream's
-/// read with its answer).
+/// read with its answer). What is written to the upstream counts as `bytes.sent`, to the client
+/// as `bytes.received`.
 pub async fn relay<C, U>(
     client: &mut C,
     upstream: &mut U,
     to_upstream: &[u8],
     to_client: &[u8],
     idle: Duration,
+    bytes: &PoolBytes,
 ) -> io::Result<RelayEnd>
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
+    let mut client = Metered::new(client, &bytes.received);
+    let mut upstream = Metered::new(upstream, &bytes.sent);
     if !to_upstream.is_empty() {
         upstream.write_all(to_upstream).await?;
     }
@@ -132,8 +139,8 @@ where
         client.write_all(to_client).await?;
     }
     let activity = Activity::default();
-    let mut client = Counted::new(client, &activity);
-    let mut upstream = Counted::new(upstream, &activity);
+    let mut client = Counted::new(&mut client, &activity);
+    let mut upstream = Counted::new(&mut upstream, &activity);
     tokio::select! {
         copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
             copied.map(|(up, down)| RelayEnd::Closed(up, down))
@@ -145,12 +152,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::metrics::GatewayMetrics;
     use tokio::io::AsyncReadExt;
+
+    fn meters() -> (GatewayMetrics, PoolBytes) {
+        let metrics = GatewayMetrics::unregistered().unwrap();
+        let bytes = metrics.pool_bytes(Some("ns/pool"));
+        (metrics, bytes)
+    }
 
     #[tokio::test]
     async fn relays_leftovers_then_both_ways_until_closed() {
         let (mut client, mut client_far) = tokio::io::duplex(1024);
         let (mut upstream, mut upstream_far) = tokio::io::duplex(1024);
+        let (metrics, bytes) = meters();
         let relaying = tokio::spawn(async move {
             relay(
                 &mut client,
@@ -158,6 +173,7 @@ mod tests {
                 b"early",
                 b"head-rest",
                 Duration::from_secs(5),
+                &bytes,
             )
             .await
         });
@@ -177,6 +193,8 @@ mod tests {
         assert_eq!(&got, b"pong!");
         drop((client_far, upstream_far));
         assert_eq!(relaying.await.unwrap().unwrap(), RelayEnd::Closed(4, 5));
+        // The pool's bytes: what each side was written, leftovers included.
+        assert_eq!(metrics.bytes_by_pool()["ns/pool"], (5 + 4, 9 + 5));
     }
 
     #[tokio::test]
@@ -186,8 +204,11 @@ mod tests {
         // Real time (tokio's test-util clock is not built): a short timeout, and only the lower
         // bound asserted, which a busy machine cannot break.
         let idle = Duration::from_millis(300);
+        let (_metrics, bytes) = meters();
         let relaying =
-            tokio::spawn(async move { relay(&mut client, &mut upstream, b"", b"", idle).await });
+            tokio::spawn(
+                async move { relay(&mut client, &mut upstream, b"", b"", idle, &bytes).await },
+            );
         // Busy for two idle timeouts: a byte every 100 ms.
         let busy = Instant::now();
         for _ in 0..6 {

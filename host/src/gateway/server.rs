@@ -47,6 +47,11 @@ impl<R: Routes> Gateway<R> {
         &self.upstreams
     }
 
+    /// The gateway's metrics (its bytes per pool go to the leader too).
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
     /// Open client connections.
     pub fn clients(&self) -> &ClientLoad {
         &self.clients

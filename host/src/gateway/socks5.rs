@@ -203,6 +203,7 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
     };
     let outcome = match open_tunnel(ctx, route_request).await {
         Ok(mut tunnel) => {
+            let bytes = ctx.metrics.pool_bytes(tunnel.route.pool.as_deref());
             if send_reply(&mut client, Reply::Succeeded).await.is_ok()
                 && let Err(e) = relay(
                     &mut client,
@@ -210,6 +211,7 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
                     &[],
                     &tunnel.leftover,
                     ctx.options.idle_timeout,
+                    &bytes,
                 )
                 .await
             {

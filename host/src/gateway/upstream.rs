@@ -9,6 +9,7 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::block::{SNIFFED_BODY, Sniffed, is_block};
+use super::bytes::Metered;
 use super::head::{Head, read_head};
 use super::load::{ClientLoad, UpstreamGuard, UpstreamLoad};
 use super::metrics::{GatewayMetrics, Outcome};
@@ -271,7 +272,8 @@ pub async fn forward<R: Routes>(
 /// One request on one upstream connection. The client's body is pumped upstream while the
 /// response head is awaited (a client may wait for `100 Continue`), and on until the response
 /// ends; one request per connection (keep-alive is out of scope), so the end of the response
-/// is the end of both.
+/// is the end of both. Its bytes count for the route's pool: the request as it went upstream
+/// (not the fleet's login, which is not the client's) and the response as the client got it.
 async fn exchange<R: Routes>(
     ctx: &Context<'_, R>,
     route: &Route,
@@ -280,19 +282,24 @@ async fn exchange<R: Routes>(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
 ) -> Result<Outcome, Attempt> {
+    let bytes = ctx.metrics.pool_bytes(route.pool.as_deref());
+    let login = login_header(route.login.as_ref());
     let mut message = Vec::with_capacity(plain.head.len() + 128 + plain.early_body.len());
     message.extend_from_slice(plain.head);
-    message.extend_from_slice(login_header(route.login.as_ref()).as_bytes());
+    message.extend_from_slice(login.as_bytes());
     message.extend_from_slice(b"Connection: close\r\n\r\n");
     message.extend_from_slice(plain.early_body);
     upstream
         .write_all(&message)
         .await
         .map_err(|e| Attempt::Retry(format!("sending the request to {}: {e}", route.proxy)))?;
+    bytes.sent.add((message.len() - login.len()) as u64);
     let from_client = Activity::default();
     let from_upstream = Activity::default();
-    let (client_read, mut client_write) = client.split();
-    let (upstream_read, mut upstream_write) = upstream.split();
+    let (client_read, client_write) = client.split();
+    let (upstream_read, upstream_write) = upstream.split();
+    let mut client_write = Metered::new(client_write, &bytes.received);
+    let mut upstream_write = Metered::new(upstream_write, &bytes.sent);
     let mut client_read = Counted::new(client_read, &from_client);
     let mut upstream_read = Counted::new(upstream_read, &from_upstream);
     let idle = idle_for(

@@ -98,6 +98,10 @@ pub enum Command {
         /// (the lease table keeps hosts only as digests).
         #[arg(long, value_name = "HOST")]
         target: Option<String>,
+        /// The leader's metrics port, for the recent blocks by target host (e.g.
+        /// `http://localhost:9090`); by default reached through the API server's pod proxy.
+        #[arg(long, env = "PROXY_OPERATOR_METRICS_URL", value_name = "URL")]
+        metrics_url: Option<String>,
     },
     /// Why a Proxy is not Ready: the first step that fails, its message, what to do.
     Why {

@@ -2,7 +2,7 @@
 //! objects `status` and `why` judge, the Proxy's events and the operator's lease table. Thin:
 //! what is read is judged by the pure modules beside it.
 
-use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -11,12 +11,15 @@ use super::args::Global;
 use super::exit::Failure;
 use super::fleet::Fleet;
 use super::lease_table::LeaseFacts;
+use super::recent_blocks;
 use super::table::{millis, rfc3339};
 use super::why::EventLine;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::kubeclient::list_all;
+use crate::leader_label::LEADER_LABEL;
 use crate::leases::LeasePersistence;
 use crate::providerhealth::OPERATOR_LABEL;
+use crate::status_page::blocks_json::TargetBlocks;
 
 /// The cluster as the kubeconfig (and `--kubeconfig`, `--context`) says, and the namespace to
 /// use: `-n`, else the context's, else `default`.
@@ -132,7 +135,80 @@ pub async fn fleet(
         leases,
         now_ms,
         target: None,
+        recent_blocks: None,
     })
+}
+
+/// How long the leader's blocks may take to read: `status` shows the rest without them.
+const BLOCKS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The leader's blocks per target host over the last hour: at `metrics_url` when given, else
+/// through the API server's pod proxy to the metrics port of the Pod labelled leader in the
+/// operator's namespace. `Err`: why not, for a note.
+pub async fn recent_blocks(
+    cluster: &Cluster,
+    operator_namespace: &str,
+    metrics_url: Option<&str>,
+) -> Result<Vec<TargetBlocks>, String> {
+    let (source, body) = match metrics_url {
+        Some(url) => {
+            let source = recent_blocks::metrics_url_path(url);
+            let body = get_blocks(&source)
+                .await
+                .map_err(|e| recent_blocks::unreachable(&source, &e, true))?;
+            (source, body)
+        }
+        None => {
+            let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), operator_namespace);
+            let labelled = ListParams::default().labels(&format!("{LEADER_LABEL}=true"));
+            let listed = tokio::time::timeout(BLOCKS_TIMEOUT, pods.list(&labelled))
+                .await
+                .map_err(|_| "no answer".to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let source = format!("the operator's Pods in namespace {operator_namespace}");
+            let pods = listed.map_err(|e| recent_blocks::unreachable(&source, &e, false))?;
+            let leader = recent_blocks::leader_pod(&pods.items, operator_namespace)?;
+            let source = format!(
+                "the leader's metrics port through the API server's pod proxy (Pod {operator_namespace}/{}, port {})",
+                leader.name, leader.port
+            );
+            let path = recent_blocks::pod_proxy_path(operator_namespace, &leader);
+            let body = pod_proxy_get(&cluster.client, &path)
+                .await
+                .map_err(|e| recent_blocks::unreachable(&source, &e, false))?;
+            (source, body)
+        }
+    };
+    recent_blocks::parse(&body, &source)
+}
+
+/// GET `url` (`--metrics-url`'s blocks), its body when 200.
+async fn get_blocks(url: &str) -> Result<String, String> {
+    let client = reqwest::Client::builder()
+        .timeout(BLOCKS_TIMEOUT)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("HTTP {status}"));
+    }
+    Ok(body)
+}
+
+/// GET `path` of the API server (the pod proxy), its body.
+async fn pod_proxy_get(client: &Client, path: &str) -> Result<String, String> {
+    // kube's client sends `http` requests; axum re-exports the same `http` crate.
+    let request = axum::http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(BLOCKS_TIMEOUT, client.request_text(request)).await {
+        Err(_) => Err("no answer".into()),
+        Ok(Err(kube::Error::Api(status))) => Err(format!("{} {}", status.code, status.message)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(body)) => Ok(body),
+    }
 }
 
 /// The Proxy's events, oldest first, at most the last `keep`.

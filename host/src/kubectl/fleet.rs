@@ -8,6 +8,7 @@ use super::lease_table::{LeaseFacts, LeaseView};
 use super::table::{Cell, Table, Tone, age, millis, relative, rfc3339};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
+use crate::status_page::blocks_json::TargetBlocks;
 
 /// What `status` looks at.
 #[derive(Debug, Clone, Default)]
@@ -19,6 +20,9 @@ pub struct Fleet {
     pub now_ms: u64,
     /// A host asked about with `--target`, and its digest as the table keeps it.
     pub target: Option<(String, String)>,
+    /// The leader's blocks per target host over the last hour, or why they were not read
+    /// (`None`: not asked for).
+    pub recent_blocks: Option<Result<Vec<TargetBlocks>, String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -119,6 +123,9 @@ pub struct FleetView {
     pub providers: Vec<ProviderRow>,
     pub proxies: Vec<ProxyRow>,
     pub blocks: Vec<BlockRow>,
+    /// The leader's blocks per target host over the last hour, when it could be asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recent_blocks: Option<Vec<TargetBlocks>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     pub notes: Vec<String>,
@@ -282,11 +289,20 @@ pub fn view(fleet: &Fleet) -> FleetView {
             "the lease table could not be read ({why}): lease holders, cooldowns and blocks are not shown"
         ));
     }
+    let recent_blocks = match &fleet.recent_blocks {
+        Some(Ok(rows)) => Some(rows.clone()),
+        Some(Err(why)) => {
+            notes.push(format!("recent blocks by target are not shown: {why}"));
+            None
+        }
+        None => None,
+    };
     FleetView {
         pools,
         providers,
         proxies,
         blocks,
+        recent_blocks,
         target: fleet.target.as_ref().map(|(host, _)| host.clone()),
         notes,
     }
@@ -500,6 +516,9 @@ pub fn render(view: &FleetView, all_namespaces: bool, now_ms: u64, colour: bool)
         );
     } else if let Some(host) = &view.target {
         sections.push(format!("No proxy cools down for {host}.\n"));
+    }
+    if let Some(rows) = &view.recent_blocks {
+        sections.push(super::recent_blocks::render(rows, colour));
     }
     let mut out = sections.join("\n");
     for note in &view.notes {

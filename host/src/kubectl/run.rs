@@ -91,7 +91,16 @@ async fn run(cli: Cli, colour: bool) -> Result<Done, Failure> {
             object,
             all_namespaces,
             target,
-        } => status(global, object, all_namespaces, target, colour).await,
+            metrics_url,
+        } => {
+            let asked = StatusOf {
+                object,
+                all_namespaces,
+                target,
+                metrics_url,
+            };
+            status(global, asked, colour).await
+        }
         Command::Why { proxy } => why_not(global, &proxy, colour).await,
         Command::Lease {
             pool,
@@ -261,13 +270,21 @@ fn object(text: &str) -> Object<'_> {
     }
 }
 
-async fn status(
-    global: &Global,
-    target_object: Option<String>,
+/// What `status` was asked.
+struct StatusOf {
+    object: Option<String>,
     all_namespaces: bool,
     target: Option<String>,
-    colour: bool,
-) -> Result<Done, Failure> {
+    metrics_url: Option<String>,
+}
+
+async fn status(global: &Global, asked: StatusOf, colour: bool) -> Result<Done, Failure> {
+    let StatusOf {
+        object: target_object,
+        all_namespaces,
+        target,
+        metrics_url,
+    } = asked;
     let cluster = fetch::connect(global).await?;
     let now = now_ms();
     let target = target
@@ -281,6 +298,9 @@ async fn status(
         let scope = (!all_namespaces).then_some(cluster.namespace.as_str());
         let mut fleet = fetch::fleet(&cluster, scope, global, now).await?;
         fleet.target = target;
+        let recent =
+            fetch::recent_blocks(&cluster, &global.operator_namespace, metrics_url.as_deref());
+        fleet.recent_blocks = Some(recent.await);
         let view = fleet::view(&fleet);
         return output(global.output, &view, || {
             fleet::render(&view, all_namespaces, now, colour)

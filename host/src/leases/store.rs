@@ -23,6 +23,7 @@ mod requests;
 mod series;
 mod sessions;
 pub(crate) mod shared;
+mod shared_bytes;
 mod shared_use;
 mod targets;
 mod views;
@@ -50,7 +51,7 @@ pub use requests::{
     ProxyUsage, ProxyView,
 };
 pub use sessions::{MAX_SESSION_CHARS, MAX_SESSIONS, validate_session};
-pub use shared_use::{PoolGateway, REPLICA_SILENCE, SHARED_HOLD};
+pub use shared_use::{NO_POOL, PoolGateway, PoolTraffic, REPLICA_SILENCE, SHARED_HOLD};
 pub use targets::{
     CHECKPOINTED_TARGET_COOLDOWNS, MAX_TARGET_BYTES, MAX_TARGET_COOLDOWNS, MAX_TARGETS_PER_PROXY,
     normalize_target, persisted_target,

@@ -16,8 +16,9 @@ use crate::leases::LeaseStore;
 use crate::leases::store::{Lease, ProxyView};
 use crate::providers::ProviderSet;
 
+use super::blocks_json::{RecentBlocks, TargetBlocks};
 use super::snapshot::{
-    LeaseRow, MAX_ROWS, PluginRow, PoolRow, ProviderRow, ProxyRow, Replica, Snapshot,
+    LeaseRow, MAX_ROWS, PluginRow, PoolRow, ProviderRow, ProxyRow, Replica, Snapshot, Usage,
     human_duration,
 };
 use super::usage::usage_of;
@@ -82,7 +83,41 @@ impl Sources {
             }),
             blocks: self.leases.metrics().blocks.last_hour(now_ms, TOP_TARGETS),
             plugins: self.plugin_rows(),
-            usage: usage_of(&self.registry.gather()),
+            usage: Usage {
+                gateway_bytes: self
+                    .leases
+                    .gateway_bytes()
+                    .into_iter()
+                    .map(|(pool, t)| (pool, t.sent, t.received))
+                    .collect(),
+                ..usage_of(&self.registry.gather())
+            },
+        }
+    }
+
+    /// The blocks per target of the last hour, for `/status/blocks.json` (the leader's; a
+    /// standby names the leader and has none).
+    pub fn recent_blocks(&self) -> RecentBlocks {
+        let leader = self.view.is_serving();
+        let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
+        let (replica, leader_id) = match replica(&self.view, leader) {
+            Replica::Leader => ("leader", None),
+            Replica::Standby { leader } => ("standby", leader),
+            Replica::Starting => ("starting", None),
+        };
+        let targets = if leader {
+            self.leases.metrics().blocks.last_hour(now_ms, TOP_TARGETS)
+        } else {
+            Vec::new()
+        };
+        RecentBlocks {
+            replica: replica.to_string(),
+            leader: leader_id,
+            window_seconds: 3600,
+            targets: targets
+                .into_iter()
+                .map(|(target, blocks)| TargetBlocks { target, blocks })
+                .collect(),
         }
     }
 

@@ -372,6 +372,7 @@ mod tests {
                 created_deleted: vec![("gcp-eu".into(), 4.0, 1.0)],
                 leases_granted: vec![("crawl/fleet".into(), 12.0)],
                 first_block: vec![("gcp-eu".into(), 1, 1500.0)],
+                gateway_bytes: vec![("crawl/fleet".into(), 2048, 1_572_864)],
             },
         }
     }
@@ -422,6 +423,10 @@ mod tests {
             ("created and deleted", "<td>gcp-eu</td><td>4</td><td>1</td>"),
             ("leases per pool", "<td>crawl/fleet</td><td>12</td>"),
             ("first block", "<td>gcp-eu</td><td>1</td><td>25m</td>"),
+            (
+                "gateway bytes per pool",
+                "<td>crawl/fleet</td><td><span title=\"2048\">2.0 KiB</span></td><td><span title=\"1572864\">1.5 MiB</span></td>",
+            ),
             (
                 "a plugin's digest",
                 "<span title=\"abababababababababababababababababababababababababababababababab\">abababababab…</span>",
@@ -518,6 +523,7 @@ mod tests {
         u.created_deleted[0].0 = evil.into();
         u.leases_granted[0].0 = evil.into();
         u.first_block[0].0 = evil.into();
+        u.gateway_bytes[0].0 = evil.into();
         let html = page(&s);
         for raw in ["<script>alert", "<img", "onerror=alert(2)>", "\"'>"] {
             assert!(!html.contains(raw), "{raw} in\n{html}");

@@ -1,10 +1,10 @@
 //! The usage section of the page: the billing figures, as the metrics count them.
 
 use super::html::{Cell, Table};
-use super::snapshot::{Usage, human_duration};
+use super::snapshot::{Usage, human_bytes, human_duration};
 
-/// Instance-hours, proxies created and deleted, leases granted, and how long proxies last
-/// before their first block.
+/// Instance-hours, proxies created and deleted, leases granted, how long proxies last before
+/// their first block, and the bytes through the gateway per pool.
 pub fn usage(u: &Usage) -> String {
     let mut html = String::new();
     if u.instance_seconds.is_empty() && u.created_deleted.is_empty() {
@@ -53,6 +53,23 @@ pub fn usage(u: &Usage) -> String {
             ]);
         }
         html.push_str(&table.finish());
+    }
+    if !u.gateway_bytes.is_empty() {
+        let mut table = Table::new(
+            "gateway-bytes",
+            &["Pool", "Gateway bytes sent", "Gateway bytes received"],
+        );
+        for (pool, sent, received) in &u.gateway_bytes {
+            table.row([
+                Cell::text(pool),
+                Cell::titled(&human_bytes(*sent), &sent.to_string()),
+                Cell::titled(&human_bytes(*received), &received.to_string()),
+            ]);
+        }
+        html.push_str(&table.finish());
+        html.push_str(
+            "<p class=\"note\">Gateway bytes: sent and received by its clients, since this leader started, as the gateway replicas report them every 5 s. Each replica counts its own on its /metrics (<code>proxy_operator_gateway_bytes_total</code>).</p>",
+        );
     }
     html
 }

@@ -1,15 +1,18 @@
-//! `/status` (the page) and `/status/fragment` (what its script swaps in), on the metrics port.
+//! `/status` (the page), `/status/fragment` (what its script swaps in) and
+//! `/status/blocks.json` (the blocks per target, for `kubectl px status`), on the metrics port.
 
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+use super::blocks_json::BLOCKS_JSON_PATH;
 use super::gather::Sources;
 use super::render;
 
 /// The page's routes over `sources`, to merge into the metrics server's router.
 pub fn router(sources: Sources) -> axum::Router {
     let fragment_sources = sources.clone();
+    let blocks_sources = sources.clone();
     axum::Router::new()
         .route(
             "/status",
@@ -23,6 +26,13 @@ pub fn router(sources: Sources) -> axum::Router {
             get(move || {
                 let html = render::fragment(&fragment_sources.snapshot());
                 async move { html_response(html) }
+            }),
+        )
+        .route(
+            BLOCKS_JSON_PATH,
+            get(move || {
+                let blocks = blocks_sources.recent_blocks();
+                async move { ([(header::CACHE_CONTROL, "no-store")], axum::Json(blocks)) }
             }),
         )
 }

@@ -121,6 +121,24 @@ pub struct Usage {
     pub leases_granted: Vec<(String, f64)>,
     /// (provider, proxies first blocked, mean age at the first block in seconds).
     pub first_block: Vec<(String, u64, f64)>,
+    /// (pool, bytes sent, bytes received) through the gateway, as its replicas reported them
+    /// to this leader.
+    pub gateway_bytes: Vec<(String, u64, u64)>,
+}
+
+/// A byte count as a person reads it: `512 B`, `1.5 KiB`, `3.2 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// A duration as a person reads it: `42s`, `5m`, `3h 12m`, `2d 4h`.
@@ -156,6 +174,20 @@ mod tests {
             (90_000, "1d 1h"),
         ] {
             assert_eq!(human_duration(seconds), text);
+        }
+    }
+
+    #[test]
+    fn byte_counts_read_in_binary_units() {
+        for (n, text) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            (5 << 30, "5.0 GiB"),
+            (u64::MAX, "16384.0 PiB"),
+        ] {
+            assert_eq!(human_bytes(n), text);
         }
     }
 }

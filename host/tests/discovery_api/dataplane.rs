@@ -116,6 +116,7 @@ impl World {
                 .unwrap();
             upstreams.push(Route {
                 proxy: format!("proxies/{name}"),
+                pool: Some("proxies/dataplane".into()),
                 address: "127.0.0.1".into(),
                 port: squid.port(),
                 login: Some(UpstreamLogin {

@@ -38,7 +38,8 @@ pub(super) struct Seen {
 }
 
 /// A loopback site on 127.0.0.1 and 127.0.0.2 (two "sites", one port): `/page`, `/blocked`
-/// (429), `/captcha` (200 with a captcha page), `/browser` (HTML), and everything it saw.
+/// (429), `/captcha` (200 with a captcha page), `/browser` (HTML), `/sized?n=N` (reads the
+/// request's body, answers N bytes), and everything it saw.
 pub(super) struct Site {
     pub(super) port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -73,6 +74,10 @@ impl Site {
                         })
                         .collect();
                     let path = request.uri().path().to_string();
+                    let query = request.uri().query().unwrap_or_default().to_string();
+                    let body = axum::body::to_bytes(request.into_body(), 16 << 20)
+                        .await
+                        .unwrap_or_default();
                     record.lock().unwrap().push(Seen {
                         path: path.clone(),
                         from: peer.ip().to_string(),
@@ -86,6 +91,14 @@ impl Site {
                             (StatusCode::TOO_MANY_REQUESTS, b"slow down\n".to_vec()).into_response()
                         }
                         "/big" => (StatusCode::OK, vec![b'x'; BIG]).into_response(),
+                        "/sized" => {
+                            let n = query
+                                .strip_prefix("n=")
+                                .and_then(|n| n.parse().ok())
+                                .unwrap_or(0);
+                            let read = format!("{}", body.len());
+                            ([("x-body-read", read)], vec![b'd'; n]).into_response()
+                        }
                         "/browser" => ([(CONTENT_TYPE, "text/html")], BROWSER_PAGE).into_response(),
                         // A soft block: a captcha page answered with 200.
                         "/captcha" => (
@@ -721,4 +734,103 @@ async fn a_pools_own_block_rules_and_a_clients_own_report_move_a_session_off_its
     let (status, body, _) = gw.curl(&["-x", &unknown, "-X", "POST", report]).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("has no proxy now"), "{body}");
+}
+
+/// `proxy_operator_gateway_bytes_total` of `pool` on a replica's /metrics: (sent, received).
+async fn bytes_on_metrics(replica: &GatewayProcess, pool: &str) -> (u64, u64) {
+    let metrics = reqwest::get(format!("http://{}/metrics", replica.metrics))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |direction: &str| {
+        let series = format!(
+            "proxy_operator_gateway_bytes_total{{direction=\"{direction}\",pool=\"{pool}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    (value("sent"), value("received"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bytes_each_way_count_for_the_upstreams_pool_over_http_connect_and_socks5() {
+    // Known payloads each way; the rest is the HTTP heads inside (curl's request, the site's
+    // and squid's response headers), well under 2 KiB each way.
+    const UP: usize = 300_000;
+    const DOWN: usize = 700_000;
+    const HEADS: u64 = 2048;
+    let gw = Gateway::start(&[]).await;
+    let dir = Scratch::new("bytes").unwrap();
+    let upload = dir.path().join("upload");
+    std::fs::write(&upload, vec![b'u'; UP]).unwrap();
+    let upload = format!("@{}", upload.display());
+    let url = gw.site.url("127.0.0.1", &format!("/sized?n={DOWN}"));
+    let socks = gw.replica.socks.to_string();
+    let login = format!("pool-crawlers.gw:{TOKEN}");
+    // The plain request names no pool: its bytes count under the pool the leader's route
+    // names (the upstream's).
+    let anonymous = gw.proxy_url("");
+    let pooled = gw.proxy_url("pool-crawlers.gw");
+    let ways: [(&str, Vec<&str>); 3] = [
+        ("plain HTTP", vec!["-x", &anonymous]),
+        ("CONNECT", vec!["-p", "-x", &pooled]),
+        ("SOCKS5", vec!["--socks5-hostname", &socks, "-U", &login]),
+    ];
+    let mut total = (0, 0);
+    for (way, args) in ways {
+        let before = bytes_on_metrics(&gw.replica, "crawlers/gw").await;
+        let mut args = args.clone();
+        args.extend(["-H", "Expect:", "--data-binary", &upload, &url]);
+        let (status, body, code) = gw.curl(&args).await;
+        assert_eq!(
+            (status, body.len(), code),
+            (200, DOWN, 0),
+            "{way}: {}",
+            gw.log()
+        );
+        let read = gw.site.seen("/sized").len();
+        assert!(read > 0, "{way}");
+        // The connection's last bytes reach the counter as it closes, just after curl ends.
+        let replica = &gw.replica;
+        let counted = wait_for(
+            "the bytes counted",
+            Duration::from_secs(10),
+            || async move {
+                let now = bytes_on_metrics(replica, "crawlers/gw").await;
+                let delta = (now.0 - before.0, now.1 - before.1);
+                if delta.0 >= UP as u64 && delta.1 >= DOWN as u64 {
+                    Check::Ready(delta)
+                } else {
+                    Check::NotYet(format!("{delta:?}"))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{way}: {e:#}\n{}", gw.log()));
+        assert!(
+            counted.0 <= UP as u64 + HEADS && counted.1 <= DOWN as u64 + HEADS,
+            "{way}: {counted:?} for {UP} up, {DOWN} down"
+        );
+        total = (total.0 + counted.0, total.1 + counted.1);
+    }
+    // Nothing counted under another pool, nor under `none`.
+    assert_eq!(bytes_on_metrics(&gw.replica, "none").await, (0, 0));
+
+    // The replica tells the leader with its load reports: the status page's figure.
+    let store = gw.api.store.clone();
+    wait_for("the leader's byte totals", Duration::from_secs(20), || {
+        let bytes = store.gateway_bytes();
+        async move {
+            match bytes.iter().find(|(pool, _)| pool == "crawlers/gw") {
+                Some((_, t)) if (t.sent, t.received) == total => Check::Ready(()),
+                _ => Check::NotYet(format!("{bytes:?}, want {total:?}")),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
 }

@@ -332,6 +332,7 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
         "COOLING: {}",
         blocks.stdout
     );
+    recent_blocks_by_name(&world, &px, &operator.metrics.to_string()).await;
 
     // A lease with the flag's token, released.
     let flagged = px
@@ -436,4 +437,107 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
     assert_eq!(yaml["proxies"].as_array().unwrap().len(), 4);
     let too_many = px.run(&["scale", "egress", "10001"]).await;
     assert_eq!(too_many.code, 2, "{too_many:#?}");
+}
+
+/// A Pod that claims to be the leader but that no node runs: the API server's pod proxy has
+/// nowhere to send a request for its metrics port.
+const FAKE_LEADER: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: fake-leader
+  namespace: NS
+  labels: {proxy-operator.dev/leader: \"true\"}
+spec:
+  automountServiceAccountToken: false
+  containers:
+    - name: manager
+      image: proxy-operator:test
+      ports: [{name: metrics, containerPort: 9191}]
+";
+
+/// `status`'s recent blocks by target host, after `shop.example` blocked one lease and another
+/// was blocked naming no host: by name from the leader's metrics port, and a note with the way
+/// out when that port cannot be reached.
+async fn recent_blocks_by_name(world: &World, px: &Px, metrics: &str) {
+    let ns = world.ns.name();
+    // The operator runs outside the cluster here: no Pod carries the leader label.
+    let outside = px.run(&["status"]).await;
+    assert_eq!(outside.code, 0, "{outside:#?}");
+    assert!(
+        outside.stdout.contains(&format!(
+            "\nNote: recent blocks by target are not shown: no Pod in namespace {ns} has the label proxy-operator.dev/leader=true"
+        )) && outside.stdout.contains("pass --metrics-url"),
+        "{}",
+        outside.stdout
+    );
+    assert!(!outside.stdout.contains("BLOCKS (LAST HOUR)"));
+    // A labelled Pod the API server cannot reach: its pod proxy's answer, and the same way out.
+    world.apply(&FAKE_LEADER.replace("NS", ns)).await;
+    let unreachable = px.run(&["status"]).await;
+    assert_eq!(unreachable.code, 0, "{unreachable:#?}");
+    assert!(
+        unreachable.stdout.contains(&format!(
+            "\nNote: recent blocks by target are not shown: the leader's metrics port through the API server's pod proxy (Pod {ns}/fake-leader, port 9191) did not answer ("
+        )) && unreachable.stdout.contains("pass --metrics-url"),
+        "{}",
+        unreachable.stdout
+    );
+    world
+        .cp
+        .kubectl_run(&["-n", ns, "delete", "pod", "fake-leader"], None)
+        .await
+        .unwrap();
+    // With the metrics port's address: the hosts by name, as the leader counted them.
+    let url = format!("http://{metrics}");
+    let shown = px
+        .until(&["status", "--metrics-url", &url], "recent blocks", |ran| {
+            ran.stdout.contains("BLOCKS (LAST HOUR)")
+        })
+        .await;
+    assert_eq!(shown.code, 0, "{shown:#?}");
+    let section = shown
+        .stdout
+        .split("\n\n")
+        .find(|s| s.starts_with("TARGET"))
+        .unwrap_or_else(|| panic!("no TARGET section in\n{}", shown.stdout));
+    assert_eq!(
+        section,
+        "TARGET         BLOCKS (LAST HOUR)\nnone           1\nshop.example   1\n(none: reports naming no host)\n",
+        "{}",
+        shown.stdout
+    );
+    assert!(
+        !shown
+            .stdout
+            .contains("recent blocks by target are not shown")
+    );
+    // The variable does the same for scripts, and JSON carries the rows.
+    let json = world
+        .px()
+        .with_env("PROXY_OPERATOR_METRICS_URL", &url)
+        .run(&["status", "-o", "json"])
+        .await
+        .json();
+    assert_eq!(
+        json["recentBlocks"],
+        serde_json::json!([
+            {"target": "none", "blocks": 1},
+            {"target": "shop.example", "blocks": 1},
+        ])
+    );
+    // Not the operator's metrics port: said, not a failure.
+    let wrong = px
+        .run(&["status", "--metrics-url", &format!("{url}/nowhere")])
+        .await;
+    assert_eq!(wrong.code, 0, "{wrong:#?}");
+    assert!(
+        wrong
+            .stdout
+            .contains("recent blocks by target are not shown: http://")
+            && wrong
+                .stdout
+                .contains("(HTTP 404 Not Found): is it the leader's --metrics-addr"),
+        "{}",
+        wrong.stdout
+    );
 }

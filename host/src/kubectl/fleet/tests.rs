@@ -143,6 +143,16 @@ fn fleet() -> Fleet {
             "shop.example".into(),
             crate::leases::store::persisted_target("shop.example").unwrap(),
         )),
+        recent_blocks: Some(Ok(vec![
+            TargetBlocks {
+                target: "shop.example".into(),
+                blocks: 2,
+            },
+            TargetBlocks {
+                target: "none".into(),
+                blocks: 1,
+            },
+        ])),
     }
 }
 
@@ -169,6 +179,11 @@ lone       Pending     -           -        5m    -              -              
 PROXY      BLOCKED   COOLING DOWN (ALL)   TARGETS COOLING        FOR shop.example
 egress-a   2         -                    2 (last ends in 10m)   in 5m
 egress-b   1         in 9m                -                      -
+
+TARGET         BLOCKS (LAST HOUR)
+shop.example   2
+none           1
+(none: reports naming no host)
 ";
     assert_eq!(screen, expected, "\n{screen}");
 }
@@ -201,6 +216,10 @@ fn every_namespace_adds_the_column_and_json_carries_the_facts() {
         rfc3339(NOW + 300_000)
     );
     assert_eq!(json["target"], "shop.example");
+    assert_eq!(
+        json["recentBlocks"],
+        json!([{"target": "shop.example", "blocks": 2}, {"target": "none", "blocks": 1}])
+    );
     assert_eq!(json["notes"], json!([]));
 }
 
@@ -217,6 +236,29 @@ fn an_unreadable_lease_table_is_a_note_not_a_failure() {
         "{screen}"
     );
     assert!(!screen.contains("BLOCKED"), "{screen}");
+}
+
+#[test]
+fn blocks_the_leader_could_not_be_asked_for_are_a_note() {
+    let mut fleet = fleet();
+    fleet.recent_blocks = Some(Err(
+        "no Pod in namespace proxy-operator has the label".into()
+    ));
+    let view = view(&fleet);
+    let screen = render(&view, false, NOW, false);
+    assert!(!screen.contains("TARGET "), "{screen}");
+    assert!(
+        screen.ends_with(
+            "\nNote: recent blocks by target are not shown: no Pod in namespace proxy-operator has the label\n"
+        ),
+        "{screen}"
+    );
+    assert!(
+        serde_json::to_value(&view)
+            .unwrap()
+            .get("recentBlocks")
+            .is_none()
+    );
 }
 
 #[test]

@@ -22,7 +22,7 @@ use super::{
     Authorized, Discovery, JsonBody, Problem, checked_session, checked_target, parse_key,
     required_outcome,
 };
-use crate::leases::store::{LeaseRequest, Outcome, ProxyKey};
+use crate::leases::store::{LeaseRequest, NO_POOL, Outcome, PoolTraffic, ProxyKey};
 
 /// Longest replica id (a Pod name is at most 253).
 const MAX_REPLICA_CHARS: usize = 253;
@@ -85,6 +85,9 @@ struct RouteBody {
 #[serde(rename_all = "camelCase")]
 struct RouteAnswer<'a> {
     proxy: RoutedProxy<'a>,
+    /// The proxy's ProxyPool (`namespace/name`): what the gateway counts its bytes under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     login: Option<Login<'a>>,
     block_statuses: &'a [u16],
@@ -187,6 +190,10 @@ async fn route(
             address: &entry.address,
             port: entry.port,
         },
+        pool: entry
+            .pool
+            .as_ref()
+            .map(|p| format!("{}/{p}", entry.key.namespace)),
         login: entry.login.as_ref().map(|l| Login {
             username: l.username(),
             password: l.password(),
@@ -204,6 +211,43 @@ async fn route(
 struct LoadBody {
     /// Open upstream connections by `namespace/name`.
     connections: Option<BTreeMap<String, u32>>,
+    /// Bytes carried since the replica's previous report, by pool (`namespace/name`, or
+    /// `none`).
+    bytes: Option<BTreeMap<String, BytesBody>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BytesBody {
+    #[serde(default)]
+    sent: u64,
+    #[serde(default)]
+    received: u64,
+}
+
+/// A load report's bytes per pool, keys checked.
+fn pool_bytes(
+    bytes: BTreeMap<String, BytesBody>,
+) -> Result<Vec<(Option<ProxyKey>, PoolTraffic)>, Problem> {
+    if bytes.len() > MAX_LOAD_ENTRIES {
+        return Err(Problem::bad_request(format!(
+            "bytes: {} pools named; at most {MAX_LOAD_ENTRIES}",
+            bytes.len()
+        )));
+    }
+    let mut checked = Vec::with_capacity(bytes.len());
+    for (pool, b) in bytes {
+        let key = match pool.as_str() {
+            NO_POOL => None,
+            _ => Some(parse_key(&format!("bytes.{pool}"), "ProxyPool", &pool)?),
+        };
+        let traffic = PoolTraffic {
+            sent: b.sent,
+            received: b.received,
+        };
+        checked.push((key, traffic));
+    }
+    Ok(checked)
 }
 
 /// `PUT /v1/gateway/replicas/{replica}`: one replica's open upstream connections.
@@ -214,6 +258,7 @@ async fn replica_load(
     JsonBody(body): JsonBody<LoadBody>,
 ) -> Result<StatusCode, Problem> {
     let replica = replica_id(Some(replica))?;
+    let bytes = pool_bytes(body.bytes.unwrap_or_default())?;
     let connections = body.connections.unwrap_or_default();
     if connections.len() > MAX_LOAD_ENTRIES {
         return Err(Problem::bad_request(format!(
@@ -243,6 +288,7 @@ async fn replica_load(
                 ),
             )
         })?;
+    discovery.store.add_gateway_bytes(bytes);
     Ok(StatusCode::NO_CONTENT)
 }
 

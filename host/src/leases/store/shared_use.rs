@@ -18,6 +18,16 @@ pub const REPLICA_SILENCE: Duration = Duration::from_secs(30);
 /// gateway inventing ids must not grow the leader's memory).
 pub const MAX_REPLICAS: usize = 256;
 
+/// The `pool` of bytes through a proxy of no ProxyPool (as the gateway's metric names it).
+pub const NO_POOL: &str = "none";
+
+/// Bytes per pool: (sent, received), as the client sees them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolTraffic {
+    pub sent: u64,
+    pub received: u64,
+}
+
 /// Why a replica's report was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplicaError {
@@ -43,6 +53,8 @@ pub struct SharedUse {
     pub(super) in_use: FastMap<ProxyKey, Use>,
     /// Counts routes: each proxy's latest is its [`Use::order`].
     pub(super) next_route: u64,
+    /// Bytes the gateway carried, by pool name (`shared_bytes.rs`).
+    pub(super) bytes: std::collections::BTreeMap<String, PoolTraffic>,
 }
 
 /// A proxy's gateway use.
