@@ -27,3 +27,4 @@ pub mod probes;
 pub mod providerhealth;
 pub mod providers;
 pub mod registry;
+pub mod upstream;

@@ -15,6 +15,7 @@ mod kvm;
 mod leases;
 mod pools;
 mod reload;
+mod upstream;
 mod world;
 
 use std::sync::Arc;
