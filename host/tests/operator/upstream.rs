@@ -11,16 +11,17 @@ use harness::Squid;
 use harness::gateway::GatewayProcess;
 use harness::process::{Check, free_port, wait_for};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use proxy_operator::api::Proxy;
 use proxy_operator::credentials::ProxyLogin;
 use proxy_operator::plugins::EngineOptions;
+use proxy_operator::plugins::types::InstanceState;
 use reqwest::{Method, StatusCode};
 
 use super::common::operator_process::{OperatorProcess, OperatorSetup, TOKEN};
-use super::common::test_options;
-use super::control_plane;
+use super::common::{spec, test_options};
 use super::world::World;
+use super::{bound_provider, control_plane};
 
 const USERNAME: &str = "customer-7";
 const PASSWORD: &str = "vendor-S3cret/pw";
@@ -412,4 +413,66 @@ async fn the_upstream_provider_is_conformant() {
         .await
         .unwrap();
     assert!(left.items.is_empty(), "no record left behind");
+}
+
+/// Two creates at the same moment gave the same listed upstream to two Proxies (each wrote its
+/// record before either looked): at the next look the later name moves to a free upstream and
+/// the first keeps it; each is Running only once a look found it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_proxies_given_one_upstream_at_once_the_later_name_moves_to_a_free_one() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-up-race").await.unwrap();
+    let grants = serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap"]}});
+    let config = serde_json::json!({"upstreams": [
+        {"url": "http://127.0.0.1:3001"}, {"url": "http://127.0.0.1:3002"}
+    ]});
+    let options = EngineOptions {
+        kube: Some(ns.client()),
+        ..test_options()
+    };
+    let provider = bound_provider(options, "upstream", "vendor", &config, grants)
+        .await
+        .unwrap();
+    let mut late = spec("px-late", serde_json::json!({}));
+    late.zone = None;
+    let created = provider.create(late).await.unwrap();
+    // Not Running until a later look: another create of the same moment may not have written
+    // its record yet.
+    assert_eq!(
+        (created.state, created.port),
+        (InstanceState::Provisioning, 3001)
+    );
+
+    // The record of a create with an earlier name, for the same upstream, written meanwhile.
+    let maps: Api<ConfigMap> = ns.api();
+    let mut early = maps.get("px-late").await.unwrap();
+    early.metadata = ObjectMeta {
+        name: Some("px-early".into()),
+        labels: early.metadata.labels.clone(),
+        ..Default::default()
+    };
+    let data = early.data.get_or_insert_with(Default::default);
+    data.insert("ownerName".into(), "proxy-px-early".into());
+    data.insert("ownerUid".into(), "uid-px-early".into());
+    data.remove("verified");
+    maps.create(&PostParams::default(), &early).await.unwrap();
+
+    let moved = provider.get("px-late").await.unwrap();
+    assert_eq!(
+        (moved.state, moved.port),
+        (InstanceState::Provisioning, 3002)
+    );
+    assert!(
+        moved
+            .message
+            .unwrap()
+            .contains("taken at the same moment by px-early")
+    );
+    let settled = provider.get("px-late").await.unwrap();
+    assert_eq!(
+        (settled.state, settled.port),
+        (InstanceState::Running, 3002)
+    );
+    let kept = provider.get("px-early").await.unwrap();
+    assert_eq!((kept.state, kept.port), (InstanceState::Running, 3001));
 }

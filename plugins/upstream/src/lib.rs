@@ -69,15 +69,23 @@ fn write(record: &Record) -> Result<Record, ProviderError> {
         .ok_or_else(|| ProviderError::Permanent("the written record does not read back".into()))
 }
 
-/// The instance of `record` after a look at every record: a listed upstream is `Provisioning`
-/// until a look after its record was written finds no other Proxy took it at the same moment
-/// (the operator looks again within seconds); of two, the later name moves to a free upstream.
-fn observe(config: &Config, record: Record) -> Result<Instance, ProviderError> {
+/// The instance of `record` after a look at every record. A listed upstream is `Provisioning`
+/// until a look after the create (`verify`: a `get`; the operator looks again within seconds,
+/// when every create of the same moment has written its record) finds no other Proxy took it;
+/// of two, the later name moves to a free upstream.
+fn observe(config: &Config, record: Record, verify: bool) -> Result<Instance, ProviderError> {
     let all = all_records()?;
     match records::look(&record, &all) {
         Look::Running => {
             let message = format!("upstream {}", record.url);
             records::instance_of(&record, InstanceState::Running, message)
+        }
+        Look::Verify if !verify => {
+            let message = format!(
+                "upstream {}; checking that no other Proxy took it at the same moment",
+                record.url
+            );
+            records::instance_of(&record, InstanceState::Provisioning, message)
         }
         Look::Verify => {
             let record = write(&Record {
@@ -143,7 +151,7 @@ impl Provider for UpstreamProvider {
         let options = ProxyOptions::parse(&spec.options)?;
         // Idempotent by name: a record made before (a retry, a restart) is the instance.
         if let Some(record) = find(&spec.name)? {
-            return observe(&config, record);
+            return observe(&config, record, false);
         }
         let record = match &options.url {
             Some(url) => {
@@ -169,12 +177,12 @@ impl Provider for UpstreamProvider {
             "upstream assigned",
             &[("instance", &spec.name), ("upstream", &record.url)],
         );
-        observe(&config, record)
+        observe(&config, record, false)
     }
 
     fn get(config: Config, provider_id: String) -> Result<Instance, ProviderError> {
         let record = find(&provider_id)?.ok_or_else(|| not_found(&provider_id))?;
-        observe(&config, record)
+        observe(&config, record, true)
     }
 
     fn delete(_config: Config, provider_id: String) -> Result<(), ProviderError> {
