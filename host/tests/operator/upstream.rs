@@ -116,7 +116,6 @@ async fn ready_members(proxies: &Api<Proxy>, pool: &str, n: usize) -> Vec<String
             let members = pool_members(proxies, pool).await;
             let ready: Vec<String> = members
                 .iter()
-                .cloned()
                 .filter(|p| {
                     p.status.as_ref().is_some_and(|s| {
                         s.conditions
@@ -124,7 +123,7 @@ async fn ready_members(proxies: &Api<Proxy>, pool: &str, n: usize) -> Vec<String
                             .any(|c| c.type_ == "Ready" && c.status == "True")
                     })
                 })
-                .map(|p| p.metadata.name.unwrap_or_default())
+                .map(|p| p.metadata.name.clone().unwrap_or_default())
                 .collect();
             if ready.len() == n {
                 Check::Ready(ready)

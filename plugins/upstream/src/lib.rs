@@ -204,18 +204,21 @@ impl Provider for UpstreamProvider {
 
     fn check(config: Config) -> Result<Vec<CheckTarget>, ProviderError> {
         let namespace = kube::namespace();
-        let (ok, reason, message) = match kube::list("v1", "ConfigMap", Some(RECORD_SELECTOR)) {
-            Ok(list) => (
-                true,
-                "Ok",
-                format!(
-                    "{} of {} listed upstreams held; each upstream is probed as its Proxy",
-                    list.len().min(config.upstreams.len()),
-                    config.upstreams.len()
-                ),
-            ),
-            Err(kube::KubeError::Denied(m)) => (false, "Forbidden", m),
-            Err(kube::KubeError::Unauthorized(m)) => (false, "Unauthorized", m),
+        let (ok, reason, message) = match all_records() {
+            Ok(records) => {
+                let held = records
+                    .iter()
+                    .filter(|r| r.source == Source::Config)
+                    .count();
+                let listed = config.upstreams.len();
+                let message = format!(
+                    "{held} of {listed} listed upstreams held, {} named by their Proxies; each upstream is probed as its Proxy",
+                    records.len() - held
+                );
+                (true, "Ok", message)
+            }
+            Err(ProviderError::Denied(m)) => (false, "Forbidden", m),
+            Err(ProviderError::Unauthorized(m)) => (false, "Unauthorized", m),
             Err(e) => (false, "Unreachable", format!("{e:?}")),
         };
         Ok(vec![CheckTarget {
