@@ -40,6 +40,18 @@ pub struct ProviderEntry {
     /// Where the plugin comes from, when not (only) by its type: a pinned digest, a URL.
     #[serde(default)]
     pub plugin: Option<PluginRef>,
+    /// For a provider of proxies that exist already: their login and whether leases hand it out.
+    #[serde(default)]
+    pub upstream: Option<crate::upstream::UpstreamSettings>,
+}
+
+impl ProviderEntry {
+    /// The entry's `upstream` section: as written, or the defaults for the `upstream` plugin.
+    pub fn upstream_settings(&self) -> Option<crate::upstream::UpstreamSettings> {
+        self.upstream.clone().or_else(|| {
+            (self.provider_type == crate::upstream::UPSTREAM_TYPE).then(Default::default)
+        })
+    }
 }
 
 /// A plugin pinned by digest, optionally downloaded from a URL.
@@ -163,6 +175,9 @@ impl ProvidersConfig {
                 return Err(format!("{at}.maxConcurrentCalls: must be at least 1"));
             }
             entry.grants.validate().map_err(|e| format!("{at}.{e}"))?;
+            if let Some(upstream) = &entry.upstream {
+                upstream.validate().map_err(|e| format!("{at}.{e}"))?;
+            }
             if let Some(plugin) = &entry.plugin {
                 if let Some(sha) = &plugin.sha256
                     && (sha.len() != 64
@@ -232,6 +247,18 @@ mod tests {
     #[case::duplicate(
         "providers:\n- {name: a, type: test}\n- {name: a, type: test}",
         "providers[1].name: `a` is already the name of providers[0]"
+    )]
+    #[case::upstream_username(
+        "providers:\n- {name: v, type: upstream, upstream: {credentials: {username: 'a:b', passwordFrom: {file: /p}}}}",
+        "providers[0] (v).upstream.credentials.username: must be printable ASCII"
+    )]
+    #[case::upstream_password_source(
+        "providers:\n- {name: v, type: upstream, upstream: {credentials: {username: c, passwordFrom: {}}}}",
+        "providers[0] (v).upstream.credentials.passwordFrom: valueFrom: set exactly one"
+    )]
+    #[case::upstream_unknown_field(
+        "providers:\n- {name: v, type: upstream, upstream: {handOut: true}}",
+        "providers[0].upstream: unknown field `handOut`"
     )]
     #[case::bad_type(
         "providers:\n- {name: a, type: ../kvm}",

@@ -47,6 +47,9 @@ pub fn secret_name(proxy_name: &str) -> String {
 pub struct ProxyLogin {
     username: String,
     password: String,
+    /// Whether a lease's `proxyUrl` may carry it: always for the operator's own (made per proxy);
+    /// for an upstream's (a vendor account) only where its provider instance allows it.
+    hand_out: bool,
 }
 
 impl std::fmt::Debug for ProxyLogin {
@@ -77,7 +80,31 @@ impl ProxyLogin {
         ProxyLogin {
             username: username.to_string(),
             password,
+            hand_out: true,
         }
+    }
+
+    /// An upstream proxy's login (see `crate::upstream`), checked as a Secret's would be; the
+    /// problem names the part that is wrong, never the password.
+    pub fn of_upstream(username: &str, password: &str, hand_out: bool) -> Result<Self, String> {
+        if password.is_empty()
+            || password.len() > MAX_PASSWORD
+            || password.chars().any(|c| c.is_control())
+        {
+            return Err(format!(
+                "the password must be 1 to {MAX_PASSWORD} bytes without control characters"
+            ));
+        }
+        Ok(ProxyLogin {
+            username: username.to_string(),
+            password: password.to_string(),
+            hand_out,
+        })
+    }
+
+    /// Whether a lease's `proxyUrl` may carry this login.
+    pub fn handed_out(&self) -> bool {
+        self.hand_out
     }
 
     /// The credentials in a Secret. `Ok(None)`: no usable `password` key, so the operator
@@ -110,7 +137,11 @@ impl ProxyLogin {
                 "`{PASSWORD_KEY}` must be at most {MAX_PASSWORD} bytes without control characters; delete the key to have a new one generated"
             )));
         }
-        Ok(Some(ProxyLogin { username, password }))
+        Ok(Some(ProxyLogin {
+            username,
+            password,
+            hand_out: true,
+        }))
     }
 
     pub fn username(&self) -> &str {

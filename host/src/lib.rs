@@ -30,4 +30,5 @@ pub mod providerhealth;
 pub mod providers;
 pub mod registry;
 pub mod status_page;
+pub mod upstream;
 pub mod usage;

@@ -98,6 +98,7 @@ pub(crate) async fn bind_entry(
         &grants,
         ProviderInstanceOptions {
             max_concurrent_calls: entry.max_concurrent_calls.unwrap_or(8),
+            upstream: entry.upstream_settings(),
         },
     )
     .map_err(|e| format!("{at}.{e}"))?;

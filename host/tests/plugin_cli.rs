@@ -671,6 +671,7 @@ fn providers_use_only_documented_check_reasons() {
         ("plugins/kvm/src/lib.rs", &["check_host"]),
         ("plugins/kvm/src/outcome.rs", &["check_reason"]),
         ("plugins/test-provider/src/lib.rs", &["check"]),
+        ("plugins/upstream/src/lib.rs", &["check"]),
         ("plugins/examples/python/app.py", &["check"]),
         ("plugins/examples/js/app.js", &["check"]),
         ("host/src/cli/scaffold/api.rs.tmpl", &["check"]),
@@ -772,4 +773,40 @@ async fn plugin_test_passes_the_kubernetes_provider_against_the_cluster_of_kubec
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("ok   list-shows-owner"), "{stdout}");
+}
+
+/// `proxy-operator plugin test` passes the upstream provider (proxies that exist already, its
+/// records kept as ConfigMaps) against the real API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_passes_the_upstream_provider() {
+    let cp = harness::ControlPlane::shared().await;
+    let ns = cp.namespace("px-cli-upstream").await.unwrap();
+    let plugin = plugin_path("upstream").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "type: upstream\nconfig: {{upstreams: [{{url: \"http://127.0.0.1:3128\"}}]}}\ngrants:\n  kube: {{namespace: {}, kinds: [v1/ConfigMap]}}\n",
+            ns.name()
+        ),
+    );
+    let kubeconfig = cp.kubeconfig().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["plugin", "test", &plugin, "--config", &entry])
+            .env("KUBECONFIG", kubeconfig)
+            .env("LOG_LEVEL", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("PASS upstream"), "{stdout}");
 }

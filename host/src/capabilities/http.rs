@@ -19,9 +19,14 @@ use super::GrantError;
 pub use super::grants::{CredentialGrant, HttpGrant, SecretSource};
 use super::grants::{SecretValue, ValidCredential, ValidHttpGrant};
 
+/// A checked secret source: exactly one of `env`, `file` or `gcpServiceAccountKey`.
+pub(crate) fn secret_value(source: &SecretSource) -> Result<SecretValue, String> {
+    SecretValue::from_source(source)
+}
+
 /// The secret of an `env` or `file` source (tokens come from [`Credential::tokens`]), read now so
 /// a rotated Secret file is picked up.
-fn read_secret(value: &SecretValue) -> Result<String, String> {
+pub(crate) fn read_secret(value: &SecretValue) -> Result<String, String> {
     match value {
         SecretValue::Env(name) => {
             std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))

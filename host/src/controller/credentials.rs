@@ -87,6 +87,24 @@ pub async fn current_login(
     ))
 }
 
+/// The login a proxy of `provider` requires: an upstream's, from its provider instance's
+/// `upstream.credentials` (read now); else the Proxy's own Secret's, for a plugin that can make
+/// its squid require one. `Ok(Ok(None))`: none. `Ok(Err(_))`: the source holds something unusable.
+pub async fn login_for(
+    client: &Client,
+    cached: &Store<Secret>,
+    provider: &ProviderInstance,
+    proxy: &Proxy,
+) -> Result<Result<Option<ProxyLogin>, InvalidCredentials>, kube::Error> {
+    if let Some(upstream) = provider.upstream() {
+        return Ok(upstream.login(provider.name()));
+    }
+    if !provider.plugin().supports_credentials() {
+        return Ok(Ok(None));
+    }
+    Ok(current_login(client, cached, proxy).await?.map(Some))
+}
+
 /// Fills `book` from every credentials Secret the operator made (by their label), keyed by the
 /// Proxy that owns each. The health engine uses a login only when it matches the fingerprint in
 /// the Proxy's status, so a Secret changed but not yet applied is never taken for the proxy's.
@@ -138,6 +156,21 @@ pub fn applied(proxy: &Proxy, login: &ProxyLogin) -> CredentialsStatus {
     }
 }
 
+/// [`applied`], naming where an upstream's login comes from instead of the Proxy's own Secret.
+pub fn applied_for(
+    provider: &ProviderInstance,
+    proxy: &Proxy,
+    login: &ProxyLogin,
+) -> CredentialsStatus {
+    match provider.upstream() {
+        Some(upstream) => CredentialsStatus {
+            secret_name: upstream.source(),
+            ..applied(proxy, login)
+        },
+        None => applied(proxy, login),
+    }
+}
+
 /// What to do about the credentials of a running proxy whose status says `recorded` were applied
 /// and whose Secret now holds `current`.
 #[derive(Debug, PartialEq)]
@@ -176,8 +209,14 @@ pub async fn keep_current(
         return Ok(());
     };
     let generation = proxy.metadata.generation;
-    let current = match current_login(client, cached, proxy).await? {
-        Ok(login) => login,
+    let current = match login_for(client, cached, provider, proxy).await? {
+        Ok(Some(login)) => login,
+        // An upstream that needs a login no more.
+        Ok(None) => {
+            effects.status.credentials = None;
+            book.remove(&key);
+            return Ok(());
+        }
         Err(invalid) => {
             not_current(
                 &mut effects.status,
@@ -203,12 +242,18 @@ pub async fn keep_current(
         );
         return Ok(());
     }
-    match provider
-        .set_credentials(&provider_id, current.hashed())
-        .await
-    {
+    let handed = match provider.upstream() {
+        // The upstream requires what its source says now: nothing to give the plugin.
+        Some(_) => Ok(()),
+        None => {
+            provider
+                .set_credentials(&provider_id, current.hashed())
+                .await
+        }
+    };
+    match handed {
         Ok(()) => {
-            effects.status.credentials = Some(applied(proxy, &current));
+            effects.status.credentials = Some(applied_for(provider, proxy, &current));
             book.set(key, &proxy.uid().unwrap_or_default(), current);
             conditions::set_named(
                 &mut effects.status.conditions,

@@ -452,18 +452,20 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
         (Step::Create { name, zone, status }, Some(provider)) => {
             let mut status = status;
             let mut spec = spec_for(proxy, ctx, &name, zone);
-            if provider.plugin().supports_credentials() {
-                match credentials::current_login(&ctx.client, &ctx.secrets, proxy).await? {
-                    Ok(login) => {
+            match credentials::login_for(&ctx.client, &ctx.secrets, provider, proxy).await? {
+                Ok(None) => {}
+                Ok(Some(login)) => {
+                    // An upstream's login is the host's alone: its plugin gets not even a hash.
+                    if provider.upstream().is_none() {
                         spec.credentials = Some(login.hashed());
-                        status.credentials = Some(credentials::applied(proxy, &login));
-                        let uid = proxy.uid().unwrap_or_default();
-                        ctx.credentials.set(credentials::key_of(proxy), &uid, login);
                     }
-                    Err(invalid) => {
-                        let effects = credentials::invalid_secret(proxy, status, &invalid);
-                        return execute(ctx, api, proxy, effects).await;
-                    }
+                    status.credentials = Some(credentials::applied_for(provider, proxy, &login));
+                    let uid = proxy.uid().unwrap_or_default();
+                    ctx.credentials.set(credentials::key_of(proxy), &uid, login);
+                }
+                Err(invalid) => {
+                    let effects = credentials::invalid_secret(proxy, status, &invalid);
+                    return execute(ctx, api, proxy, effects).await;
                 }
             }
             // Recorded before the call: a retry after a crash, a timeout or a kill asks for the

@@ -117,6 +117,7 @@ fn proxy_urls_escape_what_a_url_cannot_hold() {
     let login = ProxyLogin {
         username: "egress-1".into(),
         password: "p@ss/w:rd".into(),
+        hand_out: true,
     };
     assert_eq!(
         login.proxy_url("10.0.0.7", 3128),

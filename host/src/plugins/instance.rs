@@ -28,12 +28,15 @@ use crate::capabilities::{CallContext, Declared, GrantError, HostResources, Vali
 pub struct ProviderInstanceOptions {
     /// Calls that may run at once; more wait for a slot.
     pub max_concurrent_calls: usize,
+    /// Set for a provider of proxies that exist already (`crate::upstream`).
+    pub upstream: Option<crate::upstream::UpstreamSettings>,
 }
 
 impl Default for ProviderInstanceOptions {
     fn default() -> Self {
         ProviderInstanceOptions {
             max_concurrent_calls: 8,
+            upstream: None,
         }
     }
 }
@@ -48,6 +51,7 @@ pub struct ProviderInstance {
     /// Health checks have their own slot, so a slow check never takes one from a reconcile.
     check_permit: Arc<Semaphore>,
     engine: Arc<PluginEngine>,
+    upstream: Option<crate::upstream::UpstreamSettings>,
 }
 
 impl std::fmt::Debug for ProviderInstance {
@@ -109,12 +113,19 @@ impl ProviderInstance {
             permits: Arc::new(Semaphore::new(options.max_concurrent_calls.max(1))),
             check_permit: Arc::new(Semaphore::new(1)),
             engine,
+            upstream: options.upstream,
         })
     }
 
     /// The provider instance's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Its `upstream` section, when it fronts proxies that exist already: their login is the
+    /// host's, never given to the plugin.
+    pub fn upstream(&self) -> Option<&crate::upstream::UpstreamSettings> {
+        self.upstream.as_ref()
     }
 
     /// The plugin serving it.

@@ -92,6 +92,7 @@ pub fn instance_for(
         &grants.validate().unwrap(),
         ProviderInstanceOptions {
             max_concurrent_calls,
+            upstream: None,
         },
     )
     .expect("valid grants")

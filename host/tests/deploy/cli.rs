@@ -269,6 +269,18 @@ const LEVELS: &[(&str, &str)] = &[
         "providers: [{name: a, type: t, grants: {libvirt: {hosts: [{zz: 1}]}}}]",
     ),
     (
+        "upstream.",
+        "providers: [{name: a, type: t, upstream: {zz: 1}}]",
+    ),
+    (
+        "upstream.credentials.",
+        "providers: [{name: a, type: t, upstream: {credentials: {zz: 1}}}]",
+    ),
+    (
+        "upstream.credentials.passwordFrom.",
+        "providers: [{name: a, type: t, upstream: {credentials: {username: u, passwordFrom: {zz: 1}}}}]",
+    ),
+    (
         "grants.libvirt.hosts[].limits.",
         "providers: [{name: a, type: t, grants: {libvirt: {hosts: [{name: h, address: a, user: u, limits: {zz: 1}}]}}}]",
     ),

@@ -48,6 +48,7 @@ fn without_grants(
         &Grants::default().validate().unwrap(),
         ProviderInstanceOptions {
             max_concurrent_calls: 1,
+            upstream: None,
         },
     )
     .expect("no grants is valid")

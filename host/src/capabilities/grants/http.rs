@@ -92,7 +92,7 @@ impl std::fmt::Debug for SecretValue {
 }
 
 impl SecretValue {
-    fn from_source(source: &SecretSource) -> Result<Self, String> {
+    pub(crate) fn from_source(source: &SecretSource) -> Result<Self, String> {
         match (&source.env, &source.file, &source.gcp_service_account_key) {
             (Some(name), None, None) => Ok(SecretValue::Env(name.clone())),
             (None, Some(path), None) => Ok(SecretValue::File(path.clone())),

@@ -121,9 +121,10 @@ impl<'a> Granted<'a> {
     pub(super) fn new(lease: Lease, entry: &'a PoolEntry) -> Self {
         let pool = lease.pool_key();
         Granted {
+            // An upstream's login stays with the operator (and its gateway) unless allowed.
             proxy_url: match &entry.login {
-                Some(login) => login.proxy_url(&entry.address, entry.port),
-                None => proxy_url(&entry.address, entry.port),
+                Some(login) if login.handed_out() => login.proxy_url(&entry.address, entry.port),
+                _ => proxy_url(&entry.address, entry.port),
             },
             granted_at: rfc3339(lease.granted_at_ms),
             expires_at: rfc3339(lease.expires_at_ms),

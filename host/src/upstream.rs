@@ -1,0 +1,160 @@
+//! Provider instances that front proxies which exist already (the `upstream` provider): their
+//! `upstream` section of the providers config. The upstreams' login comes from a mounted Secret
+//! (or an environment variable) the operator reads; the plugin never gets it, not even hashed.
+//! The operator probes with it, the gateway logs in with it, and a lease's `proxyUrl` carries it
+//! only when `handOutCredentials` is true.
+
+use serde::Deserialize;
+
+use crate::capabilities::http::{SecretSource, read_secret, secret_value};
+use crate::credentials::{InvalidCredentials, ProxyLogin};
+
+/// The plugin type whose instances are upstream ones even without an `upstream` section.
+pub const UPSTREAM_TYPE: &str = "upstream";
+
+/// A provider instance's `upstream` section.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UpstreamSettings {
+    /// The login every upstream of this provider instance requires; absent: none.
+    #[serde(default)]
+    pub credentials: Option<UpstreamCredentials>,
+    /// Whether a lease's `proxyUrl` carries the login (`http://user:password@host:port`). Default
+    /// false: the `proxyUrl` is the bare address, and only the gateway (which logs in itself)
+    /// can use a proxy that requires the login.
+    #[serde(default)]
+    pub hand_out_credentials: bool,
+}
+
+/// The upstreams' login.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UpstreamCredentials {
+    /// The user name (printable ASCII, no colon).
+    pub username: String,
+    /// Where the password is: `{file: PATH}` (a mounted Secret key) or `{env: NAME}`.
+    pub password_from: SecretSource,
+}
+
+impl UpstreamSettings {
+    /// Checks the section without reading the password; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        let username = &credentials.username;
+        if username.is_empty() || !username.chars().all(|c| c.is_ascii_graphic() && c != ':') {
+            return Err(
+                "upstream.credentials.username: must be printable ASCII without spaces or colons, as the vendor gave it"
+                    .into(),
+            );
+        }
+        if credentials.password_from.gcp_service_account_key.is_some() {
+            return Err(
+                "upstream.credentials.passwordFrom: set `file` (a mounted Secret key) or `env`; a service-account key is not a password"
+                    .into(),
+            );
+        }
+        secret_value(&credentials.password_from)
+            .map(|_| ())
+            .map_err(|e| format!("upstream.credentials.passwordFrom: {e}"))
+    }
+
+    /// Where the password comes from, for the status: never the password.
+    pub fn source(&self) -> String {
+        self.credentials
+            .as_ref()
+            .and_then(|c| secret_value(&c.password_from).ok())
+            .map(|v| format!("{v:?}"))
+            .unwrap_or_default()
+    }
+
+    /// The login the upstreams require now (the file is read on every call, so a rotated Secret
+    /// is picked up); `None` when they require none.
+    pub fn login(&self, provider: &str) -> Result<Option<ProxyLogin>, InvalidCredentials> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(None);
+        };
+        let invalid = |problem: String| InvalidCredentials {
+            secret: format!(
+                "{} (upstream.credentials of provider {provider})",
+                self.source()
+            ),
+            problem,
+        };
+        let password = secret_value(&credentials.password_from)
+            .and_then(|value| read_secret(&value))
+            .map_err(invalid)?;
+        ProxyLogin::of_upstream(&credentials.username, &password, self.hand_out_credentials)
+            .map_err(invalid)
+            .map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(yaml: &str) -> UpstreamSettings {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn the_section_is_checked_naming_the_field() {
+        let cases = [
+            ("{}", None),
+            (
+                "{credentials: {username: c-1, passwordFrom: {file: /x}}, handOutCredentials: true}",
+                None,
+            ),
+            (
+                "{credentials: {username: 'a:b', passwordFrom: {file: /x}}}",
+                Some("upstream.credentials.username:"),
+            ),
+            (
+                "{credentials: {username: a, passwordFrom: {}}}",
+                Some("upstream.credentials.passwordFrom: valueFrom: set exactly one"),
+            ),
+            (
+                "{credentials: {username: a, passwordFrom: {gcpServiceAccountKey: /k}}}",
+                Some("upstream.credentials.passwordFrom: set `file`"),
+            ),
+        ];
+        for (yaml, expected) in cases {
+            match (settings(yaml).validate(), expected) {
+                (Ok(()), None) => {}
+                (Err(e), Some(expected)) => assert!(e.starts_with(expected), "{yaml}: {e}"),
+                (result, _) => panic!("{yaml}: {result:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_login_is_read_from_the_file_and_handed_out_only_when_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let yaml = format!(
+            "{{credentials: {{username: customer-1, passwordFrom: {{file: {}}}}}}}",
+            file.display()
+        );
+        let login = settings(&yaml).login("vendor").unwrap().unwrap();
+        assert_eq!(
+            (login.username(), login.password()),
+            ("customer-1", "s3cret")
+        );
+        assert!(!login.handed_out());
+        assert!(!format!("{login:?}").contains("s3cret"));
+        let shared = settings(&format!("{{handOutCredentials: true, {}", &yaml[1..]));
+        assert!(shared.login("vendor").unwrap().unwrap().handed_out());
+        assert!(settings("{}").login("vendor").unwrap().is_none());
+
+        std::fs::remove_file(&file).unwrap();
+        let missing = settings(&yaml).login("vendor").unwrap_err().to_string();
+        assert!(
+            missing.contains("upstream.credentials of provider vendor"),
+            "{missing}"
+        );
+        assert!(missing.contains("cannot read"), "{missing}");
+    }
+}
