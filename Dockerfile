@@ -39,7 +39,7 @@ WORKDIR /src
 # compiles only the workspace's own crates. (A separate dependencies-only layer would not pay
 # on top of that: it needs stub sources for all eleven workspace members.)
 COPY . .
-ARG PLUGINS="kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp"
+ARG PLUGINS="kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp upstream-provider:upstream"
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eu; \
@@ -64,7 +64,7 @@ FROM ${RUNTIME_IMAGE} AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="proxy-operator" \
-      org.opencontainers.image.description="A Kubernetes operator that gives web crawlers a pool of healthy egress proxies, with WebAssembly provider plugins (kvm, kubernetes, gcp) under /plugins." \
+      org.opencontainers.image.description="A Kubernetes operator that gives web crawlers a pool of healthy egress proxies, with WebAssembly provider plugins (kvm, kubernetes, gcp, upstream) under /plugins." \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
