@@ -12,9 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use harness::bins::debian_binary;
 use harness::netns::Netns;
-use harness::process::{Check, Proc, Scratch, free_port, wait_for};
+use harness::process::{Check, free_port, wait_for};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -22,18 +21,6 @@ use tokio::task::JoinHandle;
 
 use super::TOKEN;
 use super::gateway::{EXITS, Gateway};
-
-/// The flags the fixture notes give for a headless Chromium that stays quiet (it still tries
-/// to reach Google for the time and component updates).
-const QUIET: &[&str] = &[
-    "--headless",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-    "--metrics-recording-only",
-];
 
 /// The site over HTTPS: TLS on 127.0.0.1 with a self-signed certificate; each connection is
 /// handed decrypted to the plain site from the address its client came from (a squid's exit),
@@ -196,51 +183,19 @@ async fn forward(
 /// The page at `url` as Chromium rendered it (`--dump-dom`), run in `netns` with `proxy` (in
 /// the namespace) as its proxy and the TLS front's key trusted; or a panic with its log.
 async fn chromium_dump_dom(netns: &Netns, proxy: SocketAddr, spki: &str, url: &str) -> String {
-    let chromium = debian_binary("/usr/bin/chromium", "chromium");
-    let dir = Scratch::new("chromium").unwrap();
-    let mut cmd = netns.command(chromium);
-    cmd.args(QUIET)
-        .arg(format!(
-            "--user-data-dir={}",
-            dir.path().join("profile").display()
-        ))
-        .arg(format!("--proxy-server=http://{proxy}"))
+    let args = [
+        format!("--proxy-server=http://{proxy}"),
         // Chromium never sends loopback URLs to a proxy unless told so.
-        .arg("--proxy-bypass-list=<-loopback>")
-        .arg(format!("--ignore-certificate-errors-spki-list={spki}"))
-        .args(["--dump-dom", url])
-        // Whatever it writes in a home directory stays in the scratch directory.
-        .env("HOME", dir.path())
-        .env("XDG_CONFIG_HOME", dir.path().join("config"))
-        .env("XDG_CACHE_HOME", dir.path().join("cache"));
-    let (dom, log) = (dir.path().join("dom.html"), dir.path().join("chromium.log"));
-    let mut browser = Proc::spawn_with_stdout("chromium", cmd, &dom, &log).unwrap();
-    let exited = wait_for(
-        "chromium to print the page",
-        Duration::from_secs(60),
-        || {
-            let exited = browser.try_exited();
-            async move {
-                match exited {
-                    Some(status) => Check::Ready(status),
-                    None => Check::NotYet("running".into()),
-                }
-            }
-        },
-    )
-    .await;
-    let status = exited.unwrap_or_else(|e| panic!("{e:#}\n{}", chromium_log(&browser)));
-    assert!(status.success(), "{status}\n{}", chromium_log(&browser));
-    let dom = std::fs::read_to_string(&dom).unwrap();
-    assert!(!dom.is_empty(), "no page:\n{}", chromium_log(&browser));
+        "--proxy-bypass-list=<-loopback>".to_string(),
+        format!("--ignore-certificate-errors-spki-list={spki}"),
+        "--dump-dom".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let dom = harness::chromium::run(netns, &args, url, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(!dom.is_empty(), "chromium printed no page");
     dom
-}
-
-/// Chromium's log without its complaints about D-Bus (there is none here; it needs none).
-fn chromium_log(browser: &Proc) -> String {
-    let log = browser.log_tail(200);
-    let lines: Vec<&str> = log.lines().filter(|l| !l.contains("dbus/")).collect();
-    lines.join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

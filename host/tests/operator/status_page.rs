@@ -9,9 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use harness::bins::debian_binary;
 use harness::netns::Netns;
-use harness::process::{Check, Proc, Scratch, free_port, wait_for};
+use harness::process::free_port;
 use reqwest::StatusCode;
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -19,17 +18,6 @@ use tokio::task::JoinHandle;
 use super::common::operator_process::OperatorProcess;
 use super::common::proxy_on_port;
 use super::world::World;
-
-const QUIET: &[&str] = &[
-    "--headless",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-    "--metrics-recording-only",
-    "--hide-scrollbars",
-];
 
 /// The operator's metrics port as Chromium reaches it: a listener inside the browser's
 /// namespace relaying each connection to the operator on the host's loopback.
@@ -63,40 +51,9 @@ impl Relay {
 
 /// Runs Chromium on `url` with `args` in `netns` until it exits; its stdout.
 async fn chromium(netns: &Netns, args: &[&str], url: &str) -> String {
-    let dir = Scratch::new("chromium").unwrap();
-    let mut cmd = netns.command(debian_binary("/usr/bin/chromium", "chromium"));
-    cmd.args(QUIET)
-        .arg(format!(
-            "--user-data-dir={}",
-            dir.path().join("profile").display()
-        ))
-        .args(args)
-        .arg(url)
-        .env("HOME", dir.path())
-        .env("XDG_CONFIG_HOME", dir.path().join("config"))
-        .env("XDG_CACHE_HOME", dir.path().join("cache"));
-    let (out, log) = (dir.path().join("out.html"), dir.path().join("chromium.log"));
-    let mut browser = Proc::spawn_with_stdout("chromium", cmd, &out, &log).unwrap();
-    let exited = wait_for("chromium to exit", Duration::from_secs(90), || {
-        let exited = browser.try_exited();
-        async move {
-            match exited {
-                Some(status) => Check::Ready(status),
-                None => Check::NotYet("running".into()),
-            }
-        }
-    })
-    .await;
-    let tail = || {
-        let log = browser.log_tail(200);
-        log.lines()
-            .filter(|l| !l.contains("dbus/"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let status = exited.unwrap_or_else(|e| panic!("{e:#}\n{}", tail()));
-    assert!(status.success(), "{status}\n{}", tail());
-    std::fs::read_to_string(&out).unwrap()
+    harness::chromium::run(netns, args, url, Duration::from_secs(90))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn pool_yaml(ns: &str, name: &str, replicas: i32, port: u16) -> String {

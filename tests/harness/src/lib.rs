@@ -63,6 +63,7 @@
 
 pub mod bins;
 pub mod bootdisk;
+pub mod chromium;
 pub mod control_plane;
 pub mod gateway;
 pub mod guard;
