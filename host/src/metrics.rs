@@ -4,7 +4,19 @@
 
 use std::time::Duration;
 
+use prometheus::proto::Metric;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+/// The value of the label `name` of a gathered sample, empty when it has none (for the figures
+/// read back from the registry: the status page's, the gateway's report to the leader).
+pub fn label_value(metric: &Metric, name: &str) -> String {
+    metric
+        .get_label()
+        .iter()
+        .find(|l| l.name() == name)
+        .map(|l| l.value().to_string())
+        .unwrap_or_default()
+}
 
 /// Metrics of Proxy reconciles.
 #[derive(Clone)]

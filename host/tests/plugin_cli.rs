@@ -755,23 +755,7 @@ async fn plugin_test_passes_the_kubernetes_provider_against_the_cluster_of_kubec
             ns.name()
         ),
     );
-    let kubeconfig = cp.kubeconfig().to_path_buf();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-            .args(["plugin", "test", &plugin, "--config", &entry])
-            .env("KUBECONFIG", kubeconfig)
-            .env("LOG_LEVEL", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = plugin_test_passes_against(cp, plugin, entry).await;
     assert!(stdout.contains("ok   list-shows-owner"), "{stdout}");
 }
 
@@ -791,6 +775,17 @@ async fn plugin_test_passes_the_upstream_provider() {
             ns.name()
         ),
     );
+    let stdout = plugin_test_passes_against(cp, plugin, entry).await;
+    assert!(stdout.contains("PASS upstream"), "{stdout}");
+}
+
+/// `proxy-operator plugin test PLUGIN --config ENTRY` with `$KUBECONFIG` naming `cp`'s cluster,
+/// asserted to pass; its standard output.
+async fn plugin_test_passes_against(
+    cp: &harness::ControlPlane,
+    plugin: String,
+    entry: String,
+) -> String {
     let kubeconfig = cp.kubeconfig().to_path_buf();
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
@@ -808,5 +803,5 @@ async fn plugin_test_passes_the_upstream_provider() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("PASS upstream"), "{stdout}");
+    stdout.into_owned()
 }

@@ -40,7 +40,7 @@ async fn password_of(secrets: &Api<Secret>, name: &str) -> String {
 }
 
 /// A GET through `proxy_url` (which may carry credentials): the status squid or the page gave.
-async fn fetch_through(proxy_url: &str, page: &str) -> StatusCode {
+pub(crate) async fn fetch_through(proxy_url: &str, page: &str) -> StatusCode {
     let client = reqwest::Client::builder()
         .proxy(reqwest::Proxy::http(proxy_url).unwrap())
         .timeout(Duration::from_secs(10))

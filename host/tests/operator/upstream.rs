@@ -5,6 +5,7 @@
 //! upstreams of a list. Also: `plugin test` conformance, and a bad `providerOptions.url` refused
 //! naming the field.
 
+use super::credentials::fetch_through;
 use std::time::Duration;
 
 use harness::Squid;
@@ -66,16 +67,6 @@ async fn wait_condition(
     )
     .await
     .unwrap()
-}
-
-/// A GET through `proxy_url`: the status squid or the page gave.
-async fn fetch_through(proxy_url: &str, page: &str) -> StatusCode {
-    let client = reqwest::Client::builder()
-        .proxy(reqwest::Proxy::http(proxy_url).unwrap())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    client.get(page).send().await.unwrap().status()
 }
 
 /// The `proxyUrl` of a lease granted on `proxy` (and released).

@@ -35,11 +35,9 @@ fn parse_object(json: &str) -> Result<serde_json::Value, ProviderError> {
 
 /// The object `kind` named `name`, `None` when there is none of ours.
 fn find(kind: &str, name: &str) -> Result<Option<serde_json::Value>, ProviderError> {
-    match kube::get("v1", kind, name) {
-        Ok(object) => parse_object(&object).map(Some),
-        Err(kube::KubeError::NotFound(_)) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    capabilities::kube_get_if_present("v1", kind, name)?
+        .map(|object| parse_object(&object))
+        .transpose()
 }
 
 /// The instance of a Pod, its address from the Pod and its Service as the config says.
@@ -51,14 +49,6 @@ fn instance_of(
     Instance {
         address: objects::address(pod, service, config.address),
         ..objects::instance(pod)
-    }
-}
-
-/// Deletes an object; already gone is fine.
-fn delete_object(api_version: &str, kind: &str, name: &str) -> Result<(), ProviderError> {
-    match kube::delete(api_version, kind, name) {
-        Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -158,10 +148,18 @@ impl Provider for KubernetesProvider {
     }
 
     fn delete(_config: Config, provider_id: String) -> Result<(), ProviderError> {
-        delete_object("v1", "Pod", &provider_id)?;
-        delete_object("v1", "Service", &provider_id)?;
-        delete_object("networking.k8s.io/v1", "NetworkPolicy", &provider_id)?;
-        delete_object("v1", "ConfigMap", &objects::configmap_name(&provider_id))
+        capabilities::kube_delete_if_present("v1", "Pod", &provider_id)?;
+        capabilities::kube_delete_if_present("v1", "Service", &provider_id)?;
+        capabilities::kube_delete_if_present(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            &provider_id,
+        )?;
+        capabilities::kube_delete_if_present(
+            "v1",
+            "ConfigMap",
+            &objects::configmap_name(&provider_id),
+        )
     }
 
     fn list(_config: Config) -> Result<Vec<Instance>, ProviderError> {

@@ -70,6 +70,32 @@ impl From<kube::KubeError> for ProviderError {
     }
 }
 
+/// The object `kind` named `name` of the granted namespace, `None` when there is none.
+pub fn kube_get_if_present(
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<String>, ProviderError> {
+    match kube::get(api_version, kind, name) {
+        Ok(object) => Ok(Some(object)),
+        Err(kube::KubeError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the object `kind` named `name`; one already gone is fine (a provider's `delete` is
+/// called again after a retry or a restart).
+pub fn kube_delete_if_present(
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Result<(), ProviderError> {
+    match kube::delete(api_version, kind, name) {
+        Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Maps an HTTP status that is not a success to a provider error, the way most cloud APIs mean it.
 pub fn status_error(status: u16, body: &[u8]) -> ProviderError {
     let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();

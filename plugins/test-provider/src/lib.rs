@@ -395,10 +395,7 @@ impl Provider for TestProvider {
     fn delete(config: Config, provider_id: String) -> Result<(), ProviderError> {
         match endpoint_kind(&config)? {
             Endpoint::Memory(_) => Ok(()),
-            Endpoint::Kube => match kube::delete("v1", "ConfigMap", &provider_id) {
-                Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
-                Err(e) => Err(e.into()),
-            },
+            Endpoint::Kube => capabilities::kube_delete_if_present("v1", "ConfigMap", &provider_id),
             Endpoint::Http(base) => {
                 let response = send("DELETE", &format!("{base}/instances/{provider_id}"), None)?;
                 match response.status {

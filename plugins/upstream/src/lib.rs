@@ -39,10 +39,9 @@ fn parse_object(json: &str) -> Result<serde_json::Value, ProviderError> {
 
 /// The record named `name`, `None` when there is none of ours.
 fn find(name: &str) -> Result<Option<Record>, ProviderError> {
-    match kube::get("v1", "ConfigMap", name) {
-        Ok(object) => Ok(records::record_of(&parse_object(&object)?)),
-        Err(kube::KubeError::NotFound(_)) => Ok(None),
-        Err(e) => Err(e.into()),
+    match capabilities::kube_get_if_present("v1", "ConfigMap", name)? {
+        Some(object) => Ok(records::record_of(&parse_object(&object)?)),
+        None => Ok(None),
     }
 }
 
@@ -123,13 +122,6 @@ fn observe(config: &Config, record: Record, verify: bool) -> Result<Instance, Pr
     }
 }
 
-fn delete_record(name: &str) -> Result<(), ProviderError> {
-    match kube::delete("v1", "ConfigMap", name) {
-        Ok(()) | Err(kube::KubeError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 impl Provider for UpstreamProvider {
     type Config = Config;
 
@@ -188,7 +180,7 @@ impl Provider for UpstreamProvider {
     fn delete(_config: Config, provider_id: String) -> Result<(), ProviderError> {
         // Only the record goes: the upstream itself is not ours to delete.
         find(&provider_id)?.ok_or_else(|| not_found(&provider_id))?;
-        delete_record(&provider_id)
+        capabilities::kube_delete_if_present("v1", "ConfigMap", &provider_id)
     }
 
     fn list(_config: Config) -> Result<Vec<Instance>, ProviderError> {
