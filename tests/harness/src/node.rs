@@ -39,6 +39,8 @@ use crate::netns::{check_no_uplink, connect_in, enter_netns, run};
 use crate::process::{Check, ExitHook, Proc, Scratch, at_exit, free_port, run_output, wait_for};
 use crate::shared::Shared;
 
+mod containerd_root;
+
 /// The node's IP: a /32 on the namespace's `lo` (the kernel here has no `dummy` module).
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 /// The node's name.
@@ -322,6 +324,8 @@ impl Cluster {
             ),
         )?;
         write(&cni_conf.join("10-harness.conflist"), &cni_config(&dir))?;
+        // The images are in it already (imported once per fixture key).
+        containerd_root::install(&images_dir, &images_key, &cdir.join("root"))?;
         let mut cmd = in_ns(&containerd_bin);
         cmd.arg(format!("--config={}", cdir.join("config.toml").display()));
         procs.push(Proc::spawn("containerd", cmd, &dir.join("containerd.log"))?);
@@ -419,7 +423,7 @@ impl Cluster {
         let config = config_from_kubeconfig(&kubeconfig).await?;
         phase("spawn");
 
-        // While the apiserver starts: containerd up, images in.
+        // While the apiserver starts: containerd up (the images are in its root).
         wait_for("containerd", START_TIMEOUT, || {
             let status = ensure_all_running(&mut procs);
             let socket = socket.clone();
@@ -441,25 +445,6 @@ impl Cluster {
         })
         .await?;
         phase("containerd");
-        // The archives are tagged <key>: named local/NAME:<key> by their base name.
-        let import_own = |name: &'static str| {
-            let archive = images_dir.join(format!("{name}.tar"));
-            let socket = socket.clone();
-            async move {
-                import(
-                    &socket,
-                    &archive,
-                    &format!("--base-name=docker.io/local/{name}"),
-                )
-                .await
-            }
-        };
-        let (pause, squid, web) =
-            tokio::join!(import_own("pause"), import_own("squid"), import_own("web"));
-        pause?;
-        squid?;
-        web?;
-        phase("images");
 
         wait_apiserver_ready(&apiserver, &config, &apiserver_log).await?;
         procs.push(apiserver.into_inner());
