@@ -8,6 +8,6 @@ mod reconcile;
 pub mod retry;
 
 pub use reconcile::{
-    Context, FINALIZER, SKIP_CLEANUP_ANNOTATION, Written, instance_name, run, run_until,
-    write_status,
+    Context, FIELD_MANAGER, FINALIZER, SKIP_CLEANUP_ANNOTATION, Written, instance_name, run,
+    run_until, write_status,
 };

@@ -1,6 +1,7 @@
 //! The health engine: probes every provisioned proxy with a real `CONNECT` on a schedule, damps
-//! flapping with consecutive-result thresholds, writes `Healthy`/phase into the Proxy status when
-//! the verdict changes, and keeps the lease store's pool of proxies current.
+//! flapping with consecutive-result thresholds, writes `Healthy` and the probe fields into the
+//! Proxy status when the verdict changes (the controller, seeing that, judges `phase` and
+//! `Ready`), and keeps the lease store's pool of proxies current.
 
 mod options;
 pub mod probe;
@@ -29,7 +30,12 @@ use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
 pub use options::HealthOptions;
 pub use probe::{ProbeFailure, exit_ip, probe};
 
-const FIELD_MANAGER: &str = "proxy-operator-health";
+/// The field manager of what the engine writes (`Healthy`, the probe fields). Not the name it
+/// used while it also wrote `phase` and `Ready` ("proxy-operator-health"): an apply leaving out
+/// a field its manager alone owned deletes that field, so under a new name the old entries,
+/// still owning `phase` and `Ready` in Proxies written before, are never applied again and
+/// nothing the controller now owns alone disappears on an upgrade.
+pub const FIELD_MANAGER: &str = "proxy-operator-probes";
 /// Concurrent status writes of one round.
 const WRITE_CONCURRENCY: usize = 16;
 

@@ -188,8 +188,8 @@ pub fn not_provisioned(
 }
 
 /// Phase and `Ready` of a provisioned proxy, from its `Healthy` condition (written by the health
-/// engine): `Unhealthy` when probes fail, `Ready` otherwise. The reconciler and the health engine
-/// both use this, so they never disagree on what a verdict means. `probing`: whether health
+/// engine): `Unhealthy` when probes fail, `Ready` otherwise. Only the controller writes them:
+/// the health engine's write of `Healthy` wakes it, and it decides from there. `probing`: whether health
 /// probes run at all (`--health-interval 0s` turns them off), so the message says which.
 pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>, probing: bool) {
     use crate::api::Phase;
@@ -240,6 +240,26 @@ pub fn readiness(status: &mut crate::api::ProxyStatus, generation: Option<i64>, 
     );
 }
 
+/// The status fields the health engine writes beside its `Healthy` condition: its field
+/// manager alone owns them, as the controller alone owns `phase` and `Ready`.
+pub const HEALTH_OWNED_FIELDS: [&str; 3] = ["lastProbeTime", "lastProbeLatencyMs", "exitIP"];
+
+/// `status` as the controller applies it: without what the health engine owns (those fields and
+/// the `Healthy` condition), so a write from the controller's view never puts back an older
+/// verdict, and each field has one writer.
+pub fn controller_owned(status: &crate::api::ProxyStatus) -> serde_json::Value {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        for field in HEALTH_OWNED_FIELDS {
+            fields.remove(field);
+        }
+        if let Some(serde_json::Value::Array(conditions)) = fields.get_mut("conditions") {
+            conditions.retain(|c| c["type"] != Type::Healthy.as_str());
+        }
+    }
+    value
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +272,27 @@ mod tests {
             .find(|c| c.type_ == "Ready")
             .unwrap()
             .message
+    }
+
+    /// The controller's apply leaves out every field the health engine owns, and keeps its own.
+    #[test]
+    fn the_controller_applies_none_of_the_health_engines_fields() {
+        let status: ProxyStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Ready", "address": "10.0.0.7", "exitIP": "203.0.113.7",
+            "lastProbeTime": "2026-01-01T00:00:00Z", "lastProbeLatencyMs": 4,
+            "conditions": [
+                {"type": "Healthy", "status": "True", "reason": "ProbeSucceeded", "message": "m",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Ready", "status": "True", "reason": "Healthy", "message": "m",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ],
+        }))
+        .unwrap();
+        let applied = controller_owned(&status);
+        let fields: Vec<_> = applied.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(fields, ["address", "conditions", "phase"]);
+        assert_eq!(applied["conditions"].as_array().unwrap().len(), 1);
+        assert_eq!(applied["conditions"][0]["type"], "Ready");
     }
 
     /// Without a `Healthy` verdict, the message says whether one is still to come.

@@ -15,6 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
+use super::conditions;
 use super::credentials;
 use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
 use super::retry::{self, Backoffs, Wait};
@@ -31,7 +32,8 @@ use crate::providers::{ProviderSet, Providers};
 /// The finalizer that keeps a Proxy until its instance is deleted.
 pub const FINALIZER: &str = "proxy-operator.dev/cleanup";
 pub use super::decide::SKIP_CLEANUP_ANNOTATION;
-const FIELD_MANAGER: &str = "proxy-operator";
+/// The field manager of the controller's status writes: the only writer of `phase` and `Ready`.
+pub const FIELD_MANAGER: &str = "proxy-operator";
 
 /// What every reconcile needs.
 pub struct Context {
@@ -373,7 +375,7 @@ pub async fn write_status(
         "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "Proxy",
         "metadata": { "resourceVersion": proxy.resource_version() },
-        "status": status,
+        "status": conditions::controller_owned(&status),
     });
     match api
         .patch_status(

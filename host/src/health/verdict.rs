@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::options::HealthOptions;
@@ -101,8 +101,10 @@ impl Verdict {
         }
     }
 
-    /// The status fields the engine owns, if they differ from what the Proxy shows (or the
-    /// probe time is older than `status_refresh`).
+    /// The status fields the engine owns (the `Healthy` condition, the probe's time and
+    /// latency, the exit IP), if they differ from what the Proxy shows (or the probe time is
+    /// older than `status_refresh`). `phase` and `Ready` are the controller's alone: its watch
+    /// sees this write and `decide` judges readiness from `Healthy` (`conditions::readiness`).
     pub(crate) fn status_patch(
         &self,
         proxy: &Proxy,
@@ -110,11 +112,11 @@ impl Verdict {
     ) -> Option<serde_json::Value> {
         let verdict = self;
         let observed = proxy.status.clone().unwrap_or_default();
-        let mut status = observed.clone();
+        let mut conditions = observed.conditions.clone();
         let generation = proxy.metadata.generation;
         match verdict.healthy {
             Some(true) => conditions::set(
-                &mut status.conditions,
+                &mut conditions,
                 Type::Healthy,
                 true,
                 Reason::ProbeSucceeded,
@@ -126,7 +128,7 @@ impl Verdict {
                 generation,
             ),
             Some(false) => conditions::set(
-                &mut status.conditions,
+                &mut conditions,
                 Type::Healthy,
                 false,
                 Reason::ProbeFailed,
@@ -139,17 +141,10 @@ impl Verdict {
             ),
             None => {}
         }
-        conditions::readiness(&mut status, generation, !options.interval.is_zero());
         let exit_ip = verdict.exit_ip.as_ref().map(|e| e.ip.clone());
         let verdict_changed = exit_ip != observed.exit_ip
-            || status.phase != observed.phase
-            || [Type::Healthy, Type::Ready].into_iter().any(|t| {
-                conditions::status_of(&status.conditions, t)
-                    != conditions::status_of(&observed.conditions, t)
-            })
-            // The controller, writing from a view older than the last verdict, may leave `Ready`
-            // True for "InstanceRunning" beside `Healthy` True: its reason is ours to put right.
-            || ready_reason(&status.conditions) != ready_reason(&observed.conditions);
+            || conditions::status_of(&conditions, Type::Healthy)
+                != conditions::status_of(&observed.conditions, Type::Healthy);
         let stale = observed.last_probe_time.as_ref().is_none_or(|t| {
             let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
             age.as_secs() as u64 >= options.status_refresh.as_secs()
@@ -162,10 +157,9 @@ impl Verdict {
             .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
             .map(Time);
         let mut owned = serde_json::json!({
-            "phase": status.phase,
             "lastProbeTime": last_probe,
-            "conditions": status.conditions.iter()
-                .filter(|c| [Type::Healthy.as_str(), Type::Ready.as_str()].contains(&c.type_.as_str()))
+            "conditions": conditions.iter()
+                .filter(|c| c.type_ == Type::Healthy.as_str())
                 .collect::<Vec<_>>(),
         });
         if let Some(ip) = exit_ip {
@@ -180,13 +174,6 @@ impl Verdict {
             "status": owned,
         }))
     }
-}
-
-fn ready_reason(conditions: &[Condition]) -> Option<&str> {
-    conditions
-        .iter()
-        .find(|c| c.type_ == Type::Ready.as_str())
-        .map(|c| c.reason.as_str())
 }
 
 /// The verdict of `proxy`, seeded from its status when first seen or when its UID changed (a
@@ -246,6 +233,23 @@ mod tests {
             .iter()
             .find(|c| c["type"] == type_)
             .unwrap_or_else(|| panic!("no {type_} condition in {patch}"))
+    }
+
+    /// The engine's patch names only what it owns: never `phase` or `Ready` (the controller's).
+    fn assert_only_health_fields(patch: &serde_json::Value) {
+        for (field, _) in patch["status"].as_object().unwrap() {
+            assert!(
+                field == "conditions" || conditions::HEALTH_OWNED_FIELDS.contains(&field.as_str()),
+                "the health engine wrote {field}: {patch}"
+            );
+        }
+        let types: Vec<_> = patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["Healthy"], "{patch}");
     }
 
     /// A Proxy as the health engine sees one: `status` is its JSON status (or none).
@@ -406,39 +410,6 @@ mod tests {
         assert_eq!((verdict.uid.as_str(), verdict.failures), ("u2", 0));
     }
 
-    /// The controller may write `Ready` from a view older than the verdict ("InstanceRunning",
-    /// not yet judged) beside `Healthy` True: the engine puts the reason right, though the
-    /// statuses agree and the probe time is fresh.
-    #[test]
-    fn a_ready_reason_written_from_an_older_view_is_put_right() {
-        let mut options = options();
-        options.status_refresh = Duration::from_secs(3600);
-        let mut status: ProxyStatus = serde_json::from_value(ready("True")).unwrap();
-        status.last_probe_time = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-        status.exit_ip = None;
-        let mut unjudged = status.clone();
-        unjudged.conditions.retain(|c| c.type_ != "Healthy");
-        conditions::readiness(&mut unjudged, Some(1), true);
-        status.conditions.extend(
-            unjudged
-                .conditions
-                .into_iter()
-                .filter(|c| c.type_ == "Ready"),
-        );
-        let mut proxy = proxy(serde_json::Value::Null);
-        proxy.status = Some(status);
-        let mut verdict = Verdict::from_status("u1".into(), proxy.status.as_ref(), &options);
-        verdict.record(&Ok(Duration::from_millis(4)), &options);
-        let patch = verdict
-            .status_patch(&proxy, &options)
-            .expect("Ready says InstanceRunning beside Healthy True");
-        let ready = patched_condition(&patch, "Ready");
-        assert_eq!(
-            (&ready["status"], &ready["reason"]),
-            (&"True".into(), &"Healthy".into())
-        );
-    }
-
     #[test]
     fn the_status_is_written_when_the_verdict_changes_not_on_every_probe() {
         let proxy = proxy(ready("True"));
@@ -450,16 +421,13 @@ mod tests {
         let patch = verdict
             .status_patch(&proxy, &options)
             .expect("no lastProbeTime yet");
-        assert_eq!(patch["status"]["phase"], "Ready");
         assert_eq!(patch["status"]["lastProbeLatencyMs"], 4);
+        assert_only_health_fields(&patch);
 
         let mut fresh = proxy.clone();
         fresh.status.as_mut().unwrap().last_probe_time =
             Some(Time(k8s_openapi::jiff::Timestamp::now()));
         fresh.status.as_mut().unwrap().exit_ip = None;
-        let mut ready_condition = fresh.status.clone().unwrap();
-        conditions::readiness(&mut ready_condition, Some(1), true);
-        fresh.status = Some(ready_condition);
         assert_eq!(
             verdict.status_patch(&fresh, &options),
             None,
@@ -475,7 +443,7 @@ mod tests {
         let patch = verdict
             .status_patch(&fresh, &options)
             .expect("now unhealthy");
-        assert_eq!(patch["status"]["phase"], "Unhealthy");
+        assert_only_health_fields(&patch);
         let healthy = patched_condition(&patch, "Healthy");
         assert_eq!(healthy["status"], "False");
         assert!(

@@ -132,8 +132,8 @@ async fn a_proxy_behind_real_squid_turns_healthy_then_unhealthy_then_recovers() 
     )
     .await
     .unwrap();
-    // Ready for "Healthy", not "InstanceRunning": the controller may first write Ready from a
-    // view older than the verdict, which the health engine then puts right.
+    // Ready for "Healthy", not "InstanceRunning": the controller judges readiness again once the
+    // engine's verdict is written.
     let proxy = wait_for(&api, "squid", "Healthy and Ready for it", |p| {
         healthy_is(p, "True")
             && phase(p) == Some(Phase::Ready)
@@ -180,6 +180,142 @@ async fn a_proxy_behind_real_squid_turns_healthy_then_unhealthy_then_recovers() 
     })
     .await;
     assert_eq!(engine.lease_state("squid"), Some("available"));
+}
+
+/// `phase` and the `Ready` condition (status, reason) the controller derives from `healthy`
+/// (`conditions::readiness`).
+fn readiness_of(healthy: Option<&str>) -> (Phase, &'static str, &'static str) {
+    match healthy {
+        Some("True") => (Phase::Ready, "True", "Healthy"),
+        Some("False") => (Phase::Unhealthy, "False", "Unhealthy"),
+        _ => (Phase::Ready, "True", "InstanceRunning"),
+    }
+}
+
+/// The managers owning `field` of the status in `proxy`'s managedFields (`f:phase`,
+/// `k:{"type":"Ready"}`, …).
+fn owners_of(proxy: &Proxy, field: &str) -> Vec<String> {
+    proxy
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1.as_ref().is_some_and(|f| {
+                f.0.pointer("/f:status")
+                    .and_then(|s| s.as_object())
+                    .is_some_and(|status| {
+                        status.contains_key(field)
+                            || status
+                                .get("f:conditions")
+                                .and_then(|c| c.as_object())
+                                .is_some_and(|c| c.contains_key(field))
+                    })
+            })
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect()
+}
+
+/// Health flips fast while the controller reconciles each flip: the health engine writes only
+/// `Healthy` and the probe fields, the controller alone `phase` and `Ready`, and no status ever
+/// shows a `Ready` that neither the current nor the previous verdict means (the old two-writer
+/// race left `Ready` "InstanceRunning" beside `Healthy` True until a repair).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_flipping_while_the_controller_reconciles_never_disagrees_with_ready() {
+    use futures_util::StreamExt;
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-flip").await.unwrap();
+    let store = InstanceStore::start().await;
+    let target = FileServer::start().await.unwrap();
+    let mut squid = Squid::start().await.unwrap();
+    let _operator = Operator::start(&ns, &store).await;
+    let _engine = Engine::start(&ns, &store, &target.addr().to_string()).await;
+    let api: Api<Proxy> = ns.api();
+    cp.kubectl_run(
+        &["apply", "-f", "-"],
+        Some(&proxy_on_port(ns.name(), "flip", squid.port())),
+    )
+    .await
+    .unwrap();
+    let settled = |p: Option<&Proxy>| {
+        healthy_is(p, "True")
+            && phase(p) == Some(Phase::Ready)
+            && condition(p, "Ready") == Some(("True".into(), "Healthy".into()))
+    };
+    wait_for(&api, "flip", "Healthy and Ready", settled).await;
+
+    // Every version of the Proxy from here on.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Proxy>::new()));
+    let recorder = {
+        let (api, seen) = (api.clone(), seen.clone());
+        tokio::spawn(async move {
+            let mut versions = std::pin::pin!(kube::runtime::watcher::watch_object(api, "flip"));
+            while let Some(Ok(Some(proxy))) = versions.next().await {
+                seen.lock().unwrap().push(proxy);
+            }
+        })
+    };
+    const FLIPS: usize = 4;
+    for _ in 0..FLIPS {
+        squid.stop().await.unwrap();
+        wait_for(&api, "flip", "Healthy False", |p| healthy_is(p, "False")).await;
+        squid.start_again().await.unwrap();
+        wait_for(&api, "flip", "Healthy True", |p| healthy_is(p, "True")).await;
+    }
+    let last = wait_for(&api, "flip", "settled after the flips", settled)
+        .await
+        .unwrap();
+    recorder.abort();
+
+    let versions = seen.lock().unwrap().clone();
+    let mut healthy_flips = 0;
+    let mut previous_verdict: Option<String> = None;
+    let mut current_verdict: Option<String> = None;
+    for proxy in &versions {
+        let healthy = condition(Some(proxy), "Healthy").map(|(s, _)| s);
+        if healthy != current_verdict {
+            previous_verdict = current_verdict.take();
+            current_verdict = healthy;
+            healthy_flips += 1;
+        }
+        let (ready, reason) = condition(Some(proxy), "Ready").expect("a Ready condition");
+        let shown = (
+            phase(Some(proxy)).expect("a phase"),
+            ready.as_str(),
+            reason.as_str(),
+        );
+        let allowed = [
+            readiness_of(current_verdict.as_deref()),
+            readiness_of(previous_verdict.as_deref()),
+        ];
+        assert!(
+            allowed.contains(&shown),
+            "resourceVersion {:?}: phase/Ready {shown:?} beside Healthy {current_verdict:?} \
+             (before: {previous_verdict:?})",
+            proxy.metadata.resource_version
+        );
+    }
+    assert!(
+        healthy_flips >= 2 * FLIPS,
+        "the watch saw {healthy_flips} verdict changes in {} versions",
+        versions.len()
+    );
+    assert!(
+        versions
+            .iter()
+            .any(|p| phase(Some(p)) == Some(Phase::Unhealthy)),
+        "the controller followed the verdict to Unhealthy at least once"
+    );
+
+    // One writer per field, as the API server records it.
+    let live = api.get(&last.metadata.name.unwrap()).await.unwrap();
+    let controller = proxy_operator::controller::FIELD_MANAGER;
+    let engine = proxy_operator::health::FIELD_MANAGER;
+    assert_eq!(owners_of(&live, "f:phase"), [controller]);
+    assert_eq!(owners_of(&live, r#"k:{"type":"Ready"}"#), [controller]);
+    assert_eq!(owners_of(&live, r#"k:{"type":"Healthy"}"#), [engine]);
+    assert_eq!(owners_of(&live, "f:lastProbeTime"), [engine]);
 }
 
 /// Accepts connections and counts them, never answering: a proxy that would hang a probe.
