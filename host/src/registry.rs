@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::Instrument;
 
+use crate::events::{EventType, Recorder};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use prometheus::{IntCounterVec, Opts, Registry};

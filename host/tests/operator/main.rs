@@ -5,7 +5,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod crawler_examples;
+
 mod credentials;
+mod events;
 mod gcp;
 mod health;
 mod kube_capability;
