@@ -409,3 +409,75 @@ fn the_values_schema_takes_exactly_the_providers_config_fields_the_operator_does
          not taken by the operator: {unknown:?}"
     );
 }
+
+/// `helm ARGS` against the shared control plane, Helm's own state in `home`.
+fn helm_against(cp: &harness::ControlPlane, home: &std::path::Path, args: &[&str]) -> Output {
+    std::process::Command::new(harness::bins::helm_binary())
+        .args(args)
+        .env("KUBECONFIG", cp.kubeconfig())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .expect("running helm")
+}
+
+/// docs/upgrade.md, "Moving from kustomize to Helm", against a real API server: `helm install`
+/// over a kustomize install is refused (its objects are not the release's), and with
+/// `--take-ownership --force-conflicts` takes them over (the API server alone: what Helm checks
+/// and writes are objects, no Pod runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_takes_over_a_kustomize_install_as_docs_upgrade_md_says() {
+    let cp = harness::ControlPlane::shared().await;
+    let kubectl = |args: Vec<String>, stdin: Option<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cp.kubectl_run(&args, stdin.as_deref())
+            .await
+            .unwrap_or_else(|e| panic!("kubectl {}: {e:#}", args.join(" ")))
+    };
+    let deploy = repo().join("deploy").to_string_lossy().into_owned();
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    kubectl(owned(&["apply", "-k", &deploy]), None).await;
+
+    let home = tempfile::tempdir().unwrap();
+    let chart = chart();
+    let install = [
+        "install",
+        "proxy-operator",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "proxy-operator",
+    ];
+    let refused = helm_against(cp, home.path(), &install);
+    assert!(
+        !refused.status.success(),
+        "helm install over kustomize's objects"
+    );
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("invalid ownership metadata"), "{why}");
+
+    // As the doc says: Helm takes the objects over, and the fields kubectl's apply wrote.
+    let install = [&install[..], &["--take-ownership", "--force-conflicts"]].concat();
+    let adopted = helm_against(cp, home.path(), &install);
+    assert!(
+        adopted.status.success(),
+        "helm install after the objects were marked: {}",
+        String::from_utf8_lossy(&adopted.stderr)
+    );
+    let chart_label = kubectl(
+        owned(&[
+            "-n",
+            "proxy-operator",
+            "get",
+            "configmap/providers-config",
+            "-o",
+            "jsonpath={.metadata.labels.helm\\.sh/chart}",
+        ]),
+        None,
+    )
+    .await;
+    assert!(
+        chart_label.starts_with("proxy-operator-"),
+        "the chart's labels on the adopted ConfigMap: {chart_label:?}"
+    );
+}
