@@ -23,6 +23,7 @@ help:
 	@echo "make image        the operator's image (Dockerfile) as an OCI archive, built offline with buildah"
 	@echo "                  (CARGO_PROFILE=image-ci for a cheaper build; docs/image.md)"
 	@echo "make test-image   the image the tests install: the same Dockerfile, the test build's binary"
+	@echo "make release VERSION=x.y.z  dist/: the Helm chart packaged, SHA256SUMS (.ci/release.sh)"
 
 # Debian packages, kube-apiserver/etcd/kubectl and the guest image (idempotent; needs root).
 fixtures:
@@ -153,3 +154,10 @@ e2e-cluster: fixtures plugins
 examples:
 	plugins/examples/python/build.sh
 	plugins/examples/js/build.sh
+
+# The release's artifacts in dist/ with their SHA-256 sums (.ci/release.sh; so far the Helm
+# chart, packaged with the release's version and image tag).
+.PHONY: release
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 1; }
+	.ci/release.sh "$(VERSION)"

@@ -3,6 +3,7 @@
 #   - Debian packages: squid, sshd, libvirt + QEMU (from bookworm-backports), ...
 #   - kube-apiserver, kubectl and etcd built from Go modules into a cache
 #     (tests/fixtures/k8s/build.sh).
+#   - helm, built from its Go module into the same cache (tests/fixtures/helm/build.sh).
 #   - the proxy VM guest image, from Debian packages, into the same cache
 #     (tests/fixtures/guest-image/build.sh).
 #   - the single-node cluster's container images (pause, squid, web), from Debian packages
@@ -198,6 +199,12 @@ step "Go binaries" "kube-apiserver, kubectl, etcd, kubelet, controller-manager, 
 bin="$("$repo/tests/fixtures/k8s/build.sh" | tail -n1)"
 step_done
 
+# The chart's tests (host/tests/deploy/helm.rs, host/tests/cluster_e2e/helm.rs): helm from its Go
+# module, as the Kubernetes binaries are (after them: both are CPU-bound).
+step "helm" "helm (tests/fixtures/helm/build.sh)"
+helm_bin="$("$repo/tests/fixtures/helm/build.sh" | tail -n1)"
+step_done
+
 # After the Go build: pause.c comes from its module cache.
 step "node images" "node images: pause, squid, web (tests/fixtures/node-images/build.sh)"
 node_images="$(as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
@@ -214,4 +221,4 @@ rm -f "$image_out"
 step_done
 record "guest image (beside the Go build)" "$image_start"
 
-log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; guest image: $guest_image; node images: $node_images"
+log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; helm: $helm_bin; guest image: $guest_image; node images: $node_images"

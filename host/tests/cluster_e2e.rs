@@ -8,7 +8,8 @@
 //! evictions respect the PodDisruptionBudget → deleting the Proxy removes its Pod, Service,
 //! ConfigMap and NetworkPolicy. The gateway (the `deploy/gateway` component, the same image)
 //! carries a `curl -x` through its Service and the squid Pod. Each phase is printed with its time
-//! (`make e2e-cluster`).
+//! (`make e2e-cluster`). `helm.rs`: the Helm chart installed, upgraded and uninstalled in the same
+//! cluster, one install at a time with this one (each removes its own at the end).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -29,6 +30,12 @@ const PROVIDER_SELECTOR: &str = "proxy-operator.dev/provider=in-cluster";
 
 #[path = "cluster_e2e/gateway.rs"]
 mod gateway;
+#[path = "cluster_e2e/helm.rs"]
+mod helm;
+
+/// The tests share one cluster, and both installs have the same cluster-wide objects (CRDs,
+/// ClusterRoles, the namespaces): one install at a time, each removing its own at the end.
+static ONE_INSTALL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -360,6 +367,7 @@ async fn proxy_view(cluster: &Cluster, discovery_ip: &str, name: &str) -> Option
 async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls_out() {
     let mut phases = Phases::new();
     let cluster = Cluster::shared().await;
+    let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
     phases.done("single-node cluster ready");
     let archive = operator_image_archive();
     phases.done("operator image built (or cached)");
@@ -701,7 +709,46 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     )
     .await;
     phases.done("ProxyPool deleted: its Proxies and their squid Pods are gone");
+
+    // Leave the cluster as found, for the Helm install (helm.rs).
+    kubectl(
+        cluster,
+        &[
+            "delete",
+            "-k",
+            overlay.to_str().unwrap(),
+            "--wait=true",
+            "--timeout=180s",
+        ],
+    )
+    .await;
+    kubectl(
+        cluster,
+        &[
+            "delete",
+            "namespace",
+            "crawlers",
+            "--wait=true",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    phases.done("kubectl delete -k: the install removed");
+    print_phases(&phases);
+}
+
+fn print_phases(phases: &Phases) {
     for (what, step, total) in phases.all() {
         eprintln!("e2e-cluster phase: {what}: {step:.1} s (at {total:.1} s)");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_with_helm_the_operator_serves_upgrades_and_uninstalls() {
+    let mut phases = Phases::new();
+    let cluster = Cluster::shared().await;
+    let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
+    phases.done("single-node cluster ready, the kustomize install (if first) removed");
+    helm::install_upgrade_uninstall(cluster, &mut phases).await;
+    print_phases(&phases);
 }

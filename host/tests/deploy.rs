@@ -4,7 +4,8 @@
 //! operator documents (docs/metrics.md). The cluster test (cluster_e2e.rs) applies all of it to a
 //! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
 //! `cli.rs`: docs/configuration.md held to the command line and the providers config parser, and
-//! the shell completion script.
+//! the shell completion script. `helm.rs`: the Helm chart renders the same objects, its lint and
+//! its values schema.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,8 @@ use serde_json::Value;
 
 #[path = "deploy/cli.rs"]
 mod cli;
+#[path = "deploy/helm.rs"]
+mod helm;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

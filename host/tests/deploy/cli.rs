@@ -287,7 +287,7 @@ const LEVELS: &[(&str, &str)] = &[
 ];
 
 /// The fields the providers config parser accepts, as paths (`grants.http.allow`).
-fn accepted_fields() -> BTreeSet<String> {
+pub(crate) fn accepted_fields() -> BTreeSet<String> {
     let mut fields = BTreeSet::new();
     for (prefix, probe) in LEVELS {
         let refusal = proxy_operator::config::ProvidersConfig::parse(probe)

@@ -9,6 +9,9 @@ use sha2::{Digest, Sha256};
 /// the module this harness was built with (the same key `build.sh` computes).
 const K8S_GO_SUM: &[u8] = include_bytes!("../../fixtures/k8s/go.sum");
 
+/// `tests/fixtures/helm/go.sum`: the helm fixture's cache key, as `build.sh` there computes it.
+const HELM_GO_SUM: &[u8] = include_bytes!("../../fixtures/helm/go.sum");
+
 /// Overrides the directory holding `kube-apiserver`, `kubectl` and `etcd`.
 pub const K8S_BIN_ENV: &str = "PROXY_OPERATOR_K8S_BIN";
 /// Overrides the fixture cache root (`$HOME/.cache/proxy-operator/fixtures`).
@@ -61,6 +64,29 @@ pub fn k8s_binary(name: &str) -> PathBuf {
     path
 }
 
+/// The cache key of the helm fixture module: first 16 hex digits of sha256(go.sum).
+pub fn helm_fixture_key() -> String {
+    hex::encode(Sha256::digest(HELM_GO_SUM))[..16].to_owned()
+}
+
+/// The helm CLI built by `tests/fixtures/helm/build.sh` (`<cache root>/helm-<key>/bin/helm`).
+///
+/// # Panics
+/// If it is missing, naming the command that builds it.
+pub fn helm_binary() -> PathBuf {
+    let path = fixtures_cache_root()
+        .join(format!("helm-{}", helm_fixture_key()))
+        .join("bin/helm");
+    if !is_executable(&path) {
+        panic!(
+            "test fixture `helm` not found at {}: build it (~3 min cold on 2 cores, cached \
+             afterwards) with `tests/fixtures/helm/build.sh` or `.ci/install-fixtures.sh`",
+            path.display()
+        );
+    }
+    path
+}
+
 /// Path of a binary that comes from a Debian package.
 ///
 /// # Panics
@@ -92,5 +118,10 @@ mod tests {
         let key = k8s_fixture_key();
         assert_eq!(key.len(), 16);
         assert!(key.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(
+            helm_fixture_key(),
+            key,
+            "each Go fixture module has its own cache"
+        );
     }
 }

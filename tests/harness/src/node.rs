@@ -1207,6 +1207,9 @@ evictionHard:
   nodefs.inodesFree: 1%
   imagefs.available: 1%
 nodeStatusReportFrequency: 10s
+# A changed ConfigMap reaches a Pod's volume at the next sync (default every minute): tests that
+# change a mounted config (the chart's `helm upgrade` of the providers config) wait less.
+syncFrequency: 10s
 "#,
         socket = socket.display(),
         ca = ca.display(),

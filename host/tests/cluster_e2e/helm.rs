@@ -1,0 +1,328 @@
+//! The chart (deploy/helm/proxy-operator) installed the way the README says, in the same real
+//! single-node cluster, one install at a time with the kustomize test: `helm install` → both
+//! replicas Ready → a kubernetes-provider Proxy `Ready`, leased through the discovery Service, a
+//! page fetched through it → `helm upgrade` with another providers entry (its ProviderHealth
+//! appears: the operator reloads the config) and one replica (the Deployment follows) → leased
+//! and fetched again → `helm uninstall` removes the release's objects and keeps the CRDs
+//! (`crds.keep`). The helm is the fixture built from its Go module (tests/fixtures/helm).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use harness::node::{Cluster, WEB_BODY};
+use harness::stack::Phases;
+use serde_json::{Value, json};
+
+use super::{
+    OPERATOR_IMAGE, TOKEN, create_token_secret, curl, discovery, kubectl, kubectl_stdin,
+    operator_image_archive, operator_pods, repo, start_web_server, until,
+};
+
+const CRAWLERS: &str = "helm-crawlers";
+const PROXY: &str = "helm-egress-1";
+
+/// `helm ARGS` against the cluster, with Helm's own state in a scratch directory (never the
+/// user's ~/.cache/helm): stdout, or a panic with stderr.
+async fn helm(cluster: &Cluster, home: &Path, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(harness::bins::helm_binary())
+        .args(args)
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .await
+        .expect("running helm");
+    assert!(
+        out.status.success(),
+        "helm {}:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Values as a user writes them for this cluster (the same as the kustomize test's overlay):
+/// the squid image the node has, a health target inside the cluster (no uplink) that squid may
+/// reach, the image imported into the node. `second_provider`: one more providers entry.
+fn values(squid_image: &str, health_target: &str, second_provider: bool, replicas: u32) -> Value {
+    let (target_ip, _) = health_target.rsplit_once(':').unwrap();
+    let entry = |name: &str| {
+        json!({
+            "name": name,
+            "type": "kubernetes",
+            "config": {
+                "image": squid_image,
+                "allowFrom": ["10.0.0.0/8"],
+                "connectPorts": [443, 8080],
+                "allowDestinations": [format!("{target_ip}/32")],
+            },
+            "grants": {"kube": {
+                "namespace": "proxies",
+                "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"],
+            }},
+        })
+    };
+    let mut providers = vec![entry("in-cluster")];
+    if second_provider {
+        providers.push(entry("in-cluster-b"));
+    }
+    json!({
+        "image": {"pullPolicy": "Never"},
+        "replicas": replicas,
+        "providers": providers,
+        "extraEnv": [
+            {"name": "HEALTH_TARGET", "value": health_target},
+            {"name": "HEALTH_INTERVAL", "value": "2s"},
+        ],
+    })
+}
+
+/// Writes `values` as a values file (JSON is YAML) and returns its path.
+fn values_file(dir: &Path, name: &str, values: &Value) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(values).unwrap()).unwrap();
+    path
+}
+
+/// A lease through the discovery Service, then a page through the leased proxy; the lease is
+/// released afterwards.
+async fn lease_and_fetch(cluster: &Cluster, web_ip: &str) {
+    let discovery_ip =
+        super::cluster_ip(cluster, "proxy-operator", "proxy-operator-discovery").await;
+    let lease = until("a lease", Duration::from_secs(90), || async {
+        let (status, body) = discovery(cluster, &discovery_ip, "POST", "/v1/leases").await;
+        (status == 201).then_some(body)
+    })
+    .await;
+    assert_eq!(lease["proxy"]["name"], PROXY, "{lease}");
+    let proxy_url = lease["proxyUrl"].as_str().unwrap();
+    let (status, page) = curl(
+        cluster,
+        &["-x", proxy_url, &format!("http://{web_ip}:8080/")],
+    )
+    .await;
+    assert_eq!(
+        (status, page.trim()),
+        (200, WEB_BODY.trim()),
+        "through {proxy_url}"
+    );
+    let path = format!("/v1/leases/{}", lease["id"].as_str().unwrap());
+    let (status, body) = discovery(cluster, &discovery_ip, "DELETE", &path).await;
+    assert_eq!(status, 204, "releasing the lease: {body}");
+}
+
+/// Whether `kubectl get ARGS` finds the object (`--ignore-not-found` prints nothing otherwise).
+async fn exists(cluster: &Cluster, args: &[&str]) -> bool {
+    let all = [&["get", "--ignore-not-found", "-o", "name"][..], args].concat();
+    !kubectl(cluster, &all).await.trim().is_empty()
+}
+
+pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Phases) {
+    let archive = operator_image_archive();
+    cluster
+        .import_image(&archive, OPERATOR_IMAGE)
+        .await
+        .expect("importing the operator image into the node");
+    let web_ip = start_web_server(cluster).await;
+    phases.done("operator image imported, web server Pod ready");
+
+    let scratch = repo().join("target/e2e-cluster/helm");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let home = tempfile::tempdir_in(&scratch).unwrap();
+    let chart = repo().join("deploy/helm/proxy-operator");
+    let chart = chart.to_str().unwrap();
+    let health_target = format!("{web_ip}:8080");
+    let squid = cluster.images().squid.clone();
+
+    // As the README says: the namespace, labelled for Pod Security; the optional token Secret;
+    // helm install.
+    kubectl(cluster, &["create", "namespace", "proxy-operator"]).await;
+    kubectl(
+        cluster,
+        &[
+            "label",
+            "namespace",
+            "proxy-operator",
+            "pod-security.kubernetes.io/enforce=restricted",
+        ],
+    )
+    .await;
+    create_token_secret(cluster, "proxy-operator-discovery", TOKEN).await;
+    let first = values_file(
+        home.path(),
+        "values.yaml",
+        &values(&squid, &health_target, false, 2),
+    );
+    let installed = Instant::now();
+    helm(
+        cluster,
+        home.path(),
+        &[
+            "install",
+            "proxy-operator",
+            chart,
+            "--namespace",
+            "proxy-operator",
+            "-f",
+            first.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "240s",
+        ],
+    )
+    .await;
+    assert_eq!(operator_pods(cluster).await.len(), 2, "two replicas");
+    phases.done(&format!(
+        "helm install: 2 replicas Ready in {:.1} s",
+        installed.elapsed().as_secs_f64()
+    ));
+
+    // A Proxy served by the installed operator.
+    let proxy = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {CRAWLERS}}}\n---\n\
+         apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\n\
+         metadata: {{name: {PROXY}, namespace: {CRAWLERS}}}\n\
+         spec: {{provider: in-cluster, port: 3128}}\n"
+    );
+    kubectl_stdin(cluster, &["apply", "-f", "-"], &proxy).await;
+    let proxy_ref = format!("proxy/{PROXY}");
+    let wait_ready = [
+        "-n",
+        CRAWLERS,
+        "wait",
+        "--for=jsonpath={.status.phase}=Ready",
+        &proxy_ref,
+        "--timeout=180s",
+    ];
+    kubectl(cluster, &wait_ready).await;
+    lease_and_fetch(cluster, &web_ip).await;
+    phases.done("a Proxy Ready, leased through the discovery Service, a page fetched through it");
+
+    // helm upgrade: another provider instance (the operator reloads its config: a
+    // ProviderHealth for it) and one replica.
+    let second = values_file(
+        home.path(),
+        "values-2.yaml",
+        &values(&squid, &health_target, true, 1),
+    );
+    let upgraded = Instant::now();
+    helm(
+        cluster,
+        home.path(),
+        &[
+            "upgrade",
+            "proxy-operator",
+            chart,
+            "--namespace",
+            "proxy-operator",
+            "-f",
+            second.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "240s",
+        ],
+    )
+    .await;
+    phases.done("helm upgrade --wait returned");
+    kubectl(
+        cluster,
+        &[
+            "wait",
+            "--for=create",
+            "providerhealth/in-cluster-b",
+            "--timeout=90s",
+        ],
+    )
+    .await;
+    phases.done("the new provider's ProviderHealth made (the config reloaded)");
+    until("one operator replica", Duration::from_secs(90), || async {
+        (operator_pods(cluster).await.len() == 1).then_some(())
+    })
+    .await;
+    kubectl(cluster, &wait_ready).await;
+    phases.done("one operator replica, the Proxy Ready");
+    lease_and_fetch(cluster, &web_ip).await;
+    phases.done(&format!(
+        "leased and fetched again ({:.1} s after helm upgrade)",
+        upgraded.elapsed().as_secs_f64()
+    ));
+
+    // helm uninstall, once the Proxy is gone (its finalizer is the operator's): the release's
+    // objects go, the CRDs stay.
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            CRAWLERS,
+            "delete",
+            &proxy_ref,
+            "--wait=true",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    let uninstalled = Instant::now();
+    helm(
+        cluster,
+        home.path(),
+        &[
+            "uninstall",
+            "proxy-operator",
+            "--namespace",
+            "proxy-operator",
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )
+    .await;
+    for gone in [
+        &["-n", "proxy-operator", "deployment/proxy-operator"][..],
+        &["-n", "proxy-operator", "configmap/providers-config"],
+        &["clusterrole/proxy-operator"],
+        &["flowschema/proxy-operator-leader-election"],
+        &["namespace/proxies"],
+    ] {
+        assert!(
+            !exists(cluster, gone).await,
+            "{gone:?} after helm uninstall"
+        );
+    }
+    for kept in ["proxies", "proxypools", "providerhealths"] {
+        let crd = format!("crd/{kept}.proxy-operator.dev");
+        assert!(exists(cluster, &[&crd]).await, "{crd} kept (crds.keep)");
+    }
+    phases.done(&format!(
+        "helm uninstall in {:.1} s: the release's objects gone, the CRDs kept",
+        uninstalled.elapsed().as_secs_f64()
+    ));
+
+    // Leave the cluster as found, for the kustomize install.
+    kubectl(
+        cluster,
+        &[
+            "delete",
+            "crd",
+            "proxies.proxy-operator.dev",
+            "proxypools.proxy-operator.dev",
+            "providerhealths.proxy-operator.dev",
+            "--wait=true",
+            "--timeout=120s",
+        ],
+    )
+    .await;
+    kubectl(
+        cluster,
+        &[
+            "delete",
+            "namespace",
+            CRAWLERS,
+            "proxy-operator",
+            "--wait=true",
+            "--timeout=180s",
+        ],
+    )
+    .await;
+    phases.done("CRDs and namespaces removed");
+}
