@@ -3,7 +3,9 @@
 //! exchanges a web identity. The host signs every request (SigV4); the plugin makes Query API
 //! calls. Between them a recording front relays each request to moto and notes its action and
 //! `Authorization` (moto checks no signature; the host's unit and runtime tests check those),
-//! and can answer `RunInstances` with one of AWS's documented errors, which moto never gives.
+//! and can answer `RunInstances` with one of AWS's documented errors, which moto never gives. It
+//! also keeps AWS's documented `ClientToken` idempotency, which moto does not: a token seen before
+//! answers with its instance, terminated or not.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,6 +30,8 @@ struct FrontState {
     seen: Vec<(String, String)>,
     /// Answer `RunInstances` with this AWS error code (HTTP 400) instead of relaying it.
     run_fails_with: Option<String>,
+    /// The instance each `RunInstances` client token made.
+    tokens: std::collections::HashMap<String, String>,
 }
 
 /// The recording front of a moto.
@@ -96,10 +100,13 @@ async fn relay(
     use axum::response::IntoResponse;
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
-    let action = url::form_urlencoded::parse(&body)
-        .find(|(k, _)| k == "Action")
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default();
+    let param = |name: &str| {
+        url::form_urlencoded::parse(&body)
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default()
+    };
+    let (action, token) = (param("Action"), param("ClientToken"));
     let authorization = parts
         .headers
         .get("authorization")
@@ -120,13 +127,27 @@ async fn relay(
         );
         return (axum::http::StatusCode::BAD_REQUEST, xml).into_response();
     }
+    let known = record.lock().unwrap().tokens.get(&token).cloned();
+    let body = match (&known, action.as_str()) {
+        // AWS: the same token answers with the same instance (for 24 h after it terminates).
+        (Some(id), "RunInstances") => {
+            format!("Action=DescribeInstances&Version=2016-11-15&InstanceId.1={id}").into()
+        }
+        _ => body,
+    };
     let mut forwarded = client.post(upstream).body(body);
-    for (name, value) in parts.headers.iter().filter(|(n, _)| *n != "host") {
+    // Not the length: the body may be another one.
+    let relayed = |n: &axum::http::HeaderName| *n != "host" && *n != "content-length";
+    for (name, value) in parts.headers.iter().filter(|(n, _)| relayed(n)) {
         forwarded = forwarded.header(name, value);
     }
     let answer = forwarded.send().await.unwrap();
     let status = answer.status().as_u16();
     let text = answer.text().await.unwrap();
+    if action == "RunInstances" && known.is_none() && status == 200 {
+        let id = texts(&text, "instanceId").remove(0);
+        record.lock().unwrap().tokens.insert(token, id);
+    }
     (axum::http::StatusCode::from_u16(status).unwrap(), text).into_response()
 }
 
@@ -505,4 +526,74 @@ async fn the_aws_provider_is_conformant() {
         texts(&live, "instanceId").is_empty(),
         "nothing left behind: {live}"
     );
+}
+
+/// A spot instance (`spot: true`: `InstanceMarketOptions`) that AWS terminates, as an
+/// interruption does, is a lost instance: the Proxy reports `InstanceLost` with AWS's state, and
+/// `recreateOnLoss` gets a new instance, although the same instance name's first client token
+/// still answers with the terminated one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_spot_instance_is_lost_and_recreated() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-aws-spot").await.unwrap();
+    let front = Front::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entry = entry(&front, static_keys(dir.path()));
+    entry["config"]["spot"] = true.into();
+    let _operator = aws_operator(&ns, entry).await;
+    let yaml = format!(
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: ec2-spot\n  namespace: {}\nspec:\n  provider: aws-eu\n  placement: {{zone: eu-west-1a}}\n  recreateOnLoss: true\n",
+        ns.name()
+    );
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
+        .await
+        .unwrap();
+    let proxies: kube::Api<Proxy> = ns.api();
+    let ready = wait_for(&proxies, "ec2-spot", "Ready", |p| {
+        phase(p) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap();
+    let first = ready.status.unwrap().provider_id.unwrap();
+    let described = front
+        .ec2(&[("Action", "DescribeInstances"), ("InstanceId.1", &first)])
+        .await;
+    assert_eq!(
+        texts(&described, "instanceLifecycle"),
+        ["spot"],
+        "{described}"
+    );
+
+    // AWS takes the instance back.
+    front
+        .ec2(&[("Action", "TerminateInstances"), ("InstanceId.1", &first)])
+        .await;
+    // Any change makes the operator look again (otherwise it looks every few minutes).
+    cp.kubectl_run(
+        &["annotate", "px", "ec2-spot", "-n", ns.name(), "poke=1"],
+        None,
+    )
+    .await
+    .unwrap();
+    let replaced = wait_for(&proxies, "ec2-spot", "a new instance, Ready", |p| {
+        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.phase == Some(Phase::Ready) && s.provider_id.as_deref().is_some_and(|id| id != first)
+        })
+    })
+    .await
+    .unwrap();
+    // The first token answers with the terminated instance (as AWS does); the next one, derived
+    // from it, makes the new one.
+    assert_eq!(front.calls("RunInstances"), 3);
+    let events = super::events_of(cp, &ns).await;
+    let lost = events
+        .iter()
+        .find(|e| e["reason"] == "InstanceLost")
+        .unwrap_or_else(|| panic!("an InstanceLost event in {events:?}"));
+    let note = lost["note"].as_str().unwrap();
+    assert!(
+        note.contains(&format!("spot instance {first} was interrupted")),
+        "{note}"
+    );
+    assert!(replaced.status.unwrap().address.is_some());
 }

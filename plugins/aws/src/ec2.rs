@@ -112,6 +112,7 @@ pub fn run_instances(
     zone: Option<&str>,
     group_id: &str,
     user_data: &[u8],
+    client_token: &str,
 ) -> Params {
     let mut params = Params::action("RunInstances");
     params
@@ -125,7 +126,7 @@ pub fn run_instances(
         .set("MinCount", "1")
         .set("MaxCount", "1")
         // Idempotency: a retried RunInstances with the same token makes no second instance.
-        .set("ClientToken", &spec.name)
+        .set("ClientToken", client_token)
         .set("SecurityGroupId.1", group_id);
     if !user_data.is_empty() {
         params.set(
@@ -184,6 +185,12 @@ pub fn run_instances(
             .set(format!("TagSpecification.1.Tag.{}.Value", i + 1), value);
     }
     params
+}
+
+/// The client token after `gone` (the terminated instance the last token answered with): at
+/// most 40 + 1 + 19 of EC2's 64 characters.
+pub fn next_client_token(name: &str, gone: &str) -> String {
+    format!("{name}-{gone}")
 }
 
 /// The text of the child `name` of `node`.

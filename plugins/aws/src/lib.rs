@@ -24,6 +24,9 @@ use crate::query::{Params, call};
 
 pub const PROVIDER_TYPE: &str = "aws";
 
+/// Most client tokens one create follows past terminated instances (see `create`).
+const MAX_TOKEN_HOPS: usize = 5;
+
 /// Most pages one `list` follows: a bound on a loop driven by the API's answers.
 const MAX_LIST_PAGES: usize = 1000;
 
@@ -144,9 +147,9 @@ impl Provider for AwsProvider {
 
     fn create(config: Config, spec: InstanceSpec) -> Result<Instance, ProviderError> {
         let zone = zone_of(&config, &spec)?;
-        if spec.name.is_empty() || spec.name.len() > 64 || !spec.name.is_ascii() {
+        if spec.name.is_empty() || spec.name.len() > 40 || !spec.name.is_ascii() {
             return Err(ProviderError::Permanent(format!(
-                "instance name `{}` must be 1-64 ASCII characters (it is the RunInstances client token)",
+                "instance name `{}` must be 1-40 ASCII characters (it makes the RunInstances client token)",
                 spec.name
             )));
         }
@@ -158,17 +161,33 @@ impl Provider for AwsProvider {
             proxy_operator_sdk::squid::managed(config.managed_squid, &spec.options)?;
         let user_data = ec2::user_data(&config, &spec, managed_squid)?;
         let group = security_group(&config, spec.port)?;
-        let params = ec2::run_instances(&config, &spec, zone, &group, &user_data);
-        let (made, _) = ec2::instances(&call(&config.endpoint(), &params)?)?;
-        let made = made.into_iter().next().ok_or_else(|| {
-            ProviderError::Permanent("RunInstances: the answer lists no instance".into())
-        })?;
-        capabilities::log(
-            Level::Info,
-            "ran instance",
-            &[("instanceId", &made.id), ("name", &spec.name)],
-        );
-        Ok(made.instance())
+        let mut token = spec.name.clone();
+        for _ in 0..MAX_TOKEN_HOPS {
+            let params = ec2::run_instances(&config, &spec, zone, &group, &user_data, &token);
+            let (made, _) = ec2::instances(&call(&config.endpoint(), &params)?)?;
+            let made = made.into_iter().next().ok_or_else(|| {
+                ProviderError::Permanent("RunInstances: the answer lists no instance".into())
+            })?;
+            if !made.gone() {
+                capabilities::log(
+                    Level::Info,
+                    "ran instance",
+                    &[("instanceId", &made.id), ("name", &spec.name)],
+                );
+                return Ok(made.instance());
+            }
+            // EC2 answers a client token with its instance for 24 h after that instance is
+            // terminated (a Proxy recreated after a loss): the next token is derived from the
+            // gone instance, so a retry of this very create uses the same one again.
+            token = ec2::next_client_token(&spec.name, &made.id);
+        }
+        Err(proxy_operator_sdk::transient(
+            format!(
+                "RunInstances answered {MAX_TOKEN_HOPS} terminated instances for {}; trying again later",
+                spec.name
+            ),
+            Some(60_000),
+        ))
     }
 
     fn get(config: Config, provider_id: String) -> Result<Instance, ProviderError> {

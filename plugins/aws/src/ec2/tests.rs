@@ -40,7 +40,7 @@ fn run_instances_carries_the_image_type_tags_token_and_spot_options() {
     let mut config = config();
     config.spot = true;
     let data = user_data(&config, &spec(), true).unwrap();
-    let params = run_instances(&config, &spec(), Some("eu-west-1b"), "sg-1", &data);
+    let params = run_instances(&config, &spec(), Some("eu-west-1b"), "sg-1", &data, "px-1");
     assert_eq!(params.get("ImageId"), Some("ami-12c6146b"));
     assert_eq!(params.get("InstanceType"), Some("t3.micro"));
     assert_eq!(params.get("ClientToken"), Some("px-1"));
@@ -156,4 +156,15 @@ fn user_data_over_the_ec2_limit_is_refused() {
         Err(ProviderError::Permanent(m)) => assert!(m.contains("over EC2's 16384"), "{m}"),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn the_token_after_a_terminated_instance_is_new_and_stable() {
+    let next = next_client_token("px-0123456789abcdef", "i-0123456789abcdef0");
+    assert_eq!(next, "px-0123456789abcdef-i-0123456789abcdef0");
+    assert_eq!(
+        next,
+        next_client_token("px-0123456789abcdef", "i-0123456789abcdef0")
+    );
+    assert!(next.len() <= 64);
 }
