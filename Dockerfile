@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The proxy-operator image: the operator binary and the three real provider plugins.
+# The proxy-operator image: the operator binary and the real provider plugins.
 #
 #   docker build -t proxy-operator:dev .        (or: podman build / buildah bud)
 #
@@ -39,7 +39,7 @@ WORKDIR /src
 # compiles only the workspace's own crates. (A separate dependencies-only layer would not pay
 # on top of that: it needs stub sources for all eleven workspace members.)
 COPY . .
-ARG PLUGINS="kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp upstream-provider:upstream"
+ARG PLUGINS="kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp upstream-provider:upstream aws-provider:aws"
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eu; \
@@ -64,7 +64,7 @@ FROM ${RUNTIME_IMAGE} AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="proxy-operator" \
-      org.opencontainers.image.description="A Kubernetes operator that gives web crawlers a pool of healthy egress proxies, with WebAssembly provider plugins (kvm, kubernetes, gcp, upstream) under /plugins." \
+      org.opencontainers.image.description="A Kubernetes operator that gives web crawlers a pool of healthy egress proxies, with WebAssembly provider plugins (kvm, kubernetes, gcp, upstream, aws) under /plugins." \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \

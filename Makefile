@@ -4,7 +4,7 @@ PLUGIN_TARGET := wasm32-wasip2
 PLUGIN_OUT := target/$(PLUGIN_TARGET)/plugin
 PLUGINS_DIR := target/plugins
 # crate name -> provider type (the file name the host looks for)
-PLUGIN_CRATES := test-provider:test test-provider-next:test-next hostile-provider:hostile hostile-libvirt-provider:hostile-libvirt kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp upstream-provider:upstream
+PLUGIN_CRATES := test-provider:test test-provider-next:test-next hostile-provider:hostile hostile-libvirt-provider:hostile-libvirt kvm-provider:kvm kubernetes-provider:kubernetes gcp-provider:gcp upstream-provider:upstream aws-provider:aws
 
 .PHONY: help fixtures toolchain plugins build run test lint fmt bench dev dev-cluster image
 

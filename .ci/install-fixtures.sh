@@ -162,6 +162,23 @@ else
 fi
 step_done
 
+# moto, the AWS emulator the aws provider's tests run against (tests/harness/src/moto.rs): its own
+# venv keyed by tests/fixtures/moto/requirements.txt, as schemathesis' is. It serves loopback only.
+step "moto" "moto venv (tests/fixtures/moto/requirements.txt)"
+motoenv="${PROXY_OPERATOR_MOTO:-$HOME/.cache/proxy-operator/moto}"
+moto_requirements="$repo/tests/fixtures/moto/requirements.txt"
+if [[ -x "$motoenv/bin/moto_server" ]] && cmp -s "$moto_requirements" "$motoenv/requirements.txt"; then
+    log "  present: $motoenv"
+else
+    python="$(command -v /usr/bin/python3 || command -v python3)"
+    rm -rf "$motoenv"
+    "$python" -m venv "$motoenv"
+    "$motoenv/bin/pip" install --quiet --disable-pip-version-check -r "$moto_requirements"
+    cp "$moto_requirements" "$motoenv/requirements.txt"
+    log "  installed into $motoenv"
+fi
+step_done
+
 # Debian's kernel for the test guest: the package is downloaded, not installed (it would touch
 # /boot); only its vmlinuz is kept in the fixture cache.
 step "guest kernel" "guest kernel (Debian linux-image-amd64, vmlinuz only)"

@@ -49,9 +49,10 @@ impl UpstreamSettings {
                     .into(),
             );
         }
-        if credentials.password_from.gcp_service_account_key.is_some() {
+        let source = &credentials.password_from;
+        if source.gcp_service_account_key.is_some() || source.aws_credentials.is_some() {
             return Err(
-                "upstream.credentials.passwordFrom: set `file` (a mounted Secret key) or `env`; a service-account key is not a password"
+                "upstream.credentials.passwordFrom: set `file` (a mounted Secret key) or `env`; a service-account key or AWS keys are not a password"
                     .into(),
             );
         }
@@ -117,6 +118,10 @@ mod tests {
             ),
             (
                 "{credentials: {username: a, passwordFrom: {gcpServiceAccountKey: /k}}}",
+                Some("upstream.credentials.passwordFrom: set `file`"),
+            ),
+            (
+                "{credentials: {username: a, passwordFrom: {awsCredentials: {region: eu-west-1, accessKeyIdFrom: {file: /a}, secretAccessKeyFrom: {file: /b}}}}}",
                 Some("upstream.credentials.passwordFrom: set `file`"),
             ),
         ];

@@ -666,6 +666,7 @@ fn providers_use_only_documented_check_reasons() {
     // Not scanned, on purpose: the hostile provider returns bad reasons to test the host's bounds,
     // and the test provider's `checkFailsWith` returns whatever a ProviderHealth test asks for.
     let sources: &[(&str, &[&str])] = &[
+        ("plugins/aws/src/lib.rs", &["check"]),
         ("plugins/gcp/src/lib.rs", &["check"]),
         ("plugins/kubernetes/src/lib.rs", &["check"]),
         ("plugins/kvm/src/lib.rs", &["check_host"]),
@@ -777,6 +778,43 @@ async fn plugin_test_passes_the_upstream_provider() {
     );
     let stdout = plugin_test_passes_against(cp, plugin, entry).await;
     assert!(stdout.contains("PASS upstream"), "{stdout}");
+}
+
+/// `proxy-operator plugin test` passes the aws provider against moto's EC2 (harness::Moto),
+/// with static keys the host signs each request with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_test_passes_the_aws_provider_against_moto() {
+    let moto = harness::Moto::start().await.unwrap();
+    let plugin = plugin_path("aws").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let id = write(dir.path(), "access-key-id", "AKIDPROXYOPERATOR\n");
+    let secret = write(dir.path(), "secret-access-key", "proxy-operator-secret\n");
+    let url = moto.url();
+    let entry = write(
+        dir.path(),
+        "entry.yaml",
+        &format!(
+            "type: aws\nconfig: {{region: eu-west-1, amis: {{eu-west-1: ami-12c6146b}}, endpoint: \"{url}\"}}\ngrants:\n  http:\n    allow: [\"{url}\"]\n    credentials:\n    - url: \"{url}\"\n      valueFrom: {{awsCredentials: {{region: eu-west-1, accessKeyIdFrom: {{file: {id}}}, secretAccessKeyFrom: {{file: {secret}}}}}}}\n"
+        ),
+    );
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+            .args(["plugin", "test", &plugin, "--config", &entry])
+            .env("LOG_LEVEL", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        moto.log_tail(20)
+    );
+    assert!(stdout.contains("PASS aws"), "{stdout}");
+    assert!(stdout.contains("ok   list-shows-owner"), "{stdout}");
 }
 
 /// `proxy-operator plugin test PLUGIN --config ENTRY` with `$KUBECONFIG` naming `cp`'s cluster,

@@ -6,6 +6,9 @@ mod common;
 // WIT versions with real components (one test binary with the runtime's: one link fewer).
 #[path = "plugin_runtime/versions.rs"]
 mod versions;
+// SigV4 signing of `valueFrom.awsCredentials` (issue #34).
+#[path = "plugin_runtime/aws_signing.rs"]
+mod aws_signing;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -278,6 +278,85 @@ async fn an_ordinary_request_gets_the_injected_credential() {
     );
 }
 
+/// The http grant of the loopback server with SigV4 signing from static keys in `dir`.
+fn aws_grant(base: &str, dir: &std::path::Path) -> Grants {
+    std::fs::write(dir.join("id"), "AKIDHOSTILETEST").unwrap();
+    std::fs::write(dir.join("secret"), "hostile-secret-key").unwrap();
+    serde_json::from_value(serde_json::json!({
+        "http": {
+            "allow": [base],
+            "credentials": [{
+                "url": base,
+                "valueFrom": {"awsCredentials": {
+                    "region": "eu-west-1",
+                    "accessKeyIdFrom": {"file": dir.join("id")},
+                    "secretAccessKeyFrom": {"file": dir.join("secret")},
+                }},
+            }],
+        }
+    }))
+    .unwrap()
+}
+
+/// A plugin cannot shape the SigV4 signature: what the signing sets (or a presigned URL's
+/// parameters) is refused before anything leaves the host.
+#[rstest]
+#[case::its_own_authorization(&[("Authorization", "AWS4-HMAC-SHA256 Credential=AKIDOTHER/x")], "/x", "header `authorization`")]
+#[case::a_date_to_replay(&[("X-Amz-Date", "20200101T000000Z")], "/x", "header `x-amz-date`")]
+#[case::a_session_token(&[("X-Amz-Security-Token", "stolen")], "/x", "header `x-amz-security-token`")]
+#[case::a_payload_hash(&[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")], "/x", "header `x-amz-content-sha256`")]
+#[case::a_presigned_query(&[], "/x?X-Amz-Signature=abc&X-Amz-Credential=AKIDOTHER", "query parameter `X-Amz-Signature`")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_shape_the_sigv4_signature(
+    #[case] headers: &[(&str, &str)],
+    #[case] path: &str,
+    #[case] says: &str,
+) {
+    let (base, seen) = recording_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let provider = hostile_with(
+        serde_json::json!({
+            "attempt": "http", "method": "POST", "url": format!("{base}{path}"), "headers": headers,
+        }),
+        aws_grant(&base, dir.path()),
+    )
+    .await;
+    let ProviderError::Denied(message) = provider_error(provider.create(spec()).await) else {
+        panic!()
+    };
+    assert!(message.contains(says), "{message}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a request reached the server: {:?}",
+        seen.lock().unwrap()
+    );
+}
+
+/// Without the forbidden part the request goes out signed; `X-Amz-Target` (the operation of
+/// AWS's JSON APIs) is the plugin's to set, and is signed with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordinary_request_to_an_aws_grant_is_signed() {
+    let (base, seen) = recording_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let provider = hostile_with(
+        serde_json::json!({
+            "attempt": "http", "method": "POST", "url": format!("{base}/"),
+            "headers": [["X-Amz-Target", "AmazonEC2.DescribeInstances"]],
+        }),
+        aws_grant(&base, dir.path()),
+    )
+    .await;
+    let instance = provider.create(spec()).await.unwrap();
+    assert_eq!(instance.message.as_deref(), Some("HTTP 200"));
+    let seen = seen.lock().unwrap();
+    let authorization = &seen[0].2;
+    assert!(
+        authorization.starts_with("AWS4-HMAC-SHA256 Credential=AKIDHOSTILETEST/")
+            && authorization.contains("/eu-west-1/ec2/aws4_request, SignedHeaders=host;x-amz-date;x-amz-target, Signature="),
+        "{authorization}"
+    );
+}
+
 /// `size` zero bytes, gzipped (a few hundred KiB for hundreds of MiB).
 fn gzip_bomb(size: u64) -> Vec<u8> {
     use std::io::Read;

@@ -6,13 +6,12 @@ mod error;
 mod http;
 mod kube;
 mod libvirt;
+mod secret;
 
 use serde::Deserialize;
 
 pub use error::GrantError;
-pub use http::{
-    CredentialGrant, HttpGrant, SecretSource, SecretValue, ValidCredential, ValidHttpGrant,
-};
+pub use http::{CredentialGrant, HttpGrant, ValidCredential, ValidHttpGrant};
 pub use kube::{
     DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_QUOTA_MEBIBYTES, DEFAULT_QUOTA_OBJECTS, KubeGrant,
     KubeKind, QuotaGrant, SchedulingGrant, Toleration, ValidKubeGrant,
@@ -21,6 +20,8 @@ pub use libvirt::{
     DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, DomainLimits, HypervisorGrant, LibvirtGrant,
     Publish, ValidLibvirtGrant,
 };
+pub(crate) use secret::read_secret;
+pub use secret::{AwsCredentialsSource, AwsKeys, AwsSigning, SecretSource, SecretValue};
 
 /// What one provider instance may reach, from the `grants` of its providers-config entry.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

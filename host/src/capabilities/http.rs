@@ -3,6 +3,7 @@
 //! plugin never sees them.
 
 mod allow;
+mod aws_sign;
 mod gcp_token;
 mod resolver;
 
@@ -19,24 +20,13 @@ use super::GrantError;
 pub use super::grants::{CredentialGrant, HttpGrant, SecretSource};
 use super::grants::{SecretValue, ValidCredential, ValidHttpGrant};
 
-/// A checked secret source: exactly one of `env`, `file` or `gcpServiceAccountKey`.
+/// A checked secret source: exactly one of `env`, `file`, `gcpServiceAccountKey` or
+/// `awsCredentials`.
 pub(crate) fn secret_value(source: &SecretSource) -> Result<SecretValue, String> {
     SecretValue::from_source(source)
 }
 
-/// The secret of an `env` or `file` source (tokens come from [`Credential::tokens`]), read now so
-/// a rotated Secret file is picked up.
-pub(crate) fn read_secret(value: &SecretValue) -> Result<String, String> {
-    match value {
-        SecretValue::Env(name) => {
-            std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
-        }
-        SecretValue::File(path) => std::fs::read_to_string(path)
-            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-            .map_err(|e| format!("cannot read {}: {e}", path.display())),
-        SecretValue::GcpServiceAccountKey(_) => Err("no source configured".into()),
-    }
-}
+pub(crate) use super::grants::read_secret;
 
 /// A request from a plugin.
 #[derive(Debug, Clone)]
@@ -76,6 +66,8 @@ struct Credential {
     grant: ValidCredential,
     /// Set for `gcpServiceAccountKey`: the tokens minted from it.
     tokens: Option<gcp_token::GcpTokens>,
+    /// Set for `awsCredentials`: the request is signed rather than given a header.
+    signer: Option<aws_sign::AwsSigner>,
 }
 
 /// The parsed grant of one provider instance, with its own client.
@@ -111,20 +103,30 @@ impl HttpCapability {
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let tokens = match &c.value {
-                    SecretValue::GcpServiceAccountKey(path) => {
-                        Some(gcp_token::GcpTokens::new(path).map_err(|e| {
-                            GrantError::HttpCredential {
-                                index,
-                                message: format!("valueFrom.gcpServiceAccountKey: {e}"),
-                            }
-                        })?)
-                    }
-                    _ => None,
+                let failed = |kind: &str, e: String| GrantError::HttpCredential {
+                    index,
+                    message: format!("valueFrom.{kind}: {e}"),
                 };
+                let (mut tokens, mut signer) = (None, None);
+                match &c.value {
+                    SecretValue::GcpServiceAccountKey(path) => {
+                        tokens = Some(
+                            gcp_token::GcpTokens::new(path)
+                                .map_err(|e| failed("gcpServiceAccountKey", e.to_string()))?,
+                        );
+                    }
+                    SecretValue::AwsCredentials(signing) => {
+                        signer = Some(
+                            aws_sign::AwsSigner::new(signing)
+                                .map_err(|e| failed("awsCredentials", e))?,
+                        );
+                    }
+                    _ => {}
+                }
                 Ok(Credential {
                     grant: c.clone(),
                     tokens,
+                    signer,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -195,6 +197,7 @@ impl HttpCapability {
         let injected = self.credentials_for(&target);
         let mut headers = reqwest::header::HeaderMap::new();
         insert_credentials(&mut headers, &injected, provider).await?;
+        sign_request(&mut headers, &injected, provider, "GET", &parsed, b"").await?;
         let response =
             tokio::time::timeout(self.timeout, client.get(parsed).headers(headers).send())
                 .await
@@ -229,7 +232,20 @@ impl HttpCapability {
         let target = allow::Target::from_url(&url).map_err(HttpError::InvalidRequest)?;
         let injected = self.credentials_for(&target);
         let mut headers = plugin_headers(&request.headers, &injected)?;
+        if injected.iter().any(|c| c.signer.is_some()) {
+            refuse_presigned_query(&url)?;
+        }
         insert_credentials(&mut headers, &injected, provider).await?;
+        // Last: the signature covers every header the request carries.
+        sign_request(
+            &mut headers,
+            &injected,
+            provider,
+            method.as_str(),
+            &url,
+            &request.body,
+        )
+        .await?;
 
         let timeout = request
             .timeout
@@ -364,6 +380,13 @@ fn plugin_headers(
                 "header `{name}` is set by the host only; a plugin cannot send it"
             )));
         }
+        // What SigV4 sets, or would be signed as if the host had set it (a session token, a
+        // date to replay): refused, so a plugin cannot shape the signature.
+        if injected.iter().any(|c| c.signer.is_some()) && aws_signed(&name) {
+            return Err(HttpError::Denied(format!(
+                "header `{name}` is set by the host's SigV4 signing for this URL; a plugin cannot send it"
+            )));
+        }
         // A plugin cannot set what the host injects (nor learn it by echo tricks).
         if injected.iter().any(|c| c.grant.header == name) {
             continue;
@@ -374,6 +397,27 @@ fn plugin_headers(
         headers.append(name, value);
     }
     Ok(headers)
+}
+
+/// Headers SigV4 writes or that shape what a signature means: `Authorization` and every
+/// `X-Amz-*` but `X-Amz-Target` (the operation name of AWS's JSON APIs, signed like any header).
+fn aws_signed(name: &reqwest::header::HeaderName) -> bool {
+    let name = name.as_str();
+    name == "authorization" || (name.starts_with("x-amz-") && name != "x-amz-target")
+}
+
+/// A signed request carries its signature in headers: query parameters of a presigned URL
+/// (`X-Amz-Signature`, `X-Amz-Credential`, …) would make a second, plugin-made signature.
+fn refuse_presigned_query(url: &url::Url) -> Result<(), HttpError> {
+    match url
+        .query_pairs()
+        .find(|(k, _)| k.to_ascii_lowercase().starts_with("x-amz-"))
+    {
+        Some((key, _)) => Err(HttpError::Denied(format!(
+            "query parameter `{key}` is set by SigV4 signing only; the host signs this URL's requests"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn classify(err: &reqwest::Error) -> HttpError {
@@ -407,7 +451,7 @@ async fn insert_credentials(
     injected: &[&Credential],
     provider: &str,
 ) -> Result<(), HttpError> {
-    for credential in injected {
+    for credential in injected.iter().filter(|c| c.signer.is_none()) {
         let secret = match &credential.tokens {
             Some(tokens) => tokens.token().await.map_err(|e| e.to_string()),
             None => read_secret(&credential.grant.value),
@@ -436,6 +480,26 @@ async fn insert_credentials(
         })?;
         value.set_sensitive(true);
         headers.insert(credential.grant.header.clone(), value);
+    }
+    Ok(())
+}
+
+/// Signs the request for each `awsCredentials` grant matching it (normally one).
+async fn sign_request(
+    headers: &mut reqwest::header::HeaderMap,
+    injected: &[&Credential],
+    provider: &str,
+    method: &str,
+    url: &url::Url,
+    body: &[u8],
+) -> Result<(), HttpError> {
+    for signer in injected.iter().filter_map(|c| c.signer.as_ref()) {
+        signer.sign(method, url, headers, body).await.map_err(|e| {
+            tracing::warn!(%provider, ?signer, error = %e, "AWS credentials for an HTTP grant are unavailable");
+            HttpError::Transport(format!(
+                "the host could not sign the request with its AWS credentials: {e}"
+            ))
+        })?;
     }
     Ok(())
 }

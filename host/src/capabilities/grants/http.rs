@@ -1,11 +1,11 @@
 //! `grants.http`: the hosts a provider instance may call, and the credentials the host adds.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::GrantError;
+use super::secret::{SecretSource, SecretValue};
 use crate::capabilities::http::AllowPattern;
 
 const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -35,71 +35,14 @@ pub struct HttpGrant {
 pub struct CredentialGrant {
     /// A pattern like those in `allow`: requests matching it get the header.
     pub url: String,
-    /// The header name, e.g. `Authorization`.
+    /// The header name, e.g. `Authorization`; none with `valueFrom.awsCredentials` (SigV4
+    /// sets its own headers).
+    #[serde(default)]
     pub header: String,
     /// Text put before the secret, e.g. `Bearer `.
     #[serde(default)]
     pub prefix: String,
     pub value_from: SecretSource,
-}
-
-/// Where a credential's secret comes from, as written: exactly one of `env`, `file` or
-/// `gcpServiceAccountKey` (checked into a [`SecretValue`]).
-#[derive(Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct SecretSource {
-    /// An environment variable of the operator.
-    #[serde(default)]
-    pub env: Option<String>,
-    /// A file, e.g. a mounted Secret key.
-    #[serde(default)]
-    pub file: Option<PathBuf>,
-    /// A Google service-account key file (JSON): the value is an OAuth access token the host
-    /// mints from it (scope cloud-platform) and renews before it expires.
-    #[serde(default)]
-    pub gcp_service_account_key: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for SecretSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match SecretValue::from_source(self) {
-            Ok(value) => value.fmt(f),
-            Err(_) => write!(f, "unset"),
-        }
-    }
-}
-
-/// Where a credential's secret is read from. Read on every request, so a rotated file (a
-/// mounted Secret) is picked up; service-account tokens are minted and renewed by the host.
-#[derive(Clone, PartialEq)]
-pub enum SecretValue {
-    Env(String),
-    File(PathBuf),
-    GcpServiceAccountKey(PathBuf),
-}
-
-impl std::fmt::Debug for SecretValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Where it comes from, never the value.
-        match self {
-            SecretValue::Env(name) => write!(f, "env:{name}"),
-            SecretValue::File(path) => write!(f, "file:{}", path.display()),
-            SecretValue::GcpServiceAccountKey(path) => {
-                write!(f, "gcpServiceAccountKey:{}", path.display())
-            }
-        }
-    }
-}
-
-impl SecretValue {
-    pub(crate) fn from_source(source: &SecretSource) -> Result<Self, String> {
-        match (&source.env, &source.file, &source.gcp_service_account_key) {
-            (Some(name), None, None) => Ok(SecretValue::Env(name.clone())),
-            (None, Some(path), None) => Ok(SecretValue::File(path.clone())),
-            (None, None, Some(path)) => Ok(SecretValue::GcpServiceAccountKey(path.clone())),
-            _ => Err("valueFrom: set exactly one of `env` (a variable name), `file` (a path) or `gcpServiceAccountKey` (a key file path)".into()),
-        }
-    }
 }
 
 /// A checked `grants.http`.
@@ -167,8 +110,22 @@ impl ValidCredential {
                 c.url
             ));
         }
-        let header = reqwest::header::HeaderName::from_bytes(c.header.as_bytes())
-            .map_err(|_| format!("header `{}` is not a valid header name", c.header))?;
+        let header = match (&value, c.header.as_str()) {
+            // SigV4 sets Authorization (and X-Amz-Date, X-Amz-Security-Token) itself.
+            (SecretValue::AwsCredentials(_), "") if c.prefix.is_empty() => {
+                reqwest::header::AUTHORIZATION
+            }
+            (SecretValue::AwsCredentials(_), _) => {
+                return Err("header, prefix: SigV4 signing (valueFrom.awsCredentials) sets Authorization and the X-Amz-* headers itself; leave header and prefix out".into());
+            }
+            (_, "") => {
+                return Err(
+                    "header: required (the header the secret goes into, e.g. Authorization)".into(),
+                );
+            }
+            (_, name) => reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("header `{name}` is not a valid header name"))?,
+        };
         Ok(ValidCredential {
             pattern,
             header,

@@ -1,0 +1,353 @@
+//! Where a credential's secret comes from (`valueFrom`): a variable, a file, a Google
+//! service-account key, or AWS keys (`awsCredentials`: the host signs each matching request with
+//! AWS Signature Version 4, from static keys in a mounted Secret or variables, or from a
+//! web-identity token (IRSA) exchanged at STS). The plugin sees none of it.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Where a credential's secret comes from, as written: exactly one of `env`, `file`,
+/// `gcpServiceAccountKey` or `awsCredentials` (checked into a [`SecretValue`]).
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecretSource {
+    /// An environment variable of the operator.
+    #[serde(default)]
+    pub env: Option<String>,
+    /// A file, e.g. a mounted Secret key.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    /// A Google service-account key file (JSON): the value is an OAuth access token the host
+    /// mints from it (scope cloud-platform) and renews before it expires.
+    #[serde(default)]
+    pub gcp_service_account_key: Option<PathBuf>,
+    /// AWS keys: the host signs each request with SigV4 (`grants/aws.rs`).
+    #[serde(default)]
+    pub aws_credentials: Option<Box<AwsCredentialsSource>>,
+}
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match SecretValue::from_source(self) {
+            Ok(value) => value.fmt(f),
+            Err(_) => write!(f, "unset"),
+        }
+    }
+}
+
+/// Where a credential's secret is read from. Read on every request, so a rotated file (a
+/// mounted Secret) is picked up; service-account tokens are minted and renewed by the host.
+#[derive(Clone, PartialEq)]
+pub enum SecretValue {
+    Env(String),
+    File(PathBuf),
+    GcpServiceAccountKey(PathBuf),
+    AwsCredentials(Box<AwsSigning>),
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Where it comes from, never the value.
+        match self {
+            SecretValue::Env(name) => write!(f, "env:{name}"),
+            SecretValue::File(path) => write!(f, "file:{}", path.display()),
+            SecretValue::GcpServiceAccountKey(path) => {
+                write!(f, "gcpServiceAccountKey:{}", path.display())
+            }
+            SecretValue::AwsCredentials(signing) => {
+                write!(f, "awsCredentials:{}/{}", signing.region, signing.service)
+            }
+        }
+    }
+}
+
+impl SecretValue {
+    pub(crate) fn from_source(source: &SecretSource) -> Result<Self, String> {
+        match (
+            &source.env,
+            &source.file,
+            &source.gcp_service_account_key,
+            &source.aws_credentials,
+        ) {
+            (Some(name), None, None, None) => Ok(SecretValue::Env(name.clone())),
+            (None, Some(path), None, None) => Ok(SecretValue::File(path.clone())),
+            (None, None, Some(path), None) => Ok(SecretValue::GcpServiceAccountKey(path.clone())),
+            (None, None, None, Some(aws)) => Ok(SecretValue::AwsCredentials(Box::new(
+                AwsSigning::parse(aws)?,
+            ))),
+            _ => Err("valueFrom: set exactly one of `env` (a variable name), `file` (a path), `gcpServiceAccountKey` (a key file path) or `awsCredentials` (SigV4 signing)".into()),
+        }
+    }
+}
+
+/// The secret of an `env` or `file` source, read now so a rotated Secret file is picked up;
+/// tokens and AWS keys come from their own sources.
+pub(crate) fn read_secret(value: &SecretValue) -> Result<String, String> {
+    match value {
+        SecretValue::Env(name) => {
+            std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
+        }
+        SecretValue::File(path) => std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+            .map_err(|e| format!("cannot read {}: {e}", path.display())),
+        SecretValue::GcpServiceAccountKey(_) | SecretValue::AwsCredentials(_) => {
+            Err("no source configured".into())
+        }
+    }
+}
+
+/// `valueFrom.awsCredentials` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AwsCredentialsSource {
+    /// The region the requests are signed for, e.g. `eu-west-1`.
+    pub region: String,
+    /// The service signing name; `ec2` when absent.
+    #[serde(default)]
+    pub service: Option<String>,
+    /// Static keys: `{file: PATH}` or `{env: NAME}` each, read on every request.
+    #[serde(default)]
+    pub access_key_id_from: Option<SecretSource>,
+    #[serde(default)]
+    pub secret_access_key_from: Option<SecretSource>,
+    /// With temporary static keys: their session token.
+    #[serde(default)]
+    pub session_token_from: Option<SecretSource>,
+    /// A web-identity token file (IRSA's projected ServiceAccount token), exchanged for
+    /// temporary keys with `AssumeRoleWithWebIdentity`.
+    #[serde(default)]
+    pub web_identity_token_file: Option<PathBuf>,
+    /// The role those keys are for.
+    #[serde(default)]
+    pub role_arn: Option<String>,
+    #[serde(default)]
+    pub role_session_name: Option<String>,
+    /// STS; `https://sts.REGION.amazonaws.com` when absent.
+    #[serde(default)]
+    pub sts_endpoint: Option<String>,
+}
+
+/// Checked `awsCredentials`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AwsSigning {
+    pub region: String,
+    pub service: String,
+    pub keys: AwsKeys,
+}
+
+/// Where the keys come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AwsKeys {
+    Static {
+        access_key_id: SecretValue,
+        secret_access_key: SecretValue,
+        session_token: Option<SecretValue>,
+    },
+    WebIdentity {
+        token_file: PathBuf,
+        role_arn: String,
+        session_name: String,
+        sts_endpoint: url::Url,
+    },
+}
+
+const SESSION_NAME: &str = "proxy-operator";
+
+/// An AWS region or signing name: lowercase letters, digits and `-`.
+fn is_aws_name(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 64
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// An `env` or `file` source (a key is text, not a token the host mints).
+fn plain_source(source: &SecretSource, field: &str) -> Result<SecretValue, String> {
+    match SecretValue::from_source(source).map_err(|e| format!("{field}.{e}"))? {
+        value @ (SecretValue::Env(_) | SecretValue::File(_)) => Ok(value),
+        _ => Err(format!(
+            "{field}: set `file` (a mounted Secret key) or `env` (a variable name)"
+        )),
+    }
+}
+
+impl AwsSigning {
+    /// Checks the section; the message names the field (under `awsCredentials.`) and the fix.
+    pub fn parse(source: &AwsCredentialsSource) -> Result<Self, String> {
+        let at = |m: String| format!("valueFrom.awsCredentials.{m}");
+        if !is_aws_name(&source.region) {
+            return Err(at(format!(
+                "region: `{}` is not an AWS region, e.g. eu-west-1",
+                source.region
+            )));
+        }
+        let service = source.service.clone().unwrap_or_else(|| "ec2".into());
+        if !is_aws_name(&service) {
+            return Err(at(format!(
+                "service: `{service}` is not a signing name, e.g. ec2"
+            )));
+        }
+        let fixed = source.access_key_id_from.is_some()
+            || source.secret_access_key_from.is_some()
+            || source.session_token_from.is_some();
+        let web = source.web_identity_token_file.is_some()
+            || source.role_arn.is_some()
+            || source.role_session_name.is_some()
+            || source.sts_endpoint.is_some();
+        let keys = match (fixed, web) {
+            (true, false) => static_keys(source).map_err(at)?,
+            (false, true) => web_identity(source).map_err(at)?,
+            _ => {
+                return Err(at(
+                    "set either accessKeyIdFrom + secretAccessKeyFrom (static keys) or webIdentityTokenFile + roleArn (IRSA), not both".into(),
+                ));
+            }
+        };
+        Ok(AwsSigning {
+            region: source.region.clone(),
+            service,
+            keys,
+        })
+    }
+}
+
+fn static_keys(source: &AwsCredentialsSource) -> Result<AwsKeys, String> {
+    let (Some(id), Some(secret)) = (&source.access_key_id_from, &source.secret_access_key_from)
+    else {
+        return Err(
+            "accessKeyIdFrom and secretAccessKeyFrom: both are required for static keys".into(),
+        );
+    };
+    Ok(AwsKeys::Static {
+        access_key_id: plain_source(id, "accessKeyIdFrom")?,
+        secret_access_key: plain_source(secret, "secretAccessKeyFrom")?,
+        session_token: source
+            .session_token_from
+            .as_ref()
+            .map(|s| plain_source(s, "sessionTokenFrom"))
+            .transpose()?,
+    })
+}
+
+fn web_identity(source: &AwsCredentialsSource) -> Result<AwsKeys, String> {
+    let (Some(token_file), Some(role_arn)) = (&source.web_identity_token_file, &source.role_arn)
+    else {
+        return Err(
+            "webIdentityTokenFile and roleArn: both are required for a web identity".into(),
+        );
+    };
+    if !role_arn.starts_with("arn:") || !role_arn.contains(":role/") {
+        return Err(format!(
+            "roleArn: `{role_arn}` is not a role ARN, e.g. arn:aws:iam::123456789012:role/proxy-operator"
+        ));
+    }
+    let session_name = source
+        .role_session_name
+        .clone()
+        .unwrap_or_else(|| SESSION_NAME.into());
+    // STS: 2-64 of letters, digits and =,.@-
+    let session_ok = (2..=64).contains(&session_name.len())
+        && session_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "=,.@-_".contains(c));
+    if !session_ok {
+        return Err(format!(
+            "roleSessionName: `{session_name}` must be 2-64 letters, digits or =,.@-_"
+        ));
+    }
+    let endpoint = source
+        .sts_endpoint
+        .clone()
+        .unwrap_or_else(|| format!("https://sts.{}.amazonaws.com", source.region));
+    let sts_endpoint = url::Url::parse(&endpoint)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+        .ok_or_else(|| {
+            format!("stsEndpoint: `{endpoint}` is not an http(s) URL, e.g. https://sts.eu-west-1.amazonaws.com")
+        })?;
+    Ok(AwsKeys::WebIdentity {
+        token_file: token_file.clone(),
+        role_arn: role_arn.clone(),
+        session_name,
+        sts_endpoint,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<AwsSigning, String> {
+        AwsSigning::parse(&serde_yaml_ng::from_str(yaml).unwrap())
+    }
+
+    #[test]
+    fn static_keys_and_a_web_identity_parse_with_their_defaults() {
+        let signing = parse(
+            "{region: eu-west-1, accessKeyIdFrom: {file: /k/id}, secretAccessKeyFrom: {env: SECRET}}",
+        )
+        .unwrap();
+        assert_eq!(signing.service, "ec2");
+        assert!(matches!(
+            signing.keys,
+            AwsKeys::Static {
+                session_token: None,
+                ..
+            }
+        ));
+        let signing = parse(
+            "{region: us-east-1, service: ec2, webIdentityTokenFile: /t, roleArn: 'arn:aws:iam::1:role/p'}",
+        )
+        .unwrap();
+        let AwsKeys::WebIdentity {
+            sts_endpoint,
+            session_name,
+            ..
+        } = signing.keys
+        else {
+            panic!()
+        };
+        assert_eq!(
+            sts_endpoint.as_str(),
+            "https://sts.us-east-1.amazonaws.com/"
+        );
+        assert_eq!(session_name, "proxy-operator");
+    }
+
+    #[test]
+    fn a_bad_section_names_the_field_and_the_fix() {
+        for (yaml, says) in [
+            (
+                "{region: EU, accessKeyIdFrom: {file: /a}, secretAccessKeyFrom: {file: /b}}",
+                "region: `EU`",
+            ),
+            ("{region: eu-west-1}", "set either accessKeyIdFrom"),
+            (
+                "{region: eu-west-1, accessKeyIdFrom: {file: /a}}",
+                "both are required for static keys",
+            ),
+            (
+                "{region: eu-west-1, accessKeyIdFrom: {file: /a}, secretAccessKeyFrom: {file: /b}, roleArn: x}",
+                "not both",
+            ),
+            (
+                "{region: eu-west-1, webIdentityTokenFile: /t, roleArn: admin}",
+                "roleArn: `admin`",
+            ),
+            (
+                "{region: eu-west-1, accessKeyIdFrom: {gcpServiceAccountKey: /a}, secretAccessKeyFrom: {file: /b}}",
+                "accessKeyIdFrom: set `file`",
+            ),
+            (
+                "{region: eu-west-1, webIdentityTokenFile: /t, roleArn: 'arn:aws:iam::1:role/p', stsEndpoint: 'ftp://x'}",
+                "stsEndpoint: `ftp://x`",
+            ),
+        ] {
+            let error = parse(yaml).unwrap_err();
+            assert!(error.starts_with("valueFrom.awsCredentials."), "{error}");
+            assert!(error.contains(says), "{yaml}: {error}");
+        }
+    }
+}
