@@ -10,6 +10,7 @@ pub mod conformance;
 pub mod controller;
 pub mod credentials;
 pub mod digest;
+pub mod durations;
 pub mod events;
 pub mod fleet;
 pub mod gateway;

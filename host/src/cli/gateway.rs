@@ -63,10 +63,10 @@ pub struct GatewayArgs {
     #[arg(long, env = "GATEWAY_MAX_CLIENTS_PER_TOKEN", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_clients_per_token: u32,
     /// A tunnel or request with no byte either way for this long is closed.
-    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = crate::durations::parse)]
     pub idle_timeout: Duration,
     /// How often this replica tells the leader its open connections per proxy.
-    #[arg(long, env = "GATEWAY_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GATEWAY_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = crate::durations::parse)]
     pub load_report_interval: Duration,
     /// Ask the leader for a busy client's next route one request ahead (docs/gateway.md):
     /// `false` asks every route when it is needed.

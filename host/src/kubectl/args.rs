@@ -132,7 +132,7 @@ pub enum Command {
         #[arg(short = 'l', long, value_name = "KEY=VALUE", value_delimiter = ',')]
         selector: Vec<String>,
         /// The lease's lifetime (`30s`, `10m`); default the operator's `--default-lease-ttl`.
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = crate::durations::parse)]
         ttl: Option<Duration>,
     },
     /// Release a lease (idempotent).

@@ -757,7 +757,7 @@ mod tests {
     fn durations_read_as_kubernetes_writes_them() {
         for (text, seconds) in [("90m", 5400), ("1h30m", 5400), ("24h", 86400), ("45s", 45)] {
             assert_eq!(
-                humantime::parse_duration(text).unwrap(),
+                crate::durations::parse(text).unwrap(),
                 Duration::from_secs(seconds),
                 "{text}"
             );

@@ -35,11 +35,8 @@ pub fn resolve(
         .expire_after
         .as_deref()
         .map(|text| {
-            humantime::parse_duration(text).map_err(|e| {
-                invalid_spec(format!(
-                    "spec.expireAfter: `{text}` is not a duration such as 30m or 24h: {e}"
-                ))
-            })
+            crate::durations::parse(text)
+                .map_err(|e| invalid_spec(format!("spec.expireAfter: {e}")))
         })
         .transpose()?;
     let (max_surge, max_unavailable) = decide::budget(

@@ -340,7 +340,7 @@ fn operation_for(
         "targetLink": target,
         "status": "RUNNING",
         "progress": 0,
-        "insertTime": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        "insertTime": k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second).unwrap().to_string(),
         "selfLink": format!("{}/operations/{name}", zone_link(base, project, zone)),
     })
 }

@@ -49,8 +49,12 @@ async fn repeats_count_in_one_event_and_a_forgotten_series_starts_anew() {
     let events: Api<Event> = ns.api();
     let recorder = Recorder::new(ns.client(), 2);
     let warn = |recorder: &Recorder, reference: &ObjectReference, reason: &str, note: &str| {
-        let (recorder, reference, reason, note) =
-            (recorder.clone(), reference.clone(), reason.to_string(), note.to_string());
+        let (recorder, reference, reason, note) = (
+            recorder.clone(),
+            reference.clone(),
+            reason.to_string(),
+            note.to_string(),
+        );
         async move {
             publish(
                 &recorder,
