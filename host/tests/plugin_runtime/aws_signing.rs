@@ -44,7 +44,7 @@ fn signing_time(date: &str) -> SystemTime {
         &date[11..13],
         &date[13..15]
     );
-    humantime::parse_rfc3339(&rfc3339).unwrap()
+    std::time::SystemTime::from(rfc3339.parse::<k8s_openapi::jiff::Timestamp>().unwrap())
 }
 
 /// The Authorization SigV4 gives the GET `url` with the signed headers of `seen`, signed with

@@ -211,9 +211,12 @@ impl WebIdentity {
             .expiration
             .as_deref()
             .and_then(|t| {
-                humantime::parse_rfc3339_weak(t)
-                    .or_else(|_| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')))
+                // RFC 3339 as STS writes it; an offset-less time is UTC.
+                let t = t.trim();
+                t.parse::<k8s_openapi::jiff::Timestamp>()
+                    .or_else(|_| format!("{}Z", t.trim_end_matches('Z')).parse())
                     .ok()
+                    .map(std::time::SystemTime::from)
             })
             .unwrap_or(asked_at + Duration::from_secs(LIFETIME_SECONDS));
         tracing::debug!(role = %self.role_arn, access_key_id = %answer.access_key_id, "exchanged a web identity for temporary AWS keys");
