@@ -9,7 +9,7 @@ pub mod metrics;
 pub mod persist;
 pub mod store;
 
-pub use api::{Discovery, router, serve};
+pub use api::{Discovery, router, serve, serve_tls};
 pub use auth::{Auth, KubeAuthOptions, KubeReviewer, TokenPools};
 pub use blocks::BlockMetrics;
 pub use metrics::LeaseMetrics;

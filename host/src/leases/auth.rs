@@ -282,6 +282,22 @@ impl Auth {
         }
     }
 
+    /// Whether `caller` may `get` the non-resource URL `path` (`/metrics`, `/status`): a
+    /// Kubernetes user RBAC allows it; the static token never (it is the crawlers').
+    pub async fn authorize_path(&self, caller: &Caller, path: &str) -> Result<(), AuthError> {
+        match caller {
+            Caller::StaticToken => Err(AuthError::Forbidden(format!(
+                "the discovery API's static token does not read {path}; send a ServiceAccount token"
+            ))),
+            Caller::Kubernetes { user, token } => {
+                self.decide(user, token, Access::non_resource_get(path), || {
+                    format!("read {path}")
+                })
+                .await
+            }
+        }
+    }
+
     /// Whether `caller` may act on (report on, renew, release, read) a lease granted to
     /// `holder`: only the principal it was granted to.
     pub fn authorize_holder(
@@ -312,12 +328,18 @@ impl Auth {
         };
         match kube.allowed(user, token, access).await? {
             (true, _) => Ok(()),
-            (false, access) => Err(AuthError::Forbidden(format!(
-                "{} may not {}: it needs {} (e.g. deploy/samples/crawler-rbac.yaml)",
-                user.username,
-                what(),
-                access.describe()
-            ))),
+            (false, access) => {
+                let example = match access.path {
+                    Some(_) => "e.g. the ClusterRoles of deploy/metrics-rbac.yaml",
+                    None => "e.g. deploy/samples/crawler-rbac.yaml",
+                };
+                Err(AuthError::Forbidden(format!(
+                    "{} may not {}: it needs {} ({example})",
+                    user.username,
+                    what(),
+                    access.describe()
+                )))
+            }
         }
     }
 }
