@@ -23,6 +23,11 @@ mod browser;
 mod dataplane;
 #[path = "discovery_api/gateway.rs"]
 mod gateway;
+#[path = "common/test_ca.rs"]
+mod test_ca;
+// The API over TLS: trusted, refused, renewed; the gateway trusting its CA.
+#[path = "discovery_api/tls.rs"]
+mod tls;
 
 const TOKEN: &str = "s3cret-token";
 const GATEWAY_TOKEN: &str = "gateway-s3cret";
