@@ -23,6 +23,9 @@ mod browser;
 mod dataplane;
 #[path = "discovery_api/gateway.rs"]
 mod gateway;
+// The metrics port behind TokenReview + SubjectAccessReview, against the real API server.
+#[path = "discovery_api/metrics_auth.rs"]
+mod metrics_auth;
 #[path = "common/test_ca.rs"]
 mod test_ca;
 // The API over TLS: trusted, refused, renewed; the gateway trusting its CA.
