@@ -46,6 +46,8 @@ impl MetricsAuth {
         let options = KubeAuthOptions {
             audience: String::new(),
             cache_capacity: CACHE_CAPACITY,
+            // A user's own token (`kubectl px`'s kubeconfig) may be any bearer token.
+            jwt_only: false,
             ..KubeAuthOptions::default()
         };
         Arc::new(MetricsAuth {

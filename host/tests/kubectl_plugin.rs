@@ -161,6 +161,8 @@ impl World {
         let target = self.target.addr().to_string();
         let mut operator = OperatorProcess::start_with(OperatorSetup {
             extra: extra.iter().map(|f| f.to_string()).collect(),
+            // `kubectl px status --metrics-url` authenticates with the kubeconfig's token.
+            metrics_insecure: false,
             ..OperatorProcess::setup(self.cp, &self.ns, self.dir.path(), &config, &target)
         });
         operator.wait_leading().await;

@@ -120,6 +120,10 @@ pub struct KubeAuthOptions {
     pub concurrent_reviews: usize,
     /// The audience a token must be for (empty: the API server's own).
     pub audience: String,
+    /// Review only what can be a ServiceAccount token (a JWT): anything else is refused without
+    /// asking the API server. Off where users' own tokens are accepted too (the metrics port:
+    /// a static or an identity provider's token need not be a JWT).
+    pub jwt_only: bool,
 }
 
 impl Default for KubeAuthOptions {
@@ -131,6 +135,7 @@ impl Default for KubeAuthOptions {
             cache_capacity: 10_000,
             concurrent_reviews: 32,
             audience: "proxy-operator".into(),
+            jwt_only: true,
         }
     }
 }
@@ -356,7 +361,11 @@ impl KubeAuth {
             return Ok(known);
         }
         // Only what can be a Kubernetes token costs a review (and a cache entry).
-        if !looks_like_jwt(token) {
+        let reviewable = match self.options.jwt_only {
+            true => looks_like_jwt(token),
+            false => token.len() <= MAX_TOKEN_BYTES,
+        };
+        if !reviewable {
             return Ok(None);
         }
         let user = self

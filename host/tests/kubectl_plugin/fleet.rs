@@ -487,8 +487,14 @@ async fn recent_blocks_by_name(world: &World, px: &Px, metrics: &str) {
         .kubectl_run(&["-n", ns, "delete", "pod", "fake-leader"], None)
         .await
         .unwrap();
-    // With the metrics port's address: the hosts by name, as the leader counted them.
+    // With the metrics port's address: the hosts by name, as the leader counted them. The port
+    // answers only a token RBAC allows (the operator runs without --metrics-insecure here):
+    // `kubectl px` sends the kubeconfig user's.
     let url = format!("http://{metrics}");
+    let bare = reqwest::get(format!("{url}/status/blocks.json"))
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), reqwest::StatusCode::UNAUTHORIZED);
     let shown = px
         .until(&["status", "--metrics-url", &url], "recent blocks", |ran| {
             ran.stdout.contains("BLOCKS (LAST HOUR)")
