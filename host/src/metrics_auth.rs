@@ -67,9 +67,10 @@ impl MetricsAuth {
             return Ok(());
         };
         let caller = auth.authenticate(bearer).await.map_err(|e| match e {
-            AuthError::Unauthenticated(_) => AuthError::Unauthenticated(format!(
+            AuthError::Unauthenticated(_) => AuthError::Unauthenticated(
                 "send `Authorization: Bearer <token>` with a token the API server accepts (a ServiceAccount's bound to the ClusterRole proxy-operator-metrics-reader; see docs/metrics.md), or run the operator with --metrics-insecure (a local run)"
-            )),
+                    .to_string(),
+            ),
             other => other,
         })?;
         auth.authorize_path(&caller, path).await

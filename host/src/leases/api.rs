@@ -29,7 +29,7 @@ pub const MAX_HEADERS: usize = 100;
 /// 431 that is no problem document: well above [`MAX_HEADERS`], so the refusal is ours. (hyper's
 /// default is 100, which made every request over it an empty 431.) Each parse reserves room for
 /// this many fields (64 bytes each), so it stays small.
-pub(super) const TRANSPORT_MAX_HEADERS: usize = 1024;
+pub(in crate::leases) const TRANSPORT_MAX_HEADERS: usize = 1024;
 /// The OpenAPI document of this API, committed under docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
@@ -37,11 +37,9 @@ mod gateway;
 mod gateway_access;
 mod problem_response;
 mod problems;
-mod server;
 mod wire;
 
 pub use gateway_access::{GATEWAY_TOKEN_HEADER, GatewayAccess};
-pub use server::{serve, serve_tls};
 pub use wire::{GrantBody, ReportBody};
 use wire::{Granted, RenewBody, proxy_url, rfc3339};
 

@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use super::{MAX_HEADERS, Problem, TRANSPORT_MAX_HEADERS};
+use super::api::{MAX_HEADERS, Problem, TRANSPORT_MAX_HEADERS};
 
 /// Serves `router` (the discovery API's) on `listener` over plain HTTP until the task is
 /// dropped. Like `axum::serve`, with the header limits: every answer to a request that reaches
