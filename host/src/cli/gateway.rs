@@ -54,6 +54,17 @@ pub struct GatewayArgs {
     /// SOCKS5.
     #[arg(long, env = "GATEWAY_SOCKS_ADDR", default_value = "0.0.0.0:1080")]
     pub socks_addr: SocketAddr,
+    /// HTTP/1.1 forward proxy and CONNECT over TLS (`curl --proxy https://…`): served when
+    /// --tls-cert-file and --tls-key-file are given.
+    #[arg(long, env = "GATEWAY_HTTPS_ADDR", default_value = "0.0.0.0:8443")]
+    pub https_addr: SocketAddr,
+    /// The HTTPS port's certificate chain (PEM; a kubernetes.io/tls Secret's tls.crt), read
+    /// again every few seconds: a renewal reaches new connections.
+    #[arg(long, env = "GATEWAY_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert-file (PEM; the Secret's tls.key).
+    #[arg(long, env = "GATEWAY_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
     /// /metrics, /healthz and /readyz.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
@@ -146,6 +157,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let socks = tokio::net::TcpListener::bind(args.socks_addr)
         .await
         .with_context(|| format!("binding --socks-addr {}", args.socks_addr))?;
+    let https = https_port(&args).await?;
     let gateway = Arc::new(Gateway::new(routes.clone(), options, metrics));
     let stop = CancellationToken::new();
     tokio::spawn(crate::operator::cancel_on_signal(stop.clone()));
@@ -173,11 +185,44 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         leader = %args.discovery_url,
         "gateway serving"
     );
-    gateway.serve(http, socks, stop.clone()).await;
+    let watching = https
+        .as_ref()
+        .map(|(_, cert)| tokio::spawn(cert.clone().watch(crate::tls::RELOAD_EVERY)));
+    let https = https.map(|(port, _)| port);
+    gateway
+        .serve_with_https(http, socks, https, stop.clone())
+        .await;
+    if let Some(watching) = watching {
+        watching.abort();
+    }
     stop.cancel();
     let _ = pushing.await;
     let _ = probes.await;
     Ok(())
+}
+
+/// The HTTPS proxy port's listener, acceptor and certificate, when a certificate is given.
+async fn https_port(
+    args: &GatewayArgs,
+) -> anyhow::Result<
+    Option<(
+        (tokio::net::TcpListener, tokio_rustls::TlsAcceptor),
+        Arc<crate::tls::ReloadingCert>,
+    )>,
+> {
+    let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) else {
+        return Ok(None);
+    };
+    let cert = crate::tls::ReloadingCert::new(crate::tls::CertFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+    });
+    let acceptor = cert.acceptor()?;
+    let listener = tokio::net::TcpListener::bind(args.https_addr)
+        .await
+        .with_context(|| format!("binding --https-addr {}", args.https_addr))?;
+    tracing::info!(https = %args.https_addr, "serving the HTTP proxy over TLS too");
+    Ok(Some(((listener, acceptor), cert)))
 }
 
 /// What the gateway checks the discovery API's certificate against, from its flags: the URL's

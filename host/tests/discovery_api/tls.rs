@@ -246,3 +246,56 @@ async fn the_gateway_calls_a_tls_discovery_api_trusting_its_ca_and_refuses_anoth
         plain.process.log_tail(10)
     );
 }
+
+/// The gateway's HTTP front over TLS (`--tls-cert-file`, `--tls-key-file`): curl with
+/// `--proxy https://…` trusting the CA fetches the site through the fleet, plainly and through
+/// a CONNECT tunnel; trusting another CA it is refused before any request is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_serves_its_http_proxy_over_tls() {
+    let ca = TestCa::new("gateway CA");
+    let dir = tempfile::tempdir().unwrap();
+    let files = ca.write(dir.path(), &[HOST]);
+    let port = harness::process::free_port().unwrap();
+    let https_addr = format!("127.0.0.1:{port}");
+    let gw = super::gateway::Gateway::start_allowing(
+        &[],
+        &[
+            "--https-addr",
+            &https_addr,
+            "--tls-cert-file",
+            files.cert.to_str().unwrap(),
+            "--tls-key-file",
+            files.key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let page = gw.site.url("127.0.0.1", "/page");
+    let proxy = format!("https://pool-crawlers.gw:{TOKEN}@{HOST}:{port}");
+    let ca_file = files.ca.to_str().unwrap();
+    for tunnel in [false, true] {
+        let mut args = vec!["--proxy-cacert", ca_file, "-x", &proxy, &page];
+        if tunnel {
+            args.insert(0, "-p");
+        }
+        let (status, body, _) = gw.curl(&args).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, super::gateway::PAGE),
+            "tunnel {tunnel}: {}",
+            gw.log()
+        );
+    }
+    let other = dir.path().join("other-ca.crt");
+    std::fs::write(&other, TestCa::new("another CA").pem).unwrap();
+    let (status, _, code) = gw
+        .curl(&[
+            "--proxy-cacert",
+            other.to_str().unwrap(),
+            "-x",
+            &proxy,
+            &page,
+        ])
+        .await;
+    // curl's exit 60: the peer's certificate cannot be checked against the CA.
+    assert_eq!((status, code), (0, 60), "{}", gw.log());
+}
