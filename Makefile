@@ -43,12 +43,14 @@ build: plugins
 
 # Runs the operator against the cluster in $KUBECONFIG (e.g. the one `make dev-cluster` prints).
 # The sample's synthetic instances are not real proxies, so health probing is off; the discovery
-# API listens on 127.0.0.1:8090 with token $(DISCOVERY_TOKEN).
+# API listens on 127.0.0.1:8090 with token $(DISCOVERY_TOKEN), plain HTTP on loopback
+# (--discovery-plain-http), and /metrics and /status are open (--metrics-insecure): a local run.
 DISCOVERY_TOKEN ?= dev-token
 run: plugins
 	DISCOVERY_TOKEN=$(DISCOVERY_TOKEN) $(CARGO) run -p proxy-operator -- run \
 		--providers-config deploy/samples/providers-config.yaml --plugins-dir $(PLUGINS_DIR) \
-		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s
+		--metrics-addr 127.0.0.1:9090 --discovery-addr 127.0.0.1:8090 --health-interval 0s \
+		--discovery-plain-http --metrics-insecure
 
 # Every test, with the 60-second soak and the one-command run of `make dev` once (DEV_ONCE=1), as a
 # newcomer would, among the suites.

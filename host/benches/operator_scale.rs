@@ -129,7 +129,8 @@ async fn main() -> anyhow::Result<()> {
         Err(_) => tokio::process::Command::new(binary),
     };
     let mut operator = operator
-        .args(["run", "--providers-config"])
+        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
+        .arg("--providers-config")
         .arg(&config)
         .arg("--plugins-dir")
         .arg(plugins_dir())

@@ -135,7 +135,8 @@ async fn main() -> anyhow::Result<()> {
     )?;
     let discovery_addr = format!("127.0.0.1:{}", free_port()?);
     let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-        .args(["run", "--providers-config"])
+        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
+        .arg("--providers-config")
         .arg(&config)
         .arg("--plugins-dir")
         .arg(plugins_dir())

@@ -302,6 +302,8 @@ async fn main() -> anyhow::Result<()> {
             .map(String::from)
             .to_vec(),
             log: &format!("{identity}.log"),
+            discovery_tls: None,
+            metrics_insecure: true,
         });
         Replica {
             slot,

@@ -7,13 +7,15 @@ pub mod blocks;
 pub mod journal;
 pub mod metrics;
 pub mod persist;
+mod serve;
 pub mod store;
 
-pub use api::{Discovery, router, serve};
+pub use api::{Discovery, router};
 pub use auth::{Auth, KubeAuthOptions, KubeReviewer, TokenPools};
 pub use blocks::BlockMetrics;
 pub use metrics::LeaseMetrics;
 pub use persist::{Durability, LeasePersistence};
+pub use serve::{serve, serve_tls};
 pub use store::{
     FirstBlock, LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, PoolKey, ProxyKey,
     ProxyUsage, Snapshot,

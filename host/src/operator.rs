@@ -16,6 +16,7 @@ use crate::api::{Proxy, ProxyPool};
 use crate::capabilities::kube::OperatorObjects;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::cli::args::RunArgs;
+use crate::cli::args::Transport;
 use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
 use crate::fleet::Fleet;
@@ -33,6 +34,7 @@ use crate::pool::{self, PoolContext};
 use crate::probes::{self, ProbeState};
 use crate::providerhealth;
 use crate::registry::{PluginRegistry, RegistryOptions};
+use crate::tls::ReloadingCert;
 use crate::{status_page, usage};
 
 /// The operator, built and ready to run.
@@ -122,6 +124,8 @@ impl Operator {
             None => LeaderView::always_serving(),
         };
         let sync = self.args.lease.lease_durability == Durability::Sync;
+        let transport = self.args.lease.transport()?;
+        let metrics_auth = self.args.metrics_auth.auth(&self.client);
         // Every replica keeps the fleet's caches: its status page, and the leader's meter.
         let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
         let status = status_page::Sources {
@@ -143,6 +147,7 @@ impl Operator {
                     grants_wait_for_writes: sync,
                 },
                 status_page::router(status),
+                &metrics_auth,
             )
             .await?,
         ];
@@ -160,7 +165,13 @@ impl Operator {
                 discovery = discovery.serving_the_gateway(access);
             }
             tasks.push(
-                serve_discovery(&stop, self.args.lease.discovery_addr, Arc::new(discovery)).await?,
+                serve_discovery(
+                    &stop,
+                    self.args.lease.discovery_addr,
+                    Arc::new(discovery),
+                    transport,
+                )
+                .await?,
             );
         } else {
             tracing::warn!(
@@ -523,17 +534,34 @@ async fn warn_about_missing_ssh_secrets(
     }
 }
 
+/// The discovery API on `addr` until `stop`: over TLS with a certificate that follows its files
+/// (read again every [`crate::tls::RELOAD_EVERY`]), or plain HTTP when asked.
 async fn serve_discovery(
     stop: &CancellationToken,
     addr: std::net::SocketAddr,
     discovery: Arc<Discovery>,
+    transport: Transport,
 ) -> anyhow::Result<JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --discovery-addr {addr}"))?;
-    tracing::info!(%addr, "serving the discovery API");
-    Ok(spawn_until(
-        stop,
-        leases::serve(listener, leases::router(discovery)),
-    ))
+    let router = leases::router(discovery);
+    let tls = match transport {
+        Transport::PlainHttp => {
+            tracing::warn!(%addr, "serving the discovery API over plain HTTP (--discovery-plain-http): tokens cross the network in clear");
+            None
+        }
+        Transport::Tls(files) => {
+            tracing::info!(%addr, cert = %files.cert.display(), "serving the discovery API over TLS");
+            let cert = ReloadingCert::new(files);
+            let acceptor = cert.acceptor()?;
+            // Dropped with the server: the task below ends both.
+            let watch = cert.watch(crate::tls::RELOAD_EVERY);
+            let serve = leases::serve_tls(listener, router, Some(acceptor));
+            return Ok(spawn_until(stop, async move {
+                tokio::join!(watch, serve);
+            }));
+        }
+    };
+    Ok(spawn_until(stop, leases::serve_tls(listener, router, tls)))
 }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::leader::LeaderView;
 use crate::leases::LeaseStore;
+use crate::metrics_auth::MetricsAuth;
 
 /// A standby that has not read the Lease for this long is not ready: it cannot reach the API
 /// server, so it could neither take over nor name the leader.
@@ -106,13 +107,15 @@ fn answer(decision: Result<String, String>) -> (StatusCode, String) {
     }
 }
 
-/// Serves the probes and metrics, and `pages` (the status page) beside them, until `stop`.
+/// Serves the probes and metrics, and `pages` (the status page) beside them, until `stop`;
+/// `/metrics` and the pages behind `auth`.
 pub async fn serve(
     stop: &CancellationToken,
     addr: std::net::SocketAddr,
     registry: prometheus::Registry,
     state: ProbeState,
     pages: axum::Router,
+    auth: &Arc<MetricsAuth>,
 ) -> anyhow::Result<JoinHandle<()>> {
     let (ready_state, leader_state) = (state.clone(), state);
     let app = axum::Router::new()
@@ -131,14 +134,7 @@ pub async fn serve(
                 async move { answer(leadership(&facts)) }
             }),
         )
-        .route(
-            "/metrics",
-            get(move || {
-                let answer = metrics_text(&registry);
-                async move { answer }
-            }),
-        )
-        .merge(pages);
+        .merge(auth.guard(metrics_router(registry).merge(pages)));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --metrics-addr {addr}"))?;
@@ -154,6 +150,17 @@ pub async fn serve(
             }
         }
     }))
+}
+
+/// `/metrics` of `registry` (the operator's and the gateway's), to put behind a check.
+pub fn metrics_router(registry: prometheus::Registry) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let answer = metrics_text(&registry);
+            async move { answer }
+        }),
+    )
 }
 
 /// `/metrics`: `registry` in the Prometheus text format (the operator's and the gateway's).

@@ -36,6 +36,9 @@ mod helm;
 /// The tests share one cluster, and both installs have the same cluster-wide objects (CRDs,
 /// ClusterRoles, the namespaces): one install at a time, each removing its own at the end.
 static ONE_INSTALL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+#[path = "common/test_ca.rs"]
+#[allow(dead_code)]
+mod test_ca;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -95,11 +98,36 @@ async fn curl(cluster: &Cluster, args: &[&str]) -> (u16, String) {
     (status.trim().parse().unwrap_or(0), body.to_string())
 }
 
-/// The discovery API through its Service, with the token.
-async fn discovery(cluster: &Cluster, service_ip: &str, method: &str, path: &str) -> (u16, Value) {
-    let url = format!("http://{service_ip}:8090{path}");
+/// The discovery Service's name in its certificate (the node has no cluster DNS: curl is told
+/// the address, `--resolve`).
+const DISCOVERY_HOST: &str = "proxy-operator-discovery.proxy-operator.svc";
+/// The CA file the test made the discovery API's certificate with (`install_discovery_tls`).
+static DISCOVERY_CA: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The discovery API at `ip` (its Service's or a Pod's) over TLS, trusting the test's CA, with
+/// the token.
+async fn discovery(cluster: &Cluster, ip: &str, method: &str, path: &str) -> (u16, Value) {
+    let url = format!("https://{DISCOVERY_HOST}:8090{path}");
+    let resolve = format!("{DISCOVERY_HOST}:8090:{ip}");
+    let ca = DISCOVERY_CA
+        .get()
+        .expect("the discovery API's TLS Secret made first");
     let auth = format!("Authorization: Bearer {TOKEN}");
-    let (status, body) = curl(cluster, &["-X", method, "-H", &auth, &url]).await;
+    let (status, body) = curl(
+        cluster,
+        &[
+            "--cacert",
+            ca.to_str().unwrap(),
+            "--resolve",
+            &resolve,
+            "-X",
+            method,
+            "-H",
+            &auth,
+            &url,
+        ],
+    )
+    .await;
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -234,7 +262,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
                         {"name": "GATEWAY_ALLOWED_NETWORKS", "value": format!("{target_ip}/32")},
                         // The node has no cluster DNS: the discovery Service's address from
                         // the variables the kubelet gives every Pod.
-                        {"name": "DISCOVERY_URL", "value": "http://$(PROXY_OPERATOR_DISCOVERY_SERVICE_HOST):8090"},
+                        {"name": "DISCOVERY_URL", "value": "https://$(PROXY_OPERATOR_DISCOVERY_SERVICE_HOST):8090"},
                     ],
                 }]}}},
             })).unwrap()},
@@ -295,6 +323,33 @@ async fn deployment_rolled_out(cluster: &Cluster, deployment: &str, timeout: &st
 }
 
 /// A Secret in the operator's namespace with one key, `token`.
+/// The discovery API's TLS Secret as cert-manager would write it (deploy/samples/
+/// discovery-certificate.yaml), from a CA of the test's own, for the Service's name and its
+/// address (the gateway's Pods reach it by address: no cluster DNS on the node).
+async fn install_discovery_tls(cluster: &Cluster, dir: &Path) {
+    let service_ip = cluster_ip(cluster, "proxy-operator", "proxy-operator-discovery").await;
+    let ca = test_ca::TestCa::new("e2e discovery CA");
+    let files = ca.write(dir, &[DISCOVERY_HOST, &service_ip]);
+    let from = |key: &str, path: &Path| format!("--from-file={key}={}", path.display());
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "proxy-operator",
+            "create",
+            "secret",
+            "generic",
+            "proxy-operator-discovery-tls",
+            "--type=kubernetes.io/tls",
+            &from("tls.crt", &files.cert),
+            &from("tls.key", &files.key),
+            &from("ca.crt", &files.ca),
+        ],
+    )
+    .await;
+    DISCOVERY_CA.set(files.ca).expect("one TLS Secret");
+}
+
 async fn create_token_secret(cluster: &Cluster, name: &str, token: &str) {
     kubectl(
         cluster,
@@ -383,6 +438,9 @@ async fn installed_from_its_image_the_operator_serves_a_real_squid_pod_and_rolls
     let overlay = write_overlay(&cluster.images().squid, &format!("{web_ip}:8080"));
     kubectl(cluster, &["apply", "-k", overlay.to_str().unwrap()]).await;
     create_token_secret(cluster, "proxy-operator-discovery", TOKEN).await;
+    // The discovery API's certificate (cert-manager's part in a real cluster), which the
+    // gateway's Pods wait for.
+    install_discovery_tls(cluster, &overlay).await;
     // The gateway's Secret, which its Pods and (with the component) the operator's wait for.
     create_token_secret(cluster, "proxy-operator-gateway", GATEWAY_TOKEN).await;
     // The discovery Secret is optional (the operator starts without it), and read at start: a

@@ -93,6 +93,55 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
             );
         }
     }
+    // The discovery API over TLS from the Secret's files, mounted optional: the Pod starts
+    // before the Secret exists (docs/security.md, "TLS").
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not set"))["value"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "discovery-tls")
+        .expect("the TLS Secret mounted");
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(env("DISCOVERY_TLS_CERT_FILE"), format!("{dir}/tls.crt"));
+    assert_eq!(env("DISCOVERY_TLS_KEY_FILE"), format!("{dir}/tls.key"));
+    let volume = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "discovery-tls")
+        .unwrap();
+    assert_eq!(
+        volume["secret"]["secretName"],
+        "proxy-operator-discovery-tls"
+    );
+    assert_eq!(volume["secret"]["optional"], true);
+    // Who may read the metrics port: kubebuilder's non-resource URL rules.
+    for (role, url) in [
+        ("ClusterRole/proxy-operator-metrics-reader", "/metrics"),
+        ("ClusterRole/proxy-operator-status-reader", "/status"),
+    ] {
+        let rules = &find(role)["rules"][0];
+        assert!(
+            rules["nonResourceURLs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|u| u == url)
+                && rules["verbs"] == serde_json::json!(["get"]),
+            "{role}: {rules}"
+        );
+    }
     // The discovery Service follows the leader's label; the PDB lets one replica go at a time.
     let discovery = find("Service/proxy-operator-discovery");
     assert_eq!(
@@ -180,6 +229,19 @@ fn documented_metrics() -> BTreeSet<String> {
 #[test]
 fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
     let objects = with_component("deploy/monitoring");
+    // Each ServiceMonitor scrapes with Prometheus's token, which its binding lets read /metrics.
+    for monitor in objects.iter().filter(|o| o["kind"] == "ServiceMonitor") {
+        assert_eq!(
+            monitor["spec"]["endpoints"][0]["bearerTokenFile"],
+            "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "{monitor}"
+        );
+    }
+    let binding = objects
+        .iter()
+        .find(|o| kind_and_name(o) == "ClusterRoleBinding/proxy-operator-metrics-reader")
+        .expect("Prometheus bound to the metrics reader");
+    assert_eq!(binding["roleRef"]["name"], "proxy-operator-metrics-reader");
     let documented = documented_metrics();
     let rule = objects
         .iter()
@@ -318,9 +380,28 @@ fn the_gateway_component_runs_the_gateway_and_opens_the_leaders_door() {
         }
     }
     assert_eq!(gateway_deployment["spec"]["replicas"], 2);
+    // Its ServiceAccount only reviews the tokens of /metrics readers.
     assert_eq!(
-        gateway_deployment["spec"]["template"]["spec"]["automountServiceAccountToken"],
-        false
+        gateway_deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        "proxy-operator-gateway"
+    );
+    assert_eq!(
+        find("ClusterRoleBinding/proxy-operator-gateway-metrics-auth")["subjects"][0]["name"],
+        "proxy-operator-gateway"
+    );
+    // It calls the leader over TLS, trusting the CA of the discovery API's Secret.
+    let value = |name: &str| gateway[name]["value"].as_str().unwrap().to_string();
+    assert!(value("DISCOVERY_URL").starts_with("https://proxy-operator-discovery."));
+    let ca_volume = &gateway_deployment["spec"]["template"]["spec"]["volumes"][0];
+    assert_eq!(
+        ca_volume["secret"]["secretName"],
+        "proxy-operator-discovery-tls"
+    );
+    let ca_mount = &container["volumeMounts"][0];
+    assert_eq!(ca_mount["name"], ca_volume["name"]);
+    assert_eq!(
+        value("DISCOVERY_CA_FILE"),
+        format!("{}/ca.crt", ca_mount["mountPath"].as_str().unwrap())
     );
     let service = find("Service/proxy-operator-gateway");
     let ports: BTreeSet<i64> = service["spec"]["ports"]

@@ -23,6 +23,14 @@ mod browser;
 mod dataplane;
 #[path = "discovery_api/gateway.rs"]
 mod gateway;
+// The metrics port behind TokenReview + SubjectAccessReview, against the real API server.
+#[path = "discovery_api/metrics_auth.rs"]
+mod metrics_auth;
+#[path = "common/test_ca.rs"]
+mod test_ca;
+// The API over TLS: trusted, refused, renewed; the gateway trusting its CA.
+#[path = "discovery_api/tls.rs"]
+mod tls;
 
 const TOKEN: &str = "s3cret-token";
 const GATEWAY_TOKEN: &str = "gateway-s3cret";
@@ -1547,12 +1555,12 @@ async fn the_gateway_door_shares_proxies_by_the_lease_rules_and_only_for_the_gat
 
 #[tokio::test]
 async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
-    use proxy_operator::gateway::leader::LeaderRoutes;
+    use proxy_operator::gateway::leader::{LeaderRoutes, LeaderTrust};
     use proxy_operator::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
 
     let api = serve(options(), vec![pooled("g1", "gw")]).await;
     let base = format!("http://{}", api.addr);
-    let routes = LeaderRoutes::new(&base, GATEWAY_TOKEN, "gw-0").unwrap();
+    let routes = LeaderRoutes::new(&base, GATEWAY_TOKEN, "gw-0", LeaderTrust::PlainHttp).unwrap();
     let request = |token: &str, pool: &str| RouteRequest {
         routing: Routing {
             pool: Some(("crawlers".into(), pool.into())),
@@ -1627,7 +1635,7 @@ async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
         "{refused:#}"
     );
     // A gateway with the wrong token is the operator's misconfiguration, not the client's.
-    let impostor = LeaderRoutes::new(&base, "guess", "gw-1").unwrap();
+    let impostor = LeaderRoutes::new(&base, "guess", "gw-1", LeaderTrust::PlainHttp).unwrap();
     match impostor.route(&request(TOKEN, "gw")).await {
         Err(RouteError::Unavailable(why)) => assert!(why.contains("refused the gateway"), "{why}"),
         other => panic!("{other:?}"),

@@ -114,6 +114,8 @@ impl World {
             plugins_dir: common::plugins_dir(),
             extra: replica_flags(identity),
             log: &format!("{identity}.log"),
+            discovery_tls: None,
+            metrics_insecure: true,
         })
     }
 
@@ -789,6 +791,8 @@ async fn throttled_by_the_api_server_the_operator_backs_off_and_gets_there() {
         plugins_dir: common::plugins_dir(),
         extra: replica_flags("throttled"),
         log: "throttled.log",
+        discovery_tls: None,
+        metrics_insecure: true,
     });
     operator.wait_leading().await;
 

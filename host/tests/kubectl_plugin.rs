@@ -98,6 +98,7 @@ impl Px {
             .env("PROXY_OPERATOR_ID", &self.operator_id)
             .env_remove("NO_COLOR")
             .env_remove("DISCOVERY_URL")
+            .env_remove("DISCOVERY_CA_FILE")
             .env_remove("DISCOVERY_TOKEN")
             .env_remove("DISCOVERY_TOKEN_FILE");
         for (name, value) in &self.env {
@@ -159,12 +160,26 @@ impl World {
         std::fs::write(&config, format!("providers:\n{providers}")).unwrap();
         let config = config.to_str().unwrap().to_string();
         let target = self.target.addr().to_string();
+        // As deploy/ runs it: the discovery API over TLS (`kubectl px lease` trusts its CA,
+        // `World::discovery_ca`), /metrics and /status for a token RBAC allows (`kubectl px
+        // status --metrics-url` sends the kubeconfig's).
+        let tls = self.dir.path().join("discovery-tls");
+        std::fs::create_dir_all(&tls).unwrap();
+        let files = common::test_ca::TestCa::new("px CA").write(&tls, &["localhost"]);
         let mut operator = OperatorProcess::start_with(OperatorSetup {
             extra: extra.iter().map(|f| f.to_string()).collect(),
+            discovery_tls: Some((files.cert, files.key)),
+            metrics_insecure: false,
             ..OperatorProcess::setup(self.cp, &self.ns, self.dir.path(), &config, &target)
         });
         operator.wait_leading().await;
         operator
+    }
+
+    /// The CA of the operator's discovery API (`Self::operator`).
+    fn discovery_ca(&self) -> String {
+        let ca = self.dir.path().join("discovery-tls/ca.crt");
+        ca.to_str().unwrap().to_string()
     }
 
     async fn apply(&self, yaml: &str) {

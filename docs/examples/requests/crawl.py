@@ -1,6 +1,7 @@
 """Crawls URLs through leased proxies with `requests`, the way a crawler team would:
 
-    DISCOVERY_URL=http://proxy-operator-discovery.proxy-operator:8090 \
+    DISCOVERY_URL=https://proxy-operator-discovery.proxy-operator:8090 \
+    DISCOVERY_CA_FILE=/etc/proxy-operator-ca/ca.crt \
     DISCOVERY_TOKEN_FILE=/var/run/secrets/proxy-operator/token \
     python crawl.py --pool crawlers/egress https://shop.example.com/a https://shop.example.com/b
 

@@ -26,7 +26,7 @@ import requests
 
 log = logging.getLogger("proxy_leases")
 
-DEFAULT_API = "http://proxy-operator-discovery.proxy-operator:8090"
+DEFAULT_API = "https://proxy-operator-discovery.proxy-operator:8090"
 # What marks an answer as a block of the proxy by the site, rather than a bad page.
 BLOCK_STATUSES = (403, 429)
 CAPTCHA_MARKERS = ("captcha",)
@@ -183,6 +183,7 @@ class LeaseClient:
         api_url: str = DEFAULT_API,
         token: str | None = None,
         token_file: str | None = None,
+        ca_file: str | None = None,
         max_wait: float = 300,
         max_retry_after: float = 60,
     ):
@@ -194,15 +195,20 @@ class LeaseClient:
         self.api.auth = _Bearer(token, token_file)
         # The API is reached directly, never through HTTP_PROXY from the environment.
         self.api.trust_env = False
+        # The API's certificate is checked against its own CA (the ca.crt of its TLS Secret);
+        # the sites crawled keep the system's roots.
+        self.api.verify = ca_file or True
         self.web = requests.Session()
 
     @classmethod
     def from_env(cls, **kwargs) -> LeaseClient:
-        """DISCOVERY_URL, and DISCOVERY_TOKEN_FILE (a projected ServiceAccount token) or DISCOVERY_TOKEN."""
+        """DISCOVERY_URL, DISCOVERY_TOKEN_FILE (a projected ServiceAccount token) or DISCOVERY_TOKEN,
+        and DISCOVERY_CA_FILE (the API's CA, docs/discovery-api.md "TLS")."""
         return cls(
             api_url=os.environ.get("DISCOVERY_URL", DEFAULT_API),
             token=os.environ.get("DISCOVERY_TOKEN"),
             token_file=os.environ.get("DISCOVERY_TOKEN_FILE"),
+            ca_file=os.environ.get("DISCOVERY_CA_FILE"),
             **kwargs,
         )
 

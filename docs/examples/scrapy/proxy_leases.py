@@ -28,6 +28,7 @@ Settings (all optional but the token):
 | PROXY_LEASES_ENABLED | True | |
 | PROXY_LEASES_API_URL | $DISCOVERY_URL, else the in-cluster Service | the discovery API |
 | PROXY_LEASES_TOKEN | $DISCOVERY_TOKEN | the static bearer token |
+| PROXY_LEASES_CA_FILE | $DISCOVERY_CA_FILE | the API's CA certificate (its TLS Secret's ca.crt); unset: the system's roots |
 | PROXY_LEASES_TOKEN_FILE | $DISCOVERY_TOKEN_FILE | a token file (a projected ServiceAccount token), re-read every minute; wins over the token |
 | PROXY_LEASES_POOL | none | `namespace/name` of a ProxyPool |
 | PROXY_LEASES_FILTERS | {} | more fields of POST /v1/leases: `provider`, `zone`, `selector` |
@@ -53,6 +54,7 @@ import asyncio
 import json
 import logging
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -67,7 +69,7 @@ from scrapy.utils.reactor import is_asyncio_reactor_installed
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_API = "http://proxy-operator-discovery.proxy-operator:8090"
+DEFAULT_API = "https://proxy-operator-discovery.proxy-operator:8090"
 TOKEN_FILE_REREAD = 60.0
 
 
@@ -128,8 +130,12 @@ class ProxyLeaseMiddleware:
         self.report_success = s.getbool("PROXY_LEASES_REPORT_SUCCESS", True)
         self.max_wait = s.getfloat("PROXY_LEASES_MAX_WAIT", 300)
         self.max_retry_after = s.getfloat("PROXY_LEASES_MAX_RETRY_AFTER", 60)
-        # The API is reached directly, never through HTTP_PROXY from the environment.
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        # The API is reached directly, never through HTTP_PROXY from the environment, and its
+        # certificate checked against its own CA when one is given (its TLS Secret's ca.crt).
+        ca_file = s.get("PROXY_LEASES_CA_FILE") or os.environ.get("DISCOVERY_CA_FILE")
+        tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                  urllib.request.HTTPSHandler(context=tls))
         self._token_cache: tuple[float, str] | None = None
         self.current: dict[tuple, _Lease] = {}  # slot or session -> its lease
         self.by_id: dict[str, _Lease] = {}  # every lease not yet released

@@ -39,6 +39,37 @@ pub struct RunArgs {
     pub discovery_auth: DiscoveryAuthArgs,
     #[command(flatten)]
     pub gateway: GatewayAccessArgs,
+    #[command(flatten)]
+    pub metrics_auth: MetricsAuthArgs,
+}
+
+/// Who may read /metrics and the status page (docs/metrics.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricsAuthArgs {
+    /// Serve /metrics and the status page (/status*) to anyone, without a token: for a local
+    /// run. Without it each request needs a bearer token the API server accepts (TokenReview)
+    /// whose user may `get` the path as a non-resource URL (SubjectAccessReview; the ClusterRole
+    /// proxy-operator-metrics-reader).
+    #[arg(long, env = "METRICS_INSECURE", default_value_t = false)]
+    pub metrics_insecure: bool,
+}
+
+impl MetricsAuthArgs {
+    /// `--metrics-insecure`'s check (anyone), said in the log.
+    pub fn auth_insecure(&self) -> std::sync::Arc<crate::metrics_auth::MetricsAuth> {
+        tracing::warn!(
+            "--metrics-insecure: /metrics and the status page are served to anyone who reaches the metrics port"
+        );
+        crate::metrics_auth::MetricsAuth::insecure()
+    }
+
+    /// The check in front of /metrics and /status*, reviewing tokens with `client`.
+    pub fn auth(&self, client: &kube::Client) -> std::sync::Arc<crate::metrics_auth::MetricsAuth> {
+        if self.metrics_insecure {
+            return self.auth_insecure();
+        }
+        crate::metrics_auth::MetricsAuth::kubernetes(client.clone())
+    }
 }
 
 /// What the leader offers the gateway (`proxy-operator gateway`, docs/gateway.md).
@@ -222,6 +253,19 @@ pub struct LeaseArgs {
     /// is not served.
     #[arg(long, env = "DISCOVERY_TOKEN", hide_env_values = true)]
     pub discovery_token: Option<String>,
+    /// The discovery API's certificate chain (PEM; a kubernetes.io/tls Secret's tls.crt), read
+    /// again every few seconds: a renewed certificate is used for new connections. With
+    /// --discovery-tls-key-file. The files may appear after the start (a Secret created later):
+    /// TLS handshakes fail until then.
+    #[arg(long, env = "DISCOVERY_TLS_CERT_FILE")]
+    pub discovery_tls_cert_file: Option<PathBuf>,
+    /// The private key of --discovery-tls-cert-file (PEM; the Secret's tls.key).
+    #[arg(long, env = "DISCOVERY_TLS_KEY_FILE")]
+    pub discovery_tls_key_file: Option<PathBuf>,
+    /// Serve the discovery API over plain HTTP, without TLS: bearer tokens then cross the network
+    /// in clear. For a local run, or a network that encrypts by itself (a service mesh).
+    #[arg(long, env = "DISCOVERY_PLAIN_HTTP", default_value_t = false)]
+    pub discovery_plain_http: bool,
     /// Lease lifetime when a crawler does not ask for one.
     #[arg(long, env = "DEFAULT_LEASE_TTL", default_value = "5m", value_parser = crate::durations::parse)]
     pub default_lease_ttl: Duration,
@@ -327,6 +371,43 @@ impl DiscoveryAuthArgs {
     }
 }
 
+/// How the discovery API is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Tls(crate::tls::CertFiles),
+    PlainHttp,
+}
+
+/// The discovery API's transport from its three flags (blank paths count as unset).
+pub fn transport(
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+    plain_http: bool,
+) -> anyhow::Result<Transport> {
+    fn set(p: Option<&std::path::Path>) -> Option<&std::path::Path> {
+        p.filter(|p| !p.as_os_str().is_empty())
+    }
+    match (set(cert), set(key), plain_http) {
+        (Some(_), _, true) | (_, Some(_), true) => anyhow::bail!(
+            "--discovery-plain-http and --discovery-tls-cert-file/--discovery-tls-key-file contradict each other; pass one"
+        ),
+        (None, None, true) => Ok(Transport::PlainHttp),
+        (Some(cert), Some(key), false) => Ok(Transport::Tls(crate::tls::CertFiles {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+        })),
+        (Some(_), None, false) => anyhow::bail!(
+            "--discovery-tls-cert-file needs --discovery-tls-key-file (the Secret's tls.key)"
+        ),
+        (None, Some(_), false) => anyhow::bail!(
+            "--discovery-tls-key-file needs --discovery-tls-cert-file (the Secret's tls.crt)"
+        ),
+        (None, None, false) => anyhow::bail!(
+            "the discovery API needs a certificate: --discovery-tls-cert-file and --discovery-tls-key-file (a kubernetes.io/tls Secret's tls.crt and tls.key, deploy/operator.yaml mounts one), or --discovery-plain-http to serve it without TLS (a local run)"
+        ),
+    }
+}
+
 pub(crate) fn parse_exit_ip_url(value: &str) -> Result<String, String> {
     match reqwest::Url::parse(value) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
@@ -395,6 +476,15 @@ impl LeaseArgs {
         })
     }
 
+    /// TLS with the certificate files, or plain HTTP when asked: one of the two, explicitly.
+    pub fn transport(&self) -> anyhow::Result<Transport> {
+        transport(
+            self.discovery_tls_cert_file.as_deref(),
+            self.discovery_tls_key_file.as_deref(),
+            self.discovery_plain_http,
+        )
+    }
+
     /// The bearer token, when one is set (blank counts as unset).
     pub fn token(&self) -> Option<&str> {
         self.discovery_token
@@ -461,7 +551,42 @@ fn default_identity() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_exit_ip_url;
+    use super::{Transport, parse_exit_ip_url, transport};
+    use std::path::Path;
+
+    #[test]
+    fn the_discovery_api_is_tls_or_plain_http_when_asked() {
+        let (c, k) = (
+            Some(Path::new("/tls/tls.crt")),
+            Some(Path::new("/tls/tls.key")),
+        );
+        let blank = Some(Path::new(""));
+        // (cert, key, plain, Ok(tls?) or the words of the error)
+        let cases = [
+            (c, k, false, Ok(true)),
+            (None, None, true, Ok(false)),
+            (blank, blank, true, Ok(false)),
+            (None, None, false, Err("needs a certificate")),
+            (
+                blank,
+                None,
+                false,
+                Err("--discovery-plain-http to serve it without TLS"),
+            ),
+            (c, None, false, Err("needs --discovery-tls-key-file")),
+            (None, k, false, Err("needs --discovery-tls-cert-file")),
+            (c, k, true, Err("contradict")),
+            (None, k, true, Err("contradict")),
+        ];
+        for (cert, key, plain, expected) in cases {
+            let got = transport(cert, key, plain);
+            match (expected, got) {
+                (Ok(tls), Ok(t)) => assert_eq!(matches!(t, Transport::Tls(_)), tls),
+                (Err(words), Err(e)) => assert!(e.to_string().contains(words), "{e}"),
+                (expected, got) => panic!("{cert:?} {key:?} {plain}: {expected:?} but {got:?}"),
+            }
+        }
+    }
 
     #[test]
     fn an_exit_ip_url_must_be_http_with_a_host() {

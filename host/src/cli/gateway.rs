@@ -13,12 +13,13 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::leader::LeaderRoutes;
+use crate::gateway::leader::{LeaderRoutes, LeaderTrust};
 use crate::gateway::metrics::GatewayMetrics;
 use crate::gateway::options::GatewayOptions;
 use crate::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
 use crate::gateway::prefetch::Prefetching;
 use crate::gateway::server::Gateway;
+use crate::metrics_auth::MetricsAuth;
 
 /// A replica whose last load report to the leader is older than this is not ready: it could not
 /// route either.
@@ -30,6 +31,17 @@ pub struct GatewayArgs {
     /// The discovery API of the operator (its Service, which routes to the leader).
     #[arg(long, env = "DISCOVERY_URL")]
     pub discovery_url: String,
+    /// The CA certificate(s) (PEM) the discovery API's certificate is checked against, and only
+    /// they (its TLS Secret's ca.crt). Unset, an https --discovery-url is checked against the
+    /// system's roots.
+    #[arg(long, env = "DISCOVERY_CA_FILE")]
+    pub discovery_ca_file: Option<std::path::PathBuf>,
+    /// Call the discovery API over plain HTTP (an http:// --discovery-url): only when the
+    /// operator serves it so (--discovery-plain-http there), for a local run.
+    #[arg(long, env = "DISCOVERY_PLAIN_HTTP", default_value_t = false)]
+    pub discovery_plain_http: bool,
+    #[command(flatten)]
+    pub metrics_auth: crate::cli::args::MetricsAuthArgs,
     /// The gateway's own token, the one the operator has as GATEWAY_TOKEN (from their Secret).
     #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
     pub gateway_token: String,
@@ -42,6 +54,17 @@ pub struct GatewayArgs {
     /// SOCKS5.
     #[arg(long, env = "GATEWAY_SOCKS_ADDR", default_value = "0.0.0.0:1080")]
     pub socks_addr: SocketAddr,
+    /// HTTP/1.1 forward proxy and CONNECT over TLS (`curl --proxy https://…`): served when
+    /// --tls-cert-file and --tls-key-file are given.
+    #[arg(long, env = "GATEWAY_HTTPS_ADDR", default_value = "0.0.0.0:8443")]
+    pub https_addr: SocketAddr,
+    /// The HTTPS port's certificate chain (PEM; a kubernetes.io/tls Secret's tls.crt), read
+    /// again every few seconds: a renewal reaches new connections.
+    #[arg(long, env = "GATEWAY_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert-file (PEM; the Secret's tls.key).
+    #[arg(long, env = "GATEWAY_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
     /// /metrics, /healthz and /readyz.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
@@ -112,11 +135,19 @@ impl GatewayArgs {
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let options = args.options()?;
     let replica = args.replica();
+    let trust = leader_trust(&args)?;
     let leader = Arc::new(LeaderRoutes::new(
         &args.discovery_url,
         &args.gateway_token,
         &replica,
+        trust,
     )?);
+    let metrics_auth = match args.metrics_auth.metrics_insecure {
+        true => args.metrics_auth.auth_insecure(),
+        false => MetricsAuth::kubernetes(kube::Client::try_default().await.context(
+            "the gateway reviews the tokens of /metrics readers with the API server: no cluster to reach (KUBECONFIG or in-cluster); pass --metrics-insecure for a local run",
+        )?),
+    };
     let routes = Arc::new(Prefetching::new(leader.clone(), args.route_prefetch));
     let registry = prometheus::Registry::new();
     let metrics = GatewayMetrics::register(&registry)?;
@@ -126,12 +157,20 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let socks = tokio::net::TcpListener::bind(args.socks_addr)
         .await
         .with_context(|| format!("binding --socks-addr {}", args.socks_addr))?;
+    let https = https_port(&args).await?;
     let gateway = Arc::new(Gateway::new(routes.clone(), options, metrics));
     let stop = CancellationToken::new();
     tokio::spawn(crate::operator::cancel_on_signal(stop.clone()));
 
     let reported = Arc::new(LastReport::new());
-    let probes = serve_probes(&stop, args.metrics_addr, registry, reported.clone()).await?;
+    let probes = serve_probes(
+        &stop,
+        args.metrics_addr,
+        registry,
+        reported.clone(),
+        &metrics_auth,
+    )
+    .await?;
     let pushing = tokio::spawn(push_loads(
         leader,
         gateway.clone(),
@@ -146,11 +185,74 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         leader = %args.discovery_url,
         "gateway serving"
     );
-    gateway.serve(http, socks, stop.clone()).await;
+    let watching = https
+        .as_ref()
+        .map(|(_, cert)| tokio::spawn(cert.clone().watch(crate::tls::RELOAD_EVERY)));
+    let https = https.map(|(port, _)| port);
+    gateway
+        .serve_with_https(http, socks, https, stop.clone())
+        .await;
+    if let Some(watching) = watching {
+        watching.abort();
+    }
     stop.cancel();
     let _ = pushing.await;
     let _ = probes.await;
     Ok(())
+}
+
+/// The HTTPS proxy port's listener, acceptor and certificate, when a certificate is given.
+async fn https_port(
+    args: &GatewayArgs,
+) -> anyhow::Result<
+    Option<(
+        (tokio::net::TcpListener, tokio_rustls::TlsAcceptor),
+        Arc<crate::tls::ReloadingCert>,
+    )>,
+> {
+    let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) else {
+        return Ok(None);
+    };
+    let cert = crate::tls::ReloadingCert::new(crate::tls::CertFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+    });
+    let acceptor = cert.acceptor()?;
+    let listener = tokio::net::TcpListener::bind(args.https_addr)
+        .await
+        .with_context(|| format!("binding --https-addr {}", args.https_addr))?;
+    tracing::info!(https = %args.https_addr, "serving the HTTP proxy over TLS too");
+    Ok(Some(((listener, acceptor), cert)))
+}
+
+/// What the gateway checks the discovery API's certificate against, from its flags: the URL's
+/// scheme must agree with --discovery-plain-http.
+fn leader_trust(args: &GatewayArgs) -> anyhow::Result<LeaderTrust> {
+    let https = args
+        .discovery_url
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("https://");
+    match (https, args.discovery_plain_http, &args.discovery_ca_file) {
+        (true, false, Some(ca)) => Ok(LeaderTrust::Ca(crate::tls::ca_certificates(
+            ca,
+            "--discovery-ca-file",
+        )?)),
+        (true, false, None) => Ok(LeaderTrust::SystemRoots),
+        (false, true, None) => Ok(LeaderTrust::PlainHttp),
+        (true, true, _) => anyhow::bail!(
+            "--discovery-plain-http with an https --discovery-url `{}`: drop one",
+            args.discovery_url
+        ),
+        (false, true, Some(_)) => anyhow::bail!(
+            "--discovery-ca-file is for an https --discovery-url, not `{}`",
+            args.discovery_url
+        ),
+        (false, false, _) => anyhow::bail!(
+            "--discovery-url `{}` is not https: the operator serves its discovery API over TLS (pass its CA with --discovery-ca-file), or pass --discovery-plain-http when it serves plain HTTP",
+            args.discovery_url
+        ),
+    }
 }
 
 /// When the leader last took this replica's load report: ms since `started`, 0 for never.
@@ -251,6 +353,7 @@ async fn serve_probes(
     addr: SocketAddr,
     registry: prometheus::Registry,
     reported: Arc<LastReport>,
+    auth: &Arc<MetricsAuth>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let app = axum::Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
@@ -273,13 +376,7 @@ async fn serve_probes(
                 }
             }),
         )
-        .route(
-            "/metrics",
-            get(move || {
-                let answer = crate::probes::metrics_text(&registry);
-                async move { answer }
-            }),
-        );
+        .merge(auth.guard(crate::probes::metrics_router(registry)));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --metrics-addr {addr}"))?;

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use super::client_report::{self, ClientReport, GATEWAY_HOST};
@@ -14,8 +13,8 @@ use super::head::{HeadError, read_head};
 use super::metrics::{Outcome, Protocol};
 use super::relay::relay;
 use super::upstream::{
-    Context, PlainRequest, Refusal, authority, connection_listed, forward, is_hop_by_hop,
-    open_tunnel,
+    ClientStream, Context, PlainRequest, Refusal, authority, connection_listed, forward,
+    is_hop_by_hop, open_tunnel,
 };
 use super::username::parse_username;
 use super::{Destination, RouteError, RouteRequest, Routes, Routing, SessionReport};
@@ -74,7 +73,7 @@ struct Parsed {
 }
 
 /// Serves one client connection.
-pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
+pub async fn handle<R: Routes, C: ClientStream>(ctx: &Context<'_, R>, mut client: C) {
     let (protocol, outcome) = match serve(ctx, &mut client).await {
         Ok(done) => done,
         Err((protocol, answer)) => {
@@ -86,15 +85,15 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
 }
 
 /// Answers a client that is over the gateway's bound on open connections.
-pub async fn refuse_busy(mut client: TcpStream) {
+pub async fn refuse_busy<C: ClientStream>(mut client: C) {
     let answer = Answer::new(429, "too many client connections open", Outcome::Refused)
         .with("Retry-After", "1");
     send(&mut client, &answer).await;
 }
 
-async fn serve<R: Routes>(
+async fn serve<R: Routes, C: ClientStream>(
     ctx: &Context<'_, R>,
-    client: &mut TcpStream,
+    client: &mut C,
 ) -> Result<(Protocol, Outcome), (Protocol, Answer)> {
     let read = tokio::time::timeout(
         ctx.options.handshake_timeout,
@@ -387,7 +386,7 @@ fn refused(refusal: Refusal) -> Answer {
 }
 
 /// Writes an answer and closes the connection (write side), giving the client a moment to read.
-async fn send(client: &mut TcpStream, answer: &Answer) {
+async fn send<C: ClientStream>(client: &mut C, answer: &Answer) {
     let body = format!("{}\n", answer.body);
     let mut head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",

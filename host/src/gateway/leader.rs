@@ -69,9 +69,24 @@ impl Problem {
     }
 }
 
+/// What the discovery API's certificate is checked against.
+pub enum LeaderTrust {
+    /// Only these CA certificates (`--discovery-ca-file`).
+    Ca(Vec<reqwest::Certificate>),
+    /// The system's roots (a publicly trusted certificate).
+    SystemRoots,
+    /// No TLS (`--discovery-plain-http`).
+    PlainHttp,
+}
+
 impl LeaderRoutes {
     /// `base`: the discovery API (its Service), e.g. `http://proxy-operator-discovery:8090`.
-    pub fn new(base: &str, gateway_token: &str, replica: &str) -> anyhow::Result<Self> {
+    pub fn new(
+        base: &str,
+        gateway_token: &str,
+        replica: &str,
+        trust: LeaderTrust,
+    ) -> anyhow::Result<Self> {
         let base = reqwest::Url::parse(base)
             .map_err(|e| anyhow::anyhow!("--discovery-url `{base}`: {e}"))?;
         anyhow::ensure!(
@@ -82,7 +97,11 @@ impl LeaderRoutes {
             !gateway_token.trim().is_empty(),
             "the gateway token is empty; set GATEWAY_TOKEN from the Secret the operator reads too"
         );
-        let http = reqwest::Client::builder()
+        let builder = match trust {
+            LeaderTrust::Ca(certs) => reqwest::Client::builder().tls_certs_only(certs),
+            LeaderTrust::SystemRoots | LeaderTrust::PlainHttp => reqwest::Client::builder(),
+        };
+        let http = builder
             .timeout(CALL_TIMEOUT)
             // Routes are many and small: keep connections to the leader warm.
             .pool_idle_timeout(Duration::from_secs(90))

@@ -25,10 +25,12 @@ pub struct Gateway<R: Routes> {
     metrics: GatewayMetrics,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Port {
     Http,
     Socks,
+    /// The HTTP front over TLS (`curl --proxy https://…`).
+    Https(tokio_rustls::TlsAcceptor),
 }
 
 impl<R: Routes> Gateway<R> {
@@ -75,12 +77,30 @@ impl<R: Routes> Gateway<R> {
         socks: TcpListener,
         stop: CancellationToken,
     ) {
+        self.serve_with_https(http, socks, None, stop).await
+    }
+
+    /// As [`Self::serve`], with the HTTP front over TLS on a third port when `https` is given
+    /// (its listener and the acceptor holding the certificate).
+    pub async fn serve_with_https(
+        self: Arc<Self>,
+        http: TcpListener,
+        socks: TcpListener,
+        https: Option<(TcpListener, tokio_rustls::TlsAcceptor)>,
+        stop: CancellationToken,
+    ) {
         let mut connections = JoinSet::new();
+        let accept_https =
+            async |https: &Option<(TcpListener, tokio_rustls::TlsAcceptor)>| match https {
+                Some((listener, tls)) => (listener.accept().await, Port::Https(tls.clone())),
+                None => std::future::pending().await,
+            };
         loop {
             let (accepted, port) = tokio::select! {
                 () = stop.cancelled() => break,
                 accepted = http.accept() => (accepted, Port::Http),
                 accepted = socks.accept() => (accepted, Port::Socks),
+                accepted = accept_https(&https) => accepted,
             };
             while connections.try_join_next().is_some() {}
             let stream = match accepted {
@@ -97,7 +117,7 @@ impl<R: Routes> Gateway<R> {
             connections.spawn(async move { gateway.connection(stream, port).await });
         }
         // Closed at once: a client connecting now is refused, not left waiting in the backlog.
-        drop((http, socks));
+        drop((http, socks, https));
         let open = connections.len();
         if open > 0 {
             info!(open, grace = ?self.options.shutdown_grace, "stopping: open connections may finish");
@@ -118,8 +138,10 @@ impl<R: Routes> Gateway<R> {
                     http::refuse_busy(stream).await;
                     Protocol::Http
                 }
-                // A SOCKS5 client reads a reply only after its greeting: closing says it.
+                // A SOCKS5 client reads a reply only after its greeting, a TLS client after
+                // its handshake: closing says it.
                 Port::Socks => Protocol::Socks5,
+                Port::Https(_) => Protocol::Http,
             };
             self.metrics.request(protocol, Outcome::Refused);
             return;
@@ -128,6 +150,15 @@ impl<R: Routes> Gateway<R> {
         match port {
             Port::Http => http::handle(&ctx, stream).await,
             Port::Socks => socks5::handle(&ctx, stream).await,
+            Port::Https(tls) => {
+                let handshake = tls.accept(stream);
+                match tokio::time::timeout(self.options.handshake_timeout, handshake).await {
+                    Ok(Ok(stream)) => http::handle(&ctx, stream).await,
+                    // A client that does not trust the certificate, or speaks plain HTTP.
+                    Ok(Err(e)) => tracing::debug!("gateway TLS handshake failed: {e}"),
+                    Err(_) => tracing::debug!("gateway TLS handshake timed out"),
+                }
+            }
         }
     }
 }

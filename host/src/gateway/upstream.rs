@@ -17,6 +17,10 @@ use super::options::GatewayOptions;
 use super::relay::{Activity, Counted, idle_for};
 use super::{Destination, Report, Route, RouteError, RouteRequest, Routes, UpstreamLogin};
 
+/// A client connection: plain TCP, or TLS on the gateway's HTTPS port.
+pub trait ClientStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ClientStream for T {}
+
 /// Largest response head read from an upstream.
 pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
@@ -233,11 +237,11 @@ pub struct PlainRequest<'r> {
 /// Forwards a plain request through an upstream and relays the response to `client`, retrying
 /// once on another upstream while nothing of the response reached the client and nothing of
 /// the client's body was consumed. `Ok`: the response (of any status) was relayed, or begun.
-pub async fn forward<R: Routes>(
+pub async fn forward<R: Routes, C: ClientStream>(
     ctx: &Context<'_, R>,
     mut request: RouteRequest,
     plain: PlainRequest<'_>,
-    client: &mut TcpStream,
+    client: &mut C,
 ) -> Result<Outcome, Refusal> {
     let mut failed: Option<String> = None;
     for _ in 0..2 {
@@ -274,12 +278,12 @@ pub async fn forward<R: Routes>(
 /// ends; one request per connection (keep-alive is out of scope), so the end of the response
 /// is the end of both. Its bytes count for the route's pool: the request as it went upstream
 /// (not the fleet's login, which is not the client's) and the response as the client got it.
-async fn exchange<R: Routes>(
+async fn exchange<R: Routes, C: ClientStream>(
     ctx: &Context<'_, R>,
     route: &Route,
     destination: &Destination,
     plain: &PlainRequest<'_>,
-    client: &mut TcpStream,
+    client: &mut C,
     upstream: &mut TcpStream,
 ) -> Result<Outcome, Attempt> {
     let bytes = ctx.metrics.pool_bytes(route.pool.as_deref());
@@ -296,7 +300,7 @@ async fn exchange<R: Routes>(
     bytes.sent.add((message.len() - login.len()) as u64);
     let from_client = Activity::default();
     let from_upstream = Activity::default();
-    let (client_read, client_write) = client.split();
+    let (client_read, client_write) = tokio::io::split(client);
     let (upstream_read, upstream_write) = upstream.split();
     let mut client_write = Metered::new(client_write, &bytes.received);
     let mut upstream_write = Metered::new(upstream_write, &bytes.sent);

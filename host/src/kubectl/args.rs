@@ -59,10 +59,14 @@ pub struct Global {
         default_value = "proxy-operator"
     )]
     pub operator_id: String,
-    /// The discovery API (`lease`, `release`, `report`), e.g. `http://localhost:8090` after
+    /// The discovery API (`lease`, `release`, `report`), e.g. `https://localhost:8090` after
     /// `kubectl -n proxy-operator port-forward svc/proxy-operator-discovery 8090`.
     #[arg(long, global = true, env = "DISCOVERY_URL", value_name = "URL")]
     pub discovery_url: Option<String>,
+    /// The CA certificate(s) (PEM) the discovery API's certificate is checked against, and only
+    /// they: the ca.crt of its TLS Secret. Unset: the system's roots.
+    #[arg(long, global = true, env = "DISCOVERY_CA_FILE", value_name = "FILE")]
+    pub discovery_ca_file: Option<PathBuf>,
     /// The discovery API's bearer token. Default: the kubeconfig user's token, then the
     /// operator's static token from the Secret `proxy-operator-discovery`.
     #[arg(long, global = true, env = "DISCOVERY_TOKEN", hide_env_values = true)]

@@ -150,10 +150,13 @@ pub async fn recent_blocks(
     operator_namespace: &str,
     metrics_url: Option<&str>,
 ) -> Result<Vec<TargetBlocks>, String> {
+    // The metrics port reads the kubeconfig user's bearer token (TokenReview + RBAC, the
+    // ClusterRole proxy-operator-status-reader), unless the operator runs --metrics-insecure.
+    let token = kubeconfig_token(&cluster.config);
     let (source, body) = match metrics_url {
         Some(url) => {
             let source = recent_blocks::metrics_url_path(url);
-            let body = get_blocks(&source)
+            let body = get_blocks(&source, token.as_deref())
                 .await
                 .map_err(|e| recent_blocks::unreachable(&source, &e, true))?;
             (source, body)
@@ -173,7 +176,7 @@ pub async fn recent_blocks(
                 leader.name, leader.port
             );
             let path = recent_blocks::pod_proxy_path(operator_namespace, &leader);
-            let body = pod_proxy_get(&cluster.client, &path)
+            let body = pod_proxy_get(&cluster.client, &path, token.as_deref())
                 .await
                 .map_err(|e| recent_blocks::unreachable(&source, &e, false))?;
             (source, body)
@@ -182,29 +185,47 @@ pub async fn recent_blocks(
     recent_blocks::parse(&body, &source)
 }
 
-/// GET `url` (`--metrics-url`'s blocks), its body when 200.
-async fn get_blocks(url: &str) -> Result<String, String> {
+/// GET `url` (`--metrics-url`'s blocks) with the user's `token`, its body when 200.
+async fn get_blocks(url: &str, token: Option<&str>) -> Result<String, String> {
     let client = reqwest::Client::builder()
         .timeout(BLOCKS_TIMEOUT)
         .build()
         .map_err(|e| e.to_string())?;
-    let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+    let mut request = client.get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.map_err(|e| e.to_string())?;
     let status = response.status();
     let body = response.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
-        return Err(format!("HTTP {status}"));
+        return Err(recent_blocks::refused(
+            status.as_u16(),
+            &status.to_string(),
+            token.is_some(),
+        ));
     }
     Ok(body)
 }
 
-/// GET `path` of the API server (the pod proxy), its body.
-async fn pod_proxy_get(client: &Client, path: &str) -> Result<String, String> {
+/// GET `path` of the API server (the pod proxy), its body. The API server drops the
+/// `Authorization` it authenticated the user with, so the user's `token` goes to the metrics
+/// port in [`crate::metrics_auth::FORWARDED_TOKEN_HEADER`].
+async fn pod_proxy_get(client: &Client, path: &str, token: Option<&str>) -> Result<String, String> {
     // kube's client sends `http` requests; axum re-exports the same `http` crate.
-    let request = axum::http::Request::get(path)
-        .body(Vec::new())
-        .map_err(|e| e.to_string())?;
+    let mut request = axum::http::Request::get(path);
+    if let Some(token) = token {
+        request = request.header(
+            crate::metrics_auth::FORWARDED_TOKEN_HEADER,
+            format!("Bearer {token}"),
+        );
+    }
+    let request = request.body(Vec::new()).map_err(|e| e.to_string())?;
     match tokio::time::timeout(BLOCKS_TIMEOUT, client.request_text(request)).await {
         Err(_) => Err("no answer".into()),
+        Ok(Err(kube::Error::Api(status))) if matches!(status.code, 401 | 403) => Err(
+            recent_blocks::refused(status.code, &status.message, token.is_some()),
+        ),
         Ok(Err(kube::Error::Api(status))) => Err(format!("{} {}", status.code, status.message)),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok(body)) => Ok(body),

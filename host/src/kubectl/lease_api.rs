@@ -212,10 +212,11 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    pub fn new(url: &str) -> Result<Self, Failure> {
+    /// `ca`: trust only the CA certificates in this file (`--discovery-ca-file`).
+    pub fn new(url: &str, ca: Option<&std::path::Path>) -> Result<Self, Failure> {
         let parsed = url::Url::parse(url).map_err(|e| {
             Failure::usage(format!(
-                "--discovery-url `{url}`: {e} (e.g. http://localhost:8090)"
+                "--discovery-url `{url}`: {e} (e.g. https://localhost:8090)"
             ))
         })?;
         if !matches!(parsed.scheme(), "http" | "https") {
@@ -223,7 +224,13 @@ impl Discovery {
                 "--discovery-url `{url}`: use http:// or https://"
             )));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca) = ca {
+            let certs = crate::tls::ca_certificates(ca, "--discovery-ca-file")
+                .map_err(|e| Failure::usage(format!("{e:#}")))?;
+            builder = builder.tls_certs_only(certs);
+        }
+        let http = builder
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| Failure::error(format!("an HTTP client: {e}")))?;

@@ -73,6 +73,19 @@ pub fn metrics_url_path(metrics_url: &str) -> String {
     format!("{}{BLOCKS_JSON_PATH}", metrics_url.trim_end_matches('/'))
 }
 
+/// A 401 or 403 of the metrics port (`status`, its reason), and what the user needs: a bearer
+/// token in the kubeconfig (`with_token`: one was sent) whose user RBAC lets read /status.
+pub fn refused(status: u16, reason: &str, with_token: bool) -> String {
+    let need = "the kubeconfig's user needs a bearer token and the ClusterRole proxy-operator-status-reader (deploy/metrics-rbac.yaml), or the operator --metrics-insecure";
+    match (status, with_token) {
+        (401, false) => {
+            format!("HTTP {reason}: the kubeconfig has no bearer token to send; {need}")
+        }
+        (401 | 403, _) => format!("HTTP {reason}: {need}"),
+        _ => format!("HTTP {reason}"),
+    }
+}
+
 /// Why the blocks were not read from `source`, with what to do (`url`: `source` is
 /// `--metrics-url`'s, else the API server's).
 pub fn unreachable(source: &str, error: &str, url: bool) -> String {
@@ -216,6 +229,27 @@ mod tests {
             ) && none.contains("--metrics-url"),
             "{none}"
         );
+    }
+
+    #[test]
+    fn a_refusal_of_the_metrics_port_says_what_the_user_needs() {
+        // (status, token sent, words)
+        let cases = [
+            (401, false, "the kubeconfig has no bearer token to send"),
+            (401, true, "proxy-operator-status-reader"),
+            (403, true, "proxy-operator-status-reader"),
+            (404, true, "HTTP 404 Not Found"),
+        ];
+        for (status, token, words) in cases {
+            let reason = if status == 404 {
+                "404 Not Found"
+            } else {
+                "401 Unauthorized"
+            };
+            let said = refused(status, reason, token);
+            assert!(said.contains(words), "{status} {token}: {said}");
+            assert_eq!(said.contains("status-reader"), status != 404, "{said}");
+        }
     }
 
     #[test]

@@ -201,6 +201,7 @@ async fn names(want: Want, namespace: Option<String>) -> Vec<String> {
         operator_namespace: String::new(),
         operator_id: String::new(),
         discovery_url: None,
+        discovery_ca_file: None,
         token: None,
         token_file: None,
     };
@@ -418,12 +419,12 @@ async fn call(
     let url = global.discovery_url.as_deref().ok_or_else(|| {
         Failure::usage(
             "the discovery API's address is needed: --discovery-url URL (or DISCOVERY_URL), e.g. \
-             http://localhost:8090 after `kubectl -n proxy-operator port-forward \
+             https://localhost:8090 (with --discovery-ca-file) after `kubectl -n proxy-operator port-forward \
              svc/proxy-operator-discovery 8090` (the API server's service proxy drops the bearer \
              token the API needs)",
         )
     })?;
-    let discovery = Discovery::new(url)?;
+    let discovery = Discovery::new(url, global.discovery_ca_file.as_deref())?;
     let explicit = match (&global.token, &global.token_file) {
         (Some(token), _) => Some(Token {
             value: token.clone(),

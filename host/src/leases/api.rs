@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::Instrument;
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
@@ -11,10 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
-
-use tower::ServiceExt;
 
 use crate::leader::LeaderView;
 
@@ -33,7 +29,7 @@ pub const MAX_HEADERS: usize = 100;
 /// 431 that is no problem document: well above [`MAX_HEADERS`], so the refusal is ours. (hyper's
 /// default is 100, which made every request over it an empty 431.) Each parse reserves room for
 /// this many fields (64 bytes each), so it stays small.
-const TRANSPORT_MAX_HEADERS: usize = 1024;
+pub(in crate::leases) const TRANSPORT_MAX_HEADERS: usize = 1024;
 /// The OpenAPI document of this API, committed under docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
 
@@ -222,50 +218,6 @@ pub fn router(discovery: Arc<Discovery>) -> Router {
             )
         })
         .with_state(discovery)
-}
-
-/// Serves `router` (the discovery API's) on `listener` until the task is dropped. Like
-/// `axum::serve`, with the header limits above: every answer to a request that reaches the
-/// operator, including one with too many header fields, is a problem document.
-pub async fn serve(mut listener: tokio::net::TcpListener, router: Router) {
-    loop {
-        let (stream, _) = axum::serve::Listener::accept(&mut listener).await;
-        let router = router.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let router = router.clone();
-                // A span per request (debug, as tower-http's trace layer has it: the grant path
-                // pays nothing for it at the default level), so what a handler logs names the
-                // request, and one event with the status when it is answered.
-                let span = tracing::debug_span!(
-                    "discovery_request",
-                    method = %request.method(),
-                    path = %request.uri().path()
-                );
-                async move {
-                    let count = request.headers().len();
-                    if count > MAX_HEADERS {
-                        return Ok(Problem::headers_too_large(count).into_response());
-                    }
-                    let answered = router.oneshot(request).instrument(span.clone()).await;
-                    if let Ok(response) = &answered {
-                        let status = response.status().as_u16();
-                        tracing::debug!(parent: &span, status, "answered");
-                    }
-                    answered
-                }
-            });
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.max_headers(TRANSPORT_MAX_HEADERS);
-            if let Err(e) = http
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .with_upgrades()
-                .await
-            {
-                tracing::trace!("discovery API connection: {e}");
-            }
-        });
-    }
 }
 
 /// Who called, checked: the static token, or a Kubernetes token the API server accepted. An

@@ -120,6 +120,10 @@ pub struct KubeAuthOptions {
     pub concurrent_reviews: usize,
     /// The audience a token must be for (empty: the API server's own).
     pub audience: String,
+    /// Review only what can be a ServiceAccount token (a JWT): anything else is refused without
+    /// asking the API server. Off where users' own tokens are accepted too (the metrics port:
+    /// a static or an identity provider's token need not be a JWT).
+    pub jwt_only: bool,
 }
 
 impl Default for KubeAuthOptions {
@@ -131,6 +135,7 @@ impl Default for KubeAuthOptions {
             cache_capacity: 10_000,
             concurrent_reviews: 32,
             audience: "proxy-operator".into(),
+            jwt_only: true,
         }
     }
 }
@@ -282,6 +287,22 @@ impl Auth {
         }
     }
 
+    /// Whether `caller` may `get` the non-resource URL `path` (`/metrics`, `/status`): a
+    /// Kubernetes user RBAC allows it; the static token never (it is the crawlers').
+    pub async fn authorize_path(&self, caller: &Caller, path: &str) -> Result<(), AuthError> {
+        match caller {
+            Caller::StaticToken => Err(AuthError::Forbidden(format!(
+                "the discovery API's static token does not read {path}; send a ServiceAccount token"
+            ))),
+            Caller::Kubernetes { user, token } => {
+                self.decide(user, token, Access::non_resource_get(path), || {
+                    format!("read {path}")
+                })
+                .await
+            }
+        }
+    }
+
     /// Whether `caller` may act on (report on, renew, release, read) a lease granted to
     /// `holder`: only the principal it was granted to.
     pub fn authorize_holder(
@@ -312,12 +333,18 @@ impl Auth {
         };
         match kube.allowed(user, token, access).await? {
             (true, _) => Ok(()),
-            (false, access) => Err(AuthError::Forbidden(format!(
-                "{} may not {}: it needs {} (e.g. deploy/samples/crawler-rbac.yaml)",
-                user.username,
-                what(),
-                access.describe()
-            ))),
+            (false, access) => {
+                let example = match access.path {
+                    Some(_) => "e.g. the ClusterRoles of deploy/metrics-rbac.yaml",
+                    None => "e.g. deploy/samples/crawler-rbac.yaml",
+                };
+                Err(AuthError::Forbidden(format!(
+                    "{} may not {}: it needs {} ({example})",
+                    user.username,
+                    what(),
+                    access.describe()
+                )))
+            }
         }
     }
 }
@@ -334,7 +361,11 @@ impl KubeAuth {
             return Ok(known);
         }
         // Only what can be a Kubernetes token costs a review (and a cache entry).
-        if !looks_like_jwt(token) {
+        let reviewable = match self.options.jwt_only {
+            true => looks_like_jwt(token),
+            false => token.len() <= MAX_TOKEN_BYTES,
+        };
+        if !reviewable {
             return Ok(None);
         }
         let user = self

@@ -50,9 +50,16 @@ pub(super) async fn through_the_gateway(
         .await
         .unwrap()
         .items;
+    // Their /metrics answer a token RBAC allows (deploy/metrics-rbac.yaml), as Prometheus's.
+    let token = metrics_reader_token(cluster).await;
+    let auth = format!("Authorization: Bearer {token}");
     let mut carried = 0;
     for ip in replicas.into_iter().filter_map(|p| p.status?.pod_ip) {
-        let (_, metrics) = curl(cluster, &[&format!("http://{ip}:9090/metrics")]).await;
+        let url = format!("http://{ip}:9090/metrics");
+        let (status, _) = curl(cluster, &[&url]).await;
+        assert_eq!(status, 401, "{url} without a token");
+        let (status, metrics) = curl(cluster, &["-H", &auth, &url]).await;
+        assert_eq!(status, 200, "{url} with the metrics reader's token");
         carried += metrics
             .lines()
             .filter(|l| {
@@ -79,4 +86,35 @@ pub(super) async fn through_the_gateway(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A token of a ServiceAccount bound to proxy-operator-metrics-reader, for the API server's
+/// own audience (what Prometheus's ServiceMonitor sends).
+async fn metrics_reader_token(cluster: &Cluster) -> String {
+    let ns = ["-n", "proxy-operator"];
+    cluster
+        .kubectl_run(
+            &[ns[0], ns[1], "create", "serviceaccount", "e2e-scraper"],
+            None,
+        )
+        .await
+        .unwrap();
+    cluster
+        .kubectl_run(
+            &[
+                "create",
+                "clusterrolebinding",
+                "e2e-scraper",
+                "--clusterrole=proxy-operator-metrics-reader",
+                "--serviceaccount=proxy-operator:e2e-scraper",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    let token = cluster
+        .kubectl_run(&[ns[0], ns[1], "create", "token", "e2e-scraper"], None)
+        .await
+        .unwrap();
+    token.trim().to_string()
 }

@@ -8,6 +8,7 @@ pub mod fake_gcp;
 pub mod operator_process;
 pub mod own_network;
 pub mod relay;
+pub mod test_ca;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

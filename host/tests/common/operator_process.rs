@@ -36,12 +36,34 @@ pub struct OperatorSetup<'a> {
     pub extra: Vec<String>,
     /// Log file name in `dir`.
     pub log: &'a str,
+    /// The discovery API over TLS with these certificate and key files; `None`: plain HTTP
+    /// (`--discovery-plain-http`).
+    pub discovery_tls: Option<(PathBuf, PathBuf)>,
+    /// `--metrics-insecure` (most tests read /metrics and /status without a token).
+    pub metrics_insecure: bool,
 }
 
 pub struct OperatorProcess {
     pub proc: Proc,
     pub metrics: SocketAddr,
     pub discovery: SocketAddr,
+}
+
+/// The discovery API's transport and the metrics port's check, as `setup` asks.
+fn transport_flags(setup: &OperatorSetup<'_>) -> Vec<std::ffi::OsString> {
+    let mut flags: Vec<std::ffi::OsString> = match &setup.discovery_tls {
+        Some((cert, key)) => vec![
+            "--discovery-tls-cert-file".into(),
+            cert.into(),
+            "--discovery-tls-key-file".into(),
+            key.into(),
+        ],
+        None => vec!["--discovery-plain-http".into()],
+    };
+    if setup.metrics_insecure {
+        flags.push("--metrics-insecure".into());
+    }
+    flags
 }
 
 impl OperatorProcess {
@@ -75,6 +97,8 @@ impl OperatorProcess {
             plugins_dir: plugins_dir(),
             extra: Vec::new(),
             log: "operator.log",
+            discovery_tls: None,
+            metrics_insecure: true,
         }
     }
 
@@ -95,6 +119,7 @@ impl OperatorProcess {
             .args(["--health-target", setup.health_target])
             .args(["--operator-id", &setup.operator_id])
             .args(&setup.extra)
+            .args(transport_flags(&setup))
             .env("KUBECONFIG", &setup.kubeconfig)
             .env(
                 "POD_NAMESPACE",

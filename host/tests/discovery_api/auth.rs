@@ -23,12 +23,12 @@ use tokio::sync::OnceCell;
 
 const STATIC: &str = "static-token";
 const AUDIENCE: &str = "proxy-operator";
-const OPERATOR: &str = "system:serviceaccount:proxy-operator:proxy-operator";
+pub(super) const OPERATOR: &str = "system:serviceaccount:proxy-operator:proxy-operator";
 
 static RBAC: OnceCell<()> = OnceCell::const_new();
 
 /// The shared control plane with deploy/namespace.yaml and deploy/rbac.yaml applied.
-async fn control_plane() -> &'static ControlPlane {
+pub(super) async fn control_plane() -> &'static ControlPlane {
     let cp = ControlPlane::shared().await;
     RBAC.get_or_init(|| async {
         for file in ["namespace.yaml", "rbac.yaml"] {
@@ -111,7 +111,7 @@ fn proxy(namespace: &str, name: &str, pool: &str) -> PoolEntry {
     }
 }
 
-async fn service_account(ns: &TestNamespace, name: &str) {
+pub(super) async fn service_account(ns: &TestNamespace, name: &str) {
     let sa = ServiceAccount {
         metadata: ObjectMeta {
             name: Some(name.into()),

@@ -235,7 +235,7 @@ impl Gateway {
     }
 
     /// curl with `args`: (HTTP status or 0, body, exit code).
-    async fn curl(&self, args: &[&str]) -> (u16, String, i32) {
+    pub(super) async fn curl(&self, args: &[&str]) -> (u16, String, i32) {
         let out = tokio::process::Command::new("curl")
             .args(["-s", "--max-time", "20", "-w", "\n%{http_code}"])
             .args(args)

@@ -86,7 +86,8 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
             &["--provider-check-interval", "2s"],
         )
         .await;
-    let url = format!("http://{}", operator.discovery);
+    let url = format!("https://localhost:{}", operator.discovery.port());
+    let ca = world.discovery_ca();
     // The static token where deploy/ puts it (the operator's namespace is the test's).
     world
         .cp
@@ -105,7 +106,10 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
         .await
         .unwrap();
     world.apply(&pool_yaml(&ns, 3, world.squid.port())).await;
-    let px = world.px().with_env("DISCOVERY_URL", &url);
+    let px = world
+        .px()
+        .with_env("DISCOVERY_URL", &url)
+        .with_env("DISCOVERY_CA_FILE", &ca);
     let status = status_until(&px, "3 Ready", |s| settled(s, 3)).await;
     let members = names(&status);
 
@@ -219,7 +223,10 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
     kubeconfig_with_token(world.cp, &token, &crawler_config);
     let crawler = Px {
         kubeconfig: crawler_config,
-        ..world.px().with_env("DISCOVERY_URL", &url)
+        ..world
+            .px()
+            .with_env("DISCOVERY_URL", &url)
+            .with_env("DISCOVERY_CA_FILE", &ca)
     };
     let sa_lease = crawler
         .run(&["lease", "--pool", "egress", "-o", "json"])
@@ -487,8 +494,14 @@ async fn recent_blocks_by_name(world: &World, px: &Px, metrics: &str) {
         .kubectl_run(&["-n", ns, "delete", "pod", "fake-leader"], None)
         .await
         .unwrap();
-    // With the metrics port's address: the hosts by name, as the leader counted them.
+    // With the metrics port's address: the hosts by name, as the leader counted them. The port
+    // answers only a token RBAC allows (the operator runs without --metrics-insecure here):
+    // `kubectl px` sends the kubeconfig user's.
     let url = format!("http://{metrics}");
+    let bare = reqwest::get(format!("{url}/status/blocks.json"))
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), reqwest::StatusCode::UNAUTHORIZED);
     let shown = px
         .until(&["status", "--metrics-url", &url], "recent blocks", |ran| {
             ran.stdout.contains("BLOCKS (LAST HOUR)")

@@ -381,6 +381,8 @@ fn operator_beside(
         plugins_dir: super::common::plugins_dir(),
         extra: Vec::new(),
         log: "operator.log",
+        discovery_tls: None,
+        metrics_insecure: true,
     })
 }
 

@@ -304,6 +304,8 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
         plugins_dir: super::common::plugins_dir(),
         extra: vec!["--discovery-auth-cache-ttl".into(), "2s".into()],
         log: "operator.log",
+        discovery_tls: None,
+        metrics_insecure: true,
     });
     operator.wait_leading().await;
     let manifest = |name: &str, pool: &str| {

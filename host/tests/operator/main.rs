@@ -19,6 +19,7 @@ mod leases;
 mod pools;
 mod reload;
 mod status_page;
+mod tls_metrics;
 mod upstream;
 mod world;
 

@@ -194,6 +194,7 @@ async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
             &format!("127.0.0.1:{}", free_port().unwrap()),
         ])
         .args(["--provider-check-interval", "1s"])
+        .args(["--discovery-plain-http", "--metrics-insecure"])
         .args(["--operator-id", &format!("plugin-new-{}", ns.name())])
         .env("KUBECONFIG", cp.kubeconfig())
         .env("POD_NAMESPACE", ns.name())

@@ -31,6 +31,22 @@ impl GatewayProcess {
         name: &str,
         flags: &[&str],
     ) -> Result<GatewayProcess> {
+        // The operators the harness starts serve plain HTTP on loopback; no cluster to review
+        // metrics tokens with.
+        let mut all = vec!["--discovery-plain-http", "--metrics-insecure"];
+        all.extend_from_slice(flags);
+        Self::spawn_url(binary, &format!("http://{leader}"), token, name, &all)
+    }
+
+    /// As [`Self::spawn`], for the discovery API at `url` (an https one with
+    /// `--discovery-ca-file` in `flags`); `flags` carry every transport and metrics flag.
+    pub fn spawn_url(
+        binary: &Path,
+        url: &str,
+        token: &str,
+        name: &str,
+        flags: &[&str],
+    ) -> Result<GatewayProcess> {
         let scratch = Scratch::new("gateway")?;
         let (http, socks, metrics): (SocketAddr, SocketAddr, SocketAddr) = (
             ([127, 0, 0, 1], free_port()?).into(),
@@ -39,7 +55,7 @@ impl GatewayProcess {
         );
         let mut cmd = std::process::Command::new(binary);
         cmd.arg("gateway")
-            .args(["--discovery-url", &format!("http://{leader}")])
+            .args(["--discovery-url", url])
             .args(["--replica", name])
             .args(["--http-addr", &http.to_string()])
             .args(["--socks-addr", &socks.to_string()])

@@ -234,6 +234,8 @@ impl Stack {
             .args(["--health-target", &site_for_guest.to_string()])
             .args(["--lease-cooldown", "30s"])
             .args(["--gc-min-age", "1m"])
+            // A local run on loopback: no certificate to make, metrics open (docs/development.md).
+            .args(["--discovery-plain-http", "--metrics-insecure"])
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
             .env("DISCOVERY_TOKEN", TOKEN)

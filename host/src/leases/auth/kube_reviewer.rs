@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
 
@@ -94,6 +94,23 @@ pub fn user_of(status: Option<TokenReviewStatus>, audiences: &[String]) -> Optio
 /// The SubjectAccessReview of `access` by `user`, with every attribute the TokenReview gave
 /// (groups, uid, extra), so an authorizer sees the caller as the API server would.
 pub fn access_spec(user: &User, access: &Access) -> SubjectAccessReviewSpec {
+    if let Some(path) = &access.path {
+        return SubjectAccessReviewSpec {
+            non_resource_attributes: Some(NonResourceAttributes {
+                path: Some(path.clone()),
+                verb: Some(access.verb.into()),
+            }),
+            // Exactly one of the two attributes, or the API server refuses the review.
+            resource_attributes: None,
+            ..access_spec(
+                user,
+                &Access {
+                    path: None,
+                    ..access.clone()
+                },
+            )
+        };
+    }
     SubjectAccessReviewSpec {
         user: Some(user.username.clone()),
         uid: (!user.uid.is_empty()).then(|| user.uid.clone()),

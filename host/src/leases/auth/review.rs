@@ -59,6 +59,8 @@ pub struct Access {
     pub subresource: Option<&'static str>,
     pub namespace: Option<String>,
     pub name: Option<String>,
+    /// A non-resource URL (`/metrics`): then the review asks about it, not about a resource.
+    pub path: Option<String>,
 }
 
 impl Access {
@@ -79,6 +81,7 @@ impl Access {
             subresource: Some("lease"),
             namespace,
             name,
+            path: None,
         }
     }
 
@@ -91,11 +94,32 @@ impl Access {
             subresource: None,
             namespace: None,
             name: None,
+            path: None,
+        }
+    }
+
+    /// `get` on the non-resource URL `path` (`/metrics`, `/status`), as kubebuilder's metrics
+    /// authorization asks: a ClusterRole's `nonResourceURLs` grants it.
+    pub fn non_resource_get(path: &str) -> Access {
+        Access {
+            verb: "get",
+            group: "",
+            resource: "",
+            subresource: None,
+            namespace: None,
+            name: None,
+            path: Some(path.to_string()),
         }
     }
 
     /// As `kubectl auth can-i` spells it, for error details.
     pub(super) fn describe(&self) -> String {
+        if let Some(path) = &self.path {
+            return format!(
+                "{} on the non-resource URL {path} (a ClusterRole with nonResourceURLs, bound by a ClusterRoleBinding)",
+                self.verb
+            );
+        }
         let resource = match self.subresource {
             Some(sub) => format!("{}/{sub}", self.resource),
             None => self.resource.to_string(),
