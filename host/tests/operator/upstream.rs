@@ -431,15 +431,26 @@ async fn rotation_is_taken_at_the_next_look(
     })
     .await
     .unwrap();
+    // The event is published after the status write that showed the fingerprint: awaited.
     let events: Api<Event> = world.ns.api();
-    let rotated = events
-        .list(&ListParams::default().fields("involvedObject.name=shared-1"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .any(|e| e.reason.as_deref() == Some("CredentialsRotated"));
-    assert!(rotated, "a CredentialsRotated event on shared-1");
+    wait_for(
+        "a CredentialsRotated event on shared-1",
+        Duration::from_secs(30),
+        || async {
+            let reasons: Vec<_> = events
+                .list(&ListParams::default().fields("involvedObject.name=shared-1"))
+                .await
+                .map(|l| l.items.into_iter().filter_map(|e| e.reason).collect())
+                .unwrap_or_default();
+            if reasons.iter().any(|r| r == "CredentialsRotated") {
+                Check::Ready(())
+            } else {
+                Check::NotYet(format!("events: {reasons:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
     wait_condition(&proxies, "shared-1", "Ready", "True", "Healthy").await;
     let url = leased_url(operator, &format!("{ns}/shared-1")).await;
     assert!(url.contains(&format!("{USERNAME}:{ROTATED}@")), "{url}");
