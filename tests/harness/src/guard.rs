@@ -8,6 +8,7 @@
 //! this process, are checked with `-C` after they are added (a guard that cannot be installed is
 //! an error, never a skip), and are removed on drop and at exit.
 
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -85,6 +86,7 @@ impl EgressGuard {
     pub fn install_for(user: &str) -> Result<EgressGuard> {
         debian_binary("/usr/sbin/iptables", "iptables");
         debian_binary("/usr/sbin/ip6tables", "iptables");
+        remove_stale_rules();
         crate::squid::user_ids(user).with_context(|| format!("look up user {user}"))?;
         // Unique per guard, so one guard's removal never takes another's rules.
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -132,6 +134,37 @@ impl EgressGuard {
     }
 }
 
+/// Removes the guard rules of harness processes that are gone (killed before their exit hook
+/// ran): left in place they refuse the QEMU user's traffic for every later run, and the smoke
+/// test that checks the machine without a guard fails. Rules of live processes stay.
+pub fn remove_stale_rules() {
+    for tool in ["iptables", "ip6tables"] {
+        let Ok(out) = Command::new(tool).args(["-w", "-S", "OUTPUT"]).output() else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(pid) = stale_rule_owner(line) else {
+                continue;
+            };
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let rule: Vec<String> = line.split_whitespace().skip(1).map(String::from).collect();
+            if iptables(tool, "-D", &rule).is_ok() {
+                eprintln!("[guard] removed a rule left by process {pid}, which is gone: {line}");
+            }
+        }
+    }
+}
+
+/// The pid in a harness guard rule's comment (`proxy-operator-harness-<pid>-<n>`), for a rule
+/// of `iptables -S` (`-A OUTPUT …`).
+fn stale_rule_owner(line: &str) -> Option<u32> {
+    let rest = line.strip_prefix("-A OUTPUT ")?;
+    let comment = rest.split("--comment proxy-operator-harness-").nth(1)?;
+    comment.split('-').next()?.parse().ok()
+}
+
 fn remove(rules: &[(String, Vec<String>)]) {
     for (tool, rule) in rules {
         // A rule may be there more than once only if -D ran short; remove every copy.
@@ -163,5 +196,18 @@ mod tests {
         );
         assert!(rules[1].0.ends_with("ip6tables"));
         assert!(rules[1].1.join(" ").contains("! -d ::1/128"));
+    }
+
+    #[test]
+    fn the_owner_of_a_guard_rule_is_read_from_its_comment() {
+        let ours = "-A OUTPUT ! -d 127.0.0.0/8 -m owner --uid-owner 64055 -m comment --comment proxy-operator-harness-6862-0 -j REJECT --reject-with icmp-port-unreachable";
+        assert_eq!(stale_rule_owner(ours), Some(6862));
+        for other in [
+            "-P OUTPUT ACCEPT",
+            "-A OUTPUT -m comment --comment someone-else-12-0 -j ACCEPT",
+            "-A INPUT -m comment --comment proxy-operator-harness-1-0 -j REJECT",
+        ] {
+            assert_eq!(stale_rule_owner(other), None, "{other}");
+        }
     }
 }
