@@ -101,8 +101,9 @@ async fn curl(cluster: &Cluster, args: &[&str]) -> (u16, String) {
 /// The discovery Service's name in its certificate (the node has no cluster DNS: curl is told
 /// the address, `--resolve`).
 const DISCOVERY_HOST: &str = "proxy-operator-discovery.proxy-operator.svc";
-/// The CA file the test made the discovery API's certificate with (`install_discovery_tls`).
-static DISCOVERY_CA: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+/// The CA file the current install's discovery API certificate was made with
+/// (`create_discovery_tls`): each install (kustomize, Helm) makes its own, one at a time.
+static DISCOVERY_CA: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
 /// The discovery API at `ip` (its Service's or a Pod's) over TLS, trusting the test's CA, with
 /// the token.
@@ -110,7 +111,9 @@ async fn discovery(cluster: &Cluster, ip: &str, method: &str, path: &str) -> (u1
     let url = format!("https://{DISCOVERY_HOST}:8090{path}");
     let resolve = format!("{DISCOVERY_HOST}:8090:{ip}");
     let ca = DISCOVERY_CA
-        .get()
+        .lock()
+        .unwrap()
+        .clone()
         .expect("the discovery API's TLS Secret made first");
     let auth = format!("Authorization: Bearer {TOKEN}");
     let (status, body) = curl(
@@ -322,14 +325,19 @@ async fn deployment_rolled_out(cluster: &Cluster, deployment: &str, timeout: &st
     .await;
 }
 
-/// A Secret in the operator's namespace with one key, `token`.
 /// The discovery API's TLS Secret as cert-manager would write it (deploy/samples/
 /// discovery-certificate.yaml), from a CA of the test's own, for the Service's name and its
 /// address (the gateway's Pods reach it by address: no cluster DNS on the node).
 async fn install_discovery_tls(cluster: &Cluster, dir: &Path) {
     let service_ip = cluster_ip(cluster, "proxy-operator", "proxy-operator-discovery").await;
+    create_discovery_tls(cluster, dir, &[DISCOVERY_HOST, &service_ip]).await;
+}
+
+/// That Secret for `names`, in the namespace proxy-operator (which must exist), and its CA the
+/// one `discovery` trusts from then on.
+async fn create_discovery_tls(cluster: &Cluster, dir: &Path, names: &[&str]) {
     let ca = test_ca::TestCa::new("e2e discovery CA");
-    let files = ca.write(dir, &[DISCOVERY_HOST, &service_ip]);
+    let files = ca.write(dir, names);
     let from = |key: &str, path: &Path| format!("--from-file={key}={}", path.display());
     kubectl(
         cluster,
@@ -347,9 +355,10 @@ async fn install_discovery_tls(cluster: &Cluster, dir: &Path) {
         ],
     )
     .await;
-    DISCOVERY_CA.set(files.ca).expect("one TLS Secret");
+    *DISCOVERY_CA.lock().unwrap() = Some(files.ca);
 }
 
+/// A Secret in the operator's namespace with one key, `token`.
 async fn create_token_secret(cluster: &Cluster, name: &str, token: &str) {
     kubectl(
         cluster,

@@ -51,7 +51,7 @@ pub(super) async fn through_the_gateway(
         .unwrap()
         .items;
     // Their /metrics answer a token RBAC allows (deploy/metrics-rbac.yaml), as Prometheus's.
-    let token = metrics_reader_token(cluster).await;
+    let token = metrics_reader_token(cluster, "e2e-scraper").await;
     let auth = format!("Authorization: Bearer {token}");
     let mut carried = 0;
     for ip in replicas.into_iter().filter_map(|p| p.status?.pod_ip) {
@@ -88,15 +88,13 @@ pub(super) async fn through_the_gateway(
     }
 }
 
-/// A token of a ServiceAccount bound to proxy-operator-metrics-reader, for the API server's
-/// own audience (what Prometheus's ServiceMonitor sends).
-async fn metrics_reader_token(cluster: &Cluster) -> String {
+/// A token of a ServiceAccount `name` (in proxy-operator) bound to
+/// proxy-operator-metrics-reader by a ClusterRoleBinding `name`, for the API server's own
+/// audience (what Prometheus's ServiceMonitor sends).
+pub(super) async fn metrics_reader_token(cluster: &Cluster, name: &str) -> String {
     let ns = ["-n", "proxy-operator"];
     cluster
-        .kubectl_run(
-            &[ns[0], ns[1], "create", "serviceaccount", "e2e-scraper"],
-            None,
-        )
+        .kubectl_run(&[ns[0], ns[1], "create", "serviceaccount", name], None)
         .await
         .unwrap();
     cluster
@@ -104,16 +102,16 @@ async fn metrics_reader_token(cluster: &Cluster) -> String {
             &[
                 "create",
                 "clusterrolebinding",
-                "e2e-scraper",
+                name,
                 "--clusterrole=proxy-operator-metrics-reader",
-                "--serviceaccount=proxy-operator:e2e-scraper",
+                &format!("--serviceaccount=proxy-operator:{name}"),
             ],
             None,
         )
         .await
         .unwrap();
     let token = cluster
-        .kubectl_run(&[ns[0], ns[1], "create", "token", "e2e-scraper"], None)
+        .kubectl_run(&[ns[0], ns[1], "create", "token", name], None)
         .await
         .unwrap();
     token.trim().to_string()

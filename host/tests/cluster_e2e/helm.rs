@@ -1,7 +1,9 @@
 //! The chart (deploy/helm/proxy-operator) installed the way the README says, in the same real
-//! single-node cluster, one install at a time with the kustomize test: `helm install` → both
-//! replicas Ready → a kubernetes-provider Proxy `Ready`, leased through the discovery Service, a
-//! page fetched through it → `helm upgrade` with another providers entry (its ProviderHealth
+//! single-node cluster, one install at a time with the kustomize test: the discovery API's TLS
+//! Secret as cert-manager would write it, `helm install` → both replicas Ready, their /metrics
+//! refused without a token and served to one bound to the chart's metrics-reader ClusterRole →
+//! a kubernetes-provider Proxy `Ready`, leased through the discovery Service over https (trusting
+//! the Secret's CA), a page fetched through it → `helm upgrade` with another providers entry (its ProviderHealth
 //! appears: the operator reloads the config) and one replica (the Deployment follows) → leased
 //! and fetched again → `helm uninstall` removes the release's objects and keeps the CRDs
 //! (`crds.keep`). The helm is the fixture built from its Go module (tests/fixtures/helm).
@@ -14,9 +16,13 @@ use harness::stack::Phases;
 use serde_json::{Value, json};
 
 use super::{
-    OPERATOR_IMAGE, TOKEN, create_token_secret, curl, discovery, kubectl, kubectl_stdin,
-    operator_image_archive, operator_pods, repo, start_web_server, until,
+    DISCOVERY_HOST, OPERATOR_IMAGE, TOKEN, create_discovery_tls, create_token_secret, curl,
+    discovery, kubectl, kubectl_stdin, operator_image_archive, operator_pods, repo,
+    start_web_server, until,
 };
+
+/// The ServiceAccount and ClusterRoleBinding of the test's metrics reader.
+const SCRAPER: &str = "helm-scraper";
 
 const CRAWLERS: &str = "helm-crawlers";
 const PROXY: &str = "helm-egress-1";
@@ -112,6 +118,54 @@ async fn lease_and_fetch(cluster: &Cluster, web_ip: &str) {
     assert_eq!(status, 204, "releasing the lease: {body}");
 }
 
+/// Each operator replica's /metrics: 401 without a token, 200 with one RBAC lets read it (the
+/// chart's ClusterRole proxy-operator-metrics-reader, as Prometheus's binding would).
+async fn metrics_need_a_reader_token(cluster: &Cluster) {
+    let token = super::gateway::metrics_reader_token(cluster, SCRAPER).await;
+    let auth = format!("Authorization: Bearer {token}");
+    for ip in operator_pods(cluster)
+        .await
+        .into_iter()
+        .filter_map(|p| p.status?.pod_ip)
+    {
+        let url = format!("http://{ip}:9090/metrics");
+        let (status, _) = curl(cluster, &[&url]).await;
+        assert_eq!(status, 401, "{url} without a token");
+        let (status, metrics) = curl(cluster, &["-H", &auth, &url]).await;
+        assert_eq!(status, 200, "{url} with the metrics reader's token");
+        assert!(
+            metrics.contains("# TYPE"),
+            "{url}: Prometheus text, got {metrics:.200}"
+        );
+    }
+}
+
+/// `kubectl wait` for the Proxy; when it times out, what a user would look at next (the Proxy,
+/// the Pods and the recent events) goes into the failure.
+async fn proxy_ready(cluster: &Cluster, wait_ready: &[&str]) {
+    let Err(e) = cluster.kubectl_run(wait_ready, None).await else {
+        return;
+    };
+    let mut seen = String::new();
+    for args in [
+        &["-n", CRAWLERS, "get", "proxy", PROXY, "-o", "yaml"][..],
+        &["get", "pods", "-A", "-o", "wide"],
+        &["get", "events", "-A", "--sort-by=.lastTimestamp"],
+        &[
+            "-n",
+            "proxy-operator",
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=proxy-operator",
+            "--tail=40",
+        ],
+    ] {
+        let out = cluster.kubectl_run(args, None).await;
+        seen.push_str(&format!("\n$ kubectl {}\n{out:#?}\n", args.join(" ")));
+    }
+    panic!("kubectl {}: {e:#}{seen}", wait_ready.join(" "));
+}
+
 /// Whether `kubectl get ARGS` finds the object (`--ignore-not-found` prints nothing otherwise).
 async fn exists(cluster: &Cluster, args: &[&str]) -> bool {
     let all = [&["get", "--ignore-not-found", "-o", "name"][..], args].concat();
@@ -149,6 +203,9 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
     )
     .await;
     create_token_secret(cluster, "proxy-operator-discovery", TOKEN).await;
+    // The discovery API's certificate (cert-manager's part in a real cluster: README applies
+    // deploy/samples/discovery-certificate.yaml before helm install), for the Service's name.
+    create_discovery_tls(cluster, home.path(), &[DISCOVERY_HOST]).await;
     let first = values_file(
         home.path(),
         "values.yaml",
@@ -177,6 +234,8 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         "helm install: 2 replicas Ready in {:.1} s",
         installed.elapsed().as_secs_f64()
     ));
+    metrics_need_a_reader_token(cluster).await;
+    phases.done("their /metrics: 401 without a token, 200 with a metrics reader's");
 
     // A Proxy served by the installed operator.
     let proxy = format!(
@@ -195,9 +254,11 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         &proxy_ref,
         "--timeout=180s",
     ];
-    kubectl(cluster, &wait_ready).await;
+    proxy_ready(cluster, &wait_ready).await;
     lease_and_fetch(cluster, &web_ip).await;
-    phases.done("a Proxy Ready, leased through the discovery Service, a page fetched through it");
+    phases.done(
+        "a Proxy Ready, leased through the discovery Service over https, a page fetched through it",
+    );
 
     // helm upgrade: another provider instance (the operator reloads its config: a
     // ProviderHealth for it) and one replica.
@@ -240,7 +301,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         (operator_pods(cluster).await.len() == 1).then_some(())
     })
     .await;
-    kubectl(cluster, &wait_ready).await;
+    proxy_ready(cluster, &wait_ready).await;
     phases.done("one operator replica, the Proxy Ready");
     lease_and_fetch(cluster, &web_ip).await;
     phases.done(&format!(
@@ -281,6 +342,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         &["-n", "proxy-operator", "deployment/proxy-operator"][..],
         &["-n", "proxy-operator", "configmap/providers-config"],
         &["clusterrole/proxy-operator"],
+        &["clusterrole/proxy-operator-metrics-reader"],
         &["flowschema/proxy-operator-leader-election"],
         &["namespace/proxies"],
     ] {
@@ -299,6 +361,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
     ));
 
     // Leave the cluster as found, for the kustomize install.
+    kubectl(cluster, &["delete", "clusterrolebinding", SCRAPER]).await;
     kubectl(
         cluster,
         &[

@@ -344,6 +344,10 @@ fn the_values_schema_refuses_unknown_keys_and_wrong_types_naming_the_field() {
             &["'/gateway/enabled'"][..],
         ),
         (
+            "gateway: {discoveryUrl: \"http://proxy-operator-discovery:8090\"}\n",
+            &["'/gateway/discoveryUrl'", "does not match pattern"][..],
+        ),
+        (
             "image: {digest: latest}\n",
             &["'/image/digest'", "does not match pattern"][..],
         ),
