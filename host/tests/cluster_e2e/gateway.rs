@@ -54,7 +54,15 @@ pub(super) async fn through_the_gateway(
     let token = metrics_reader_token(cluster, "e2e-scraper").await;
     let auth = format!("Authorization: Bearer {token}");
     let mut carried = 0;
-    for ip in replicas.into_iter().filter_map(|p| p.status?.pod_ip) {
+    // Replicas of an earlier rollout may still be listed while they terminate.
+    let serving = replicas.into_iter().filter(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    });
+    for ip in serving.filter_map(|p| p.status?.pod_ip) {
         let url = format!("http://{ip}:9090/metrics");
         let (status, _) = curl(cluster, &[&url]).await;
         assert_eq!(status, 401, "{url} without a token");

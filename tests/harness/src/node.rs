@@ -14,7 +14,7 @@
 //! * the host reaches the apiserver through a relay thread from a free 127.0.0.1 port that
 //!   connects from inside the namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -114,6 +114,8 @@ pub struct Cluster {
     config: Config,
     bin_dir: PathBuf,
     containerd_socket: PathBuf,
+    /// (archive, reference) pairs imported so far, behind the lock every import takes.
+    imported: tokio::sync::Mutex<HashSet<(PathBuf, String)>>,
     images: Images,
     started_in: Duration,
     phases: Vec<(&'static str, Duration)>,
@@ -584,6 +586,7 @@ impl Cluster {
             config,
             bin_dir,
             containerd_socket: socket,
+            imported: tokio::sync::Mutex::default(),
             images,
             started_in,
             phases,
@@ -680,13 +683,33 @@ impl Cluster {
     /// `buildah push oci-archive:`) into the node's containerd as `reference` (e.g.
     /// `local/proxy-operator:dev`); Pods use it with `imagePullPolicy: Never`.
     pub async fn import_image(&self, oci_archive: &Path, reference: &str) -> Result<()> {
+        // One import at a time, and an archive already imported under this name not again: two
+        // tests importing the same image at once into one containerd failed with "content
+        // digest … not found" (the second import's blobs "already exist", so its lease does not
+        // hold them, and the first import's lease ending lets the garbage collector take them).
+        let mut imported = self.imported.lock().await;
+        let key = (oci_archive.to_owned(), reference.to_owned());
+        if imported.contains(&key) {
+            return Ok(());
+        }
+        // Imported under the name its index annotates, then tagged: ctr 1.6's `--index-name`
+        // failed every time on some archives ("content digest <the index.json's> not found":
+        // the index is not among the archive's blobs).
         let name = normalize_reference(reference);
-        import(
-            &self.containerd_socket,
-            oci_archive,
-            &format!("--index-name={name}"),
-        )
-        .await
+        import(&self.containerd_socket, oci_archive).await?;
+        let annotated = normalize_reference(&annotated_name(oci_archive).await?);
+        if annotated != name {
+            run_output(
+                tokio::process::Command::new("ctr")
+                    .arg(format!("--address={}", self.containerd_socket.display()))
+                    .args(["--namespace=k8s.io", "images", "tag", "--force"])
+                    .args([&annotated, &name]),
+            )
+            .await
+            .with_context(|| format!("tag {annotated} as {name}"))?;
+        }
+        imported.insert(key);
+        Ok(())
     }
 
     /// `program` run inside the cluster's network namespace (`nsenter --net`), e.g. `curl` to
@@ -788,25 +811,43 @@ fn normalize_reference(reference: &str) -> String {
     out
 }
 
-/// `ctr images import` of an OCI archive, unpacked for the CRI; `naming` is
-/// `--index-name=REF` (the archive's index gets that name, whatever its annotations say) or
-/// `--base-name=REPO` (each annotated tag T becomes REPO:T).
-///
-/// Tried up to three times: under load (suites side by side) `ctr` was seen once to fail
-/// unpacking an archive it had just written (`content digest … not found`) that imported at the
-/// next try; any other failure repeats and is returned.
-async fn import(socket: &Path, archive: &Path, naming: &str) -> Result<()> {
+/// The `org.opencontainers.image.ref.name` of an OCI archive's (first) image: the name a plain
+/// `ctr images import` gives it.
+async fn annotated_name(archive: &Path) -> Result<String> {
+    let index = run_output(
+        tokio::process::Command::new("tar")
+            .arg("-xOf")
+            .arg(archive)
+            .arg("index.json"),
+    )
+    .await?;
+    let index: serde_json::Value = serde_json::from_str(&index)
+        .with_context(|| format!("index.json of {}", archive.display()))?;
+    index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| {
+            format!(
+                "{} names no image (org.opencontainers.image.ref.name)",
+                archive.display()
+            )
+        })
+}
+
+/// `ctr images import` of an OCI archive, unpacked for the CRI, named as its index annotates.
+/// Tried up to three times (a failure that repeats is returned).
+async fn import(socket: &Path, archive: &Path) -> Result<()> {
     const ATTEMPTS: usize = 3;
     let mut attempt = 1;
     loop {
         let result = run_output(
             tokio::process::Command::new("ctr")
                 .arg(format!("--address={}", socket.display()))
-                .args(["--namespace=k8s.io", "images", "import", naming])
+                .args(["--namespace=k8s.io", "images", "import"])
                 .arg(archive),
         )
         .await
-        .with_context(|| format!("import {} ({naming})", archive.display()));
+        .with_context(|| format!("import {}", archive.display()));
         match result {
             Ok(_) => return Ok(()),
             Err(e) if attempt < ATTEMPTS => {
