@@ -797,15 +797,7 @@ async fn plugin_test_passes_the_aws_provider_against_moto() {
             "type: aws\nconfig: {{region: eu-west-1, amis: {{eu-west-1: ami-12c6146b}}, endpoint: \"{url}\"}}\ngrants:\n  http:\n    allow: [\"{url}\"]\n    credentials:\n    - url: \"{url}\"\n      valueFrom: {{awsCredentials: {{region: eu-west-1, accessKeyIdFrom: {{file: {id}}}, secretAccessKeyFrom: {{file: {secret}}}}}}}\n"
         ),
     );
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-            .args(["plugin", "test", &plugin, "--config", &entry])
-            .env("LOG_LEVEL", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = plugin_test(plugin, entry, None).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -824,17 +816,7 @@ async fn plugin_test_passes_against(
     plugin: String,
     entry: String,
 ) -> String {
-    let kubeconfig = cp.kubeconfig().to_path_buf();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-            .args(["plugin", "test", &plugin, "--config", &entry])
-            .env("KUBECONFIG", kubeconfig)
-            .env("LOG_LEVEL", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = plugin_test(plugin, entry, Some(cp.kubeconfig().to_path_buf())).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -842,4 +824,24 @@ async fn plugin_test_passes_against(
         String::from_utf8_lossy(&output.stderr)
     );
     stdout.into_owned()
+}
+
+/// `proxy-operator plugin test PLUGIN --config ENTRY`, with `$KUBECONFIG` set when given.
+async fn plugin_test(
+    plugin: String,
+    entry: String,
+    kubeconfig: Option<std::path::PathBuf>,
+) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
+        command
+            .args(["plugin", "test", &plugin, "--config", &entry])
+            .env("LOG_LEVEL", "warn");
+        if let Some(kubeconfig) = kubeconfig {
+            command.env("KUBECONFIG", kubeconfig);
+        }
+        command.output().unwrap()
+    })
+    .await
+    .unwrap()
 }

@@ -171,6 +171,19 @@ async fn a_log_flood_is_rate_limited_per_provider_instance() {
 type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
 
 /// A loopback HTTP server that records every request it gets.
+/// The plugin's create is refused as `Denied` saying `says`, and nothing reached the server.
+async fn refused_before_sending(provider: &ProviderInstance, seen: &Seen, says: &str) {
+    let ProviderError::Denied(message) = provider_error(provider.create(spec()).await) else {
+        panic!()
+    };
+    assert!(message.contains(says), "{message}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a request reached the server: {:?}",
+        seen.lock().unwrap()
+    );
+}
+
 async fn recording_server() -> (String, Seen) {
     let seen: Seen = Arc::default();
     let record = seen.clone();
@@ -239,15 +252,7 @@ async fn requests_the_host_alone_may_shape_are_refused(
         http_grant(&base, token.path()),
     )
     .await;
-    let ProviderError::Denied(message) = provider_error(provider.create(spec()).await) else {
-        panic!()
-    };
-    assert!(message.contains(says), "{message}");
-    assert!(
-        seen.lock().unwrap().is_empty(),
-        "a request reached the server: {:?}",
-        seen.lock().unwrap()
-    );
+    refused_before_sending(&provider, &seen, says).await;
 }
 
 /// The same request without the forbidden part goes through, with the injected credential: the
@@ -321,15 +326,7 @@ async fn a_plugin_cannot_shape_the_sigv4_signature(
         aws_grant(&base, dir.path()),
     )
     .await;
-    let ProviderError::Denied(message) = provider_error(provider.create(spec()).await) else {
-        panic!()
-    };
-    assert!(message.contains(says), "{message}");
-    assert!(
-        seen.lock().unwrap().is_empty(),
-        "a request reached the server: {:?}",
-        seen.lock().unwrap()
-    );
+    refused_before_sending(&provider, &seen, says).await;
 }
 
 /// Without the forbidden part the request goes out signed; `X-Amz-Target` (the operation of
