@@ -130,6 +130,7 @@ impl HealthEngine {
         leases: Arc<LeaseStore>,
         options: HealthOptions,
         metrics: ProbeMetrics,
+        credentials: CredentialsBook,
     ) -> Self {
         HealthEngine {
             options,
@@ -139,14 +140,8 @@ impl HealthEngine {
             client,
             verdicts: HashMap::new(),
             phase_labels: HashSet::new(),
-            credentials: CredentialsBook::default(),
+            credentials,
         }
-    }
-
-    /// The proxies' credentials, as the controller keeps them: probes and leases use them.
-    pub fn with_credentials(mut self, credentials: CredentialsBook) -> Self {
-        self.credentials = credentials;
-        self
     }
 
     /// The credentials a proxy's squid requires, when it has any and they are known: the

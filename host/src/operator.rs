@@ -2,6 +2,8 @@
 //! anything wrong before serving), [`Operator::run`] runs them until SIGTERM or Ctrl-C and stops
 //! them through one cancellation token.
 
+pub mod args;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,14 +13,14 @@ use kube::CustomResourceExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use self::args::{RunArgs, Transport};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyPool};
 use crate::capabilities::kube::OperatorObjects;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use crate::cli::args::RunArgs;
-use crate::cli::args::Transport;
 use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
+use crate::credentials::CredentialsBook;
 use crate::fleet::Fleet;
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
@@ -92,10 +94,15 @@ impl Operator {
         check_crd_installed(&client).await?;
         let leases = Arc::new(LeaseStore::new(lease_options, metrics.leases.clone(), None));
         let ctx = Arc::new(
-            Context::new(client.clone(), providers, &args.operator_id)
-                .with_abandoned(AbandonedRecord::new(&namespace, &args.operator_id))
-                .with_metrics(metrics.reconcile.clone())
-                .with_health_probing(args.health.probing()),
+            Context::new(
+                client.clone(),
+                providers,
+                &args.operator_id,
+                CredentialsBook::default(),
+            )
+            .with_abandoned(AbandonedRecord::new(&namespace, &args.operator_id))
+            .with_metrics(metrics.reconcile.clone())
+            .with_health_probing(args.health.probing()),
         );
         Ok(Operator {
             args,
@@ -342,8 +349,8 @@ impl Operator {
                     leases.clone(),
                     health_options.clone(),
                     metrics.probes.clone(),
+                    ctx.credentials.clone(),
                 )
-                .with_credentials(ctx.credentials.clone())
                 .run(namespace.clone(), leases.suspects()),
             ),
             spawn_until(

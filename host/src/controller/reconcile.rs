@@ -15,6 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
+use super::ReconcileMetrics;
 use super::conditions;
 use super::credentials;
 use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
@@ -24,7 +25,6 @@ use crate::api::{Proxy, ProxyStatus};
 use crate::credentials::CredentialsBook;
 use crate::digest::sha256_hex;
 use crate::events;
-use crate::metrics::ReconcileMetrics;
 use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
 use crate::plugins::{CallError, Deletion};
 use crate::providers::{ProviderSet, Providers};
@@ -50,20 +50,26 @@ pub struct Context {
     pub abandoned: Option<AbandonedRecord>,
     /// The credentials each proxy requires, for the health engine and the lease API.
     pub credentials: CredentialsBook,
-    /// The credentials Secrets, as a watch keeps them: read without a request per reconcile.
-    secrets: Store<Secret>,
-    secrets_writer: std::sync::Mutex<Option<Writer<Secret>>>,
+    /// The credentials Secrets, as the running controller's watch keeps them: read without a
+    /// request per reconcile. Each run starts its own watch into a new store (a leader that
+    /// loses and regains leadership runs the controller again).
+    secrets: std::sync::RwLock<Store<Secret>>,
     /// Each Proxy's backoff after failed requests to the API server.
     backoffs: Backoffs,
 }
 
 impl Context {
-    pub fn new(client: Client, providers: impl Into<ProviderSet>, operator_id: &str) -> Self {
+    /// `credentials` is the book the health engine and the lease API read the proxies' logins
+    /// from: the one shared with them, never a fresh one.
+    pub fn new(
+        client: Client,
+        providers: impl Into<ProviderSet>,
+        operator_id: &str,
+        credentials: CredentialsBook,
+    ) -> Self {
         let recorder = events::recorder(client.clone());
-        let (secrets, secrets_writer) = reflector::store();
         Context {
-            secrets,
-            secrets_writer: std::sync::Mutex::new(Some(secrets_writer)),
+            secrets: std::sync::RwLock::new(reflector::store().0),
             client,
             providers: providers.into(),
             recorder,
@@ -71,15 +77,9 @@ impl Context {
             metrics: None,
             health_probing: true,
             abandoned: None,
-            credentials: CredentialsBook::default(),
+            credentials,
             backoffs: Backoffs::default(),
         }
-    }
-
-    /// Shares the proxies' credentials with the health engine and the lease API.
-    pub fn with_credentials(mut self, credentials: CredentialsBook) -> Self {
-        self.credentials = credentials;
-        self
     }
 
     /// Whether health probes run (`false` for `--health-interval 0s`).
@@ -92,6 +92,11 @@ impl Context {
     pub fn with_abandoned(mut self, record: AbandonedRecord) -> Self {
         self.abandoned = Some(record);
         self
+    }
+
+    /// The credentials Secrets as the running controller's watch keeps them.
+    fn cached_secrets(&self) -> Store<Secret> {
+        self.secrets.read().expect("not poisoned").clone()
     }
 
     /// Counts and times every reconcile.
@@ -147,11 +152,9 @@ fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     // A plugin loaded or a providers config changed: every Proxy waiting for it goes on
     // at once.
     .reconcile_all_on(ctx.providers.swaps());
-    let writer = ctx.secrets_writer.lock().expect("not poisoned").take();
-    match writer {
-        Some(writer) => controller.reconcile_on(changed_credentials(ctx, namespace, writer)),
-        None => controller,
-    }
+    let (secrets, writer) = reflector::store();
+    *ctx.secrets.write().expect("not poisoned") = secrets;
+    controller.reconcile_on(changed_credentials(ctx, namespace, writer))
 }
 
 /// A changed credentials Secret is rotated at once: the Secrets the operator made (by their
@@ -454,7 +457,9 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
         (Step::Create { name, zone, status }, Some(provider)) => {
             let mut status = status;
             let mut spec = spec_for(proxy, ctx, &name, zone);
-            match credentials::login_for(&ctx.client, &ctx.secrets, provider, proxy).await? {
+            match credentials::login_for(&ctx.client, &ctx.cached_secrets(), provider, proxy)
+                .await?
+            {
                 Ok(None) => {}
                 Ok(Some(login)) => {
                     // An upstream's login is the host's alone: its plugin gets not even a hash.
@@ -508,7 +513,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             Ok(instance) => {
                 let mut effects = decide::observed(proxy, status, &instance, ctx.health_probing);
                 let (client, book) = (&ctx.client, &ctx.credentials);
-                let cached = &ctx.secrets;
+                let cached = &ctx.cached_secrets();
                 credentials::keep_current(client, cached, book, provider, proxy, &mut effects)
                     .await?;
                 effects

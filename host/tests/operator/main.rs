@@ -120,9 +120,8 @@ impl Operator {
         // As `proxy-operator run` does, with the test namespace as the operator's.
         let credentials = proxy_operator::credentials::CredentialsBook::default();
         let ctx = Arc::new(
-            Context::new(client, providers, "test-operator")
-                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator"))
-                .with_credentials(credentials.clone()),
+            Context::new(client, providers, "test-operator", credentials.clone())
+                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator")),
         );
         let namespace = ns.name().to_string();
         Operator {
@@ -435,8 +434,10 @@ async fn with_probing_off_ready_says_so() {
     let store = InstanceStore::start().await;
     let providers =
         providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
-    let ctx =
-        Arc::new(Context::new(ns.client(), providers, "test-operator").with_health_probing(false));
+    let ctx = Arc::new(
+        Context::new(ns.client(), providers, "test-operator", Default::default())
+            .with_health_probing(false),
+    );
     let namespace = ns.name().to_string();
     let _operator = Operator {
         task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
@@ -815,7 +816,12 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
         let flag = ready.clone();
         let task = tokio::spawn(async move {
             let providers = providers_for(&providers_text).await;
-            let ctx = Arc::new(Context::new(client.clone(), providers, "test-operator"));
+            let ctx = Arc::new(Context::new(
+                client.clone(),
+                providers,
+                "test-operator",
+                Default::default(),
+            ));
             let election = LeaderElection {
                 namespace: namespace.clone(),
                 lease_name: "proxy-operator-leader".into(),

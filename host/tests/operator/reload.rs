@@ -444,6 +444,7 @@ async fn a_proxy_waits_while_its_plugin_is_missing_and_is_made_when_it_arrives()
         ns.client(),
         setup.registry.providers(),
         "test-operator",
+        Default::default(),
     ));
     let namespace = ns.name().to_string();
     let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
