@@ -462,6 +462,92 @@ async fn with_probing_off_ready_says_so() {
     );
 }
 
+/// A leader that loses and regains leadership runs the controller again on the same context:
+/// the second run watches the credentials Secrets too, so a rotated password still reaches the
+/// proxy (the first run's watch once took the only writer, and a second run had none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_run_again_after_a_stop_still_rotates_credentials() {
+    use k8s_openapi::api::core::v1::Secret;
+    use sha_crypt::{PasswordVerifier, ShaCrypt};
+    use tokio_util::sync::CancellationToken;
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-rerun").await.unwrap();
+    let store = InstanceStore::start().await;
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let ctx = Arc::new(Context::new(
+        ns.client(),
+        providers,
+        "test-operator",
+        Default::default(),
+    ));
+    let run = |stop: &CancellationToken| {
+        let (ctx, namespace, stop) = (ctx.clone(), ns.name().to_string(), stop.clone());
+        tokio::spawn(async move {
+            controller::run_until(ctx, Some(&namespace), stop.cancelled_owned()).await
+        })
+    };
+    // The password hash the provider was last given for the Proxy `uid`.
+    let given_hash = |uid: &str| {
+        let instances = store.state.instances.lock().unwrap();
+        instances
+            .values()
+            .find(|i| i["owner"]["uid"] == uid)
+            .and_then(|i| {
+                i["credentials"]["passwordHash"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+    };
+
+    let first_stop = CancellationToken::new();
+    let first = run(&first_stop);
+    let api: Api<Proxy> = ns.api();
+    let uid = apply_ready(cp, &ns, &api, "rerun")
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    first_stop.cancel();
+    first.await.unwrap();
+
+    let second_stop = CancellationToken::new();
+    let _second = run(&second_stop);
+    let _stop_second_at_the_end = second_stop.drop_guard();
+    let rotated = "r0tated-after-a-second-run";
+    let secrets: Api<Secret> = ns.api();
+    secrets
+        .patch(
+            "rerun-proxy-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"stringData": {"password": rotated}})),
+        )
+        .await
+        .unwrap();
+    harness::process::wait_for(
+        "the rotated password given to the provider",
+        Duration::from_secs(60),
+        || async {
+            match given_hash(&uid) {
+                Some(hash)
+                    if ShaCrypt::SHA512
+                        .verify_password(
+                            rotated.as_bytes(),
+                            &sha_crypt::PasswordHash::new(&hash).unwrap(),
+                        )
+                        .is_ok() =>
+                {
+                    harness::process::Check::Ready(())
+                }
+                other => harness::process::Check::NotYet(format!("hash {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_apiserver_rejects_invalid_proxies_with_a_readable_message() {
     let cp = control_plane().await;
