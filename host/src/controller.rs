@@ -10,6 +10,6 @@ pub mod retry;
 
 pub use metrics::ReconcileMetrics;
 pub use reconcile::{
-    Context, FIELD_MANAGER, FINALIZER, SKIP_CLEANUP_ANNOTATION, Written, instance_name, run,
+    Context, FIELD_MANAGER, FINALIZER, SKIP_CLEANUP_ANNOTATION, StatusWrite, instance_name, run,
     run_until, write_status,
 };

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use crate::api::{Phase, Proxy};
 use crate::credentials::{CredentialsBook, ProxyLogin};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
+use crate::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
 use crate::providers::ProviderSet;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
 
@@ -367,7 +367,7 @@ impl HealthEngine {
             } else {
                 status.phase == Some(Phase::Ready)
             };
-            entries.push(PoolEntry {
+            entries.push(ProvisionedProxy {
                 key,
                 provider: proxy.spec.provider.clone(),
                 zone: status
@@ -394,7 +394,7 @@ impl HealthEngine {
             });
         }
         self.verdicts.retain(|k, _| seen.contains(k));
-        self.leases.set_pool(entries);
+        self.leases.set_provisioned(entries);
         for labels in self.phase_labels.drain() {
             if !counts.contains_key(&labels) {
                 let _ = self

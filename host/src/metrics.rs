@@ -27,7 +27,7 @@ pub struct Metrics {
     pub plugins: crate::registry::RegistryMetrics,
     pub probes: crate::health::ProbeMetrics,
     pub gc: crate::gc::GcMetrics,
-    pub provider_checks: crate::providerhealth::HealthMetrics,
+    pub provider_checks: crate::providerhealth::ProviderCheckMetrics,
     pub usage: crate::usage::UsageMetrics,
 }
 
@@ -41,7 +41,7 @@ impl Metrics {
             plugins: crate::registry::RegistryMetrics::register(&registry)?,
             probes: crate::health::ProbeMetrics::register(&registry)?,
             gc: crate::gc::GcMetrics::register(&registry)?,
-            provider_checks: crate::providerhealth::HealthMetrics::register(&registry)?,
+            provider_checks: crate::providerhealth::ProviderCheckMetrics::register(&registry)?,
             usage: crate::usage::UsageMetrics::register(&registry)?,
             registry,
         })

@@ -65,7 +65,7 @@ impl Operator {
         let client = kubeclient::connect()
             .await
             .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-        let namespace = args.leader.leader_election_namespace.clone();
+        let namespace = args.leader.operator_namespace.clone();
         let engine = PluginEngine::new(engine_options(&args, &client), &metrics.registry)?;
         tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
         warn_about_missing_ssh_secrets(&client, &namespace, &providers_config).await;
@@ -287,7 +287,7 @@ impl Operator {
             .filter(|_| leader.leader_election)?;
         Some(LeaderLabel::new(
             self.client.clone(),
-            &leader.leader_election_namespace,
+            &leader.operator_namespace,
             pod,
         ))
     }
@@ -309,7 +309,7 @@ impl Operator {
         let _stop_work_if_dropped = work.clone().drop_guard();
         let persistence = LeasePersistence::new(
             client.clone(),
-            &args.leader.leader_election_namespace,
+            &args.leader.operator_namespace,
             &format!("{}-leases", args.operator_id),
         );
         // The lease table first: serving grants before it is restored could lease twice.
@@ -329,8 +329,7 @@ impl Operator {
         let label = self.leader_label();
         let providers = ctx.providers.clone();
         let namespace = args.proxy_namespace.clone();
-        let abandoned =
-            AbandonedRecord::new(&args.leader.leader_election_namespace, &args.operator_id);
+        let abandoned = AbandonedRecord::new(&args.leader.operator_namespace, &args.operator_id);
         let mut tasks = vec![
             spawn_until(
                 &work,
@@ -475,7 +474,7 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
             &args.operator_id,
             MaterialSource::Secrets {
                 client: client.clone(),
-                namespace: args.leader.leader_election_namespace.clone(),
+                namespace: args.leader.operator_namespace.clone(),
             },
             std::env::temp_dir(),
         )),
@@ -486,7 +485,7 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
 
 /// The objects of this operator that no plugin may touch.
 fn operator_objects(args: &RunArgs) -> OperatorObjects {
-    let namespace = &args.leader.leader_election_namespace;
+    let namespace = &args.leader.operator_namespace;
     OperatorObjects::of(
         &args.operator_id,
         namespace,

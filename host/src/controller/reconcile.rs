@@ -18,7 +18,9 @@ use kube::{Client, Resource, ResourceExt};
 use super::ReconcileMetrics;
 use super::conditions;
 use super::credentials;
-use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
+use super::decide::{
+    self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
+};
 use super::retry::{self, Backoffs, Wait};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
@@ -292,9 +294,9 @@ fn finalizer_already_gone(
     }
 }
 
-async fn publish(ctx: &Context, proxy: &Proxy, notes: Vec<Note>) {
+async fn publish(ctx: &Context, proxy: &Proxy, events: Vec<ProxyEvent>) {
     let reference = proxy.object_ref(&());
-    for note in notes {
+    for note in events {
         events::publish(
             &ctx.recorder,
             &reference,
@@ -316,22 +318,23 @@ async fn execute(
     proxy: &Proxy,
     effects: Effects,
 ) -> Result<Action, Error> {
-    if let Written::Stale = write_status(api, proxy, effects.status).await? {
+    if let StatusWrite::Stale = write_status(api, proxy, effects.status).await? {
         return Ok(Action::requeue(AFTER_STALE_VIEW));
     }
-    publish(ctx, proxy, effects.notes).await;
-    then(effects.then)
+    publish(ctx, proxy, effects.events).await;
+    action_for(effects.next)
 }
 
 /// How soon a reconcile whose view was out of date runs again (the newer version's own watch
 /// event usually comes first).
 const AFTER_STALE_VIEW: Duration = Duration::from_millis(500);
 
-fn then(then: Then) -> Result<Action, Error> {
-    match then {
-        Then::Requeue(after) => Ok(Action::requeue(after)),
-        Then::AwaitChange => Ok(Action::await_change()),
-        Then::Retry { message, after } => Err(Error::Provider(message, after)),
+/// The controller's action for what a decision says comes next.
+fn action_for(next: NextReconcile) -> Result<Action, Error> {
+    match next {
+        NextReconcile::Requeue(after) => Ok(Action::requeue(after)),
+        NextReconcile::AwaitChange => Ok(Action::await_change()),
+        NextReconcile::Retry { message, after } => Err(Error::Provider(message, after)),
     }
 }
 
@@ -354,7 +357,7 @@ fn lookup(providers: &Providers, name: &str) -> ProviderLookup {
 }
 
 /// What became of a status write.
-pub enum Written {
+pub enum StatusWrite {
     /// Stored; the Proxy as it is now.
     Stored(Box<Proxy>),
     /// The status was already so: nothing sent.
@@ -370,9 +373,9 @@ pub async fn write_status(
     api: &Api<Proxy>,
     proxy: &Proxy,
     status: ProxyStatus,
-) -> Result<Written, Error> {
+) -> Result<StatusWrite, Error> {
     if proxy.status.as_ref() == Some(&status) {
-        return Ok(Written::Unchanged);
+        return Ok(StatusWrite::Unchanged);
     }
     let patch = serde_json::json!({
         "apiVersion": "proxy-operator.dev/v1alpha1",
@@ -388,11 +391,11 @@ pub async fn write_status(
         )
         .await
     {
-        Ok(stored) => Ok(Written::Stored(Box::new(stored))),
+        Ok(stored) => Ok(StatusWrite::Stored(Box::new(stored))),
         // Forced, an apply has no field-manager conflicts: a 409 is the precondition.
         Err(kube::Error::Api(e)) if e.code == 409 => {
             tracing::debug!(resource_version = ?proxy.resource_version(), "the Proxy changed since it was read; deciding again");
-            Ok(Written::Stale)
+            Ok(StatusWrite::Stale)
         }
         Err(e) => Err(e.into()),
     }
@@ -440,7 +443,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
     // show that create's result yet: without the live object, some creates were asked twice
     // (1 in 10 Proxies in `the_placement_written_before_a_create_does_not_make_a_second_create_call`).
     let live;
-    let proxy = if matches!(step, Step::Create { .. }) && decide::asked_before(cached) {
+    let proxy = if matches!(step, Decision::Create { .. }) && decide::asked_before(cached) {
         live = api.get_status(&cached.name_any()).await?;
         if live.uid() != cached.uid() || live.meta().deletion_timestamp.is_some() {
             // Replaced or being deleted since the cache saw it: its own event comes next.
@@ -453,8 +456,8 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
     };
     let provider = providers.get(&proxy.spec.provider);
     let effects = match (step, provider) {
-        (Step::Done(effects), _) => effects,
-        (Step::Create { name, zone, status }, Some(provider)) => {
+        (Decision::Done(effects), _) => effects,
+        (Decision::Create { name, zone, status }, Some(provider)) => {
             let mut status = status;
             let mut spec = spec_for(proxy, ctx, &name, zone);
             match credentials::login_for(&ctx.client, &ctx.cached_secrets(), provider, proxy)
@@ -480,12 +483,12 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             // the Proxy as this write left it.
             let stored;
             let placed = match write_status(api, proxy, status.clone()).await? {
-                Written::Stored(placed) => {
+                StatusWrite::Stored(placed) => {
                     stored = placed;
                     &*stored
                 }
-                Written::Unchanged => proxy,
-                Written::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
+                StatusWrite::Unchanged => proxy,
+                StatusWrite::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
             };
             let created = provider.create(spec).await;
             if created.is_ok() {
@@ -504,7 +507,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             return execute(ctx, api, placed, effects).await;
         }
         (
-            Step::Get {
+            Decision::Get {
                 provider_id,
                 status,
             },
@@ -524,7 +527,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             }) => decide::lost(proxy, status, provider.name(), &provider_id, &detail),
             Err(e) => decide::call_failed(proxy, status, provider.name(), "Get", &e),
         },
-        (Step::Create { .. } | Step::Get { .. }, None) => {
+        (Decision::Create { .. } | Decision::Get { .. }, None) => {
             unreachable!("decide asks for a provider call only when the provider is loaded")
         }
     };
@@ -593,27 +596,27 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
             }
         },
     };
-    let mut notes = Vec::new();
+    let mut events = Vec::new();
     for id in ids {
         match provider.delete(&id).await {
             Ok(Deletion::Deleted) => ReconcileMetrics::deleted(&ctx.metrics, provider.name()),
             Ok(Deletion::NothingThere(detail)) => {
-                notes.push(decide::delete_found_nothing(&id, provider.name(), &detail))
+                events.push(decide::delete_found_nothing(&id, provider.name(), &detail))
             }
             Err(e) => {
                 let (note, retry) = decide::delete_failed(&id, &e);
                 publish(ctx, proxy, vec![note]).await;
-                return then(retry);
+                return action_for(retry);
             }
         }
     }
-    if notes.is_empty() {
-        notes.push(Note {
+    if events.is_empty() {
+        events.push(ProxyEvent {
             type_: EventType::Normal,
             reason: "Deleted",
             message: format!("instance deleted at provider {}", provider.name()),
         });
     }
-    publish(ctx, proxy, notes).await;
+    publish(ctx, proxy, events).await;
     Ok(Action::await_change())
 }

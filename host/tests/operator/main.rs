@@ -399,7 +399,7 @@ async fn a_status_decided_from_an_older_view_is_not_written_over_a_newer_one() {
         .await
         .unwrap();
     assert!(
-        matches!(written, controller::Written::Stale),
+        matches!(written, controller::StatusWrite::Stale),
         "written over a newer version"
     );
     let now = api.get("viewed").await.unwrap();
@@ -412,7 +412,7 @@ async fn a_status_decided_from_an_older_view_is_not_written_over_a_newer_one() {
     // Decided from the current version, the same status is written, and the Proxy as stored
     // comes back for what the reconcile writes next.
     let written = controller::write_status(&api, &now, decided).await.unwrap();
-    let controller::Written::Stored(stored) = written else {
+    let controller::StatusWrite::Stored(stored) = written else {
         panic!("a write over the current version was not stored");
     };
     assert_eq!(phase(Some(&stored)), Some(Phase::Provisioning));
@@ -1014,7 +1014,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     persistence.restore_into(&table).await.unwrap();
     // A journal segment (create), two checkpoints (create parts, patch the manifest, delete
     // what they cover by label), and a restore (get the manifest, list parts and segments).
-    table.set_pool(vec![proxy_operator::leases::PoolEntry {
+    table.set_provisioned(vec![proxy_operator::leases::ProvisionedProxy {
         key: ("crawl".to_string(), "rbac-proxy".to_string()).into(),
         provider: "memory".into(),
         zone: None,
@@ -1421,7 +1421,7 @@ async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
     use proxy_operator::api::ProviderHealth;
-    use proxy_operator::providerhealth::{HealthMetrics, pass};
+    use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-ph").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1434,7 +1434,7 @@ async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
     ))
     .await;
     let registry = prometheus::Registry::new();
-    let metrics = HealthMetrics::register(&registry).unwrap();
+    let metrics = ProviderCheckMetrics::register(&registry).unwrap();
     let client = ns.client();
     pass(&client, &both, "ph-test", Duration::from_secs(5), &metrics)
         .await
@@ -1494,7 +1494,7 @@ async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
-    use proxy_operator::providerhealth::{HealthMetrics, pass};
+    use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-hung").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1510,7 +1510,7 @@ async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
     let name = format!("{}-hung", ns.name());
     let providers = providers_for(&format!("providers:\n{}", store_provider(&name, &store))).await;
     let client = ns.client();
-    let metrics = HealthMetrics::register(&prometheus::Registry::new()).unwrap();
+    let metrics = ProviderCheckMetrics::register(&prometheus::Registry::new()).unwrap();
     let check_timeout = Duration::from_secs(8);
     let check = tokio::spawn(async move {
         pass(&client, &providers, "hung-test", check_timeout, &metrics).await

@@ -64,13 +64,13 @@ fn instance(state: InstanceState, address: Option<&str>) -> Instance {
 }
 
 /// What a first step comes to, in a few words, for the table.
-fn summary(step: &Step) -> String {
+fn summary(step: &Decision) -> String {
     match step {
-        Step::Done(e) => format!("done {:?} {:?}", e.status.phase, e.then),
-        Step::Create { name, zone, status } => {
+        Decision::Done(e) => format!("done {:?} {:?}", e.status.phase, e.next),
+        Decision::Create { name, zone, status } => {
             format!("create {name} in {zone:?} {:?}", status.phase)
         }
-        Step::Get {
+        Decision::Get {
             provider_id,
             status,
         } => format!("get {provider_id} {:?}", status.phase),
@@ -163,7 +163,7 @@ fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
         ..Default::default()
     });
     assert!(asked_before(&retried));
-    let Step::Create { zone, status, .. } = decide(&retried, &loaded(), "px-1") else {
+    let Decision::Create { zone, status, .. } = decide(&retried, &loaded(), "px-1") else {
         panic!("a retried create")
     };
     assert_eq!(zone.as_deref(), Some("z1"));
@@ -176,7 +176,7 @@ fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
 
     let first = placed(Some("z2"));
     assert!(!asked_before(&first));
-    let Step::Create { zone, status, .. } = decide(&first, &loaded(), "px-1") else {
+    let Decision::Create { zone, status, .. } = decide(&first, &loaded(), "px-1") else {
         panic!("a first create")
     };
     assert_eq!(zone.as_deref(), Some("z2"));
@@ -190,33 +190,33 @@ fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
 
 #[test]
 fn an_unknown_provider_names_what_is_configured_and_is_said_once() {
-    let Step::Done(first) = decide(&proxy(1, None), &unknown(), "px-1") else {
+    let Decision::Done(first) = decide(&proxy(1, None), &unknown(), "px-1") else {
         panic!("no provider call for an unknown provider")
     };
     let message = first.status.last_error.clone().unwrap();
     assert!(message.contains("(configured: a, b)"), "{message}");
-    assert_eq!(first.notes.len(), 1);
-    assert_eq!(first.notes[0].reason, "UnknownProvider");
+    assert_eq!(first.events.len(), 1);
+    assert_eq!(first.events[0].reason, "UnknownProvider");
     assert_eq!(
         status_of(&first.status.conditions, Type::Ready),
         Some(false)
     );
     // The same answer again: no second event.
-    let Step::Done(again) = decide(&proxy(1, Some(first.status)), &unknown(), "px-1") else {
+    let Decision::Done(again) = decide(&proxy(1, Some(first.status)), &unknown(), "px-1") else {
         panic!()
     };
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
 }
 
 #[test]
 fn a_plugin_that_is_not_loaded_keeps_an_existing_phase() {
     let status = with(Some(Phase::Ready), Some("vm-1"), Some(1));
-    let Step::Done(effects) = decide(&proxy(1, Some(status)), &not_loaded(), "px-1") else {
+    let Decision::Done(effects) = decide(&proxy(1, Some(status)), &not_loaded(), "px-1") else {
         panic!()
     };
     assert_eq!(effects.status.phase, Some(Phase::Ready));
     assert!(effects.status.last_error.unwrap().contains("is not loaded"));
-    assert_eq!(effects.notes[0].reason, "PluginNotLoaded");
+    assert_eq!(effects.events[0].reason, "PluginNotLoaded");
 }
 
 #[rstest]
@@ -255,7 +255,7 @@ fn what_the_provider_says_becomes_the_status(
         true,
     );
     assert_eq!(effects.status.phase, phase);
-    assert_eq!(effects.then, Then::Requeue(requeue));
+    assert_eq!(effects.next, NextReconcile::Requeue(requeue));
     assert_eq!(
         status_of(&effects.status.conditions, Type::Provisioned),
         provisioned
@@ -273,7 +273,7 @@ fn a_created_instance_is_announced_then_provisioned_once() {
         &instance(InstanceState::Running, Some("10.0.0.5")),
         true,
     );
-    let reasons: Vec<_> = effects.notes.iter().map(|n| n.reason).collect();
+    let reasons: Vec<_> = effects.events.iter().map(|n| n.reason).collect();
     assert_eq!(reasons, ["Created", "Provisioned"]);
     // Already Ready: no second Provisioned event.
     let again = observed(
@@ -282,7 +282,7 @@ fn a_created_instance_is_announced_then_provisioned_once() {
         &instance(InstanceState::Running, Some("10.0.0.5")),
         true,
     );
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
 }
 
 fn provider_error(error: ProviderError) -> CallError {
@@ -297,37 +297,37 @@ fn provider_error(error: ProviderError) -> CallError {
 #[case::transient_retries_when_the_provider_says(
     ProviderError::Transient { message: "busy".into(), retry_after: Some(Duration::from_secs(7)) },
     None,
-    Then::Retry { message: "kvm-home Create: busy".into(), after: Some(Duration::from_secs(7)) }
+    NextReconcile::Retry { message: "kvm-home Create: busy".into(), after: Some(Duration::from_secs(7)) }
 )]
 #[case::quota_retries_in_a_minute(
     ProviderError::Quota("no ports".into()),
     None,
-    Then::Retry { message: "kvm-home Create: quota: no ports".into(), after: Some(Duration::from_secs(60)) }
+    NextReconcile::Retry { message: "kvm-home Create: quota: no ports".into(), after: Some(Duration::from_secs(60)) }
 )]
 #[case::a_provider_error_fails_until_the_spec_changes(
     ProviderError::Permanent("no such image".into()),
     Some(Phase::Failed),
-    Then::AwaitChange
+    NextReconcile::AwaitChange
 )]
 #[case::invalid_provider_config_fails_and_is_rechecked(
     ProviderError::InvalidConfig("zone".into()),
     Some(Phase::Failed),
-    Then::Retry { message: "kvm-home Create: zone".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+    NextReconcile::Retry { message: "kvm-home Create: zone".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
 )]
 #[case::unauthorized_fails_and_is_rechecked(
     ProviderError::Unauthorized("key".into()),
     Some(Phase::Failed),
-    Then::Retry { message: "kvm-home Create: key".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+    NextReconcile::Retry { message: "kvm-home Create: key".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
 )]
 #[case::denied_fails_and_is_rechecked(
     ProviderError::Denied("grant".into()),
     Some(Phase::Failed),
-    Then::Retry { message: "kvm-home Create: grant".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+    NextReconcile::Retry { message: "kvm-home Create: grant".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
 )]
 fn a_failed_call_is_retried_or_failed(
     #[case] error: ProviderError,
     #[case] phase: Option<Phase>,
-    #[case] then: Then,
+    #[case] next: NextReconcile,
 ) {
     let effects = call_failed(
         &proxy(4, None),
@@ -337,11 +337,11 @@ fn a_failed_call_is_retried_or_failed(
         &provider_error(error),
     );
     assert_eq!(effects.status.phase, phase);
-    assert_eq!(effects.then, then);
+    assert_eq!(effects.next, next);
     assert!(effects.status.last_error.unwrap().starts_with("Create"));
     if phase == Some(Phase::Failed) {
         assert_eq!(effects.status.observed_generation, Some(4));
-        assert_eq!(effects.notes.len(), 1);
+        assert_eq!(effects.events.len(), 1);
     }
 }
 
@@ -397,14 +397,14 @@ fn out_of_its_own_memory_or_a_host_panic_is_not_retried() {
     true,
     Some(Phase::Pending),
     None,
-    Then::Requeue(Duration::from_millis(100))
+    NextReconcile::Requeue(Duration::from_millis(100))
 )]
-#[case::failed_otherwise(false, Some(Phase::Failed), Some("vm-1"), Then::AwaitChange)]
+#[case::failed_otherwise(false, Some(Phase::Failed), Some("vm-1"), NextReconcile::AwaitChange)]
 fn a_lost_instance_is_recreated_only_when_the_spec_asks(
     #[case] recreate: bool,
     #[case] phase: Option<Phase>,
     #[case] provider_id: Option<&str>,
-    #[case] then: Then,
+    #[case] next: NextReconcile,
 ) {
     let mut p = proxy(1, None);
     p.spec.recreate_on_loss = recreate;
@@ -416,8 +416,8 @@ fn a_lost_instance_is_recreated_only_when_the_spec_asks(
     assert_eq!(effects.status.placement.is_none(), recreate);
     assert_eq!(effects.status.provider_id.as_deref(), provider_id);
     assert_eq!(effects.status.address, None);
-    assert_eq!(effects.then, then);
-    assert_eq!(effects.notes[0].reason, "InstanceLost");
+    assert_eq!(effects.next, next);
+    assert_eq!(effects.events[0].reason, "InstanceLost");
 }
 
 fn cleanup_summary(step: &CleanupStep) -> String {
@@ -499,7 +499,7 @@ fn a_failed_delete_is_retried_slowly_when_permanent() {
     assert_eq!(note.reason, "DeleteFailed");
     assert_eq!(
         then,
-        Then::Retry {
+        NextReconcile::Retry {
             message: "delete vm-1: stuck".into(),
             after: Some(Duration::from_secs(60))
         }
@@ -577,9 +577,9 @@ fn a_retried_create_says_why_in_a_condition_and_one_event() {
         "Create at provider gcp-eu: quota: CPUS in europe-west1: 24 of 24; retrying"
     );
     assert_eq!(condition(&first.status, "Ready").unwrap().1, "Quota");
-    assert_eq!(first.notes.len(), 1);
-    assert_eq!(first.notes[0].reason, "Quota");
-    assert_eq!(first.notes[0].type_, EventType::Warning);
+    assert_eq!(first.events.len(), 1);
+    assert_eq!(first.events[0].reason, "Quota");
+    assert_eq!(first.events[0].type_, EventType::Warning);
     assert_eq!(
         first.status.observed_generation, None,
         "the spec is not acted on yet"
@@ -593,14 +593,14 @@ fn a_retried_create_says_why_in_a_condition_and_one_event() {
         "Create",
         &quota,
     );
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
     // Another answer: its own event, reason Retrying.
     let busy = provider_error(ProviderError::Transient {
         message: "busy".into(),
         retry_after: None,
     });
     let other = call_failed(&proxy(2, None), again.status, "gcp-eu", "Create", &busy);
-    assert_eq!(other.notes[0].reason, "Retrying");
+    assert_eq!(other.events[0].reason, "Retrying");
     // A failed `get` of a running instance leaves its conditions alone.
     let running = with(Some(Phase::Ready), Some("vm-1"), Some(2));
     let got = call_failed(
@@ -639,7 +639,11 @@ fn a_failure_from_outside_the_spec_is_tried_again(
         },
         "px-1",
     );
-    assert_eq!(matches!(step, Step::Create { .. }), tried_again, "{step:?}");
+    assert_eq!(
+        matches!(step, Decision::Create { .. }),
+        tried_again,
+        "{step:?}"
+    );
     // The same answer again: the status stays, no second event.
     let again = call_failed(
         &proxy(3, None),
@@ -649,5 +653,5 @@ fn a_failure_from_outside_the_spec_is_tried_again(
         &provider_error(error),
     );
     assert_eq!(again.status, failed.status);
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
 }
