@@ -113,8 +113,12 @@ impl Context {
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Provider(String, Option<Duration>),
+    /// A provider call failed in a way worth retrying; `retry_after` is the provider's own wish.
+    #[error("{message}")]
+    Provider {
+        message: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 /// The deterministic instance name of a Proxy: the same after any restart, so a create that was
@@ -222,9 +226,8 @@ fn key_of(proxy: &Proxy) -> (String, String) {
 fn wait_after(error: &kube::runtime::finalizer::Error<Error>) -> Wait {
     use kube::runtime::finalizer::Error as F;
     match error {
-        F::ApplyFailed(Error::Provider(_, after)) | F::CleanupFailed(Error::Provider(_, after)) => {
-            Wait::Provider(*after)
-        }
+        F::ApplyFailed(Error::Provider { retry_after, .. })
+        | F::CleanupFailed(Error::Provider { retry_after, .. }) => Wait::Provider(*retry_after),
         F::ApplyFailed(Error::Kube(e))
         | F::CleanupFailed(Error::Kube(e))
         | F::AddFinalizer(e)
@@ -334,7 +337,10 @@ fn action_for(next: NextReconcile) -> Result<Action, Error> {
     match next {
         NextReconcile::Requeue(after) => Ok(Action::requeue(after)),
         NextReconcile::AwaitChange => Ok(Action::await_change()),
-        NextReconcile::Retry { message, after } => Err(Error::Provider(message, after)),
+        NextReconcile::Retry { message, after } => Err(Error::Provider {
+            message,
+            retry_after: after,
+        }),
     }
 }
 
@@ -554,7 +560,10 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
                 return Ok(Action::await_change());
             }
             CleanupStep::WaitForPlugin { message } => {
-                return Err(Error::Provider(message, Some(Duration::from_secs(15))));
+                return Err(Error::Provider {
+                    message,
+                    retry_after: Some(Duration::from_secs(15)),
+                });
             }
             CleanupStep::Delete { recorded, deleting } => (recorded, deleting),
         };
@@ -592,7 +601,10 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
             Ok(instances) => decide::owned_by(instances, &proxy.uid().unwrap_or_default()),
             Err(e) => {
                 let message = format!("listing instances to find this proxy's: {e}");
-                return Err(Error::Provider(message, None));
+                return Err(Error::Provider {
+                    message,
+                    retry_after: None,
+                });
             }
         },
     };
