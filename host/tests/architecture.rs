@@ -186,9 +186,10 @@ impl<'ast> Visit<'ast> for PathCollector<'_> {
     }
 }
 
-/// The names a file re-exports (`pub use load::LoadedPlugin;` in `plugins.rs`), each with the
-/// absolute path it stands for, so a use of `crate::plugins::LoadedPlugin` counts as a use of
-/// `plugins/load.rs`, not of the module root that only re-exports it.
+/// The names a file re-exports (`pub use load::LoadedPlugin;` in `plugins.rs`, or a private
+/// alias its child modules name, `use since_v0_2_0 as latest;`), each with the absolute path it
+/// stands for, so a use of `crate::plugins::LoadedPlugin` counts as a use of `plugins/load.rs`,
+/// not of the module root that only re-exports it.
 fn re_exports(
     source: &SourceFile,
     syntax: &syn::File,
@@ -222,9 +223,6 @@ fn re_exports(
     let mut found = BTreeMap::new();
     for item in &syntax.items {
         let syn::Item::Use(u) = item else { continue };
-        if !matches!(u.vis, syn::Visibility::Public(_)) {
-            continue;
-        }
         let mut out = Vec::new();
         walk(&mut Vec::new(), &u.tree, &mut out);
         for (name, path) in out {

@@ -632,6 +632,8 @@ pub fn delete_failed(id: &str, error: &CallError) -> (ProxyEvent, NextReconcile)
 }
 
 #[cfg(test)]
+mod cleanup_tests;
+#[cfg(test)]
 mod provisioning_tests;
 #[cfg(test)]
 mod tests;
