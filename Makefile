@@ -21,7 +21,8 @@ help:
 	@echo "make dev-cluster  start a local kube-apiserver + etcd for trying the operator (ARGS=--node: a real node too)"
 	@echo "make e2e-cluster  the operator from its image in a real single-node cluster, end to end"
 	@echo "make image        the operator's image (Dockerfile) as an OCI archive, built offline with buildah"
-	@echo "                  (CARGO_PROFILE=image-ci for a cheaper build; docs/image.md)"
+	@echo "                  (IMAGE_VARIANT=kvm: the variant with libvirt; CARGO_PROFILE=image-ci for a"
+	@echo "                  cheaper build; docs/image.md)"
 	@echo "make test-image   the image the tests install: the same Dockerfile, the test build's binary"
 	@echo "make release VERSION=x.y.z  dist/: the Helm chart packaged, SHA256SUMS (.ci/release.sh)"
 
@@ -112,15 +113,17 @@ dev-cluster:
 
 # The operator's image from the Dockerfile, with buildah and locally made base images (no
 # registry), as an OCI archive in the fixtures cache (path printed last), then checked without a
-# cluster. Needs root; docs/image.md.
+# cluster: the default (distroless, no libvirt), or with IMAGE_VARIANT=kvm the kvm variant
+# (libvirt). Needs root; docs/image.md.
+IMAGE_VARIANT ?= default
 image:
-	@archive="$$(tests/fixtures/operator-image/build.sh)" && \
-		tests/fixtures/operator-image/check.sh "$$archive" && echo "$$archive"
+	@archive="$$(IMAGE_VARIANT=$(IMAGE_VARIANT) tests/fixtures/operator-image/build.sh)" && \
+		tests/fixtures/operator-image/check.sh --variant $(IMAGE_VARIANT) "$$archive" && echo "$$archive"
 
-# The image the tests install: the Dockerfile's `prebuilt` target, the same runtime stage as the
-# user's image with the binary the test build made (target/debug/proxy-operator; `cargo test`
-# builds it for the integration tests) and the providers of `make plugins`; checked as `make
-# image` is (docs/image.md).
+# The image the tests install: the Dockerfile's `prebuilt-kvm` target, the same runtime stage as
+# the user's kvm variant with the binary the test build made (target/debug/proxy-operator, with
+# the default `libvirt` feature; `cargo test` builds it for the integration tests) and the
+# providers of `make plugins`; checked as `make image` is (docs/image.md).
 .PHONY: test-image test-image-of-build test-dockerfile e2e-cluster
 test-image: plugins
 	.ci/run-suites --build-only
@@ -136,7 +139,7 @@ test-image-of-build:
 		tests/fixtures/operator-image/build.sh)" && \
 		tests/fixtures/operator-image/check.sh "$$archive"
 
-# The full Dockerfile build (CARGO_PROFILE=image-ci), checked, whenever what it depends on
+# The full Dockerfile build of both variants (CARGO_PROFILE=image-ci), checked, whenever what it depends on
 # besides the sources changed (Dockerfile, .dockerignore, Cargo files, toolchain, scripts) and
 # it has not passed for that recipe (docs/image.md); FULL_IMAGE_BUILD=1 forces it.
 test-dockerfile:

@@ -61,7 +61,7 @@ impl CallContext {
                 grants.libvirt.as_ref(),
                 resources.libvirt.clone(),
                 declared.libvirt,
-            ),
+            )?,
             kube: kube::KubeCapability::bind(
                 provider,
                 grants.kube.as_ref(),
@@ -79,7 +79,7 @@ impl CallContext {
             provider: "(loading)".to_string(),
             plugin: plugin.to_string(),
             http: http::HttpCapability::bind(None, true).expect("no grant builds no client"),
-            libvirt: libvirt::LibvirtCapability::bind("(loading)", None, None, true),
+            libvirt: libvirt::LibvirtCapability::nothing_granted("(loading)"),
             kube: kube::KubeCapability::bind("(loading)", None, None, Arc::default(), true),
             log: log::PluginLog::new(plugin, "(loading)", true),
         }

@@ -11,6 +11,9 @@ pub enum GrantError {
     HttpClient(String),
     #[error("grants.libvirt.{0}")]
     Libvirt(String),
+    /// A `libvirt` grant given to a binary built without libvirt (`libvirt::check_compiled_in`).
+    #[error("grants.libvirt: {0}")]
+    LibvirtUnavailable(String),
     #[error("grants.kube.{0}")]
     Kube(String),
 }

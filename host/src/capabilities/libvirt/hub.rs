@@ -21,35 +21,12 @@ use super::error::LibvirtError;
 use super::import_jobs::Imports;
 use super::lanes::{CallLimits, Lane, NoThread};
 use super::records::ProbeReport;
+use super::material::{DEFAULT_OPERATOR_ID, MaterialSource};
 use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
 
 /// A libvirtd (or a tunnel) that accepts the connection but never answers its handshake must
 /// not hold the hypervisor's connection slot, and so every call to it, forever.
 const LIBVIRT_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The operator id when none is given (the default of `--operator-id`).
-pub const DEFAULT_OPERATOR_ID: &str = "proxy-operator";
-
-/// Where the SSH key and known_hosts come from.
-#[derive(Clone)]
-pub enum MaterialSource {
-    /// Secrets in the operator's namespace, named by each grant's `sshSecret`.
-    Secrets {
-        client: kube::Client,
-        namespace: String,
-    },
-    /// Fixed material for every grant (`plugin run --ssh-key … --known-hosts …`).
-    Static(SshMaterial),
-}
-
-impl fmt::Debug for MaterialSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MaterialSource::Secrets { namespace, .. } => write!(f, "Secrets({namespace})"),
-            MaterialSource::Static(_) => write!(f, "Static(<redacted>)"),
-        }
-    }
-}
 
 /// An open tunnel and the libvirt connection through it.
 pub(crate) struct Connection {
