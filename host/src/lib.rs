@@ -35,3 +35,4 @@ pub mod status_page;
 pub mod tls;
 pub mod upstream;
 pub mod usage;
+pub mod version;
