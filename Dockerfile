@@ -28,7 +28,7 @@
 #   CARGO_PROFILE  cargo profile of the operator binary: release (default), or a cheaper one for
 #                  CI (e.g. `image-ci`, see Cargo.toml and docs/image.md)
 #   PLUGINS        crate:type pairs of the providers put under /plugins
-#   VERSION, REVISION  OCI labels
+#   VERSION, REVISION  OCI labels; REVISION is also the commit `--version` prints
 #   RUST_IMAGE, RUNTIME_IMAGE, KVM_RUNTIME_IMAGE  the base images
 
 ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
@@ -55,11 +55,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     done; \
     ls -l /out/plugins
 ARG CARGO_PROFILE=release
+# The commit `proxy-operator --version` prints (host/build.rs): the context has no .git.
+ARG REVISION=unknown
 # The default image's binary: without the `libvirt` feature, so it links no libvirt.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eu; \
-    cargo build --locked --profile "$CARGO_PROFILE" -p proxy-operator --bin proxy-operator \
+    PROXY_OPERATOR_REVISION="$REVISION" \
+        cargo build --locked --profile "$CARGO_PROFILE" -p proxy-operator --bin proxy-operator \
         --no-default-features; \
     dir="$CARGO_PROFILE"; [ "$dir" != dev ] || dir=debug; \
     install -m 0755 "target/$dir/proxy-operator" /out/proxy-operator; \
@@ -75,10 +78,12 @@ RUN if ! dpkg -s pkg-config libvirt-dev >/dev/null 2>&1; then \
         && rm -rf /var/lib/apt/lists/*; \
     fi
 ARG CARGO_PROFILE=release
+ARG REVISION=unknown
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eu; \
-    cargo build --locked --profile "$CARGO_PROFILE" -p proxy-operator --bin proxy-operator; \
+    PROXY_OPERATOR_REVISION="$REVISION" \
+        cargo build --locked --profile "$CARGO_PROFILE" -p proxy-operator --bin proxy-operator; \
     dir="$CARGO_PROFILE"; [ "$dir" != dev ] || dir=debug; \
     install -m 0755 "target/$dir/proxy-operator" /out/proxy-operator; \
     ls -l /out/proxy-operator

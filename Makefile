@@ -24,7 +24,8 @@ help:
 	@echo "                  (IMAGE_VARIANT=kvm: the variant with libvirt; CARGO_PROFILE=image-ci for a"
 	@echo "                  cheaper build; docs/image.md)"
 	@echo "make test-image   the image the tests install: the same Dockerfile, the test build's binary"
-	@echo "make release VERSION=x.y.z  dist/: the Helm chart packaged, SHA256SUMS (.ci/release.sh)"
+	@echo "make release VERSION=x.y.z  dist/: the image (full build) as an OCI archive, install.yaml pinned by its"
+	@echo "                  digest, the Helm chart packaged, an SBOM, SHA256SUMS (IMAGE_REPOSITORY=…; docs/image.md)"
 
 # Debian packages, kube-apiserver/etcd/kubectl and the guest image (idempotent; needs root).
 fixtures:
@@ -160,9 +161,11 @@ examples:
 	plugins/examples/python/build.sh
 	plugins/examples/js/build.sh
 
-# The release's artifacts in dist/ with their SHA-256 sums (.ci/release.sh; so far the Helm
-# chart, packaged with the release's version and image tag).
+# The release's artifacts in dist/ with their SHA-256 sums (.ci/release.sh, docs/image.md
+# "Release"): the image from the Dockerfile's full build as an OCI archive, install.yaml (the
+# CRDs and the operator, the image pinned by that archive's digest), the Helm chart packaged, a
+# CycloneDX SBOM of the binary. IMAGE_REPOSITORY names where the image will be pushed.
 .PHONY: release
 release:
-	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 1; }
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z (the workspace's version, Cargo.toml)" >&2; exit 1; }
 	.ci/release.sh "$(VERSION)"

@@ -4,6 +4,8 @@
 #   - kube-apiserver, kubectl and etcd built from Go modules into a cache
 #     (tests/fixtures/k8s/build.sh).
 #   - helm, built from its Go module into the same cache (tests/fixtures/helm/build.sh).
+#   - cargo-cyclonedx (the release's SBOM), `cargo install --locked` of a pinned version into
+#     the same cache (tests/fixtures/cargo-cyclonedx/install.sh).
 #   - the proxy VM guest image, from Debian packages, into the same cache
 #     (tests/fixtures/guest-image/build.sh).
 #   - the single-node cluster's container images (pause, squid, web), from Debian packages
@@ -222,6 +224,12 @@ step "helm" "helm (tests/fixtures/helm/build.sh)"
 helm_bin="$("$repo/tests/fixtures/helm/build.sh" | tail -n1)"
 step_done
 
+# The release's SBOM (.ci/release.sh, host/tests/deploy/release.rs): cargo-cyclonedx, pinned,
+# with its own Cargo.lock (cargo install --locked), after the Go builds (CPU-bound as well).
+step "cargo-cyclonedx" "cargo-cyclonedx (tests/fixtures/cargo-cyclonedx/install.sh)"
+cyclonedx_bin="$("$repo/tests/fixtures/cargo-cyclonedx/install.sh" | tail -n1)"
+step_done
+
 # After the Go build: pause.c comes from its module cache.
 step "node images" "node images: pause, squid, web (tests/fixtures/node-images/build.sh)"
 node_images="$(as_root env PROXY_OPERATOR_FIXTURES="${PROXY_OPERATOR_FIXTURES:-$HOME/.cache/proxy-operator/fixtures}" \
@@ -238,4 +246,4 @@ rm -f "$image_out"
 step_done
 record "guest image (beside the Go build)" "$image_start"
 
-log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; helm: $helm_bin; guest image: $guest_image; node images: $node_images"
+log "all fixtures present in $(elapsed "$total_start") s; k8s binaries: $bin; helm: $helm_bin; cargo-cyclonedx: $cyclonedx_bin; guest image: $guest_image; node images: $node_images"

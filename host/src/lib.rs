@@ -35,3 +35,4 @@ pub(crate) mod status_page;
 pub mod tls;
 pub(crate) mod upstream;
 pub(crate) mod usage;
+pub mod version;

@@ -10,6 +10,8 @@
 //! carries a `curl -x` through its Service and the squid Pod. Each phase is printed with its time
 //! (`make e2e-cluster`). `helm.rs`: the Helm chart installed, upgraded and uninstalled in the same
 //! cluster, one install at a time with this one (each removes its own at the end).
+//! `install_yaml.rs`: `make release`'s dist/install.yaml applied there, the image pinned by
+//! digest.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -32,9 +34,15 @@ const PROVIDER_SELECTOR: &str = "proxy-operator.dev/provider=in-cluster";
 mod gateway;
 #[path = "cluster_e2e/helm.rs"]
 mod helm;
+#[path = "cluster_e2e/install_yaml.rs"]
+mod install_yaml;
+#[path = "common/release.rs"]
+#[allow(dead_code)]
+mod release_parts;
 
-/// The tests share one cluster, and both installs have the same cluster-wide objects (CRDs,
-/// ClusterRoles, the namespaces): one install at a time, each removing its own at the end.
+/// The tests share one cluster, and the installs (kustomize, Helm, install.yaml) have the same
+/// cluster-wide objects (CRDs, ClusterRoles, the namespaces): one install at a time, each
+/// removing its own at the end.
 static ONE_INSTALL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[path = "common/test_ca.rs"]
 #[allow(dead_code)]
@@ -44,30 +52,10 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The operator's image as an OCI archive, built from the Dockerfile's `prebuilt` target by
-/// `tests/fixtures/operator-image/build.sh` with the operator binary cargo built for this test
-/// (the runtime stage of the user's image; docs/image.md). Cached by the binary's hash: `make
-/// test` and `make e2e-cluster` build and check it first.
+/// The operator's image as an OCI archive, built from the Dockerfile's `prebuilt` target with
+/// the operator binary cargo built for this test (common/release.rs; docs/image.md).
 fn operator_image_archive() -> PathBuf {
-    let script = repo().join("tests/fixtures/operator-image/build.sh");
-    let out = std::process::Command::new(&script)
-        .env("OPERATOR_BINARY", env!("CARGO_BIN_EXE_proxy-operator"))
-        .env("PLUGINS_DIR", repo().join("target/plugins"))
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "building the operator image failed (run .ci/install-fixtures.sh):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .expect("build.sh prints the archive path")
-            .trim(),
-    )
+    release_parts::operator_image_archive(env!("CARGO_BIN_EXE_proxy-operator"))
 }
 
 async fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
@@ -817,5 +805,15 @@ async fn installed_with_helm_the_operator_serves_upgrades_and_uninstalls() {
     let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
     phases.done("single-node cluster ready, the kustomize install (if first) removed");
     helm::install_upgrade_uninstall(cluster, &mut phases).await;
+    print_phases(&phases);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_from_the_release_manifest_the_operator_serves_the_pinned_image() {
+    let mut phases = Phases::new();
+    let cluster = Cluster::shared().await;
+    let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
+    phases.done("single-node cluster ready, the other installs (if first) removed");
+    install_yaml::apply_and_delete(cluster, &mut phases).await;
     print_phases(&phases);
 }

@@ -5,7 +5,8 @@
 //! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
 //! `cli.rs`: docs/configuration.md held to the command line and the providers config parser, and
 //! the shell completion script. `helm.rs`: the Helm chart renders the same objects, its lint and
-//! its values schema.
+//! its values schema. `release.rs`: `make release`'s artifacts (install.yaml, the chart, the image
+//! archive, the SBOM, their sums) and `--version`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,11 @@ use serde_json::Value;
 mod cli;
 #[path = "deploy/helm.rs"]
 mod helm;
+#[path = "deploy/release.rs"]
+mod release;
+#[path = "common/release.rs"]
+#[allow(dead_code)]
+mod release_parts;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

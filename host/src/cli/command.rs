@@ -10,7 +10,7 @@ use super::plugin::RunFunction;
 #[derive(Debug, Parser)]
 #[command(
     name = "proxy-operator",
-    version,
+    version = crate::version::VERSION,
     about = "Healthy egress proxies for crawler fleets"
 )]
 pub struct Cli {

@@ -16,7 +16,7 @@ pub const BIN: &str = "kubectl-px";
 #[command(
     name = "kubectl-px",
     bin_name = "kubectl px",
-    version,
+    version = crate::version::VERSION,
     about = "The proxy fleet at a glance: status, why a Proxy is not Ready, leases from a shell, drain, recycle and scale",
     after_help = "Exit codes: 0 done; 1 error; 2 usage; 3 not Ready (`why`, `status` of one Proxy or pool); 4 try again later (the discovery API answered with Retry-After)."
 )]

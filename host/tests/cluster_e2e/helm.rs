@@ -51,7 +51,12 @@ async fn helm(cluster: &Cluster, home: &Path, args: &[&str]) -> String {
 /// Values as a user writes them for this cluster (the same as the kustomize test's overlay):
 /// the squid image the node has, a health target inside the cluster (no uplink) that squid may
 /// reach, the image imported into the node. `second_provider`: one more providers entry.
-fn values(squid_image: &str, health_target: &str, second_provider: bool, replicas: u32) -> Value {
+pub(super) fn values(
+    squid_image: &str,
+    health_target: &str,
+    second_provider: bool,
+    replicas: u32,
+) -> Value {
     let (target_ip, _) = health_target.rsplit_once(':').unwrap();
     let entry = |name: &str| {
         json!({
@@ -91,9 +96,9 @@ fn values_file(dir: &Path, name: &str, values: &Value) -> PathBuf {
     path
 }
 
-/// A lease through the discovery Service, then a page through the leased proxy; the lease is
-/// released afterwards.
-async fn lease_and_fetch(cluster: &Cluster, web_ip: &str) {
+/// A lease through the discovery Service (of the Proxy `proxy`, the only one), then a page
+/// through the leased proxy; the lease is released afterwards.
+pub(super) async fn lease_and_fetch(cluster: &Cluster, web_ip: &str, proxy: &str) {
     let discovery_ip =
         super::cluster_ip(cluster, "proxy-operator", "proxy-operator-discovery").await;
     let lease = until("a lease", Duration::from_secs(90), || async {
@@ -101,7 +106,7 @@ async fn lease_and_fetch(cluster: &Cluster, web_ip: &str) {
         (status == 201).then_some(body)
     })
     .await;
-    assert_eq!(lease["proxy"]["name"], PROXY, "{lease}");
+    assert_eq!(lease["proxy"]["name"], proxy, "{lease}");
     let proxy_url = lease["proxyUrl"].as_str().unwrap();
     let (status, page) = curl(
         cluster,
@@ -140,15 +145,24 @@ async fn metrics_need_a_reader_token(cluster: &Cluster) {
     }
 }
 
-/// `kubectl wait` for the Proxy; when it times out, what a user would look at next (the Proxy,
-/// the Pods and the recent events) goes into the failure.
-async fn proxy_ready(cluster: &Cluster, wait_ready: &[&str]) {
-    let Err(e) = cluster.kubectl_run(wait_ready, None).await else {
+/// `kubectl wait` for the Proxy `namespace/name` to be Ready; when it times out, what a user
+/// would look at next (the Proxy, the Pods and the recent events) goes into the failure.
+pub(super) async fn proxy_ready(cluster: &Cluster, namespace: &str, name: &str) {
+    let proxy_ref = format!("proxy/{name}");
+    let wait_ready = [
+        "-n",
+        namespace,
+        "wait",
+        "--for=jsonpath={.status.phase}=Ready",
+        &proxy_ref,
+        "--timeout=180s",
+    ];
+    let Err(e) = cluster.kubectl_run(&wait_ready, None).await else {
         return;
     };
     let mut seen = String::new();
     for args in [
-        &["-n", CRAWLERS, "get", "proxy", PROXY, "-o", "yaml"][..],
+        &["-n", namespace, "get", "proxy", name, "-o", "yaml"][..],
         &["get", "pods", "-A", "-o", "wide"],
         &["get", "events", "-A", "--sort-by=.lastTimestamp"],
         &[
@@ -246,16 +260,8 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
     );
     kubectl_stdin(cluster, &["apply", "-f", "-"], &proxy).await;
     let proxy_ref = format!("proxy/{PROXY}");
-    let wait_ready = [
-        "-n",
-        CRAWLERS,
-        "wait",
-        "--for=jsonpath={.status.phase}=Ready",
-        &proxy_ref,
-        "--timeout=180s",
-    ];
-    proxy_ready(cluster, &wait_ready).await;
-    lease_and_fetch(cluster, &web_ip).await;
+    proxy_ready(cluster, CRAWLERS, PROXY).await;
+    lease_and_fetch(cluster, &web_ip, PROXY).await;
     phases.done(
         "a Proxy Ready, leased through the discovery Service over https, a page fetched through it",
     );
@@ -301,9 +307,9 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         (operator_pods(cluster).await.len() == 1).then_some(())
     })
     .await;
-    proxy_ready(cluster, &wait_ready).await;
+    proxy_ready(cluster, CRAWLERS, PROXY).await;
     phases.done("one operator replica, the Proxy Ready");
-    lease_and_fetch(cluster, &web_ip).await;
+    lease_and_fetch(cluster, &web_ip, PROXY).await;
     phases.done(&format!(
         "leased and fetched again ({:.1} s after helm upgrade)",
         upgraded.elapsed().as_secs_f64()

@@ -29,7 +29,7 @@ fn chart() -> PathBuf {
 }
 
 /// Runs the helm fixture with `args`.
-fn helm(args: &[&str]) -> Output {
+pub(super) fn helm(args: &[&str]) -> Output {
     let helm = harness::bins::helm_binary();
     std::process::Command::new(&helm)
         .args(args)
@@ -62,7 +62,7 @@ fn template(args: &[&str]) -> Vec<Value> {
 }
 
 /// An object's identity: `Kind/name`, or `Kind/namespace/name` for a namespaced one.
-fn key(object: &Value) -> String {
+pub(super) fn key(object: &Value) -> String {
     let meta = &object["metadata"];
     let kind = object["kind"].as_str().unwrap_or("?");
     let name = meta["name"].as_str().unwrap_or("?");
@@ -483,74 +483,5 @@ async fn helm_takes_over_a_kustomize_install_as_docs_upgrade_md_says() {
     assert!(
         chart_label.starts_with("proxy-operator-"),
         "the chart's labels on the adopted ConfigMap: {chart_label:?}"
-    );
-}
-
-/// `make release VERSION=…` (.ci/release.sh): the packaged chart in dist/ with its sum, the
-/// release's version and image tag, the CRDs inside it (the links resolved), installable as is.
-#[test]
-fn make_release_packages_the_chart_with_the_version_and_its_sha256() {
-    let dist = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(repo().join(".ci/release.sh"))
-        .arg("9.8.7")
-        .env("DIST", dist.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        ".ci/release.sh 9.8.7: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let package = dist.path().join("proxy-operator-9.8.7.tgz");
-    let sums = std::fs::read_to_string(dist.path().join("SHA256SUMS")).unwrap();
-    let check = std::process::Command::new("sha256sum")
-        .args(["--check", "--strict", "SHA256SUMS"])
-        .current_dir(dist.path())
-        .output()
-        .unwrap();
-    assert!(check.status.success(), "{sums}");
-    assert!(sums.contains("  proxy-operator-9.8.7.tgz\n"), "{sums}");
-
-    let rendered = helm(&[
-        "template",
-        "proxy-operator",
-        package.to_str().unwrap(),
-        "--namespace",
-        "proxy-operator",
-    ]);
-    assert!(rendered.status.success());
-    let objects: Vec<Value> =
-        serde_yaml_ng::Deserializer::from_str(&String::from_utf8(rendered.stdout).unwrap())
-            .map(|doc| Value::deserialize(doc).unwrap())
-            .filter(|o| !o.is_null())
-            .collect();
-    let deployment = objects
-        .iter()
-        .find(|o| key(o) == "Deployment/proxy-operator/proxy-operator")
-        .unwrap();
-    assert_eq!(
-        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
-        "proxy-operator:v9.8.7"
-    );
-    assert_eq!(
-        deployment["metadata"]["labels"]["helm.sh/chart"],
-        "proxy-operator-9.8.7"
-    );
-    let crds = objects
-        .iter()
-        .filter(|o| o["kind"] == "CustomResourceDefinition")
-        .count();
-    assert_eq!(crds, 3, "the CRDs are in the package, not links");
-
-    let refused = std::process::Command::new(repo().join(".ci/release.sh"))
-        .arg("v1.0")
-        .env("DIST", dist.path().join("other"))
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("VERSION must be x.y.z"),
-        "{}",
-        String::from_utf8_lossy(&refused.stderr)
     );
 }

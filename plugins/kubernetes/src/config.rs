@@ -173,7 +173,7 @@ fn invalid(message: String) -> ProviderError {
 pub fn validate(config: &Config) -> Result<(), ProviderError> {
     if config.image.trim().is_empty() || config.image.contains(char::is_whitespace) {
         return Err(invalid(format!(
-            "config.image: `{}` is not an image reference; e.g. docker.io/ubuntu/squid:6.10-24.10_beta (pin a tag or digest)",
+            "config.image: `{}` is not an image reference; e.g. docker.io/ubuntu/squid:6.6-24.04_beta (pin a tag or digest)",
             config.image
         )));
     }
