@@ -285,6 +285,7 @@ async fn main() {
                 pool: Some("gw".into()),
                 draining: false,
                 login: Some(login.clone()),
+                protocol: Default::default(),
             })
             .collect(),
     );

@@ -58,6 +58,7 @@ fn proxies(namespace: &str, count: usize) -> Vec<PoolEntry> {
             pool: None,
             draining: false,
             login: None,
+            protocol: Default::default(),
         })
         .collect()
 }

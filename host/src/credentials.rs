@@ -20,6 +20,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::Proxy;
 use crate::leases::ProxyKey;
 use crate::plugins::types::ProxyCredentials;
+use crate::socks::ProxyProtocol;
 
 /// The Secret keys.
 pub const USERNAME_KEY: &str = "username";
@@ -186,8 +187,9 @@ impl ProxyLogin {
         )
     }
 
-    /// `http://user:password@address:port`, each part escaped as a URL needs.
-    pub fn proxy_url(&self, address: &str, port: u16) -> String {
+    /// `http://user:password@address:port` (or `socks5://`: RFC 1929's login in the same
+    /// place), each part escaped as a URL needs.
+    pub fn proxy_url(&self, protocol: ProxyProtocol, address: &str, port: u16) -> String {
         let escape =
             |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let host = if address.contains(':') {
@@ -196,7 +198,8 @@ impl ProxyLogin {
             address.to_string()
         };
         format!(
-            "http://{}:{}@{host}:{port}",
+            "{}://{}:{}@{host}:{port}",
+            protocol.scheme(),
             escape(&self.username),
             escape(&self.password)
         )
