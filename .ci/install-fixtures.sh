@@ -47,7 +47,9 @@ backports_pkgs=(
 # test-image`).
 # curl: a client of the gateway's tests (host/tests/discovery_api/gateway.rs) and the cluster e2e.
 # chromium: the headless browser of the gateway's browser test (host/tests/discovery_api/browser.rs).
-plain_pkgs=(curl chromium squid openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
+# dante-server, microsocks: real SOCKS5 servers standing in for a vendor's SOCKS5 proxies (dante
+# without a login, microsocks with one; tests/harness/src/socks.rs, host/tests/operator/upstream_socks5.rs).
+plain_pkgs=(curl chromium squid dante-server microsocks openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
     debootstrap e2fsprogs passt ovmf iptables
     containerd runc containernetworking-plugins umoci gcc

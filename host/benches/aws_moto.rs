@@ -4,13 +4,24 @@
 //! from memory in Python: the figures are the operator's and the plugin's share plus moto's, not
 //! a real region's (where `pending` → `running` takes tens of seconds).
 //!
+//! Then (issue #34) a ProxyPool of 100 aws Proxies from 0 to Ready through the real
+//! `proxy-operator run` binary and a real kube-apiserver (harness), against a fresh moto behind
+//! the counting front: the time until `readyReplicas` is 100 and the EC2 calls per proxy, by
+//! action. Health probing is off (`--health-interval 0s`), as in the aws operator tests: moto's
+//! instances have addresses where nothing answers, so Ready is "running with an address".
+//!
 //! `cargo bench -p proxy-operator --profile dev --bench aws_moto` (needs `make plugins` and the
-//! moto venv of .ci/install-fixtures.sh); record figures in docs/performance.md.
+//! moto venv of .ci/install-fixtures.sh); `BENCH_POOL_ONLY=1` runs the pool phase alone; record
+//! figures in docs/performance.md.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use kube::api::{Api, PostParams};
+use proxy_operator::api::ProxyPool;
 
 use proxy_operator::capabilities::Grants;
 use proxy_operator::plugins::types::{InstanceSpec, InstanceState, Owner};
@@ -24,15 +35,24 @@ fn plugins_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
 }
 
-/// A front that relays every request to moto and counts them.
-async fn counting_front(moto: String, calls: Arc<AtomicUsize>) -> String {
+/// EC2 calls by `Action`.
+type ByAction = Arc<Mutex<BTreeMap<String, usize>>>;
+
+/// A front that relays every request to moto and counts them (in all, and by action).
+async fn counting_front(moto: String, calls: Arc<AtomicUsize>, by_action: ByAction) -> String {
     let client = reqwest::Client::new();
     let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
         let (moto, calls, client) = (moto.clone(), calls.clone(), client.clone());
+        let by_action = by_action.clone();
         async move {
             calls.fetch_add(1, Ordering::Relaxed);
             let (parts, body) = request.into_parts();
             let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+            let action = url::form_urlencoded::parse(&body)
+                .find(|(k, _)| k == "Action")
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_else(|| "(other)".into());
+            *by_action.lock().unwrap().entry(action).or_default() += 1;
             let mut forwarded = client.post(moto).body(body);
             for (name, value) in parts.headers.iter().filter(|(n, _)| *n != "host") {
                 forwarded = forwarded.header(name, value);
@@ -86,27 +106,42 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let moto = harness::Moto::start().await.unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let front = counting_front(moto.url(), calls.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("id"), "AKIDBENCH").unwrap();
-    std::fs::write(dir.path().join("secret"), "bench-secret").unwrap();
-    let grants: Grants = serde_json::from_value(serde_json::json!({"http": {
+/// The grants and config of an aws provider instance against `front`, with static keys in files
+/// of `dir`.
+fn aws_entry(front: &str, dir: &std::path::Path) -> (serde_json::Value, serde_json::Value) {
+    std::fs::write(dir.join("id"), "AKIDBENCH").unwrap();
+    std::fs::write(dir.join("secret"), "bench-secret").unwrap();
+    let grants = serde_json::json!({"http": {
         "allow": [front],
         "credentials": [{"url": front, "valueFrom": {"awsCredentials": {
             "region": "eu-west-1",
-            "accessKeyIdFrom": {"file": dir.path().join("id")},
-            "secretAccessKeyFrom": {"file": dir.path().join("secret")},
+            "accessKeyIdFrom": {"file": dir.join("id")},
+            "secretAccessKeyFrom": {"file": dir.join("secret")},
         }}}],
-    }}))
-    .unwrap();
+    }});
     let config = serde_json::json!({
         "region": "eu-west-1", "amis": {"eu-west-1": "ami-12c6146b"}, "endpoint": front,
         "allowFrom": ["203.0.113.0/24"],
     });
+    (grants, config)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::var_os("BENCH_POOL_ONLY").is_none() {
+        calls_through_the_runtime().await;
+    }
+    pool_from_zero(100).await.unwrap();
+}
+
+/// `create` → running through the runtime: the first, 20 one at a time, 100 at once.
+async fn calls_through_the_runtime() {
+    let moto = harness::Moto::start().await.unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let front = counting_front(moto.url(), calls.clone(), ByAction::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (grants, config) = aws_entry(&front, dir.path());
+    let grants: Grants = serde_json::from_value(grants).unwrap();
     let engine = PluginEngine::new(EngineOptions::default(), &prometheus::Registry::new()).unwrap();
     let bytes = std::fs::read(plugins_dir().join("aws.wasm")).expect("run `make plugins` first");
     let plugin = engine.load("aws.wasm", bytes).await.unwrap();
@@ -159,4 +194,81 @@ async fn main() {
         quantile(&each, 0.5),
         quantile(&each, 0.9)
     );
+}
+
+/// A ProxyPool of `replicas` aws Proxies from 0 to `readyReplicas == replicas`, through the
+/// operator binary against a fresh moto; prints the time and the EC2 calls per proxy by action.
+async fn pool_from_zero(replicas: usize) -> anyhow::Result<()> {
+    let moto = harness::Moto::start().await?;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let by_action = ByAction::default();
+    let front = counting_front(moto.url(), calls.clone(), by_action.clone()).await;
+    let cp = harness::ControlPlane::start().await?;
+    cp.apply_crds(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds"))
+        .await?;
+    let ns = cp.namespace("aws-pool").await?;
+    let dir = tempfile::tempdir()?;
+    let (grants, config) = aws_entry(&front, dir.path());
+    let providers = serde_json::json!({"providers": [{
+        "name": "aws-eu", "type": "aws", "config": config, "grants": grants,
+    }]});
+    let providers_file = dir.path().join("providers.yaml");
+    std::fs::write(&providers_file, providers.to_string())?;
+    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
+        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
+        .arg("--providers-config")
+        .arg(&providers_file)
+        .arg("--plugins-dir")
+        .arg(plugins_dir())
+        .args([
+            "--proxy-namespace",
+            ns.name(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--discovery-addr", "127.0.0.1:0", "--health-interval", "0s"])
+        .env("KUBECONFIG", cp.kubeconfig())
+        .env("LOG_LEVEL", "warn")
+        .kill_on_drop(true)
+        .spawn()?;
+    let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
+    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "proxy-operator.dev/v1alpha1",
+        "kind": "ProxyPool",
+        "metadata": {"name": "aws"},
+        "spec": {"replicas": replicas, "template": {"spec": {"provider": "aws-eu"}}},
+    }))?;
+    // The operator's start-up calls (the provider check, the GC's first list) are not the pool's.
+    let before = calls.load(Ordering::Relaxed);
+    let actions_before = by_action.lock().unwrap().clone();
+    let started = Instant::now();
+    pools.create(&PostParams::default(), &pool).await?;
+    let deadline = started + Duration::from_secs(600);
+    let mut ready = 0;
+    while ready < replicas && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match pools.get("aws").await {
+            Ok(pool) => ready = pool.status.map_or(0, |s| s.ready_replicas) as usize,
+            Err(e) => eprintln!("aws_moto: reading the pool failed, retrying: {e}"),
+        }
+    }
+    let took = started.elapsed();
+    let made = calls.load(Ordering::Relaxed) - before;
+    operator.kill().await.ok();
+    cp.stop().await;
+    println!(
+        "a ProxyPool of {replicas} from 0: readyReplicas {ready} after {took:.2?}; {:.2} EC2 calls a proxy ({made} in all)",
+        made as f64 / replicas as f64
+    );
+    for (action, n) in by_action.lock().unwrap().iter() {
+        let n = n - actions_before.get(action).copied().unwrap_or(0);
+        if n > 0 {
+            println!(
+                "  {action}: {n} ({:.2} a proxy)",
+                n as f64 / replicas as f64
+            );
+        }
+    }
+    anyhow::ensure!(ready == replicas, "{ready} of {replicas} Ready");
+    Ok(())
 }

@@ -363,6 +363,7 @@ fn proxies() -> Vec<ProvisionedProxy> {
             pool: None,
             draining: false,
             login: None,
+            protocol: Default::default(),
         })
         .collect()
 }
@@ -440,7 +441,16 @@ async fn probes(squid: &Squid, target: &str, length: Duration) -> (usize, usize,
             tokio::spawn(async move {
                 let (mut ok, mut failed) = (0, 0);
                 while Instant::now() < deadline {
-                    match probe("127.0.0.1", port, &target, None, Duration::from_secs(5)).await {
+                    match probe(
+                        "127.0.0.1",
+                        port,
+                        proxy_operator::socks::ProxyProtocol::Http,
+                        &target,
+                        None,
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    {
                         Ok(_) => ok += 1,
                         Err(_) => failed += 1,
                     }

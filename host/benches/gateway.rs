@@ -287,6 +287,7 @@ async fn main() {
                 pool: Some("gw".into()),
                 draining: false,
                 login: Some(login.clone()),
+                protocol: Default::default(),
             })
             .collect(),
     );

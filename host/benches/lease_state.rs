@@ -58,6 +58,7 @@ fn proxies(namespace: &str, count: usize) -> Vec<ProvisionedProxy> {
             pool: None,
             draining: false,
             login: None,
+            protocol: Default::default(),
         })
         .collect()
 }

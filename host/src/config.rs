@@ -46,11 +46,15 @@ pub struct ProviderEntry {
 }
 
 impl ProviderEntry {
-    /// The entry's `upstream` section: as written, or the defaults for the `upstream` plugin.
+    /// The entry's `upstream` section: as written, or the defaults for the `upstream` plugin;
+    /// with the SOCKS5 upstreams its `config.upstreams` lists (how the operator speaks to them).
     pub fn upstream_settings(&self) -> Option<crate::upstream::UpstreamSettings> {
-        self.upstream.clone().or_else(|| {
-            (self.provider_type == crate::upstream::UPSTREAM_TYPE).then(Default::default)
-        })
+        self.upstream
+            .clone()
+            .or_else(|| {
+                (self.provider_type == crate::upstream::UPSTREAM_TYPE).then(Default::default)
+            })
+            .map(|settings| settings.with_listed(&self.config))
     }
 }
 

@@ -19,6 +19,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::Proxy;
 use crate::api::ProxyKey;
+use crate::socks::ProxyProtocol;
 
 /// What squid needs to check a crawler's credentials: the user name and the password's salted
 /// hash (a provider's squid gets it; WIT `proxy-credentials`). The password itself stays in the
@@ -206,8 +207,9 @@ impl ProxyLogin {
         )
     }
 
-    /// `http://user:password@address:port`, each part escaped as a URL needs.
-    pub fn proxy_url(&self, address: &str, port: u16) -> String {
+    /// `http://user:password@address:port` (or `socks5://`: RFC 1929's login in the same
+    /// place), each part escaped as a URL needs.
+    pub fn proxy_url(&self, protocol: ProxyProtocol, address: &str, port: u16) -> String {
         let escape =
             |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let host = if address.contains(':') {
@@ -216,7 +218,8 @@ impl ProxyLogin {
             address.to_string()
         };
         format!(
-            "http://{}:{}@{host}:{port}",
+            "{}://{}:{}@{host}:{port}",
+            protocol.scheme(),
             escape(&self.username),
             escape(&self.password)
         )

@@ -24,7 +24,8 @@ use crate::api::{Phase, Proxy};
 use crate::credentials::{CredentialsBook, ProxyLogin};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
-use crate::providers::ProviderSet;
+use crate::providers::{ProviderSet, Providers};
+use crate::socks::ProxyProtocol;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
 
 pub use options::HealthOptions;
@@ -110,6 +111,22 @@ type Probed = (
     Result<Duration, ProbeFailure>,
     Option<Result<std::net::IpAddr, String>>,
 );
+
+/// How a provisioned proxy is spoken to: SOCKS5 for an upstream one whose URL says so (see
+/// `crate::upstream`), HTTP otherwise.
+fn protocol_in(providers: &Providers, proxy: &Proxy) -> ProxyProtocol {
+    let upstream = providers
+        .get(&proxy.spec.provider)
+        .and_then(|p| p.upstream());
+    match (upstream, provisioned(proxy)) {
+        (Some(upstream), Some((address, status))) => upstream.protocol_for(
+            proxy.spec.provider_options.as_ref(),
+            address,
+            status_port(proxy, status),
+        ),
+        _ => ProxyProtocol::Http,
+    }
+}
 
 /// The engine's state between rounds.
 pub struct HealthEngine {
@@ -244,10 +261,12 @@ impl HealthEngine {
     async fn probe_all(&self, due: Vec<(Arc<Proxy>, bool)>) -> Vec<Probed> {
         let (target, timeout) = (self.options.target.clone(), self.options.timeout);
         let exit_ip_url = self.options.exit_ip_url.clone();
+        let providers = self.providers.current();
         futures_util::stream::iter(due)
             .map(|(proxy, exit_ip_due)| {
                 let (target, exit_ip_url) = (target.clone(), exit_ip_url.clone());
                 let login = self.login_of(&proxy);
+                let protocol = protocol_in(&providers, &proxy);
                 let span = tracing::debug_span!(
                     "probe",
                     proxy = %key_of(&proxy),
@@ -257,9 +276,11 @@ impl HealthEngine {
                     let (address, status) = provisioned(&proxy).expect("filtered above");
                     let port = status_port(&proxy, status);
                     let login = login.as_ref();
-                    let result = probe(address, port, &target, login, timeout).await;
+                    let result = probe(address, port, protocol, &target, login, timeout).await;
                     let exit = match (&result, exit_ip_url) {
-                        (Ok(_), Some(url)) if exit_ip_due => {
+                        // Asked through HTTP proxies only (the exit-IP check's client has no
+                        // SOCKS support built in; docs/providers/upstream.md).
+                        (Ok(_), Some(url)) if exit_ip_due && protocol.is_http() => {
                             Some(exit_ip(address, port, login, &url, timeout).await)
                         }
                         _ => None,
@@ -362,6 +383,7 @@ impl HealthEngine {
             };
             seen.insert(key.clone());
             let login = self.login_of(&proxy);
+            let protocol = protocol_in(&providers, &proxy);
             let healthy = if probing {
                 self.verdict_mut(&proxy).healthy == Some(true)
             } else {
@@ -391,6 +413,7 @@ impl HealthEngine {
                     .get(DRAINING_ANNOTATION)
                     .is_some_and(|v| v == "true"),
                 login,
+                protocol,
             });
         }
         self.verdicts.retain(|k, _| seen.contains(k));

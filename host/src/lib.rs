@@ -31,6 +31,7 @@ pub mod probes;
 pub mod providerhealth;
 pub mod providers;
 pub mod registry;
+pub mod socks;
 pub(crate) mod status_page;
 pub mod tls;
 pub(crate) mod upstream;

@@ -3,11 +3,20 @@
 //! (or an environment variable) the operator reads; the plugin never gets it, not even hashed.
 //! The operator probes with it, the gateway logs in with it, and a lease's `proxyUrl` carries it
 //! only when `handOutCredentials` is true.
+//!
+//! An upstream speaks HTTP or SOCKS5, as the scheme of its URL says (`socks5://`). The plugin's
+//! instance carries an address and a port only (the WIT has no field for a protocol), so the
+//! operator reads the scheme from the same URLs the plugin was given: the Proxy's
+//! `providerOptions.url`, else the entry of `config.upstreams` at the instance's address (the
+//! plugin refuses one address listed twice).
+
+use std::collections::BTreeSet;
 
 use serde::Deserialize;
 
 use crate::capabilities::http::{SecretSource, read_secret, secret_value};
 use crate::credentials::{InvalidCredentials, ProxyLogin};
+use crate::socks::ProxyProtocol;
 
 /// The plugin type whose instances are upstream ones even without an `upstream` section.
 pub const UPSTREAM_TYPE: &str = "upstream";
@@ -24,6 +33,10 @@ pub struct UpstreamSettings {
     /// can use a proxy that requires the login.
     #[serde(default)]
     pub hand_out_credentials: bool,
+    /// The addresses (host in lower case, port) of `config.upstreams` whose URL is `socks5://`:
+    /// taken from the provider config, not from this section.
+    #[serde(skip)]
+    pub listed_socks5: BTreeSet<(String, u16)>,
 }
 
 /// The upstreams' login.
@@ -36,7 +49,53 @@ pub struct UpstreamCredentials {
     pub password_from: SecretSource,
 }
 
+/// The scheme, host (lower case, without brackets) and port of `scheme://host:port[/]`; `None`
+/// for anything else (the plugin refuses those with the reason).
+fn parts(url: &str) -> Option<(ProxyProtocol, String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let protocol = ProxyProtocol::of_scheme(scheme)?;
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once("]:")?,
+        None => authority.rsplit_once(':')?,
+    };
+    Some((protocol, host.to_ascii_lowercase(), port.parse().ok()?))
+}
+
 impl UpstreamSettings {
+    /// With the SOCKS5 upstreams listed in the entry's `config` (`upstreams[].url`).
+    pub fn with_listed(mut self, config: &serde_json::Value) -> Self {
+        self.listed_socks5 = config["upstreams"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| parts(entry["url"].as_str()?))
+            .filter(|(protocol, _, _)| *protocol == ProxyProtocol::Socks5)
+            .map(|(_, host, port)| (host, port))
+            .collect();
+        self
+    }
+
+    /// How the operator speaks to an upstream at `address:port`, given to a Proxy whose
+    /// `spec.providerOptions` is `options`: the scheme of its `url`, else of the listed upstream
+    /// at that address; HTTP otherwise.
+    pub fn protocol_for(
+        &self,
+        options: Option<&serde_json::Value>,
+        address: &str,
+        port: u16,
+    ) -> ProxyProtocol {
+        if let Some(url) = options.and_then(|o| o["url"].as_str()) {
+            return parts(url).map_or(ProxyProtocol::Http, |(protocol, _, _)| protocol);
+        }
+        let listed = (address.to_ascii_lowercase(), port);
+        if self.listed_socks5.contains(&listed) {
+            ProxyProtocol::Socks5
+        } else {
+            ProxyProtocol::Http
+        }
+    }
+
     /// Checks the section without reading the password; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         let Some(credentials) = &self.credentials else {
@@ -132,6 +191,35 @@ mod tests {
                 (result, _) => panic!("{yaml}: {result:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_protocol_is_the_scheme_of_the_url_the_plugin_was_given() {
+        let config = serde_json::json!({"upstreams": [
+            {"url": "http://10.0.0.1:3128"},
+            {"url": "socks5://Socks.Vendor.example:1080/", "zone": "eu"},
+            {"url": "SOCKS5H://[fd00::7]:1080"},
+            {"url": "nonsense"},
+        ]});
+        let listed = settings("{}").with_listed(&config);
+        let http = ProxyProtocol::Http;
+        let socks5 = ProxyProtocol::Socks5;
+        assert_eq!(listed.protocol_for(None, "10.0.0.1", 3128), http);
+        assert_eq!(
+            listed.protocol_for(None, "socks.vendor.example", 1080),
+            socks5
+        );
+        assert_eq!(listed.protocol_for(None, "fd00::7", 1080), socks5);
+        assert_eq!(listed.protocol_for(None, "fd00::7", 1081), http);
+        // A Proxy's own URL decides for it.
+        let own = serde_json::json!({"url": "socks5://10.0.0.1:3128"});
+        assert_eq!(listed.protocol_for(Some(&own), "10.0.0.1", 3128), socks5);
+        let own = serde_json::json!({"url": "http://fd00::7:1080"});
+        assert_eq!(listed.protocol_for(Some(&own), "fd00::7", 1080), http);
+        assert_eq!(
+            settings("{}").protocol_for(None, "socks.vendor.example", 1080),
+            http
+        );
     }
 
     #[test]

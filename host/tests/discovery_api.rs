@@ -23,6 +23,9 @@ mod browser;
 mod dataplane;
 #[path = "discovery_api/gateway.rs"]
 mod gateway;
+// The gateway in front of SOCKS5 upstreams (dante, microsocks).
+#[path = "discovery_api/socks5_upstream.rs"]
+mod socks5_upstream;
 // The metrics port behind TokenReview + SubjectAccessReview, against the real API server.
 #[path = "discovery_api/metrics_auth.rs"]
 mod metrics_auth;
@@ -76,6 +79,7 @@ fn entry(name: &str, healthy: bool) -> ProvisionedProxy {
         pool: None,
         draining: false,
         login: None,
+        protocol: Default::default(),
     }
 }
 

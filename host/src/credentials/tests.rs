@@ -120,14 +120,18 @@ fn proxy_urls_escape_what_a_url_cannot_hold() {
         hand_out: true,
     };
     assert_eq!(
-        login.proxy_url("10.0.0.7", 3128),
+        login.proxy_url(ProxyProtocol::Http, "10.0.0.7", 3128),
         "http://egress-1:p%40ss%2Fw%3Ard@10.0.0.7:3128"
     );
     assert_eq!(
-        login.proxy_url("fd00::7", 3128),
+        login.proxy_url(ProxyProtocol::Http, "fd00::7", 3128),
         "http://egress-1:p%40ss%2Fw%3Ard@[fd00::7]:3128"
     );
-    let parsed = url::Url::parse(&login.proxy_url("10.0.0.7", 3128)).unwrap();
+    assert_eq!(
+        login.proxy_url(ProxyProtocol::Socks5, "10.0.0.7", 1080),
+        "socks5://egress-1:p%40ss%2Fw%3Ard@10.0.0.7:1080"
+    );
+    let parsed = url::Url::parse(&login.proxy_url(ProxyProtocol::Http, "10.0.0.7", 3128)).unwrap();
     assert_eq!(parsed.password(), Some("p%40ss%2Fw%3Ard"));
     assert_eq!(
         login.basic_authorization(),

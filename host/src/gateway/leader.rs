@@ -33,6 +33,9 @@ struct RouteAnswer {
     #[serde(default)]
     pool: Option<String>,
     login: Option<Login>,
+    /// How to speak to the proxy (absent from a leader before SOCKS5 upstreams: HTTP).
+    #[serde(default)]
+    protocol: crate::socks::ProxyProtocol,
     #[serde(default)]
     block_statuses: Vec<u16>,
     #[serde(default)]
@@ -258,6 +261,7 @@ impl Routes for LeaderRoutes {
                 username: l.username,
                 password: l.password,
             }),
+            protocol: answer.protocol,
             block_statuses: answer.block_statuses,
             block_body_patterns: answer.block_body_patterns,
         })

@@ -207,6 +207,7 @@ mod tests {
                 address: "127.0.0.1".into(),
                 port: 3128,
                 login: None,
+                protocol: Default::default(),
                 block_statuses: vec![],
                 block_body_patterns: vec![],
             })
@@ -307,6 +308,7 @@ mod tests {
             address: "127.0.0.1".into(),
             port: 3128,
             login: None,
+            protocol: Default::default(),
             block_statuses: vec![],
             block_body_patterns: vec![],
         }

@@ -1,6 +1,9 @@
 //! Carrying a tunnel or a plain request through an upstream squid the fleet picks, logging in
 //! with the route's credentials; on a failure of the upstream (refused, timed out, 502/503/504
-//! or 407 from squid), the upstream is reported and one other is tried.
+//! or 407 from squid), the upstream is reported and one other is tried. A SOCKS5 upstream (an
+//! `upstream` provider's `socks5://` one) gets a SOCKS5 `CONNECT` to the destination instead
+//! (RFC 1929's login with the route's credentials), and a plain request then goes through that
+//! tunnel in origin form, as to the destination itself.
 
 use std::time::Duration;
 
@@ -16,6 +19,7 @@ use super::metrics::{GatewayMetrics, Outcome};
 use super::options::GatewayOptions;
 use super::relay::{Activity, Counted, idle_for};
 use super::{Destination, Report, Route, RouteError, RouteRequest, Routes, UpstreamLogin};
+use crate::socks::{self, ProxyProtocol, Socks5Failure};
 
 /// A client connection: plain TCP, or TLS on the gateway's HTTPS port.
 pub trait ClientStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
@@ -170,12 +174,52 @@ fn response_status(head: &[u8]) -> Option<(u16, bool)> {
     Some((response.code?, from_squid))
 }
 
+/// A SOCKS5 `CONNECT` to the destination through the upstream at the other end of `stream`,
+/// within `timeout`. Refused by the upstream's rules (reply 0x02): final, as squid's 403; a
+/// refused login, a failure reply or no answer: the upstream's failure, retried elsewhere.
+async fn socks5_open(
+    timeout: Duration,
+    route: &Route,
+    destination: &Destination,
+    stream: &mut TcpStream,
+) -> Result<(), Attempt> {
+    let login = route
+        .login
+        .as_ref()
+        .map(|l| (l.username.as_str(), l.password.as_str()));
+    let target = authority(destination);
+    let handshake = socks::connect(stream, &destination.host, destination.port, login);
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(failure)) if failure.is_not_allowed() => Err(Attempt::Final(Refusal::Denied(
+            format!("the upstream proxy refused CONNECT {target} (SOCKS5: {failure})"),
+        ))),
+        Ok(Err(
+            failure @ (Socks5Failure::Reply { code: 0x07 | 0x08 } | Socks5Failure::Destination(_)),
+        )) => Err(Attempt::Final(Refusal::Failed(format!(
+            "the upstream proxy cannot carry CONNECT {target}: {failure}"
+        )))),
+        Ok(Err(failure)) => Err(Attempt::Retry(format!(
+            "SOCKS5 CONNECT {target} through {}: {failure}",
+            route.proxy
+        ))),
+        Err(_) => Err(Attempt::Retry(format!(
+            "{} did not answer the SOCKS5 handshake within {timeout:?}",
+            route.proxy
+        ))),
+    }
+}
+
 async fn connect_tunnel(
     timeout: Duration,
     route: &Route,
     destination: &Destination,
 ) -> Result<(TcpStream, Vec<u8>), Attempt> {
     let mut stream = connect(timeout, route).await.map_err(Attempt::Retry)?;
+    if route.protocol == ProxyProtocol::Socks5 {
+        socks5_open(timeout, route, destination, &mut stream).await?;
+        return Ok((stream, Vec::new()));
+    }
     let target = authority(destination);
     let request = format!(
         "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
@@ -249,15 +293,20 @@ pub async fn forward<R: Routes, C: ClientStream>(
         let attempt = match connect(ctx.options.connect_timeout, &route).await {
             Ok(mut upstream) => {
                 let _guard = ctx.upstreams.acquire(&route.proxy);
-                exchange(
-                    ctx,
-                    &route,
-                    &request.destination,
-                    &plain,
-                    client,
-                    &mut upstream,
-                )
-                .await
+                let timeout = ctx.options.connect_timeout;
+                let destination = &request.destination;
+                let opened = match route.protocol {
+                    ProxyProtocol::Http => Ok(()),
+                    ProxyProtocol::Socks5 => {
+                        socks5_open(timeout, &route, destination, &mut upstream).await
+                    }
+                };
+                match opened {
+                    Ok(()) => {
+                        exchange(ctx, &route, destination, &plain, client, &mut upstream).await
+                    }
+                    Err(attempt) => Err(attempt),
+                }
             }
             Err(reason) => Err(Attempt::Retry(reason)),
         };
@@ -271,6 +320,23 @@ pub async fn forward<R: Routes, C: ClientStream>(
         }
     }
     Err(Refusal::Failed(failed.unwrap_or_default()))
+}
+
+/// What goes upstream first: the request head, the login header, `Connection: close` and the
+/// body read with the head; and the login header's length (the fleet's, not counted as the
+/// client's bytes). Through a SOCKS5 tunnel the request goes to the destination itself: origin
+/// form, and no proxy login (the handshake carried it).
+fn first_message(route: &Route, plain: &PlainRequest<'_>) -> (Vec<u8>, usize) {
+    let (head, login) = match route.protocol {
+        ProxyProtocol::Http => (plain.head.to_vec(), login_header(route.login.as_ref())),
+        ProxyProtocol::Socks5 => (origin_form(plain.head), String::new()),
+    };
+    let mut message = Vec::with_capacity(head.len() + 128 + plain.early_body.len());
+    message.extend_from_slice(&head);
+    message.extend_from_slice(login.as_bytes());
+    message.extend_from_slice(b"Connection: close\r\n\r\n");
+    message.extend_from_slice(plain.early_body);
+    (message, login.len())
 }
 
 /// One request on one upstream connection. The client's body is pumped upstream while the
@@ -287,17 +353,12 @@ async fn exchange<R: Routes, C: ClientStream>(
     upstream: &mut TcpStream,
 ) -> Result<Outcome, Attempt> {
     let bytes = ctx.metrics.pool_bytes(route.pool.as_deref());
-    let login = login_header(route.login.as_ref());
-    let mut message = Vec::with_capacity(plain.head.len() + 128 + plain.early_body.len());
-    message.extend_from_slice(plain.head);
-    message.extend_from_slice(login.as_bytes());
-    message.extend_from_slice(b"Connection: close\r\n\r\n");
-    message.extend_from_slice(plain.early_body);
+    let (message, login) = first_message(route, plain);
     upstream
         .write_all(&message)
         .await
         .map_err(|e| Attempt::Retry(format!("sending the request to {}: {e}", route.proxy)))?;
-    bytes.sent.add((message.len() - login.len()) as u64);
+    bytes.sent.add((message.len() - login) as u64);
     let from_client = Activity::default();
     let from_upstream = Activity::default();
     let (client_read, client_write) = tokio::io::split(client);
@@ -340,7 +401,7 @@ async fn exchange<R: Routes, C: ClientStream>(
         )));
     };
     let (status, from_squid) = response_status(head.head()).unwrap_or((0, false));
-    if status == 407 || (from_squid && matches!(status, 502..=504)) {
+    if (status == 407 && route.protocol.is_http()) || (from_squid && matches!(status, 502..=504)) {
         return Err(retry_or_fail(format!("{} answered {status}", route.proxy)));
     }
     // The start of the body, kept only when the pool names texts to look for in it.
@@ -407,6 +468,28 @@ async fn report_a_block<R: Routes>(
     } else {
         Outcome::Ok
     }
+}
+
+/// The request head with its request line in origin form (`GET /path?query HTTP/1.1`), as a
+/// server expects it over a tunnel; the absolute form is for proxies.
+fn origin_form(head: &[u8]) -> Vec<u8> {
+    let end = head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(head.len());
+    let line = String::from_utf8_lossy(&head[..end]);
+    let mut parts = line.splitn(3, ' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return head.to_vec();
+    };
+    let Ok(url) = url::Url::parse(target) else {
+        return head.to_vec();
+    };
+    let query = url.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let mut out = format!("{method} {}{query} {version}", url.path()).into_bytes();
+    out.extend_from_slice(&head[end..]);
+    out
 }
 
 /// Headers that concern one connection, not the message: never passed on.
@@ -487,6 +570,20 @@ mod tests {
         let origin = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\n\r\n";
         assert_eq!(response_status(origin), Some((503, false)));
         assert_eq!(response_status(b"SSH-2.0-OpenSSH\r\n\r\n"), None);
+    }
+
+    #[test]
+    fn a_request_through_a_socks5_tunnel_goes_in_origin_form() {
+        let head = b"GET http://example.com:8080/a/b?c=1 HTTP/1.1\r\nHost: example.com:8080\r\n";
+        assert_eq!(
+            String::from_utf8(origin_form(head)).unwrap(),
+            "GET /a/b?c=1 HTTP/1.1\r\nHost: example.com:8080\r\n"
+        );
+        let bare = b"POST http://example.com HTTP/1.0\r\nHost: example.com\r\n";
+        assert_eq!(
+            String::from_utf8(origin_form(bare)).unwrap(),
+            "POST / HTTP/1.0\r\nHost: example.com\r\n"
+        );
     }
 
     #[test]

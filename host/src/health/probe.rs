@@ -1,4 +1,5 @@
-//! One health probe: an HTTP `CONNECT` through the proxy to a target, as a crawler would use it.
+//! One health probe: an HTTP `CONNECT` through the proxy to a target, as a crawler would use it
+//! (or, for a SOCKS5 upstream, a SOCKS5 `CONNECT`: `crate::socks`).
 //! Written on a bare TCP stream: reqwest hides the proxy's answer to CONNECT behind its own
 //! error types, and the probe needs exactly that answer (status code, timing), nothing more; its
 //! status line is read by httparse.
@@ -9,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::credentials::ProxyLogin;
+use crate::socks::{self, ProxyProtocol, Socks5Failure};
 
 /// Largest CONNECT response head read (squid sends a few hundred bytes).
 const MAX_HEAD: usize = 8 * 1024;
@@ -24,6 +26,9 @@ pub enum ProbeFailure {
     Status(u16),
     #[error("the proxy's answer is not HTTP: {0}")]
     Protocol(String),
+    /// A SOCKS5 upstream did not open the tunnel.
+    #[error("SOCKS5: {0}")]
+    Socks5(Socks5Failure),
 }
 
 /// What usually causes a refusal, for the statuses where that is known.
@@ -53,22 +58,35 @@ impl ProbeFailure {
             ProbeFailure::Timeout(_) => "timeout",
             ProbeFailure::Status(_) => "status",
             ProbeFailure::Protocol(_) => "protocol",
+            ProbeFailure::Socks5(Socks5Failure::Reply { .. }) => "status",
+            ProbeFailure::Socks5(Socks5Failure::LoginRefused(_))
+            | ProbeFailure::Socks5(Socks5Failure::NoAcceptableMethod(_)) => "status",
+            ProbeFailure::Socks5(_) => "protocol",
         }
     }
 }
 
-/// `CONNECT target` through `address:port`, with the proxy's credentials when it has them; the
-/// latency until the proxy said 2xx.
+/// `CONNECT target` through `address:port` (in HTTP or SOCKS5, as `protocol` says), with the
+/// proxy's credentials when it has them; the latency until the proxy said 2xx (SOCKS5:
+/// succeeded).
 pub async fn probe(
     address: &str,
     port: u16,
+    protocol: ProxyProtocol,
     target: &str,
     login: Option<&ProxyLogin>,
     timeout: Duration,
 ) -> Result<Duration, ProbeFailure> {
     let started = Instant::now();
-    let authorization = login.map(ProxyLogin::basic_authorization);
-    let connect = connect_through(address, port, target, authorization.as_deref());
+    let connect = async {
+        match protocol {
+            ProxyProtocol::Http => {
+                let authorization = login.map(ProxyLogin::basic_authorization);
+                connect_through(address, port, target, authorization.as_deref()).await
+            }
+            ProxyProtocol::Socks5 => socks5_through(address, port, target, login).await,
+        }
+    };
     match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(())) => Ok(started.elapsed()),
         Ok(Err(e)) => Err(e),
@@ -114,6 +132,30 @@ async fn connect_through(
         }
     }
     connect_answer(&head)
+}
+
+/// A SOCKS5 `CONNECT target` through the upstream at `address:port`, logging in (RFC 1929) when
+/// the operator holds its login.
+async fn socks5_through(
+    address: &str,
+    port: u16,
+    target: &str,
+    login: Option<&ProxyLogin>,
+) -> Result<(), ProbeFailure> {
+    let (host, target_port) = match target.strip_prefix('[') {
+        Some(v6) => v6.split_once("]:"),
+        None => target.rsplit_once(':'),
+    }
+    .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+    .ok_or_else(|| ProbeFailure::Protocol(format!("--health-target {target} is not host:port")))?;
+    let mut stream = TcpStream::connect((address, port))
+        .await
+        .map_err(|e| ProbeFailure::Connect(e.to_string()))?;
+    let _ = stream.set_nodelay(true);
+    let login = login.map(|l| (l.username(), l.password()));
+    socks::connect(&mut stream, host, target_port, login)
+        .await
+        .map_err(ProbeFailure::Socks5)
 }
 
 /// What a proxy's answer to CONNECT (its response head) says: 2xx is a tunnel.
@@ -251,6 +293,7 @@ mod tests {
         let failure = probe(
             "127.0.0.1",
             addr.port(),
+            ProxyProtocol::Http,
             "www.example.com:443",
             None,
             Duration::from_secs(5),
@@ -276,6 +319,7 @@ mod tests {
         let failure = probe(
             "127.0.0.1",
             addr.port(),
+            ProxyProtocol::Http,
             "www.example.com:443",
             None,
             Duration::from_secs(5),

@@ -513,7 +513,7 @@ async fn proxies(
                 "provider": v.provider,
                 "address": v.address,
                 "port": v.port,
-                "proxyUrl": proxy_url(&v.address, v.port),
+                "proxyUrl": proxy_url(v.protocol, &v.address, v.port),
                 "state": v.state,
             });
             if let Some(zone) = v.zone {

@@ -108,6 +108,7 @@ fn proxy(namespace: &str, name: &str, pool: &str) -> ProvisionedProxy {
         pool: Some(pool.to_string()),
         draining: false,
         login: None,
+        protocol: Default::default(),
     }
 }
 

@@ -123,6 +123,7 @@ impl World {
                     username: login.username().into(),
                     password: login.password().into(),
                 }),
+                protocol: Default::default(),
                 block_statuses: vec![403, 429],
                 block_body_patterns: vec!["captcha".into()],
             });

@@ -55,7 +55,7 @@ impl Drop for Site {
 }
 
 impl Site {
-    async fn start() -> Site {
+    pub(super) async fn start() -> Site {
         use axum::extract::{ConnectInfo, Request};
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let record = seen.clone();
@@ -149,7 +149,7 @@ impl Site {
 
 /// A ready `proxy-operator gateway` replica in front of the leader's API at `leader`, allowed
 /// to reach `ports` (the site's) on 127.0.0.1 and 127.0.0.2.
-async fn spawn_replica(
+pub(super) async fn spawn_replica(
     leader: SocketAddr,
     ports: &[u16],
     name: &str,
@@ -236,30 +236,35 @@ impl Gateway {
 
     /// curl with `args`: (HTTP status or 0, body, exit code).
     pub(super) async fn curl(&self, args: &[&str]) -> (u16, String, i32) {
-        let out = tokio::process::Command::new("curl")
-            .args(["-s", "--max-time", "20", "-w", "\n%{http_code}"])
-            .args(args)
-            .env_remove("http_proxy")
-            .env_remove("HTTP_PROXY")
-            .env_remove("https_proxy")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("all_proxy")
-            .env_remove("ALL_PROXY")
-            .output()
-            .await
-            .expect("curl is installed (Debian package curl)");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (
-            code.trim().parse().unwrap_or(0),
-            body.to_string(),
-            out.status.code().unwrap_or(-1),
-        )
+        curl(args).await
     }
 
     pub(super) fn log(&self) -> String {
         self.replica.process.log_tail(200)
     }
+}
+
+/// curl with `args`, no proxy from the environment: (HTTP status or 0, body, exit code).
+pub(super) async fn curl(args: &[&str]) -> (u16, String, i32) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "20", "-w", "\n%{http_code}"])
+        .args(args)
+        .env_remove("http_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("all_proxy")
+        .env_remove("ALL_PROXY")
+        .output()
+        .await
+        .expect("curl is installed (Debian package curl)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        body.to_string(),
+        out.status.code().unwrap_or(-1),
+    )
 }
 
 /// The examples' venv python (requests and Scrapy, pinned in docs/examples/requirements.txt;

@@ -37,6 +37,7 @@ fn entry(ns: &str, name: &str) -> ProvisionedProxy {
         pool: None,
         draining: false,
         login: None,
+        protocol: Default::default(),
     }
 }
 

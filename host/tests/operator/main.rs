@@ -21,6 +21,7 @@ mod reload;
 mod status_page;
 mod tls_metrics;
 mod upstream;
+mod upstream_socks5;
 mod world;
 
 use std::sync::Arc;
@@ -1026,6 +1027,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
         pool: None,
         draining: false,
         login: None,
+        protocol: Default::default(),
     }]);
     table
         .grant(&proxy_operator::leases::LeaseRequest::default())

@@ -29,14 +29,14 @@ const PASSWORD: &str = "vendor-S3cret/pw";
 const ROTATED: &str = "r0tated-by-the-vendor";
 const GATEWAY_TOKEN: &str = "gateway-token-for-upstream-tests";
 
-fn proxy(ns: &str, name: &str, provider: &str, spec: &str) -> String {
+pub(super) fn proxy(ns: &str, name: &str, provider: &str, spec: &str) -> String {
     format!(
         "apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  provider: {provider}\n{spec}"
     )
 }
 
 /// The Proxy's condition `type`: (status, reason, message), once it has one.
-async fn condition(
+pub(super) async fn condition(
     proxies: &Api<Proxy>,
     name: &str,
     type_: &str,
@@ -48,7 +48,7 @@ async fn condition(
 }
 
 /// Waits until the Proxy's condition `type_` has `status` and a reason `reason`.
-async fn wait_condition(
+pub(super) async fn wait_condition(
     proxies: &Api<Proxy>,
     name: &str,
     type_: &str,
@@ -70,7 +70,7 @@ async fn wait_condition(
 }
 
 /// The `proxyUrl` of a lease granted on `proxy` (and released).
-async fn leased_url(operator: &mut OperatorProcess, proxy: &str) -> String {
+pub(super) async fn leased_url(operator: &mut OperatorProcess, proxy: &str) -> String {
     let lease = operator.lease(proxy).await;
     let (status, granted) = operator
         .call(Method::GET, &format!("/v1/leases/{lease}"), None)
@@ -84,13 +84,13 @@ async fn leased_url(operator: &mut OperatorProcess, proxy: &str) -> String {
     granted["proxyUrl"].as_str().unwrap().to_string()
 }
 
-fn pool(ns: &str, name: &str, replicas: u32, provider: &str) -> String {
+pub(super) fn pool(ns: &str, name: &str, replicas: u32, provider: &str) -> String {
     format!(
         "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: {provider}\n"
     )
 }
 
-async fn pool_members(proxies: &Api<Proxy>, pool: &str) -> Vec<Proxy> {
+pub(super) async fn pool_members(proxies: &Api<Proxy>, pool: &str) -> Vec<Proxy> {
     let selector = format!("proxy-operator.dev/pool={pool}");
     proxies
         .list(&ListParams::default().labels(&selector))
@@ -100,7 +100,7 @@ async fn pool_members(proxies: &Api<Proxy>, pool: &str) -> Vec<Proxy> {
 }
 
 /// Waits until the ProxyPool `pool` has `n` Ready Proxies; their names.
-async fn ready_members(proxies: &Api<Proxy>, pool: &str, n: usize) -> Vec<String> {
+pub(super) async fn ready_members(proxies: &Api<Proxy>, pool: &str, n: usize) -> Vec<String> {
     wait_for(
         &format!("{n} Ready in pool {pool}"),
         Duration::from_secs(60),

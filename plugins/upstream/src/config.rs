@@ -20,7 +20,7 @@ pub const SCHEMA: &str = r#"{
         "additionalProperties": false,
         "required": ["url"],
         "properties": {
-          "url": {"type": "string", "maxLength": 512, "description": "http://HOST:PORT, without credentials (the host adds them)"},
+          "url": {"type": "string", "maxLength": 512, "description": "http://HOST:PORT or socks5://HOST:PORT, without credentials (the host adds them)"},
           "zone": {"type": "string", "maxLength": 63, "description": "What a Proxy's placement.zone or a lease's zone matches"}
         }
       }
@@ -60,7 +60,7 @@ impl ProxyOptions {
     pub fn parse(options: &str) -> Result<Self, ProviderError> {
         let options: ProxyOptions = serde_json::from_str(options).map_err(|e| {
             ProviderError::Permanent(format!(
-                "spec.providerOptions: {e}; the upstream provider takes {{url: http://HOST:PORT}}"
+                "spec.providerOptions: {e}; the upstream provider takes {{url: http://HOST:PORT}} or {{url: socks5://HOST:PORT}}"
             ))
         })?;
         if let Some(url) = &options.url {
@@ -72,27 +72,47 @@ impl ProxyOptions {
     }
 }
 
-/// An upstream proxy, checked: where it answers.
+/// How the operator speaks to an upstream: HTTP (`CONNECT`, and plain requests in absolute
+/// form) or SOCKS5 (RFC 1928, with RFC 1929's login when the operator holds one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Socks5,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Socks5 => "socks5",
+        }
+    }
+}
+
+/// An upstream proxy, checked: where it answers, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
+    pub scheme: Scheme,
     /// A host name or an IP address (an IPv6 one without brackets).
     pub host: String,
     pub port: u16,
 }
 
 impl Upstream {
-    /// Parses `http://HOST:PORT` (a trailing `/` allowed). The problem says what is wrong and
-    /// never repeats a URL that carries a password.
+    /// Parses `http://HOST:PORT` or `socks5://HOST:PORT` (`socks5h://` is the same: the
+    /// operator always lets the upstream resolve names; a trailing `/` allowed). The problem
+    /// says what is wrong and never repeats a URL that carries a password.
     pub fn parse(url: &str) -> Result<Self, String> {
-        const FORM: &str = "write it as http://HOST:PORT, e.g. http://proxy.vendor.example:8000";
+        const FORM: &str = "write it as http://HOST:PORT or socks5://HOST:PORT, e.g. http://proxy.vendor.example:8000";
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(format!("`{}` is not a URL; {FORM}", shown(url)));
         };
-        match scheme.to_ascii_lowercase().as_str() {
-            "http" => {}
-            "socks5" | "socks5h" | "socks" => {
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "http" => Scheme::Http,
+            "socks5" | "socks5h" => Scheme::Socks5,
+            "socks4" | "socks4a" | "socks" => {
                 return Err(format!(
-                    "SOCKS5 upstreams are not supported yet (the health probe speaks HTTP CONNECT); {FORM}"
+                    "SOCKS4 is not supported (no login, no IPv6): ask the vendor for the SOCKS5 port; {FORM}"
                 ));
             }
             "https" => {
@@ -106,7 +126,7 @@ impl Upstream {
                     shown(other)
                 ));
             }
-        }
+        };
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.contains('@') {
             return Err(
@@ -144,18 +164,25 @@ impl Upstream {
             return Err(format!("`{url}` has no valid host name or address; {FORM}"));
         }
         Ok(Upstream {
+            scheme,
             host: host.to_ascii_lowercase(),
             port,
         })
     }
 
-    /// The URL as recorded and compared: `http://host:port`.
-    pub fn url(&self) -> String {
+    /// `host:port`, an IPv6 address in brackets: where the upstream answers, whatever its
+    /// scheme.
+    pub fn authority(&self) -> String {
         if self.host.contains(':') {
-            format!("http://[{}]:{}", self.host, self.port)
+            format!("[{}]:{}", self.host, self.port)
         } else {
-            format!("http://{}:{}", self.host, self.port)
+            format!("{}:{}", self.host, self.port)
         }
+    }
+
+    /// The URL as recorded and compared: `http://host:port` or `socks5://host:port`.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.scheme.as_str(), self.authority())
     }
 }
 
@@ -171,10 +198,12 @@ pub fn validate(config: &Config) -> Result<(), ProviderError> {
         let at = format!("config.upstreams[{index}]");
         let upstream = Upstream::parse(&entry.url)
             .map_err(|problem| ProviderError::InvalidConfig(format!("{at}.url: {problem}")))?;
-        if let Some(first) = seen.insert(upstream.url(), index) {
+        // By address, not URL: the operator tells an upstream's scheme by its address, so one
+        // address cannot be listed as HTTP and as SOCKS5.
+        if let Some(first) = seen.insert(upstream.authority(), index) {
             return Err(ProviderError::InvalidConfig(format!(
-                "{at}.url: {} is listed already as config.upstreams[{first}]; list each upstream once",
-                upstream.url()
+                "{at}.url: {} is listed already as config.upstreams[{first}]; list each upstream (address and port) once",
+                upstream.authority()
             )));
         }
         if let Some(zone) = &entry.zone
@@ -202,6 +231,12 @@ mod tests {
                 8000,
             ),
             ("HTTP://[fd00::7]:3128", "fd00::7", 3128),
+            ("socks5://10.0.0.8:1080", "10.0.0.8", 1080),
+            (
+                "SOCKS5H://Proxy.Vendor.example:1080",
+                "proxy.vendor.example",
+                1080,
+            ),
         ];
         for (url, host, port) in ok {
             let parsed = Upstream::parse(url).unwrap();
@@ -211,12 +246,18 @@ mod tests {
             Upstream::parse("http://[fd00::7]:3128").unwrap().url(),
             "http://[fd00::7]:3128"
         );
+        let socks = Upstream::parse("socks5h://Proxy.example:1080/").unwrap();
+        assert_eq!(socks.scheme, Scheme::Socks5);
+        assert_eq!(socks.url(), "socks5://proxy.example:1080");
+        assert_eq!(
+            Upstream::parse("socks5://[fd00::7]:1080").unwrap().url(),
+            "socks5://[fd00::7]:1080"
+        );
         let refused = [
             ("10.0.0.7:3128", "is not a URL"),
-            (
-                "socks5://10.0.0.7:1080",
-                "SOCKS5 upstreams are not supported yet",
-            ),
+            ("socks4://10.0.0.7:1080", "SOCKS4 is not supported"),
+            ("socks5://10.0.0.7", "no port"),
+            ("socks5://user:pw@10.0.0.7:1080", "upstream.credentials"),
             ("https://10.0.0.7:3128", "TLS"),
             ("ftp://10.0.0.7:21", "scheme `ftp`"),
             ("http://10.0.0.7", "no port"),
@@ -231,7 +272,7 @@ mod tests {
             let problem = Upstream::parse(url).unwrap_err();
             assert!(problem.contains(expected), "{url}: {problem}");
             assert!(
-                problem.contains("http://HOST:PORT"),
+                problem.contains("http://HOST:PORT") || problem.contains("upstream.credentials"),
                 "{url}: the fix: {problem}"
             );
         }
@@ -239,9 +280,14 @@ mod tests {
 
     #[test]
     fn a_url_with_credentials_is_refused_without_repeating_them() {
-        let problem = Upstream::parse("http://customer:s3cret@10.0.0.7:3128").unwrap_err();
-        assert!(problem.contains("upstream.credentials"), "{problem}");
-        assert!(!problem.contains("s3cret"), "{problem}");
+        for url in [
+            "http://customer:s3cret@10.0.0.7:3128",
+            "socks5://customer:s3cret@10.0.0.7:1080",
+        ] {
+            let problem = Upstream::parse(url).unwrap_err();
+            assert!(problem.contains("upstream.credentials"), "{problem}");
+            assert!(!problem.contains("s3cret"), "{problem}");
+        }
     }
 
     #[test]
@@ -282,6 +328,17 @@ mod tests {
             panic!("invalid-config")
         };
         assert!(message.starts_with("config.upstreams[1].url:"), "{message}");
+        // One address is HTTP or SOCKS5, not both.
+        let ProviderError::InvalidConfig(message) =
+            validate(&config(&["http://a:1", "socks5://a:1"])).unwrap_err()
+        else {
+            panic!("invalid-config")
+        };
+        assert!(
+            message.starts_with("config.upstreams[1].url: a:1 is listed already"),
+            "{message}"
+        );
+        assert!(validate(&config(&["http://a:1", "socks5://a:2"])).is_ok());
         let ProviderError::InvalidConfig(message) =
             validate(&config(&["http://a:1", "nope"])).unwrap_err()
         else {

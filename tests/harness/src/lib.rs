@@ -6,6 +6,7 @@
 //! | [`Cluster`] | a real single-node cluster: etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy, containerd + runc, bridge CNI, in a network namespace with no uplink; local pause/squid/web images | ~15 s (8 s of it importing the images), once per test binary; needs root |
 //! | [`TestNamespace`] | a fresh namespace (+ `default` ServiceAccount) per test | ~20 ms |
 //! | [`Squid`] | squid on a free port, CONNECT to any port from loopback | ~0.1 s |
+//! | [`SocksServer`] | a SOCKS5 server on a free port: dante without a login, or microsocks with one | ~0.1 s |
 //! | [`Sshd`] | sshd with generated ed25519 host and client keys | ~0.05 s |
 //! | [`Libvirtd`] | private libvirtd + virtlogd, QEMU (TCG), a `dir` pool | ~0.7 s |
 //! | [`FileServer`] | HTTP file server that counts requests | instant |
@@ -75,6 +76,7 @@ pub mod netns;
 pub mod node;
 pub mod process;
 pub mod shared;
+pub mod socks;
 pub mod squid;
 pub mod sshd;
 pub mod stack;
@@ -86,5 +88,6 @@ pub use http::FileServer;
 pub use libvirtd::Libvirtd;
 pub use moto::Moto;
 pub use node::{Cluster, Images};
+pub use socks::SocksServer;
 pub use squid::Squid;
 pub use sshd::{SshKey, Sshd};

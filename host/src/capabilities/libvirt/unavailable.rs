@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use super::error::LibvirtError;
 use super::material::{DEFAULT_OPERATOR_ID, MaterialSource};
-use super::records::{DomainInfo, ImageSource, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo};
+use super::records::{
+    DomainInfo, ImageSource, InterfaceAddress, PoolInfo, ProbeReport, VolumeInfo,
+};
 use crate::capabilities::CallContext;
 
 type Result<T> = std::result::Result<T, LibvirtError>;

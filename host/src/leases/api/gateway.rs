@@ -90,6 +90,8 @@ struct RouteAnswer<'a> {
     pool: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     login: Option<Login<'a>>,
+    /// `http` or `socks5`: how the gateway speaks to the proxy.
+    protocol: crate::socks::ProxyProtocol,
     block_statuses: &'a [u16],
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     block_body_patterns: &'a [String],
@@ -198,6 +200,7 @@ async fn route(
             username: l.username(),
             password: l.password(),
         }),
+        protocol: entry.protocol,
         block_statuses: pool
             .and_then(|p| p.block_statuses.as_deref())
             .unwrap_or(&access.block_statuses),

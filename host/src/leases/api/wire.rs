@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::leases::store::{Lease, Outcome, PoolKey, ProvisionedProxy};
+use crate::socks::ProxyProtocol;
 
 /// Every field is optional, and `null` is the same as absent for each of them. Serialized as a
 /// client sends it (`kubectl px lease`), without the fields it leaves out.
@@ -123,8 +124,10 @@ impl<'a> Granted<'a> {
         Granted {
             // An upstream's login stays with the operator (and its gateway) unless allowed.
             proxy_url: match &entry.login {
-                Some(login) if login.handed_out() => login.proxy_url(&entry.address, entry.port),
-                _ => proxy_url(&entry.address, entry.port),
+                Some(login) if login.handed_out() => {
+                    login.proxy_url(entry.protocol, &entry.address, entry.port)
+                }
+                _ => proxy_url(entry.protocol, &entry.address, entry.port),
             },
             granted_at: rfc3339(lease.granted_at_ms),
             expires_at: rfc3339(lease.expires_at_ms),
@@ -155,10 +158,12 @@ pub(super) fn rfc3339(ms: u64) -> String {
         .unwrap_or_default()
 }
 
-pub(super) fn proxy_url(address: &str, port: u16) -> String {
+/// `http://address:port` (or `socks5://`), without credentials.
+pub(super) fn proxy_url(protocol: ProxyProtocol, address: &str, port: u16) -> String {
+    let scheme = protocol.scheme();
     if address.contains(':') {
-        format!("http://[{address}]:{port}")
+        format!("{scheme}://[{address}]:{port}")
     } else {
-        format!("http://{address}:{port}")
+        format!("{scheme}://{address}:{port}")
     }
 }

@@ -38,6 +38,9 @@ pub struct ProvisionedProxy {
     pub draining: bool,
     /// The credentials its squid requires (in a lease's `proxyUrl`); none for a proxy without.
     pub login: Option<crate::credentials::ProxyLogin>,
+    /// How it is spoken to: HTTP, or SOCKS5 (an upstream one): a lease's `proxyUrl` scheme, and
+    /// how the gateway connects through it.
+    pub protocol: crate::socks::ProxyProtocol,
 }
 
 impl ProvisionedProxy {
@@ -151,6 +154,9 @@ pub struct ProxyView {
     /// connections, over every gateway replica.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway_connections: Option<u32>,
+    /// How it is spoken to (the scheme of its `proxyUrl` in `/v1/proxies`).
+    #[serde(skip)]
+    pub protocol: crate::socks::ProxyProtocol,
 }
 
 /// How crawlers use one proxy, for the pool controller (drain, recycle).

@@ -26,6 +26,7 @@ fn store_of_one() -> LeaseStore {
         pool: None,
         draining: false,
         login: None,
+        protocol: Default::default(),
     }]);
     store
 }
@@ -125,6 +126,7 @@ pub(super) fn entry(name: &str, pool: Option<&str>) -> ProvisionedProxy {
         pool: pool.map(Into::into),
         draining: false,
         login: None,
+        protocol: Default::default(),
     }
 }
 

@@ -43,6 +43,7 @@ impl LeaseStore {
                         .shared
                         .is_in_use(&e.key)
                         .then(|| inner.shared.load(&e.key)),
+                    protocol: e.protocol,
                 }
             })
             .collect();
