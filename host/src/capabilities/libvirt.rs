@@ -34,6 +34,8 @@ mod records;
 pub mod tunnel;
 #[cfg(not(feature = "libvirt"))]
 mod unavailable;
+#[cfg(not(feature = "libvirt"))]
+mod unavailable_calls;
 #[cfg(feature = "libvirt")]
 mod volumes;
 mod xml;
@@ -57,10 +59,10 @@ pub use unavailable::{Hypervisor, LibvirtHub};
 #[cfg(feature = "libvirt")]
 pub use volumes::volume_prefix;
 
-use crate::capabilities::grants::{GrantError, ValidLibvirtGrant};
 pub use crate::capabilities::grants::{
     DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, DomainLimits, HypervisorGrant, LibvirtGrant, Publish,
 };
+use crate::capabilities::grants::{GrantError, ValidLibvirtGrant};
 
 /// Whether this binary has libvirt's client: the host crate's `libvirt` cargo feature.
 pub const COMPILED_IN: bool = cfg!(feature = "libvirt");
@@ -231,7 +233,9 @@ mod compiled_in_tests {
         // path, then the grant error).
         let refused = GrantError::LibvirtUnavailable(message).to_string();
         assert!(
-            refused.starts_with("grants.libvirt: this proxy-operator binary was built without libvirt"),
+            refused.starts_with(
+                "grants.libvirt: this proxy-operator binary was built without libvirt"
+            ),
             "{refused}"
         );
     }

@@ -20,8 +20,8 @@ use super::endpoint::Endpoint;
 use super::error::LibvirtError;
 use super::import_jobs::Imports;
 use super::lanes::{CallLimits, Lane, NoThread};
-use super::records::ProbeReport;
 use super::material::{DEFAULT_OPERATOR_ID, MaterialSource};
+use super::records::ProbeReport;
 use super::tunnel::{HostKeyProblem, SshMaterial, Tunnel, TunnelError};
 
 /// A libvirtd (or a tunnel) that accepts the connection but never answers its handshake must

@@ -637,8 +637,8 @@ mod tests {
     async fn a_job_whose_task_panics_is_forgotten() {
         use super::super::endpoint::Endpoint;
         use super::super::hub::LibvirtHub;
-        use super::super::material::MaterialSource;
         use super::super::import_jobs::Job;
+        use super::super::material::MaterialSource;
         use super::super::tunnel::{SshMaterial, SshTarget};
 
         let hub = LibvirtHub::new(
