@@ -34,6 +34,8 @@ mod records;
 pub mod tunnel;
 #[cfg(not(feature = "libvirt"))]
 mod unavailable;
+#[cfg(not(feature = "libvirt"))]
+mod unavailable_calls;
 #[cfg(feature = "libvirt")]
 mod volumes;
 mod xml;
