@@ -31,7 +31,7 @@ use harness::{FileServer, Squid};
 use proxy_operator::health::probe;
 use proxy_operator::leases::{
     self, Auth, Discovery, Durability, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions,
-    LeasePersistence, LeaseRequest, LeaseStore, Outcome, PoolEntry, ProxyKey,
+    LeasePersistence, LeaseRequest, LeaseStore, Outcome, ProvisionedProxy, ProxyKey,
 };
 
 const CLIENTS: usize = 64;
@@ -264,11 +264,11 @@ fn fleet_store() -> Arc<LeaseStore> {
         None,
     ));
     store.restore(Default::default());
-    store.set_pool(
+    store.set_provisioned(
         proxies()
             .into_iter()
             .enumerate()
-            .map(|(i, entry)| PoolEntry {
+            .map(|(i, entry)| ProvisionedProxy {
                 pool: Some(format!("pool-{}", i % POOLS)),
                 ..entry
             })
@@ -319,7 +319,7 @@ fn pool_store() -> Arc<LeaseStore> {
         None,
     ));
     store.restore(Default::default());
-    store.set_pool(proxies());
+    store.set_provisioned(proxies());
     store
 }
 
@@ -332,7 +332,7 @@ fn pool_store_in(namespace: &str, pool: &str) -> Arc<LeaseStore> {
     ));
     store.restore(Default::default());
     let labels = BTreeMap::from([(leases::store::POOL_LABEL.to_string(), pool.to_string())]);
-    store.set_pool(
+    store.set_provisioned(
         proxies()
             .into_iter()
             .map(|mut entry| {
@@ -346,9 +346,9 @@ fn pool_store_in(namespace: &str, pool: &str) -> Arc<LeaseStore> {
     store
 }
 
-fn proxies() -> Vec<PoolEntry> {
+fn proxies() -> Vec<ProvisionedProxy> {
     (0..PROXIES)
-        .map(|i| PoolEntry {
+        .map(|i| ProvisionedProxy {
             key: ProxyKey {
                 namespace: "crawlers".into(),
                 name: format!("proxy-{i}").into(),

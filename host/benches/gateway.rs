@@ -23,7 +23,9 @@ use harness::Squid;
 use harness::gateway::GatewayProcess;
 use proxy_operator::credentials::ProxyLogin;
 use proxy_operator::leases::api::GatewayAccess;
-use proxy_operator::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry};
+use proxy_operator::leases::{
+    self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, ProvisionedProxy,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -268,9 +270,9 @@ async fn main() {
         None,
     ));
     store.restore(Default::default());
-    store.set_pool(
+    store.set_provisioned(
         (0..4)
-            .map(|i| PoolEntry {
+            .map(|i| ProvisionedProxy {
                 key: leases::ProxyKey {
                     namespace: "bench".into(),
                     name: format!("p{i}").into(),

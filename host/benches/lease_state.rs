@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use proxy_operator::leases::persist::{Durability, maintain};
 use proxy_operator::leases::{
-    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, Outcome, PoolEntry,
-    ProxyKey,
+    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, Outcome,
+    ProvisionedProxy, ProxyKey,
 };
 
 fn seconds() -> Duration {
@@ -41,9 +41,9 @@ fn rounds() -> usize {
         .unwrap_or(4)
 }
 
-fn proxies(namespace: &str, count: usize) -> Vec<PoolEntry> {
+fn proxies(namespace: &str, count: usize) -> Vec<ProvisionedProxy> {
     (0..count)
-        .map(|i| PoolEntry {
+        .map(|i| ProvisionedProxy {
             key: ProxyKey {
                 namespace: namespace.into(),
                 name: format!("proxy-{i:05}").into(),
@@ -70,7 +70,7 @@ fn store_of(count: usize) -> Arc<LeaseStore> {
         None,
     ));
     store.restore(Default::default());
-    store.set_pool(proxies("crawl", count));
+    store.set_provisioned(proxies("crawl", count));
     store
 }
 
@@ -326,7 +326,7 @@ async fn bytes_into_etcd() {
     let store = store_of(10_000);
     let persistence = LeasePersistence::new(ns.client(), ns.name(), "bench-failover");
     persistence.restore_into(&store).await.unwrap();
-    store.set_pool(proxies("crawl", 10_000));
+    store.set_provisioned(proxies("crawl", 10_000));
     let writer = tokio::spawn(maintain(
         store.clone(),
         persistence.clone(),

@@ -1,7 +1,7 @@
 //! 1000 Proxies against a real kube-apiserver (from the test harness), reconciled by the real
 //! `proxy-operator run` binary with the real test-provider component (`memory:` endpoint, so the
 //! figure is the operator's and the apiserver's, not a provider's). Reports the time until all are
-//! Ready, Proxies reconciled per second and the operator's peak RSS. Then, in the same run, a
+//! Ready, Proxies reconciled per second and the operator's peak RSS. NextReconcile, in the same run, a
 //! `ProxyPool` of 1000 scaled from 0: the time until its `readyReplicas` is 1000 (goal ≤ 60 s).
 //!
 //! `cargo bench -p proxy-operator --bench operator_scale` (needs `make plugins` and the fixtures).

@@ -9,7 +9,7 @@
 //!   replaced), so the standby takes over after the Lease expires (15 s).
 //!
 //! (With `SOAK_SECONDS` under 300, the kill and the swap come every half and quarter of it.)
-//! Then, once the churn stops, it checks: no leaked instance (the store's instances are exactly
+//! NextReconcile, once the churn stops, it checks: no leaked instance (the store's instances are exactly
 //! the live Proxies' `providerID`s), no proxy ever held by two crawlers at once, every Proxy
 //! `Ready` or with a condition saying why, and the replicas' RSS not growing from life to life.
 //! It prints the figures and exits non-zero if an invariant is broken.

@@ -1,10 +1,12 @@
 //! The custom resources of `proxy-operator.dev/v1alpha1`, as Rust types. The CRD manifests in
 //! `deploy/crds/` are generated from them (`proxy-operator crds`), and a test fails when they drift.
 
+mod keys;
 mod provider_health;
 mod proxy;
 mod proxy_pool;
 
+pub use keys::{PoolKey, ProxyKey};
 pub use provider_health::{
     ProviderHealth, ProviderHealthSpec, ProviderHealthStatus, TargetVerdict,
 };

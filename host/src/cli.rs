@@ -1,6 +1,5 @@
 //! Subcommands of the operator binary, and its log set-up.
 
-pub mod args;
 pub mod command;
 pub mod dev_api;
 pub mod gateway;

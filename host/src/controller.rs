@@ -4,10 +4,12 @@
 pub(crate) mod conditions;
 pub mod credentials;
 pub mod decide;
+mod metrics;
 mod reconcile;
 pub mod retry;
 
+pub use metrics::ReconcileMetrics;
 pub use reconcile::{
-    Context, FIELD_MANAGER, FINALIZER, SKIP_CLEANUP_ANNOTATION, Written, instance_name, run,
+    Context, FIELD_MANAGER, FINALIZER, SKIP_CLEANUP_ANNOTATION, StatusWrite, instance_name, run,
     run_until, write_status,
 };

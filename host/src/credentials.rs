@@ -18,9 +18,29 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use crate::api::Proxy;
-use crate::leases::ProxyKey;
-use crate::plugins::types::ProxyCredentials;
+use crate::api::ProxyKey;
 use crate::socks::ProxyProtocol;
+
+/// What squid needs to check a crawler's credentials: the user name and the password's salted
+/// hash (a provider's squid gets it; WIT `proxy-credentials`). The password itself stays in the
+/// host.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyCredentials {
+    pub username: String,
+    /// crypt(3) SHA-512, `$6$salt$hash`.
+    pub password_hash: String,
+}
+
+/// The hash is not the password, but it is no one's business in a log either.
+impl std::fmt::Debug for ProxyCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyCredentials")
+            .field("username", &self.username)
+            .field("password_hash", &"<redacted>")
+            .finish()
+    }
+}
 
 /// The Secret keys.
 pub const USERNAME_KEY: &str = "username";

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use crate::api::{Phase, Proxy};
 use crate::credentials::{CredentialsBook, ProxyLogin};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-use crate::leases::{LeaseStore, PoolEntry, ProxyKey};
+use crate::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
 use crate::providers::{ProviderSet, Providers};
 use crate::socks::ProxyProtocol;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
@@ -147,6 +147,7 @@ impl HealthEngine {
         leases: Arc<LeaseStore>,
         options: HealthOptions,
         metrics: ProbeMetrics,
+        credentials: CredentialsBook,
     ) -> Self {
         HealthEngine {
             options,
@@ -156,14 +157,8 @@ impl HealthEngine {
             client,
             verdicts: HashMap::new(),
             phase_labels: HashSet::new(),
-            credentials: CredentialsBook::default(),
+            credentials,
         }
-    }
-
-    /// The proxies' credentials, as the controller keeps them: probes and leases use them.
-    pub fn with_credentials(mut self, credentials: CredentialsBook) -> Self {
-        self.credentials = credentials;
-        self
     }
 
     /// The credentials a proxy's squid requires, when it has any and they are known: the
@@ -394,7 +389,7 @@ impl HealthEngine {
             } else {
                 status.phase == Some(Phase::Ready)
             };
-            entries.push(PoolEntry {
+            entries.push(ProvisionedProxy {
                 key,
                 provider: proxy.spec.provider.clone(),
                 zone: status
@@ -422,7 +417,7 @@ impl HealthEngine {
             });
         }
         self.verdicts.retain(|k, _| seen.contains(k));
-        self.leases.set_pool(entries);
+        self.leases.set_provisioned(entries);
         for labels in self.phase_labels.drain() {
             if !counts.contains_key(&labels) {
                 let _ = self

@@ -17,6 +17,6 @@ pub use metrics::LeaseMetrics;
 pub use persist::{Durability, LeasePersistence};
 pub use serve::{serve, serve_tls};
 pub use store::{
-    FirstBlock, LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolEntry, PoolKey, ProxyKey,
-    ProxyUsage, Snapshot,
+    FirstBlock, LeaseOptions, LeaseRequest, LeaseStore, Outcome, PoolKey, ProvisionedProxy,
+    ProxyKey, ProxyUsage, Snapshot,
 };

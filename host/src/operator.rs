@@ -2,6 +2,8 @@
 //! anything wrong before serving), [`Operator::run`] runs them until SIGTERM or Ctrl-C and stops
 //! them through one cancellation token.
 
+pub mod args;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,14 +13,14 @@ use kube::CustomResourceExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use self::args::{RunArgs, Transport};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyPool};
 use crate::capabilities::kube::OperatorObjects;
 use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use crate::cli::args::RunArgs;
-use crate::cli::args::Transport;
 use crate::config::ProvidersConfig;
 use crate::controller::{self, Context};
+use crate::credentials::CredentialsBook;
 use crate::fleet::Fleet;
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
@@ -63,7 +65,7 @@ impl Operator {
         let client = kubeclient::connect()
             .await
             .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-        let namespace = args.leader.leader_election_namespace.clone();
+        let namespace = args.leader.operator_namespace.clone();
         let engine = PluginEngine::new(engine_options(&args, &client), &metrics.registry)?;
         tracing::info!(allocator = ?engine.allocator(), "plugin engine ready");
         warn_about_missing_ssh_secrets(&client, &namespace, &providers_config).await;
@@ -92,10 +94,15 @@ impl Operator {
         check_crd_installed(&client).await?;
         let leases = Arc::new(LeaseStore::new(lease_options, metrics.leases.clone(), None));
         let ctx = Arc::new(
-            Context::new(client.clone(), providers, &args.operator_id)
-                .with_abandoned(AbandonedRecord::new(&namespace, &args.operator_id))
-                .with_metrics(metrics.reconcile.clone())
-                .with_health_probing(args.health.probing()),
+            Context::new(
+                client.clone(),
+                providers,
+                &args.operator_id,
+                CredentialsBook::default(),
+            )
+            .with_abandoned(AbandonedRecord::new(&namespace, &args.operator_id))
+            .with_metrics(metrics.reconcile.clone())
+            .with_health_probing(args.health.probing()),
         );
         Ok(Operator {
             args,
@@ -280,7 +287,7 @@ impl Operator {
             .filter(|_| leader.leader_election)?;
         Some(LeaderLabel::new(
             self.client.clone(),
-            &leader.leader_election_namespace,
+            &leader.operator_namespace,
             pod,
         ))
     }
@@ -302,7 +309,7 @@ impl Operator {
         let _stop_work_if_dropped = work.clone().drop_guard();
         let persistence = LeasePersistence::new(
             client.clone(),
-            &args.leader.leader_election_namespace,
+            &args.leader.operator_namespace,
             &format!("{}-leases", args.operator_id),
         );
         // The lease table first: serving grants before it is restored could lease twice.
@@ -322,8 +329,7 @@ impl Operator {
         let label = self.leader_label();
         let providers = ctx.providers.clone();
         let namespace = args.proxy_namespace.clone();
-        let abandoned =
-            AbandonedRecord::new(&args.leader.leader_election_namespace, &args.operator_id);
+        let abandoned = AbandonedRecord::new(&args.leader.operator_namespace, &args.operator_id);
         let mut tasks = vec![
             spawn_until(
                 &work,
@@ -342,8 +348,8 @@ impl Operator {
                     leases.clone(),
                     health_options.clone(),
                     metrics.probes.clone(),
+                    ctx.credentials.clone(),
                 )
-                .with_credentials(ctx.credentials.clone())
                 .run(namespace.clone(), leases.suspects()),
             ),
             spawn_until(
@@ -468,7 +474,7 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
             &args.operator_id,
             MaterialSource::Secrets {
                 client: client.clone(),
-                namespace: args.leader.leader_election_namespace.clone(),
+                namespace: args.leader.operator_namespace.clone(),
             },
             std::env::temp_dir(),
         )),
@@ -479,7 +485,7 @@ fn engine_options(args: &RunArgs, client: &kube::Client) -> EngineOptions {
 
 /// The objects of this operator that no plugin may touch.
 fn operator_objects(args: &RunArgs) -> OperatorObjects {
-    let namespace = &args.leader.leader_election_namespace;
+    let namespace = &args.leader.operator_namespace;
     OperatorObjects::of(
         &args.operator_id,
         namespace,

@@ -29,20 +29,20 @@ pub const OPERATOR_LABEL: &str = "proxy-operator.dev/operator-id";
 
 /// Gauges of the latest checks.
 #[derive(Clone)]
-pub struct HealthMetrics {
+pub struct ProviderCheckMetrics {
     target_up: GaugeVec,
     duration: GaugeVec,
     timestamp: GaugeVec,
 }
 
-impl HealthMetrics {
+impl ProviderCheckMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let gauge = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<GaugeVec> {
             let g = GaugeVec::new(Opts::new(name, help), labels)?;
             registry.register(Box::new(g.clone()))?;
             Ok(g)
         };
-        Ok(HealthMetrics {
+        Ok(ProviderCheckMetrics {
             target_up: gauge(
                 "proxy_operator_provider_target_up",
                 "1 when the provider's last check found the target usable, else 0.",
@@ -258,7 +258,7 @@ pub async fn pass(
     providers: &Providers,
     operator_id: &str,
     timeout: Duration,
-    metrics: &HealthMetrics,
+    metrics: &ProviderCheckMetrics,
 ) -> anyhow::Result<()> {
     let names: Vec<String> = providers.names().map(String::from).collect();
     let checks = names.iter().map(|name| {
@@ -308,7 +308,7 @@ async fn timed_check(
 }
 
 /// Sets the gauges of one check.
-fn record(metrics: &HealthMetrics, name: &str, verdict: &Verdict, elapsed: Duration) {
+fn record(metrics: &ProviderCheckMetrics, name: &str, verdict: &Verdict, elapsed: Duration) {
     metrics
         .duration
         .with_label_values(&[name])
@@ -357,7 +357,7 @@ pub async fn run(
     operator_id: String,
     interval: Duration,
     timeout: Duration,
-    metrics: HealthMetrics,
+    metrics: ProviderCheckMetrics,
 ) {
     use futures_util::StreamExt;
     let mut ticker = tokio::time::interval(interval);

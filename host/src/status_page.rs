@@ -1,6 +1,6 @@
 //! A read-only status page on the metrics port (`/status`, docs/status-page.md): the fleet at a
 //! glance, server-rendered from what the operator keeps in memory. Apart from the controllers:
-//! it only reads their caches (`gather.rs` → a [`Snapshot`] → the pure `render.rs`).
+//! it only reads their caches (`gather.rs` → a [`snapshot::Snapshot`] → the pure `render.rs`).
 
 pub mod blocks_json;
 mod gather;
@@ -12,10 +12,4 @@ mod snapshot;
 mod usage;
 
 pub use gather::Sources;
-pub use render::{REFRESH_SECONDS, fragment, page};
 pub use routes::router;
-pub use snapshot::{
-    LeaseRow, MAX_ROWS, PluginRow, PoolRow, ProviderRow, ProxyRow, Replica, Snapshot, Usage,
-    human_duration,
-};
-pub use usage::usage_of;

@@ -186,9 +186,10 @@ impl<'ast> Visit<'ast> for PathCollector<'_> {
     }
 }
 
-/// The names a file re-exports (`pub use load::LoadedPlugin;` in `plugins.rs`), each with the
-/// absolute path it stands for, so a use of `crate::plugins::LoadedPlugin` counts as a use of
-/// `plugins/load.rs`, not of the module root that only re-exports it.
+/// The names a file re-exports (`pub use load::LoadedPlugin;` in `plugins.rs`, or a private
+/// alias its child modules name, `use since_v0_2_0 as latest;`), each with the absolute path it
+/// stands for, so a use of `crate::plugins::LoadedPlugin` counts as a use of `plugins/load.rs`,
+/// not of the module root that only re-exports it.
 fn re_exports(
     source: &SourceFile,
     syntax: &syn::File,
@@ -222,9 +223,6 @@ fn re_exports(
     let mut found = BTreeMap::new();
     for item in &syntax.items {
         let syn::Item::Use(u) = item else { continue };
-        if !matches!(u.vis, syn::Visibility::Public(_)) {
-            continue;
-        }
         let mut out = Vec::new();
         walk(&mut Vec::new(), &u.tree, &mut out);
         for (name, path) in out {
@@ -392,6 +390,68 @@ fn no_import_cycles_between_files() {
     );
 }
 
+/// The top-level module a library file belongs to (`plugins/load.rs` → `plugins`).
+fn top_module(relative: &str) -> &str {
+    let first = relative.split('/').next().unwrap_or(relative);
+    first.strip_suffix(".rs").unwrap_or(first)
+}
+
+/// The file graph contracted to top-level modules: `a → b` when a file of `a` names one of `b`.
+fn module_graph(files: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (file, targets) in files {
+        let from = top_module(file);
+        let edges = graph.entry(from.to_string()).or_default();
+        edges.extend(
+            targets
+                .iter()
+                .map(|t| top_module(t))
+                .filter(|to| *to != from && *to != "lib")
+                .map(str::to_string),
+        );
+    }
+    graph
+}
+
+#[test]
+fn no_import_cycles_between_top_level_modules() {
+    let files = import_graph(&library_files());
+    let modules = module_graph(&files);
+    let report: Vec<String> = cycles(&modules)
+        .iter()
+        .map(|c| {
+            // Each edge of the cycle with the files that make it, so the fix is plain.
+            let edges: Vec<String> = c
+                .iter()
+                .flat_map(|a| {
+                    modules[a]
+                        .iter()
+                        .filter(|b| c.contains(b))
+                        .map(move |b| (a, b))
+                })
+                .map(|(a, b)| {
+                    let through: Vec<String> = files
+                        .iter()
+                        .filter(|(f, _)| top_module(f) == a)
+                        .flat_map(|(f, ts)| {
+                            ts.iter()
+                                .filter(|t| top_module(t) == b)
+                                .map(move |t| format!("{f} → {t}"))
+                        })
+                        .collect();
+                    format!("{a} → {b} ({})", through.join(", "))
+                })
+                .collect();
+            edges.join("\n    ")
+        })
+        .collect();
+    assert!(
+        report.is_empty(),
+        "import cycles between host/src's top-level modules:\n    {}",
+        report.join("\n  ")
+    );
+}
+
 /// The lines of a file before its test module (`#[cfg(test)]` then `mod tests {` or
 /// `mod tests;`). Only there: another `#[cfg(test)]` item (a test-only `use` near the top) must
 /// not end the reading, or the code after it goes unmeasured.
@@ -527,6 +587,11 @@ fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     assert!(graph["c/d.rs"].contains("b.rs"), "{graph:?}");
     let found = cycles(&graph);
     assert!(found.is_empty(), "{found:?}");
+    // No file cycle, but modules `a` and `b` name each other (a.rs → b.rs, b.rs → a/inner.rs).
+    assert_eq!(
+        cycles(&module_graph(&graph)),
+        [vec!["a".to_string(), "b".to_string()]]
+    );
     let mut cyclic = graph.clone();
     cyclic.get_mut("a/inner.rs").unwrap().insert("b.rs".into());
     assert_eq!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proxy_operator::leases::api::{GATEWAY_TOKEN_HEADER, GatewayAccess};
 use proxy_operator::leases::{
-    self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, PoolEntry, ProxyKey,
+    self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, ProvisionedProxy, ProxyKey,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -54,8 +54,8 @@ impl Drop for Api {
     }
 }
 
-fn entry(name: &str, healthy: bool) -> PoolEntry {
-    PoolEntry {
+fn entry(name: &str, healthy: bool) -> ProvisionedProxy {
+    ProvisionedProxy {
         key: key(name),
         provider: if name.starts_with("gcp") {
             "gcp-eu"
@@ -84,8 +84,8 @@ fn entry(name: &str, healthy: bool) -> PoolEntry {
 }
 
 /// A healthy proxy of ProxyPool `crawlers/{pool}`.
-fn pooled(name: &str, pool: &str) -> PoolEntry {
-    PoolEntry {
+fn pooled(name: &str, pool: &str) -> ProvisionedProxy {
+    ProvisionedProxy {
         pool: Some(pool.into()),
         ..entry(name, true)
     }
@@ -98,7 +98,7 @@ fn key(name: &str) -> ProxyKey {
     }
 }
 
-async fn serve(options: LeaseOptions, pool: Vec<PoolEntry>) -> Api {
+async fn serve(options: LeaseOptions, pool: Vec<ProvisionedProxy>) -> Api {
     let (tx, suspects) = tokio::sync::mpsc::channel(16);
     let store = Arc::new(LeaseStore::new(
         options,
@@ -106,7 +106,7 @@ async fn serve(options: LeaseOptions, pool: Vec<PoolEntry>) -> Api {
         Some(tx),
     ));
     store.restore(Default::default());
-    store.set_pool(pool);
+    store.set_provisioned(pool);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let discovery = Discovery::new(store.clone(), TOKEN).serving_the_gateway(GatewayAccess {
@@ -432,7 +432,7 @@ async fn a_proxy_that_turns_unhealthy_or_is_deleted_ends_its_lease() {
     let api = serve(options(), vec![entry("kvm-1", true), entry("kvm-2", true)]).await;
     let first = api.grant(json!({ "proxy": "crawlers/kvm-1" })).await;
     let second = api.grant(json!({ "proxy": "crawlers/kvm-2" })).await;
-    api.store.set_pool(vec![entry("kvm-1", false)]); // kvm-1 unhealthy, kvm-2 deleted
+    api.store.set_provisioned(vec![entry("kvm-1", false)]); // kvm-1 unhealthy, kvm-2 deleted
     let unhealthy = api
         .report(first.body["id"].as_str().unwrap(), "success")
         .await;
@@ -653,7 +653,7 @@ async fn bad_input_is_a_4xx_problem_naming_the_field_never_a_500() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_clients_never_share_a_proxy() {
-    let pool: Vec<PoolEntry> = (0..64).map(|i| entry(&format!("kvm-{i}"), true)).collect();
+    let pool: Vec<ProvisionedProxy> = (0..64).map(|i| entry(&format!("kvm-{i}"), true)).collect();
     let api = Arc::new(serve(options(), pool).await);
     // 96 clients for 64 proxies: 64 distinct grants, 32 refusals, never a duplicate.
     let clients: Vec<_> = (0..96)
@@ -914,7 +914,7 @@ async fn before_restore_the_store_refuses_with_503() {
         LeaseMetrics::unregistered().unwrap(),
         None,
     ));
-    store.set_pool(vec![entry("kvm-1", true)]);
+    store.set_provisioned(vec![entry("kvm-1", true)]);
     let request = leases::LeaseRequest::default();
     assert!(matches!(
         store.grant(&request),
@@ -1105,7 +1105,7 @@ async fn a_lease_is_shown_renewed_and_a_draining_proxy_refuses_renewals() {
     assert_eq!(plain.body["ttlSeconds"], 600, "{}", plain.body);
 
     // Its pool drains the proxy: the lease runs on, is not renewed, and nobody gets the proxy.
-    api.store.set_pool(vec![PoolEntry {
+    api.store.set_provisioned(vec![ProvisionedProxy {
         draining: true,
         ..pooled("kvm-1", "fast")
     }]);
@@ -1241,7 +1241,8 @@ fn schemathesis() -> std::path::PathBuf {
 async fn the_live_api_and_its_openapi_document_agree_under_schemathesis() {
     let program = schemathesis();
     // Enough proxies that grants succeed for a while; then 503s, which are documented too.
-    let mut pool: Vec<PoolEntry> = (0..40).map(|i| entry(&format!("kvm-{i}a"), true)).collect();
+    let mut pool: Vec<ProvisionedProxy> =
+        (0..40).map(|i| entry(&format!("kvm-{i}a"), true)).collect();
     pool.extend((0..40).map(|i| pooled(&format!("fleet-{i}b"), "fleet")));
     let api = serve(LeaseOptions::default(), pool).await;
     let scratch = tempfile::tempdir().unwrap();

@@ -564,7 +564,7 @@ async fn the_kvm_provider_is_conformant() {
 /// Issue #17 item 3, on two real hypervisors (two libvirtds behind the one sshd): a VM made on
 /// `hv1`, then the config changes so that `hv2` is where a Proxy of that zone goes. Create again
 /// (a retry after a cut-off create) finds the VM on `hv1` instead of making a second on `hv2`.
-/// Then, with `hv2` down, a create for a new name stops with a transient error and makes nothing
+/// NextReconcile, with `hv2` down, a create for a new name stops with a transient error and makes nothing
 /// on `hv1`: the silent host may hold an earlier try's VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_create_finds_the_vm_on_the_host_an_earlier_config_chose() {

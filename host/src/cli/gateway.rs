@@ -41,7 +41,7 @@ pub struct GatewayArgs {
     #[arg(long, env = "DISCOVERY_PLAIN_HTTP", default_value_t = false)]
     pub discovery_plain_http: bool,
     #[command(flatten)]
-    pub metrics_auth: crate::cli::args::MetricsAuthArgs,
+    pub metrics_auth: crate::operator::args::MetricsAuthArgs,
     /// The gateway's own token, the one the operator has as GATEWAY_TOKEN (from their Secret).
     #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
     pub gateway_token: String,

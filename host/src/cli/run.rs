@@ -1,6 +1,6 @@
 //! `proxy-operator run`: the operator itself.
 
-pub use super::args::RunArgs;
+pub use crate::operator::args::RunArgs;
 
 /// Starts the operator and runs until SIGTERM or Ctrl-C.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -8,7 +8,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use super::conditions;
-use super::decide::{Effects, Note};
+use super::decide::{Effects, ProxyEvent};
 use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
 use crate::credentials::{self, InvalidCredentials, ProxyLogin};
 use crate::leases::ProxyKey;
@@ -225,7 +225,7 @@ pub async fn keep_current(
                 generation,
             );
             effects
-                .notes
+                .events
                 .push(warning("InvalidCredentials", invalid.to_string()));
             return Ok(());
         }
@@ -263,7 +263,7 @@ pub async fn keep_current(
                 "the proxy now requires the credentials in its Secret",
                 generation,
             );
-            effects.notes.push(Note {
+            effects.events.push(ProxyEvent {
                 type_: EventType::Normal,
                 reason: "CredentialsRotated",
                 message: format!(
@@ -281,7 +281,7 @@ pub async fn keep_current(
             );
             not_current(&mut effects.status, "RotationFailed", &message, generation);
             effects
-                .notes
+                .events
                 .push(warning("CredentialsNotRotated", message));
         }
     }
@@ -305,8 +305,8 @@ pub fn invalid_secret(
     status.last_error = Some(message.clone());
     Effects {
         status,
-        notes: vec![warning("InvalidCredentials", message)],
-        then: super::decide::Then::Requeue(std::time::Duration::from_secs(30)),
+        events: vec![warning("InvalidCredentials", message)],
+        next: super::decide::NextReconcile::Requeue(std::time::Duration::from_secs(30)),
     }
 }
 
@@ -321,8 +321,8 @@ fn not_current(status: &mut ProxyStatus, reason: &str, message: &str, generation
     );
 }
 
-fn warning(reason: &'static str, message: String) -> Note {
-    Note {
+fn warning(reason: &'static str, message: String) -> ProxyEvent {
+    ProxyEvent {
         type_: EventType::Warning,
         reason,
         message,

@@ -53,15 +53,15 @@ pub enum ProviderLookup {
 
 /// An event to publish on the Proxy.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Note {
+pub struct ProxyEvent {
     pub type_: EventType,
     pub reason: &'static str,
     pub message: String,
 }
 
-impl Note {
+impl ProxyEvent {
     fn normal(reason: &'static str, message: String) -> Self {
-        Note {
+        ProxyEvent {
             type_: EventType::Normal,
             reason,
             message,
@@ -69,7 +69,7 @@ impl Note {
     }
 
     fn warning(reason: &'static str, message: String) -> Self {
-        Note {
+        ProxyEvent {
             type_: EventType::Warning,
             reason,
             message,
@@ -79,7 +79,7 @@ impl Note {
 
 /// What the controller does after this reconcile.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Then {
+pub enum NextReconcile {
     Requeue(Duration),
     /// Nothing to do until the Proxy changes.
     AwaitChange,
@@ -94,13 +94,13 @@ pub enum Then {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Effects {
     pub status: ProxyStatus,
-    pub notes: Vec<Note>,
-    pub then: Then,
+    pub events: Vec<ProxyEvent>,
+    pub next: NextReconcile,
 }
 
 /// The first step of an apply.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub enum Decision {
     /// No provider call: write this and stop.
     Done(Effects),
     /// Create the instance `name` in `zone` (`None`: the provider chooses); `status` carries the
@@ -119,7 +119,7 @@ pub enum Step {
 }
 
 /// The first step of reconciling a live Proxy.
-pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> Step {
+pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> Decision {
     let generation = proxy.metadata.generation;
     let mut status = proxy.status.clone().unwrap_or_default();
     match lookup {
@@ -131,9 +131,9 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                 "the `{provider_type}` plugin of provider instance `{}` is not loaded: {reason}",
                 proxy.spec.provider
             );
-            let mut notes = Vec::new();
+            let mut events = Vec::new();
             if status.last_error.as_deref() != Some(&message) {
-                notes.push(Note::warning("PluginNotLoaded", message.clone()));
+                events.push(ProxyEvent::warning("PluginNotLoaded", message.clone()));
             }
             if status.phase.is_none() {
                 status.phase = Some(Phase::Pending);
@@ -145,10 +145,10 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                 );
             }
             status.last_error = Some(message);
-            Step::Done(Effects {
+            Decision::Done(Effects {
                 status,
-                notes,
-                then: Then::Requeue(WAIT_FOR_PLUGIN),
+                events,
+                next: NextReconcile::Requeue(WAIT_FOR_PLUGIN),
             })
         }
         ProviderLookup::Unknown { configured } => {
@@ -159,11 +159,11 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                 known.join(", "),
                 provider = proxy.spec.provider,
             );
-            let mut notes = Vec::new();
+            let mut events = Vec::new();
             if status.phase != Some(Phase::Pending)
                 || status.last_error.as_deref() != Some(&message)
             {
-                notes.push(Note::warning("UnknownProvider", message.clone()));
+                events.push(ProxyEvent::warning("UnknownProvider", message.clone()));
             }
             status.phase = Some(Phase::Pending);
             status.last_error = Some(message.clone());
@@ -174,10 +174,10 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                 &message,
                 generation,
             );
-            Step::Done(Effects {
+            Decision::Done(Effects {
                 status,
-                notes,
-                then: Then::Requeue(WAIT_FOR_PROVIDER),
+                events,
+                next: NextReconcile::Requeue(WAIT_FOR_PROVIDER),
             })
         }
         ProviderLookup::Loaded { .. } => {
@@ -188,10 +188,10 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                 .is_some_and(caused_outside_spec);
             if failed_for_this_spec && !outside_spec {
                 // Permanent failure: no hot loop until the spec changes (a new generation).
-                return Step::Done(Effects {
+                return Decision::Done(Effects {
                     status,
-                    notes: Vec::new(),
-                    then: Then::AwaitChange,
+                    events: Vec::new(),
+                    next: NextReconcile::AwaitChange,
                 });
             }
             match status.provider_id.clone() {
@@ -202,13 +202,13 @@ pub fn decide(proxy: &Proxy, lookup: &ProviderLookup, instance_name: &str) -> St
                     let record = placement(proxy, status.placement.as_ref());
                     let zone = record.zone.clone();
                     status.placement = Some(record);
-                    Step::Create {
+                    Decision::Create {
                         name: instance_name.to_string(),
                         zone,
                         status,
                     }
                 }
-                Some(provider_id) => Step::Get {
+                Some(provider_id) => Decision::Get {
                     provider_id,
                     status,
                 },
@@ -255,9 +255,9 @@ pub fn created(
     probing: bool,
 ) -> Effects {
     let mut effects = observed(proxy, status, instance, probing);
-    effects.notes.insert(
+    effects.events.insert(
         0,
-        Note::normal(
+        ProxyEvent::normal(
             "Created",
             format!(
                 "instance {} created by provider {provider}",
@@ -281,14 +281,14 @@ pub fn observed(
     status.zone = instance.zone.clone().or(status.zone);
     status.observed_generation = generation;
     status.last_error = None;
-    let mut notes = Vec::new();
+    let mut events = Vec::new();
     let running = instance.state == InstanceState::Running;
     let requeue = match (&instance.address, running) {
         (Some(address), true) => {
             status.address = Some(address.clone());
             status.port = Some(instance.port);
             if status.phase != Some(Phase::Ready) && status.phase != Some(Phase::Unhealthy) {
-                notes.push(Note::normal(
+                events.push(ProxyEvent::normal(
                     "Provisioned",
                     format!("running at {address}:{}", instance.port),
                 ));
@@ -340,8 +340,8 @@ pub fn observed(
     };
     Effects {
         status,
-        notes,
-        then: Then::Requeue(requeue),
+        events,
+        next: NextReconcile::Requeue(requeue),
     }
 }
 
@@ -426,15 +426,15 @@ pub fn call_failed(
                 // Not made yet: the conditions say why (a quota, an outage), not only lastError.
                 conditions::not_provisioned(&mut status.conditions, reason, &said, generation);
             }
-            let notes = if new_answer {
-                vec![Note::warning(reason.as_str(), said)]
+            let events = if new_answer {
+                vec![ProxyEvent::warning(reason.as_str(), said)]
             } else {
                 Vec::new()
             };
             Effects {
                 status,
-                notes,
-                then: Then::Retry {
+                events,
+                next: NextReconcile::Retry {
                     message: format!("{provider} {action}: {message}"),
                     after,
                 },
@@ -450,24 +450,24 @@ pub fn call_failed(
             status.last_error = Some(message.clone());
             status.observed_generation = generation;
             conditions::not_provisioned(&mut status.conditions, reason, &message, generation);
-            let then = if caused_outside_spec(reason) {
+            let next = if caused_outside_spec(reason) {
                 // Fixed outside the spec (a Secret, a grant, the providers config): try again.
-                Then::Retry {
+                NextReconcile::Retry {
                     message: format!("{provider} {action}: {answer}"),
                     after: Some(RECHECK_OUTSIDE_SPEC),
                 }
             } else {
-                Then::AwaitChange
+                NextReconcile::AwaitChange
             };
-            let notes = if new_answer {
-                vec![Note::warning(reason.as_str(), message)]
+            let events = if new_answer {
+                vec![ProxyEvent::warning(reason.as_str(), message)]
             } else {
                 Vec::new()
             };
             Effects {
                 status,
-                notes,
-                then,
+                events,
+                next,
             }
         }
     }
@@ -498,11 +498,11 @@ pub fn lost(
         status.phase = Some(Phase::Pending);
         return Effects {
             status,
-            notes: vec![Note::warning(
+            events: vec![ProxyEvent::warning(
                 "InstanceLost",
                 format!("{message}; creating a new one (recreateOnLoss)"),
             )],
-            then: Then::Requeue(Duration::from_millis(100)),
+            next: NextReconcile::Requeue(Duration::from_millis(100)),
         };
     }
     status.phase = Some(Phase::Failed);
@@ -510,11 +510,11 @@ pub fn lost(
     status.observed_generation = generation;
     Effects {
         status,
-        notes: vec![Note::warning(
+        events: vec![ProxyEvent::warning(
             "InstanceLost",
             format!("{message}; set spec.recreateOnLoss to make a new one"),
         )],
-        then: Then::AwaitChange,
+        next: NextReconcile::AwaitChange,
     }
 }
 
@@ -522,9 +522,9 @@ pub fn lost(
 #[derive(Debug, Clone, PartialEq)]
 pub enum CleanupStep {
     /// Leave the instance (if any) and let the Proxy go, saying why.
-    Abandon(Note),
+    Abandon(ProxyEvent),
     /// `skip-cleanup`: leave the instance running on purpose, recorded so the GC leaves it too.
-    LeaveRunning(Note),
+    LeaveRunning(ProxyEvent),
     /// The instance may well exist: wait for the plugin rather than abandon it.
     WaitForPlugin { message: String },
     /// Delete the recorded instance, or (none recorded: a create may have happened just before a
@@ -549,7 +549,7 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
             proxy.namespace().unwrap_or_default(),
             proxy.name_any()
         );
-        return CleanupStep::LeaveRunning(Note::normal("Abandoned", message));
+        return CleanupStep::LeaveRunning(ProxyEvent::normal("Abandoned", message));
     }
     match lookup {
         ProviderLookup::NotLoaded {
@@ -558,7 +558,7 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
         } => CleanupStep::WaitForPlugin {
             message: format!("cannot delete: the `{provider_type}` plugin is not loaded: {reason}"),
         },
-        ProviderLookup::Unknown { .. } => CleanupStep::Abandon(Note::warning(
+        ProviderLookup::Unknown { .. } => CleanupStep::Abandon(ProxyEvent::warning(
             "Abandoned",
             format!(
                 "provider instance `{}` is not in the providers config: instance {recorded_text} abandoned",
@@ -581,11 +581,11 @@ pub fn decide_cleanup(proxy: &Proxy, lookup: &ProviderLookup) -> CleanupStep {
 /// Whether the recorded instance may be deleted for the Proxy with `uid`: not when the provider
 /// lists another Proxy as its owner (a `providerID` edited to point at somebody else's instance).
 /// `None`: go ahead; `Some(note)`: the refusal to publish, and nothing is deleted.
-pub fn refuse_foreign_delete(proxy: &Proxy, instance: &Instance) -> Option<Note> {
+pub fn refuse_foreign_delete(proxy: &Proxy, instance: &Instance) -> Option<ProxyEvent> {
     let uid = proxy.uid().unwrap_or_default();
     let owner = instance.owner.as_ref()?;
     (owner.uid != uid).then(|| {
-        Note::warning(
+        ProxyEvent::warning(
             "DeleteRefused",
             format!(
                 "instance {} belongs to Proxy {}/{} (uid {}), not to this one: not deleted; status.providerID was changed by hand?",
@@ -607,8 +607,8 @@ pub fn owned_by(instances: Vec<Instance>, uid: &str) -> Vec<String> {
 /// A delete the provider answered `not-found`: nothing of this Proxy's is at that id (gone
 /// already, or not the operator's to delete, e.g. a `providerID` edited to point at somebody's
 /// own VM), so the Proxy may go; the event says what the provider found.
-pub fn delete_found_nothing(id: &str, provider: &str, detail: &str) -> Note {
-    Note {
+pub fn delete_found_nothing(id: &str, provider: &str, detail: &str) -> ProxyEvent {
+    ProxyEvent {
         type_: EventType::Normal,
         reason: "NothingDeleted",
         message: format!("provider {provider} deleted nothing at {id}: {detail}"),
@@ -617,20 +617,22 @@ pub fn delete_found_nothing(id: &str, provider: &str, detail: &str) -> Note {
 
 /// A failed delete: the event, and the retry (a permanent answer is retried slowly, since the
 /// Proxy cannot go until its instance is gone).
-pub fn delete_failed(id: &str, error: &CallError) -> (Note, Then) {
+pub fn delete_failed(id: &str, error: &CallError) -> (ProxyEvent, NextReconcile) {
     let (message, after) = match classify(error) {
         Failure::Retry { message, after, .. } => (message, after),
         Failure::Permanent { message, .. } => (message, Some(Duration::from_secs(60))),
     };
     (
-        Note::warning("DeleteFailed", format!("deleting instance {id}: {message}")),
-        Then::Retry {
+        ProxyEvent::warning("DeleteFailed", format!("deleting instance {id}: {message}")),
+        NextReconcile::Retry {
             message: format!("delete {id}: {message}"),
             after,
         },
     )
 }
 
+#[cfg(test)]
+mod cleanup_tests;
 #[cfg(test)]
 mod provisioning_tests;
 #[cfg(test)]

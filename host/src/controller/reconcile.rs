@@ -15,16 +15,18 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
+use super::ReconcileMetrics;
 use super::conditions;
 use super::credentials;
-use super::decide::{self, CleanupStep, Effects, Note, ProviderLookup, Step, Then};
+use super::decide::{
+    self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
+};
 use super::retry::{self, Backoffs, Wait};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
 use crate::credentials::CredentialsBook;
 use crate::digest::sha256_hex;
 use crate::events;
-use crate::metrics::ReconcileMetrics;
 use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
 use crate::plugins::{CallError, Deletion};
 use crate::providers::{ProviderSet, Providers};
@@ -50,20 +52,26 @@ pub struct Context {
     pub abandoned: Option<AbandonedRecord>,
     /// The credentials each proxy requires, for the health engine and the lease API.
     pub credentials: CredentialsBook,
-    /// The credentials Secrets, as a watch keeps them: read without a request per reconcile.
-    secrets: Store<Secret>,
-    secrets_writer: std::sync::Mutex<Option<Writer<Secret>>>,
+    /// The credentials Secrets, as the running controller's watch keeps them: read without a
+    /// request per reconcile. Each run starts its own watch into a new store (a leader that
+    /// loses and regains leadership runs the controller again).
+    secrets: std::sync::RwLock<Store<Secret>>,
     /// Each Proxy's backoff after failed requests to the API server.
     backoffs: Backoffs,
 }
 
 impl Context {
-    pub fn new(client: Client, providers: impl Into<ProviderSet>, operator_id: &str) -> Self {
+    /// `credentials` is the book the health engine and the lease API read the proxies' logins
+    /// from: the one shared with them, never a fresh one.
+    pub fn new(
+        client: Client,
+        providers: impl Into<ProviderSet>,
+        operator_id: &str,
+        credentials: CredentialsBook,
+    ) -> Self {
         let recorder = events::recorder(client.clone());
-        let (secrets, secrets_writer) = reflector::store();
         Context {
-            secrets,
-            secrets_writer: std::sync::Mutex::new(Some(secrets_writer)),
+            secrets: std::sync::RwLock::new(reflector::store().0),
             client,
             providers: providers.into(),
             recorder,
@@ -71,15 +79,9 @@ impl Context {
             metrics: None,
             health_probing: true,
             abandoned: None,
-            credentials: CredentialsBook::default(),
+            credentials,
             backoffs: Backoffs::default(),
         }
-    }
-
-    /// Shares the proxies' credentials with the health engine and the lease API.
-    pub fn with_credentials(mut self, credentials: CredentialsBook) -> Self {
-        self.credentials = credentials;
-        self
     }
 
     /// Whether health probes run (`false` for `--health-interval 0s`).
@@ -94,6 +96,11 @@ impl Context {
         self
     }
 
+    /// The credentials Secrets as the running controller's watch keeps them.
+    fn cached_secrets(&self) -> Store<Secret> {
+        self.secrets.read().expect("not poisoned").clone()
+    }
+
     /// Counts and times every reconcile.
     pub fn with_metrics(mut self, metrics: ReconcileMetrics) -> Self {
         self.metrics = Some(metrics);
@@ -106,8 +113,12 @@ impl Context {
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Provider(String, Option<Duration>),
+    /// A provider call failed in a way worth retrying; `retry_after` is the provider's own wish.
+    #[error("{message}")]
+    Provider {
+        message: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 /// The deterministic instance name of a Proxy: the same after any restart, so a create that was
@@ -147,11 +158,9 @@ fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     // A plugin loaded or a providers config changed: every Proxy waiting for it goes on
     // at once.
     .reconcile_all_on(ctx.providers.swaps());
-    let writer = ctx.secrets_writer.lock().expect("not poisoned").take();
-    match writer {
-        Some(writer) => controller.reconcile_on(changed_credentials(ctx, namespace, writer)),
-        None => controller,
-    }
+    let (secrets, writer) = reflector::store();
+    *ctx.secrets.write().expect("not poisoned") = secrets;
+    controller.reconcile_on(changed_credentials(ctx, namespace, writer))
 }
 
 /// A changed credentials Secret is rotated at once: the Secrets the operator made (by their
@@ -217,9 +226,8 @@ fn key_of(proxy: &Proxy) -> (String, String) {
 fn wait_after(error: &kube::runtime::finalizer::Error<Error>) -> Wait {
     use kube::runtime::finalizer::Error as F;
     match error {
-        F::ApplyFailed(Error::Provider(_, after)) | F::CleanupFailed(Error::Provider(_, after)) => {
-            Wait::Provider(*after)
-        }
+        F::ApplyFailed(Error::Provider { retry_after, .. })
+        | F::CleanupFailed(Error::Provider { retry_after, .. }) => Wait::Provider(*retry_after),
         F::ApplyFailed(Error::Kube(e))
         | F::CleanupFailed(Error::Kube(e))
         | F::AddFinalizer(e)
@@ -289,9 +297,9 @@ fn finalizer_already_gone(
     }
 }
 
-async fn publish(ctx: &Context, proxy: &Proxy, notes: Vec<Note>) {
+async fn publish(ctx: &Context, proxy: &Proxy, events: Vec<ProxyEvent>) {
     let reference = proxy.object_ref(&());
-    for note in notes {
+    for note in events {
         events::publish(
             &ctx.recorder,
             &reference,
@@ -313,22 +321,26 @@ async fn execute(
     proxy: &Proxy,
     effects: Effects,
 ) -> Result<Action, Error> {
-    if let Written::Stale = write_status(api, proxy, effects.status).await? {
+    if let StatusWrite::Stale = write_status(api, proxy, effects.status).await? {
         return Ok(Action::requeue(AFTER_STALE_VIEW));
     }
-    publish(ctx, proxy, effects.notes).await;
-    then(effects.then)
+    publish(ctx, proxy, effects.events).await;
+    action_for(effects.next)
 }
 
 /// How soon a reconcile whose view was out of date runs again (the newer version's own watch
 /// event usually comes first).
 const AFTER_STALE_VIEW: Duration = Duration::from_millis(500);
 
-fn then(then: Then) -> Result<Action, Error> {
-    match then {
-        Then::Requeue(after) => Ok(Action::requeue(after)),
-        Then::AwaitChange => Ok(Action::await_change()),
-        Then::Retry { message, after } => Err(Error::Provider(message, after)),
+/// The controller's action for what a decision says comes next.
+fn action_for(next: NextReconcile) -> Result<Action, Error> {
+    match next {
+        NextReconcile::Requeue(after) => Ok(Action::requeue(after)),
+        NextReconcile::AwaitChange => Ok(Action::await_change()),
+        NextReconcile::Retry { message, after } => Err(Error::Provider {
+            message,
+            retry_after: after,
+        }),
     }
 }
 
@@ -351,7 +363,7 @@ fn lookup(providers: &Providers, name: &str) -> ProviderLookup {
 }
 
 /// What became of a status write.
-pub enum Written {
+pub enum StatusWrite {
     /// Stored; the Proxy as it is now.
     Stored(Box<Proxy>),
     /// The status was already so: nothing sent.
@@ -367,9 +379,9 @@ pub async fn write_status(
     api: &Api<Proxy>,
     proxy: &Proxy,
     status: ProxyStatus,
-) -> Result<Written, Error> {
+) -> Result<StatusWrite, Error> {
     if proxy.status.as_ref() == Some(&status) {
-        return Ok(Written::Unchanged);
+        return Ok(StatusWrite::Unchanged);
     }
     let patch = serde_json::json!({
         "apiVersion": "proxy-operator.dev/v1alpha1",
@@ -385,11 +397,11 @@ pub async fn write_status(
         )
         .await
     {
-        Ok(stored) => Ok(Written::Stored(Box::new(stored))),
+        Ok(stored) => Ok(StatusWrite::Stored(Box::new(stored))),
         // Forced, an apply has no field-manager conflicts: a 409 is the precondition.
         Err(kube::Error::Api(e)) if e.code == 409 => {
             tracing::debug!(resource_version = ?proxy.resource_version(), "the Proxy changed since it was read; deciding again");
-            Ok(Written::Stale)
+            Ok(StatusWrite::Stale)
         }
         Err(e) => Err(e.into()),
     }
@@ -437,7 +449,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
     // show that create's result yet: without the live object, some creates were asked twice
     // (1 in 10 Proxies in `the_placement_written_before_a_create_does_not_make_a_second_create_call`).
     let live;
-    let proxy = if matches!(step, Step::Create { .. }) && decide::asked_before(cached) {
+    let proxy = if matches!(step, Decision::Create { .. }) && decide::asked_before(cached) {
         live = api.get_status(&cached.name_any()).await?;
         if live.uid() != cached.uid() || live.meta().deletion_timestamp.is_some() {
             // Replaced or being deleted since the cache saw it: its own event comes next.
@@ -450,11 +462,13 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
     };
     let provider = providers.get(&proxy.spec.provider);
     let effects = match (step, provider) {
-        (Step::Done(effects), _) => effects,
-        (Step::Create { name, zone, status }, Some(provider)) => {
+        (Decision::Done(effects), _) => effects,
+        (Decision::Create { name, zone, status }, Some(provider)) => {
             let mut status = status;
             let mut spec = spec_for(proxy, ctx, &name, zone);
-            match credentials::login_for(&ctx.client, &ctx.secrets, provider, proxy).await? {
+            match credentials::login_for(&ctx.client, &ctx.cached_secrets(), provider, proxy)
+                .await?
+            {
                 Ok(None) => {}
                 Ok(Some(login)) => {
                     // An upstream's login is the host's alone: its plugin gets not even a hash.
@@ -475,12 +489,12 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             // the Proxy as this write left it.
             let stored;
             let placed = match write_status(api, proxy, status.clone()).await? {
-                Written::Stored(placed) => {
+                StatusWrite::Stored(placed) => {
                     stored = placed;
                     &*stored
                 }
-                Written::Unchanged => proxy,
-                Written::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
+                StatusWrite::Unchanged => proxy,
+                StatusWrite::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
             };
             let created = provider.create(spec).await;
             if created.is_ok() {
@@ -499,7 +513,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             return execute(ctx, api, placed, effects).await;
         }
         (
-            Step::Get {
+            Decision::Get {
                 provider_id,
                 status,
             },
@@ -508,7 +522,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             Ok(instance) => {
                 let mut effects = decide::observed(proxy, status, &instance, ctx.health_probing);
                 let (client, book) = (&ctx.client, &ctx.credentials);
-                let cached = &ctx.secrets;
+                let cached = &ctx.cached_secrets();
                 credentials::keep_current(client, cached, book, provider, proxy, &mut effects)
                     .await?;
                 effects
@@ -519,7 +533,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             }) => decide::lost(proxy, status, provider.name(), &provider_id, &detail),
             Err(e) => decide::call_failed(proxy, status, provider.name(), "Get", &e),
         },
-        (Step::Create { .. } | Step::Get { .. }, None) => {
+        (Decision::Create { .. } | Decision::Get { .. }, None) => {
             unreachable!("decide asks for a provider call only when the provider is loaded")
         }
     };
@@ -546,7 +560,10 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
                 return Ok(Action::await_change());
             }
             CleanupStep::WaitForPlugin { message } => {
-                return Err(Error::Provider(message, Some(Duration::from_secs(15))));
+                return Err(Error::Provider {
+                    message,
+                    retry_after: Some(Duration::from_secs(15)),
+                });
             }
             CleanupStep::Delete { recorded, deleting } => (recorded, deleting),
         };
@@ -584,31 +601,34 @@ async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Actio
             Ok(instances) => decide::owned_by(instances, &proxy.uid().unwrap_or_default()),
             Err(e) => {
                 let message = format!("listing instances to find this proxy's: {e}");
-                return Err(Error::Provider(message, None));
+                return Err(Error::Provider {
+                    message,
+                    retry_after: None,
+                });
             }
         },
     };
-    let mut notes = Vec::new();
+    let mut events = Vec::new();
     for id in ids {
         match provider.delete(&id).await {
             Ok(Deletion::Deleted) => ReconcileMetrics::deleted(&ctx.metrics, provider.name()),
             Ok(Deletion::NothingThere(detail)) => {
-                notes.push(decide::delete_found_nothing(&id, provider.name(), &detail))
+                events.push(decide::delete_found_nothing(&id, provider.name(), &detail))
             }
             Err(e) => {
                 let (note, retry) = decide::delete_failed(&id, &e);
                 publish(ctx, proxy, vec![note]).await;
-                return then(retry);
+                return action_for(retry);
             }
         }
     }
-    if notes.is_empty() {
-        notes.push(Note {
+    if events.is_empty() {
+        events.push(ProxyEvent {
             type_: EventType::Normal,
             reason: "Deleted",
             message: format!("instance deleted at provider {}", provider.name()),
         });
     }
-    publish(ctx, proxy, notes).await;
+    publish(ctx, proxy, events).await;
     Ok(Action::await_change())
 }

@@ -17,7 +17,7 @@ use crate::leader::LeaderView;
 use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{
     EndReason, GrantError, Lease, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome,
-    PoolEntry, ProxyKey, normalize_target, validate_session,
+    ProvisionedProxy, ProxyKey, normalize_target, validate_session,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -372,7 +372,7 @@ async fn confirm_stored(discovery: &Discovery) -> Result<(), Problem> {
         })
 }
 
-fn lease_response(status: StatusCode, lease: Lease, entry: &PoolEntry) -> Response {
+fn lease_response(status: StatusCode, lease: Lease, entry: &ProvisionedProxy) -> Response {
     let location = format!("/v1/leases/{}", lease.id);
     (
         status,

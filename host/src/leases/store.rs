@@ -47,7 +47,7 @@ pub use outcomes::{EndReason, Outcome};
 pub use pending::{MAX_PENDING_CHANGES, NotStored, Pending};
 pub use records::{FirstBlock, Lease, Snapshot};
 pub use requests::{
-    DRAINING_ANNOTATION, Grant, GrantError, LeaseError, LeaseRequest, POOL_LABEL, PoolEntry,
+    DRAINING_ANNOTATION, Grant, GrantError, LeaseError, LeaseRequest, POOL_LABEL, ProvisionedProxy,
     ProxyUsage, ProxyView,
 };
 pub use sessions::{MAX_SESSION_CHARS, MAX_SESSIONS, validate_session};
@@ -59,7 +59,7 @@ pub use targets::{
 
 /// A provisioned proxy and what the table keeps beside it.
 struct Slot {
-    entry: Arc<PoolEntry>,
+    entry: Arc<ProvisionedProxy>,
     /// Its pool as a key, built once.
     pool: Option<PoolKey>,
     series: Arc<Series>,

@@ -50,25 +50,9 @@ pub struct Owner {
     pub operator_id: String,
 }
 
-/// What squid needs to check a crawler's credentials: the user name and the password's salted
-/// hash. The password itself stays in the host (see `crate::credentials`).
-#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProxyCredentials {
-    pub username: String,
-    /// crypt(3) SHA-512, `$6$salt$hash`.
-    pub password_hash: String,
-}
-
-/// The hash is not the password, but it is no one's business in a log either.
-impl std::fmt::Debug for ProxyCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyCredentials")
-            .field("username", &self.username)
-            .field("password_hash", &"<redacted>")
-            .finish()
-    }
-}
+/// Given to a provider for a proxy's squid (WIT `proxy-credentials`); defined beside the login
+/// it is hashed from.
+pub use crate::credentials::ProxyCredentials;
 
 /// What the operator asks a provider to create.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -15,7 +15,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use proxy_operator::leases::{
     self, Auth, Discovery, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions, LeaseStore,
-    PoolEntry, ProxyKey,
+    ProvisionedProxy, ProxyKey,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -64,14 +64,14 @@ fn options(allow_ttl: Duration, deny_ttl: Duration) -> KubeAuthOptions {
     }
 }
 
-async fn serve(auth: Auth, pool: Vec<PoolEntry>) -> Served {
+async fn serve(auth: Auth, pool: Vec<ProvisionedProxy>) -> Served {
     let store = Arc::new(LeaseStore::new(
         LeaseOptions::default(),
         LeaseMetrics::unregistered().unwrap(),
         None,
     ));
     store.restore(Default::default());
-    store.set_pool(pool);
+    store.set_provisioned(pool);
     let discovery = Arc::new(Discovery::with_auth(store, auth));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -92,8 +92,8 @@ fn as_the_operator(cp: &ControlPlane, options: KubeAuthOptions) -> Auth {
 }
 
 /// A healthy proxy `namespace/name` in `pool`.
-fn proxy(namespace: &str, name: &str, pool: &str) -> PoolEntry {
-    PoolEntry {
+fn proxy(namespace: &str, name: &str, pool: &str) -> ProvisionedProxy {
+    ProvisionedProxy {
         key: ProxyKey {
             namespace: namespace.into(),
             name: name.into(),

@@ -15,7 +15,7 @@ use harness::process::{Check, Scratch, free_port, wait_for};
 use harness::squid::Squid;
 use proxy_operator::credentials::ProxyLogin;
 use proxy_operator::leases::store::PoolGateway;
-use proxy_operator::leases::{LeaseOptions, PoolEntry};
+use proxy_operator::leases::{LeaseOptions, ProvisionedProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Api, GATEWAY_TOKEN, TOKEN, key, pooled, serve};
@@ -206,7 +206,7 @@ impl Gateway {
             squid
                 .set_passwords(&format!("{}:{}\n", hashed.username, hashed.password_hash))
                 .unwrap();
-            pool.push(PoolEntry {
+            pool.push(ProvisionedProxy {
                 port: squid.port(),
                 login: Some(login.clone()),
                 ..pooled(&format!("up-{i}"), "gw")

@@ -6,7 +6,7 @@
 
 use harness::socks::SocksServer;
 use proxy_operator::credentials::ProxyLogin;
-use proxy_operator::leases::{LeaseOptions, PoolEntry};
+use proxy_operator::leases::{LeaseOptions, ProvisionedProxy};
 use proxy_operator::socks::ProxyProtocol;
 
 use super::gateway::{PAGE, Site, curl, spawn_replica};
@@ -16,8 +16,8 @@ const USER: &str = "vendor-customer-9";
 const PASSWORD: &str = "s0cks-Vendor-pw";
 
 /// A SOCKS5 upstream of pool `crawlers/{pool}` at `port`, with `login` if given.
-fn socks5_entry(name: &str, pool: &str, port: u16, login: Option<ProxyLogin>) -> PoolEntry {
-    PoolEntry {
+fn socks5_entry(name: &str, pool: &str, port: u16, login: Option<ProxyLogin>) -> ProvisionedProxy {
+    ProvisionedProxy {
         port,
         login,
         protocol: ProxyProtocol::Socks5,

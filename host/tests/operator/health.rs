@@ -64,6 +64,7 @@ impl Engine {
                 exit_ip_url,
             },
             ProbeMetrics::register(&registry).unwrap(),
+            Default::default(),
         );
         let (_, suspects) = tokio::sync::mpsc::channel(1);
         let namespace = ns.name().to_string();

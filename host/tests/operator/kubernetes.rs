@@ -408,8 +408,8 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             ..HealthOptions::default()
         },
         ProbeMetrics::register(&registry).unwrap(),
-    )
-    .with_credentials(operator.credentials.clone());
+        operator.credentials.clone(),
+    );
     let (_suspects_tx, suspects) = tokio::sync::mpsc::channel(1);
     let health = tokio::spawn(health.run(Some(ns.name().to_string()), suspects));
 

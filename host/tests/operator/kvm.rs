@@ -84,7 +84,12 @@ async fn a_kvm_proxy_waits_for_its_ssh_secret_then_gets_a_vm_that_its_deletion_r
     )
     .await
     .unwrap();
-    let ctx = Arc::new(Context::new(ns.client(), providers, "test-operator"));
+    let ctx = Arc::new(Context::new(
+        ns.client(),
+        providers,
+        "test-operator",
+        Default::default(),
+    ));
     let namespace = ns.name().to_string();
     let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
 
@@ -197,7 +202,12 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
     )
     .await
     .unwrap();
-    let ctx = Arc::new(Context::new(ns.client(), providers, "test-operator"));
+    let ctx = Arc::new(Context::new(
+        ns.client(),
+        providers,
+        "test-operator",
+        Default::default(),
+    ));
     let namespace = ns.name().to_string();
     let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });
 

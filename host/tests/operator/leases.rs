@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use proxy_operator::leases::store::GrantError;
 use proxy_operator::leases::{
-    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, Outcome, PoolEntry,
-    ProxyKey,
+    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, Outcome,
+    ProvisionedProxy, ProxyKey,
 };
 use reqwest::StatusCode;
 use serde_json::json;
@@ -21,8 +21,8 @@ use super::health::proxy_on_port;
 use super::world::World;
 
 /// A healthy proxy of the `store` provider, not pooled.
-fn entry(ns: &str, name: &str) -> PoolEntry {
-    PoolEntry {
+fn entry(ns: &str, name: &str) -> ProvisionedProxy {
+    ProvisionedProxy {
         key: ProxyKey {
             namespace: ns.into(),
             name: name.into(),
@@ -41,7 +41,7 @@ fn entry(ns: &str, name: &str) -> PoolEntry {
     }
 }
 
-fn pool(ns: &str) -> Vec<PoolEntry> {
+fn pool(ns: &str) -> Vec<ProvisionedProxy> {
     ["one", "two"].iter().map(|name| entry(ns, name)).collect()
 }
 
@@ -61,7 +61,7 @@ async fn leases_and_cooldowns_survive_a_restart_through_the_cluster() {
 
     let before = store();
     persistence.restore_into(&before).await.unwrap();
-    before.set_pool(pool(ns.name()));
+    before.set_provisioned(pool(ns.name()));
     let (held, _) = before.grant(&LeaseRequest::default()).unwrap();
     let (blocked, _) = before.grant(&LeaseRequest::default()).unwrap();
     before.report(&blocked.id, Outcome::Blocked).unwrap();
@@ -82,7 +82,7 @@ async fn leases_and_cooldowns_survive_a_restart_through_the_cluster() {
 
     let after = store();
     persistence.restore_into(&after).await.unwrap();
-    after.set_pool(pool(ns.name()));
+    after.set_provisioned(pool(ns.name()));
     let states: Vec<(String, &str)> = after
         .proxies()
         .unwrap()
@@ -121,7 +121,7 @@ async fn leases_and_cooldowns_survive_a_restart_through_the_cluster() {
     .unwrap();
     let fresh = store();
     persistence.restore_into(&fresh).await.unwrap();
-    fresh.set_pool(pool(ns.name()));
+    fresh.set_provisioned(pool(ns.name()));
     assert!(fresh.grant(&LeaseRequest::default()).is_ok());
 }
 
@@ -622,13 +622,13 @@ async fn ten_thousand_leases_never_fill_a_small_etcd_and_all_survive_a_failover(
     .await
     .unwrap();
     let ns = cp.namespace("px-etcd-quota").await.unwrap();
-    let proxies: Vec<PoolEntry> = (0..LEASES)
+    let proxies: Vec<ProvisionedProxy> = (0..LEASES)
         .map(|i| entry(ns.name(), &format!("proxy-{i:05}")))
         .collect();
     let persistence = LeasePersistence::new(ns.client(), ns.name(), "quota-leases");
     let store = Arc::new(store());
     persistence.restore_into(&store).await.unwrap();
-    store.set_pool(proxies.clone());
+    store.set_provisioned(proxies.clone());
     let writer = tokio::spawn(maintain(
         store.clone(),
         persistence.clone(),
@@ -722,7 +722,7 @@ async fn ten_thousand_leases_never_fill_a_small_etcd_and_all_survive_a_failover(
     let successor = LeasePersistence::new(ns.client(), ns.name(), "quota-leases");
     let after = self::store();
     successor.restore_into(&after).await.unwrap();
-    after.set_pool(proxies);
+    after.set_provisioned(proxies);
     let want: HashSet<(String, String)> = held
         .iter()
         .map(|l| (l.id.clone(), l.proxy.name.to_string()))

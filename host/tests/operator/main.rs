@@ -121,9 +121,8 @@ impl Operator {
         // As `proxy-operator run` does, with the test namespace as the operator's.
         let credentials = proxy_operator::credentials::CredentialsBook::default();
         let ctx = Arc::new(
-            Context::new(client, providers, "test-operator")
-                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator"))
-                .with_credentials(credentials.clone()),
+            Context::new(client, providers, "test-operator", credentials.clone())
+                .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator")),
         );
         let namespace = ns.name().to_string();
         Operator {
@@ -401,7 +400,7 @@ async fn a_status_decided_from_an_older_view_is_not_written_over_a_newer_one() {
         .await
         .unwrap();
     assert!(
-        matches!(written, controller::Written::Stale),
+        matches!(written, controller::StatusWrite::Stale),
         "written over a newer version"
     );
     let now = api.get("viewed").await.unwrap();
@@ -414,7 +413,7 @@ async fn a_status_decided_from_an_older_view_is_not_written_over_a_newer_one() {
     // Decided from the current version, the same status is written, and the Proxy as stored
     // comes back for what the reconcile writes next.
     let written = controller::write_status(&api, &now, decided).await.unwrap();
-    let controller::Written::Stored(stored) = written else {
+    let controller::StatusWrite::Stored(stored) = written else {
         panic!("a write over the current version was not stored");
     };
     assert_eq!(phase(Some(&stored)), Some(Phase::Provisioning));
@@ -436,8 +435,10 @@ async fn with_probing_off_ready_says_so() {
     let store = InstanceStore::start().await;
     let providers =
         providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
-    let ctx =
-        Arc::new(Context::new(ns.client(), providers, "test-operator").with_health_probing(false));
+    let ctx = Arc::new(
+        Context::new(ns.client(), providers, "test-operator", Default::default())
+            .with_health_probing(false),
+    );
     let namespace = ns.name().to_string();
     let _operator = Operator {
         task: tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await }),
@@ -460,6 +461,92 @@ async fn with_probing_off_ready_says_so() {
         "{}",
         ready.message
     );
+}
+
+/// A leader that loses and regains leadership runs the controller again on the same context:
+/// the second run watches the credentials Secrets too, so a rotated password still reaches the
+/// proxy (the first run's watch once took the only writer, and a second run had none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_run_again_after_a_stop_still_rotates_credentials() {
+    use k8s_openapi::api::core::v1::Secret;
+    use sha_crypt::{PasswordVerifier, ShaCrypt};
+    use tokio_util::sync::CancellationToken;
+
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-rerun").await.unwrap();
+    let store = InstanceStore::start().await;
+    let providers =
+        providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
+    let ctx = Arc::new(Context::new(
+        ns.client(),
+        providers,
+        "test-operator",
+        Default::default(),
+    ));
+    let run = |stop: &CancellationToken| {
+        let (ctx, namespace, stop) = (ctx.clone(), ns.name().to_string(), stop.clone());
+        tokio::spawn(async move {
+            controller::run_until(ctx, Some(&namespace), stop.cancelled_owned()).await
+        })
+    };
+    // The password hash the provider was last given for the Proxy `uid`.
+    let given_hash = |uid: &str| {
+        let instances = store.state.instances.lock().unwrap();
+        instances
+            .values()
+            .find(|i| i["owner"]["uid"] == uid)
+            .and_then(|i| {
+                i["credentials"]["passwordHash"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+    };
+
+    let first_stop = CancellationToken::new();
+    let first = run(&first_stop);
+    let api: Api<Proxy> = ns.api();
+    let uid = apply_ready(cp, &ns, &api, "rerun")
+        .await
+        .metadata
+        .uid
+        .unwrap();
+    first_stop.cancel();
+    first.await.unwrap();
+
+    let second_stop = CancellationToken::new();
+    let _second = run(&second_stop);
+    let _stop_second_at_the_end = second_stop.drop_guard();
+    let rotated = "r0tated-after-a-second-run";
+    let secrets: Api<Secret> = ns.api();
+    secrets
+        .patch(
+            "rerun-proxy-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"stringData": {"password": rotated}})),
+        )
+        .await
+        .unwrap();
+    harness::process::wait_for(
+        "the rotated password given to the provider",
+        Duration::from_secs(60),
+        || async {
+            match given_hash(&uid) {
+                Some(hash)
+                    if ShaCrypt::SHA512
+                        .verify_password(
+                            rotated.as_bytes(),
+                            &sha_crypt::PasswordHash::new(&hash).unwrap(),
+                        )
+                        .is_ok() =>
+                {
+                    harness::process::Check::Ready(())
+                }
+                other => harness::process::Check::NotYet(format!("hash {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -816,7 +903,12 @@ async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() 
         let flag = ready.clone();
         let task = tokio::spawn(async move {
             let providers = providers_for(&providers_text).await;
-            let ctx = Arc::new(Context::new(client.clone(), providers, "test-operator"));
+            let ctx = Arc::new(Context::new(
+                client.clone(),
+                providers,
+                "test-operator",
+                Default::default(),
+            ));
             let election = LeaderElection {
                 namespace: namespace.clone(),
                 lease_name: "proxy-operator-leader".into(),
@@ -923,7 +1015,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     persistence.restore_into(&table).await.unwrap();
     // A journal segment (create), two checkpoints (create parts, patch the manifest, delete
     // what they cover by label), and a restore (get the manifest, list parts and segments).
-    table.set_pool(vec![proxy_operator::leases::PoolEntry {
+    table.set_provisioned(vec![proxy_operator::leases::ProvisionedProxy {
         key: ("crawl".to_string(), "rbac-proxy".to_string()).into(),
         provider: "memory".into(),
         zone: None,
@@ -1331,7 +1423,7 @@ async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
     use proxy_operator::api::ProviderHealth;
-    use proxy_operator::providerhealth::{HealthMetrics, pass};
+    use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-ph").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1344,7 +1436,7 @@ async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
     ))
     .await;
     let registry = prometheus::Registry::new();
-    let metrics = HealthMetrics::register(&registry).unwrap();
+    let metrics = ProviderCheckMetrics::register(&registry).unwrap();
     let client = ns.client();
     pass(&client, &both, "ph-test", Duration::from_secs(5), &metrics)
         .await
@@ -1404,7 +1496,7 @@ async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
-    use proxy_operator::providerhealth::{HealthMetrics, pass};
+    use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-hung").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1420,7 +1512,7 @@ async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
     let name = format!("{}-hung", ns.name());
     let providers = providers_for(&format!("providers:\n{}", store_provider(&name, &store))).await;
     let client = ns.client();
-    let metrics = HealthMetrics::register(&prometheus::Registry::new()).unwrap();
+    let metrics = ProviderCheckMetrics::register(&prometheus::Registry::new()).unwrap();
     let check_timeout = Duration::from_secs(8);
     let check = tokio::spawn(async move {
         pass(&client, &providers, "hung-test", check_timeout, &metrics).await

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
 use proxy_operator::controller::{self, Context};
-use proxy_operator::providerhealth::{HealthMetrics, pass};
+use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
 use proxy_operator::registry::{PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions};
 use sha2::{Digest, Sha256};
 
@@ -293,7 +293,7 @@ async fn a_plugin_in_the_configmap_is_hot_loaded_replaced_under_load_and_survive
         .await
         .unwrap();
     assert!(events.contains("PluginLoadFailed"), "{events}");
-    let health = HealthMetrics::register(&prometheus::Registry::new()).unwrap();
+    let health = ProviderCheckMetrics::register(&prometheus::Registry::new()).unwrap();
     pass(
         &cp.client(),
         &current,
@@ -369,7 +369,7 @@ async fn an_upload_one_instance_refuses_is_swapped_in_for_none() {
         "po-swap".into(),
         Duration::from_secs(3600),
         Duration::from_secs(5),
-        HealthMetrics::register(&prometheus::Registry::new()).unwrap(),
+        ProviderCheckMetrics::register(&prometheus::Registry::new()).unwrap(),
     ));
     let old = plugin_bytes("test-next");
     setup.put("x.wasm", old.clone()).await;
@@ -444,6 +444,7 @@ async fn a_proxy_waits_while_its_plugin_is_missing_and_is_made_when_it_arrives()
         ns.client(),
         setup.registry.providers(),
         "test-operator",
+        Default::default(),
     ));
     let namespace = ns.name().to_string();
     let controller = tokio::spawn(async move { controller::run(ctx, Some(&namespace)).await });

@@ -7,9 +7,9 @@ use rstest::rstest;
 use super::*;
 use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::controller::conditions::{Type, status_of};
-use crate::plugins::types::{Instance, InstanceState, Owner};
+use crate::plugins::types::{Instance, InstanceState};
 
-fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
+pub(super) fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
     let mut proxy: Proxy = serde_json::from_value(serde_json::json!({
         "apiVersion": "proxy-operator.dev/v1alpha1",
         "kind": "Proxy",
@@ -21,26 +21,30 @@ fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
     proxy
 }
 
-fn loaded() -> ProviderLookup {
+pub(super) fn loaded() -> ProviderLookup {
     ProviderLookup::Loaded {
         name: "kvm-home".into(),
     }
 }
 
-fn not_loaded() -> ProviderLookup {
+pub(super) fn not_loaded() -> ProviderLookup {
     ProviderLookup::NotLoaded {
         provider_type: "kvm".into(),
         reason: "removed from the ConfigMap".into(),
     }
 }
 
-fn unknown() -> ProviderLookup {
+pub(super) fn unknown() -> ProviderLookup {
     ProviderLookup::Unknown {
         configured: vec!["b".into(), "a".into()],
     }
 }
 
-fn with(phase: Option<Phase>, provider_id: Option<&str>, observed: Option<i64>) -> ProxyStatus {
+pub(super) fn with(
+    phase: Option<Phase>,
+    provider_id: Option<&str>,
+    observed: Option<i64>,
+) -> ProxyStatus {
     ProxyStatus {
         phase,
         provider_id: provider_id.map(String::from),
@@ -49,7 +53,7 @@ fn with(phase: Option<Phase>, provider_id: Option<&str>, observed: Option<i64>) 
     }
 }
 
-fn instance(state: InstanceState, address: Option<&str>) -> Instance {
+pub(super) fn instance(state: InstanceState, address: Option<&str>) -> Instance {
     Instance {
         provider_id: "vm-1".into(),
         name: "px-1".into(),
@@ -64,13 +68,13 @@ fn instance(state: InstanceState, address: Option<&str>) -> Instance {
 }
 
 /// What a first step comes to, in a few words, for the table.
-fn summary(step: &Step) -> String {
+fn summary(step: &Decision) -> String {
     match step {
-        Step::Done(e) => format!("done {:?} {:?}", e.status.phase, e.then),
-        Step::Create { name, zone, status } => {
+        Decision::Done(e) => format!("done {:?} {:?}", e.status.phase, e.next),
+        Decision::Create { name, zone, status } => {
             format!("create {name} in {zone:?} {:?}", status.phase)
         }
-        Step::Get {
+        Decision::Get {
             provider_id,
             status,
         } => format!("get {provider_id} {:?}", status.phase),
@@ -163,7 +167,7 @@ fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
         ..Default::default()
     });
     assert!(asked_before(&retried));
-    let Step::Create { zone, status, .. } = decide(&retried, &loaded(), "px-1") else {
+    let Decision::Create { zone, status, .. } = decide(&retried, &loaded(), "px-1") else {
         panic!("a retried create")
     };
     assert_eq!(zone.as_deref(), Some("z1"));
@@ -176,7 +180,7 @@ fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
 
     let first = placed(Some("z2"));
     assert!(!asked_before(&first));
-    let Step::Create { zone, status, .. } = decide(&first, &loaded(), "px-1") else {
+    let Decision::Create { zone, status, .. } = decide(&first, &loaded(), "px-1") else {
         panic!("a first create")
     };
     assert_eq!(zone.as_deref(), Some("z2"));
@@ -190,33 +194,33 @@ fn the_placement_is_recorded_in_the_status_the_create_writes_first() {
 
 #[test]
 fn an_unknown_provider_names_what_is_configured_and_is_said_once() {
-    let Step::Done(first) = decide(&proxy(1, None), &unknown(), "px-1") else {
+    let Decision::Done(first) = decide(&proxy(1, None), &unknown(), "px-1") else {
         panic!("no provider call for an unknown provider")
     };
     let message = first.status.last_error.clone().unwrap();
     assert!(message.contains("(configured: a, b)"), "{message}");
-    assert_eq!(first.notes.len(), 1);
-    assert_eq!(first.notes[0].reason, "UnknownProvider");
+    assert_eq!(first.events.len(), 1);
+    assert_eq!(first.events[0].reason, "UnknownProvider");
     assert_eq!(
         status_of(&first.status.conditions, Type::Ready),
         Some(false)
     );
     // The same answer again: no second event.
-    let Step::Done(again) = decide(&proxy(1, Some(first.status)), &unknown(), "px-1") else {
+    let Decision::Done(again) = decide(&proxy(1, Some(first.status)), &unknown(), "px-1") else {
         panic!()
     };
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
 }
 
 #[test]
 fn a_plugin_that_is_not_loaded_keeps_an_existing_phase() {
     let status = with(Some(Phase::Ready), Some("vm-1"), Some(1));
-    let Step::Done(effects) = decide(&proxy(1, Some(status)), &not_loaded(), "px-1") else {
+    let Decision::Done(effects) = decide(&proxy(1, Some(status)), &not_loaded(), "px-1") else {
         panic!()
     };
     assert_eq!(effects.status.phase, Some(Phase::Ready));
     assert!(effects.status.last_error.unwrap().contains("is not loaded"));
-    assert_eq!(effects.notes[0].reason, "PluginNotLoaded");
+    assert_eq!(effects.events[0].reason, "PluginNotLoaded");
 }
 
 #[rstest]
@@ -255,7 +259,7 @@ fn what_the_provider_says_becomes_the_status(
         true,
     );
     assert_eq!(effects.status.phase, phase);
-    assert_eq!(effects.then, Then::Requeue(requeue));
+    assert_eq!(effects.next, NextReconcile::Requeue(requeue));
     assert_eq!(
         status_of(&effects.status.conditions, Type::Provisioned),
         provisioned
@@ -273,7 +277,7 @@ fn a_created_instance_is_announced_then_provisioned_once() {
         &instance(InstanceState::Running, Some("10.0.0.5")),
         true,
     );
-    let reasons: Vec<_> = effects.notes.iter().map(|n| n.reason).collect();
+    let reasons: Vec<_> = effects.events.iter().map(|n| n.reason).collect();
     assert_eq!(reasons, ["Created", "Provisioned"]);
     // Already Ready: no second Provisioned event.
     let again = observed(
@@ -282,10 +286,10 @@ fn a_created_instance_is_announced_then_provisioned_once() {
         &instance(InstanceState::Running, Some("10.0.0.5")),
         true,
     );
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
 }
 
-fn provider_error(error: ProviderError) -> CallError {
+pub(super) fn provider_error(error: ProviderError) -> CallError {
     CallError::Provider {
         provider: "kvm-home".into(),
         function: "create",
@@ -297,37 +301,37 @@ fn provider_error(error: ProviderError) -> CallError {
 #[case::transient_retries_when_the_provider_says(
     ProviderError::Transient { message: "busy".into(), retry_after: Some(Duration::from_secs(7)) },
     None,
-    Then::Retry { message: "kvm-home Create: busy".into(), after: Some(Duration::from_secs(7)) }
+    NextReconcile::Retry { message: "kvm-home Create: busy".into(), after: Some(Duration::from_secs(7)) }
 )]
 #[case::quota_retries_in_a_minute(
     ProviderError::Quota("no ports".into()),
     None,
-    Then::Retry { message: "kvm-home Create: quota: no ports".into(), after: Some(Duration::from_secs(60)) }
+    NextReconcile::Retry { message: "kvm-home Create: quota: no ports".into(), after: Some(Duration::from_secs(60)) }
 )]
 #[case::a_provider_error_fails_until_the_spec_changes(
     ProviderError::Permanent("no such image".into()),
     Some(Phase::Failed),
-    Then::AwaitChange
+    NextReconcile::AwaitChange
 )]
 #[case::invalid_provider_config_fails_and_is_rechecked(
     ProviderError::InvalidConfig("zone".into()),
     Some(Phase::Failed),
-    Then::Retry { message: "kvm-home Create: zone".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+    NextReconcile::Retry { message: "kvm-home Create: zone".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
 )]
 #[case::unauthorized_fails_and_is_rechecked(
     ProviderError::Unauthorized("key".into()),
     Some(Phase::Failed),
-    Then::Retry { message: "kvm-home Create: key".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+    NextReconcile::Retry { message: "kvm-home Create: key".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
 )]
 #[case::denied_fails_and_is_rechecked(
     ProviderError::Denied("grant".into()),
     Some(Phase::Failed),
-    Then::Retry { message: "kvm-home Create: grant".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
+    NextReconcile::Retry { message: "kvm-home Create: grant".into(), after: Some(RECHECK_OUTSIDE_SPEC) }
 )]
 fn a_failed_call_is_retried_or_failed(
     #[case] error: ProviderError,
     #[case] phase: Option<Phase>,
-    #[case] then: Then,
+    #[case] next: NextReconcile,
 ) {
     let effects = call_failed(
         &proxy(4, None),
@@ -337,11 +341,11 @@ fn a_failed_call_is_retried_or_failed(
         &provider_error(error),
     );
     assert_eq!(effects.status.phase, phase);
-    assert_eq!(effects.then, then);
+    assert_eq!(effects.next, next);
     assert!(effects.status.last_error.unwrap().starts_with("Create"));
     if phase == Some(Phase::Failed) {
         assert_eq!(effects.status.observed_generation, Some(4));
-        assert_eq!(effects.notes.len(), 1);
+        assert_eq!(effects.events.len(), 1);
     }
 }
 
@@ -397,14 +401,14 @@ fn out_of_its_own_memory_or_a_host_panic_is_not_retried() {
     true,
     Some(Phase::Pending),
     None,
-    Then::Requeue(Duration::from_millis(100))
+    NextReconcile::Requeue(Duration::from_millis(100))
 )]
-#[case::failed_otherwise(false, Some(Phase::Failed), Some("vm-1"), Then::AwaitChange)]
+#[case::failed_otherwise(false, Some(Phase::Failed), Some("vm-1"), NextReconcile::AwaitChange)]
 fn a_lost_instance_is_recreated_only_when_the_spec_asks(
     #[case] recreate: bool,
     #[case] phase: Option<Phase>,
     #[case] provider_id: Option<&str>,
-    #[case] then: Then,
+    #[case] next: NextReconcile,
 ) {
     let mut p = proxy(1, None);
     p.spec.recreate_on_loss = recreate;
@@ -416,137 +420,8 @@ fn a_lost_instance_is_recreated_only_when_the_spec_asks(
     assert_eq!(effects.status.placement.is_none(), recreate);
     assert_eq!(effects.status.provider_id.as_deref(), provider_id);
     assert_eq!(effects.status.address, None);
-    assert_eq!(effects.then, then);
-    assert_eq!(effects.notes[0].reason, "InstanceLost");
-}
-
-fn cleanup_summary(step: &CleanupStep) -> String {
-    match step {
-        CleanupStep::Abandon(note) => format!("abandon {}", note.reason),
-        CleanupStep::LeaveRunning(note) => format!("leave {}", note.reason),
-        CleanupStep::WaitForPlugin { .. } => "wait".into(),
-        CleanupStep::Delete { recorded, deleting } => format!(
-            "delete {} {}",
-            recorded.as_deref().unwrap_or("by-uid"),
-            if deleting.is_some() { "mark" } else { "marked" }
-        ),
-    }
-}
-
-#[rstest]
-#[case::recorded_instance_is_deleted(
-    Some(with(Some(Phase::Ready), Some("vm-1"), None)),
-    false,
-    loaded(),
-    "delete vm-1 mark"
-)]
-#[case::none_recorded_is_found_by_uid(None, false, loaded(), "delete by-uid mark")]
-#[case::already_deleting_is_not_marked_again(
-    Some(with(Some(Phase::Deleting), Some("vm-1"), None)),
-    false,
-    loaded(),
-    "delete vm-1 marked"
-)]
-#[case::skip_cleanup_leaves_it_running(
-    Some(with(Some(Phase::Ready), Some("vm-1"), None)),
-    true,
-    loaded(),
-    "leave Abandoned"
-)]
-#[case::plugin_not_loaded_waits(None, false, not_loaded(), "wait")]
-#[case::unknown_provider_abandons(None, false, unknown(), "abandon Abandoned")]
-fn deletion_deletes_waits_or_abandons(
-    #[case] status: Option<ProxyStatus>,
-    #[case] skip_cleanup: bool,
-    #[case] lookup: ProviderLookup,
-    #[case] expected: &str,
-) {
-    let mut p = proxy(1, status);
-    if skip_cleanup {
-        p.metadata.annotations =
-            Some([(SKIP_CLEANUP_ANNOTATION.to_string(), "true".to_string())].into());
-    }
-    assert_eq!(cleanup_summary(&decide_cleanup(&p, &lookup)), expected);
-}
-
-#[test]
-fn only_this_proxys_instances_are_deleted_by_uid() {
-    let owned = |uid: &str, id: &str| Instance {
-        provider_id: id.into(),
-        owner: Some(Owner {
-            namespace: "crawlers".into(),
-            name: "egress-1".into(),
-            uid: uid.into(),
-            operator_id: "op".into(),
-        }),
-        ..instance(InstanceState::Running, None)
-    };
-    let instances = vec![
-        owned("u-1", "a"),
-        owned("u-2", "b"),
-        instance(InstanceState::Running, None),
-        owned("u-1", "c"),
-    ];
-    assert_eq!(owned_by(instances, "u-1"), ["a", "c"]);
-}
-
-#[test]
-fn a_failed_delete_is_retried_slowly_when_permanent() {
-    let (note, then) = delete_failed(
-        "vm-1",
-        &provider_error(ProviderError::Permanent("stuck".into())),
-    );
-    assert_eq!(note.reason, "DeleteFailed");
-    assert_eq!(
-        then,
-        Then::Retry {
-            message: "delete vm-1: stuck".into(),
-            after: Some(Duration::from_secs(60))
-        }
-    );
-}
-
-#[test]
-fn an_instance_listed_as_another_proxys_is_never_deleted() {
-    let owner = |uid: &str| Owner {
-        namespace: "crawlers".into(),
-        name: "victim".into(),
-        uid: uid.into(),
-        operator_id: "op".into(),
-    };
-    let with_owner = |o: Option<Owner>| Instance {
-        owner: o,
-        ..instance(InstanceState::Running, None)
-    };
-    let p = proxy(1, None);
-    let refused = refuse_foreign_delete(&p, &with_owner(Some(owner("u-victim")))).unwrap();
-    assert_eq!(refused.reason, "DeleteRefused");
-    assert!(
-        refused.message.contains("crawlers/victim"),
-        "{}",
-        refused.message
-    );
-    assert_eq!(
-        refuse_foreign_delete(&p, &with_owner(Some(owner("u-1")))),
-        None
-    );
-    // A provider that reports no owner cannot be checked: the delete goes ahead.
-    assert_eq!(refuse_foreign_delete(&p, &with_owner(None)), None);
-}
-
-#[test]
-fn a_delete_that_finds_nothing_lets_the_proxy_go_and_says_why() {
-    let note = delete_found_nothing(
-        "europe-west1-b/victim",
-        "gcp-eu",
-        "instance victim has no label proxy-operator-managed=true",
-    );
-    assert_eq!(note.type_, EventType::Normal);
-    assert_eq!(note.reason, "NothingDeleted");
-    assert_eq!(
-        note.message,
-        "provider gcp-eu deleted nothing at europe-west1-b/victim: instance victim has no label proxy-operator-managed=true"
-    );
+    assert_eq!(effects.next, next);
+    assert_eq!(effects.events[0].reason, "InstanceLost");
 }
 
 /// A `quota` (or `transient`) answer to a create is not only `lastError`: the conditions say it,
@@ -577,9 +452,9 @@ fn a_retried_create_says_why_in_a_condition_and_one_event() {
         "Create at provider gcp-eu: quota: CPUS in europe-west1: 24 of 24; retrying"
     );
     assert_eq!(condition(&first.status, "Ready").unwrap().1, "Quota");
-    assert_eq!(first.notes.len(), 1);
-    assert_eq!(first.notes[0].reason, "Quota");
-    assert_eq!(first.notes[0].type_, EventType::Warning);
+    assert_eq!(first.events.len(), 1);
+    assert_eq!(first.events[0].reason, "Quota");
+    assert_eq!(first.events[0].type_, EventType::Warning);
     assert_eq!(
         first.status.observed_generation, None,
         "the spec is not acted on yet"
@@ -593,14 +468,14 @@ fn a_retried_create_says_why_in_a_condition_and_one_event() {
         "Create",
         &quota,
     );
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
     // Another answer: its own event, reason Retrying.
     let busy = provider_error(ProviderError::Transient {
         message: "busy".into(),
         retry_after: None,
     });
     let other = call_failed(&proxy(2, None), again.status, "gcp-eu", "Create", &busy);
-    assert_eq!(other.notes[0].reason, "Retrying");
+    assert_eq!(other.events[0].reason, "Retrying");
     // A failed `get` of a running instance leaves its conditions alone.
     let running = with(Some(Phase::Ready), Some("vm-1"), Some(2));
     let got = call_failed(
@@ -639,7 +514,11 @@ fn a_failure_from_outside_the_spec_is_tried_again(
         },
         "px-1",
     );
-    assert_eq!(matches!(step, Step::Create { .. }), tried_again, "{step:?}");
+    assert_eq!(
+        matches!(step, Decision::Create { .. }),
+        tried_again,
+        "{step:?}"
+    );
     // The same answer again: the status stays, no second event.
     let again = call_failed(
         &proxy(3, None),
@@ -649,5 +528,5 @@ fn a_failure_from_outside_the_spec_is_tried_again(
         &provider_error(error),
     );
     assert_eq!(again.status, failed.status);
-    assert!(again.notes.is_empty());
+    assert!(again.events.is_empty());
 }

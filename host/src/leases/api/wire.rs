@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leases::store::{Lease, Outcome, PoolEntry, PoolKey};
+use crate::leases::store::{Lease, Outcome, PoolKey, ProvisionedProxy};
 use crate::socks::ProxyProtocol;
 
 /// Every field is optional, and `null` is the same as absent for each of them. Serialized as a
@@ -119,7 +119,7 @@ fn as_text<S: serde::Serializer>(key: &Option<PoolKey>, serializer: S) -> Result
 }
 
 impl<'a> Granted<'a> {
-    pub(super) fn new(lease: Lease, entry: &'a PoolEntry) -> Self {
+    pub(super) fn new(lease: Lease, entry: &'a ProvisionedProxy) -> Self {
         let pool = lease.pool_key();
         Granted {
             // An upstream's login stays with the operator (and its gateway) unless allowed.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::picking::{Picked, Wanted, pick};
 use super::{
     EndReason, Grant, GrantError, Held, Inner, Lease, LeaseError, LeaseRequest, LeaseStore,
-    Outcome, PoolEntry, ProxyKey, ProxyUsage, now_ms,
+    Outcome, ProvisionedProxy, ProxyKey, ProxyUsage, now_ms,
 };
 use crate::leases::journal::Change;
 use crate::leases::metrics::Series;
@@ -27,7 +27,7 @@ fn new_lease_id() -> String {
 
 impl LeaseStore {
     /// Grants a lease on a healthy proxy that is neither leased nor cooling down (nor draining).
-    pub fn grant(&self, request: &LeaseRequest) -> Result<(Lease, PoolEntry), GrantError> {
+    pub fn grant(&self, request: &LeaseRequest) -> Result<(Lease, ProvisionedProxy), GrantError> {
         self.grant_or_join(request)
             .map(|g| (g.lease, Arc::unwrap_or_clone(g.entry)))
     }
@@ -143,7 +143,7 @@ impl LeaseStore {
     }
 
     /// A live lease and its proxy.
-    pub fn lease(&self, id: &str) -> Result<(Lease, Arc<PoolEntry>), LeaseError> {
+    pub fn lease(&self, id: &str) -> Result<(Lease, Arc<ProvisionedProxy>), LeaseError> {
         let now = now_ms();
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -159,7 +159,7 @@ impl LeaseStore {
         &self,
         id: &str,
         ttl: Option<Duration>,
-    ) -> Result<(Lease, Arc<PoolEntry>), LeaseError> {
+    ) -> Result<(Lease, Arc<ProvisionedProxy>), LeaseError> {
         let now = now_ms();
         let mut guard = self.lock();
         let inner = &mut *guard;

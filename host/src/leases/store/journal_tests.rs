@@ -125,7 +125,7 @@ fn a_restore_binds_the_sessions_of_its_leases_again() {
     let after = store_of(vec![]);
     after.close();
     after.restore(snapshot);
-    after.set_pool(vec![entry("a1", None), entry("a2", None)]);
+    after.set_provisioned(vec![entry("a1", None), entry("a2", None)]);
     after.release(&lease.id).unwrap();
     let (again, _) = after.grant(&with_session("jar")).unwrap();
     assert_eq!(again.proxy, lease.proxy);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::keys::FastMap;
 use super::series::series_for;
-use super::{EndReason, Inner, LeaseStore, PoolEntry, PoolKey, ProxyKey, Slot};
+use super::{EndReason, Inner, LeaseStore, PoolKey, ProvisionedProxy, ProxyKey, Slot};
 use crate::leases::metrics::NO_POOL;
 
 impl LeaseStore {
@@ -29,7 +29,7 @@ impl LeaseStore {
     }
 
     /// Replaces the set of provisioned proxies. Leases on proxies that are gone or unhealthy end.
-    pub fn set_pool(&self, entries: Vec<PoolEntry>) {
+    pub fn set_provisioned(&self, entries: Vec<ProvisionedProxy>) {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let mut pool = FastMap::default();

@@ -20,7 +20,7 @@ pub const DRAINING_ANNOTATION: &str = "proxy-operator.dev/draining";
 
 /// A provisioned proxy as the health engine sees it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PoolEntry {
+pub struct ProvisionedProxy {
     pub key: ProxyKey,
     pub provider: String,
     pub zone: Option<String>,
@@ -43,7 +43,7 @@ pub struct PoolEntry {
     pub protocol: crate::socks::ProxyProtocol,
 }
 
-impl PoolEntry {
+impl ProvisionedProxy {
     pub(super) fn leasable(&self) -> bool {
         self.healthy && !self.draining
     }
@@ -76,7 +76,7 @@ pub struct LeaseRequest {
 pub struct Grant {
     pub lease: Lease,
     /// Shared with the table: cloned under its lock, it is only a reference count.
-    pub entry: Arc<PoolEntry>,
+    pub entry: Arc<ProvisionedProxy>,
     /// The session already held this lease, and it was handed out again: nothing new was
     /// granted (several workers of one session share one lease and one proxy).
     pub joined: bool,

@@ -18,7 +18,9 @@ pub use super::shared_use::{
     MAX_REPLICAS, PoolGateway, REPLICA_SILENCE, ReplicaError, SHARED_HOLD,
 };
 use super::shared_use::{ReplicaLoad, Use};
-use super::{GrantError, Inner, LeaseRequest, LeaseStore, PoolEntry, PoolKey, ProxyKey, now_ms};
+use super::{
+    GrantError, Inner, LeaseRequest, LeaseStore, PoolKey, ProvisionedProxy, ProxyKey, now_ms,
+};
 
 /// What the gateway asks for one request or tunnel.
 #[derive(Clone, Debug, Default)]
@@ -37,7 +39,7 @@ pub struct RouteRequest {
 /// A route's answer: the proxy, and its pool's gateway settings if it has its own.
 #[derive(Clone, Debug)]
 pub struct Routed {
-    pub entry: Arc<PoolEntry>,
+    pub entry: Arc<ProvisionedProxy>,
     pub pool: Option<Arc<PoolGateway>>,
 }
 

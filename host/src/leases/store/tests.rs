@@ -11,7 +11,7 @@ fn store_of_one() -> LeaseStore {
         None,
     );
     store.restore(Snapshot::default());
-    store.set_pool(vec![PoolEntry {
+    store.set_provisioned(vec![ProvisionedProxy {
         key: ProxyKey {
             namespace: "ns".into(),
             name: "only".into(),
@@ -75,7 +75,7 @@ async fn closing_the_store_ends_every_wait_at_once_and_versions_go_on() {
     // The next term restores what the cluster has; its changes get new versions.
     store.restore(Snapshot::default());
     assert_eq!(store.wait_stored(granted, Duration::ZERO).await, Ok(()));
-    store.set_pool(vec![]);
+    store.set_provisioned(vec![]);
     assert!(store.version() >= granted);
 }
 
@@ -113,8 +113,8 @@ fn pool_key(name: &str) -> PoolKey {
 }
 
 /// `name`: provider `p`, zone `z`, label `tier: cheap`, healthy, in `pool` if given.
-pub(super) fn entry(name: &str, pool: Option<&str>) -> PoolEntry {
-    PoolEntry {
+pub(super) fn entry(name: &str, pool: Option<&str>) -> ProvisionedProxy {
+    ProvisionedProxy {
         key: key(name),
         provider: "p".into(),
         zone: Some("z".into()),
@@ -130,14 +130,14 @@ pub(super) fn entry(name: &str, pool: Option<&str>) -> PoolEntry {
     }
 }
 
-pub(super) fn store_of(entries: Vec<PoolEntry>) -> LeaseStore {
+pub(super) fn store_of(entries: Vec<ProvisionedProxy>) -> LeaseStore {
     let store = LeaseStore::new(
         LeaseOptions::default(),
         LeaseMetrics::unregistered().unwrap(),
         None,
     );
     store.restore(Snapshot::default());
-    store.set_pool(entries);
+    store.set_provisioned(entries);
     store
 }
 
@@ -165,11 +165,11 @@ fn outcome(store: &LeaseStore, request: &LeaseRequest) -> Result<String, &'stati
 
 #[test]
 fn which_proxy_a_grant_gets_or_why_not() {
-    let draining = PoolEntry {
+    let draining = ProvisionedProxy {
         draining: true,
         ..entry("draining", Some("b"))
     };
-    let sick = PoolEntry {
+    let sick = ProvisionedProxy {
         healthy: false,
         ..entry("sick", Some("c"))
     };
@@ -262,7 +262,7 @@ fn a_known_pool_without_proxies_and_an_empty_cluster_are_busy_not_unmatchable() 
     assert_eq!(outcome(&store, &in_pool("scaling")), Err("unknown_pool"));
     store.set_known_pools([("ns".to_string(), "scaling".to_string())]);
     assert_eq!(outcome(&store, &in_pool("scaling")), Err("no_proxy"));
-    store.set_pool(vec![entry("s1", Some("scaling"))]);
+    store.set_provisioned(vec![entry("s1", Some("scaling"))]);
     assert_eq!(outcome(&store, &in_pool("scaling")), Ok("s1".into()));
     // Forgotten by the controller, still known while a proxy names it.
     store.set_known_pools(Vec::<PoolKey>::new());
@@ -343,7 +343,7 @@ fn a_session_leaves_a_draining_unhealthy_or_blocked_proxy() {
         };
         let (lease, _) = store.grant(&request).unwrap();
         let mine = lease.proxy.clone();
-        let changed = |f: fn(&mut PoolEntry)| {
+        let changed = |f: fn(&mut ProvisionedProxy)| {
             ["a1", "a2"]
                 .map(|n| {
                     let mut e = entry(n, None);
@@ -356,10 +356,10 @@ fn a_session_leaves_a_draining_unhealthy_or_blocked_proxy() {
         };
         match what {
             "draining" => {
-                store.set_pool(changed(|e| e.draining = true));
+                store.set_provisioned(changed(|e| e.draining = true));
                 // Its lease runs on, but the session is not handed it again.
             }
-            "unhealthy" => store.set_pool(changed(|e| e.healthy = false)),
+            "unhealthy" => store.set_provisioned(changed(|e| e.healthy = false)),
             "blocked" => {
                 store.report(&lease.id, Outcome::Blocked).unwrap();
             }
@@ -492,7 +492,7 @@ fn renewal_extends_within_the_maximum_and_is_refused_on_a_draining_proxy() {
         Some(long.expires_at_ms)
     );
 
-    store.set_pool(vec![PoolEntry {
+    store.set_provisioned(vec![ProvisionedProxy {
         draining: true,
         ..entry("a1", None)
     }]);
@@ -526,7 +526,7 @@ fn sessions_targets_and_block_counts_survive_a_restore_and_old_tables_still_read
     let after = store_of(vec![]);
     after.close();
     after.restore(serde_json::from_str(&text).unwrap());
-    after.set_pool(vec![entry("a1", Some("a")), entry("a2", Some("a"))]);
+    after.set_provisioned(vec![entry("a1", Some("a")), entry("a2", Some("a"))]);
     let shown = after.lease(&held.id).unwrap().0;
     assert_eq!(shown.session.as_deref(), Some("jar"));
     assert_eq!(shown.pool.as_deref(), Some("a"));
@@ -550,7 +550,7 @@ fn sessions_targets_and_block_counts_survive_a_restore_and_old_tables_still_read
     let restored = store_of(vec![]);
     restored.close();
     restored.restore(old);
-    restored.set_pool(vec![entry("a1", None), entry("a2", None)]);
+    restored.set_provisioned(vec![entry("a1", None), entry("a2", None)]);
     let views = restored.proxies().unwrap();
     assert_eq!(
         views.iter().map(|v| v.state).collect::<Vec<_>>(),
@@ -563,7 +563,7 @@ fn metrics_are_labelled_by_pool_and_provider_and_requests_make_no_new_series() {
     let metrics = LeaseMetrics::unregistered().unwrap();
     let store = LeaseStore::new(LeaseOptions::default(), metrics.clone(), None);
     store.restore(Snapshot::default());
-    store.set_pool(vec![entry("a1", Some("a")), entry("x", None)]);
+    store.set_provisioned(vec![entry("a1", Some("a")), entry("x", None)]);
     let (lease, _) = store.grant(&in_pool("a")).unwrap();
     assert_eq!(metrics.granted.with_label_values(&["ns/a", "p"]).get(), 1);
     assert_eq!(metrics.active.with_label_values(&["ns/a", "p"]).get(), 1);
@@ -595,6 +595,6 @@ fn metrics_are_labelled_by_pool_and_provider_and_requests_make_no_new_series() {
         1
     );
     // The pool is gone: so are its series.
-    store.set_pool(vec![entry("x", None)]);
+    store.set_provisioned(vec![entry("x", None)]);
     assert_eq!(families(&metrics.granted), 1, "only pool=none is left");
 }

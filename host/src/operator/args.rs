@@ -169,9 +169,16 @@ pub struct LeaderArgs {
     /// Run as one of several replicas: only the holder of a Lease reconciles and serves leases.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
     pub leader_election: bool,
-    /// Namespace of the Lease (usually the operator's own).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    pub leader_election_namespace: String,
+    /// The operator's own namespace: its leader Lease, its record of abandoned instances, the
+    /// providers ConfigMap and the plugins' own objects live there (`--leader-election-namespace`
+    /// is an older name of this flag).
+    #[arg(
+        long,
+        alias = "leader-election-namespace",
+        env = "POD_NAMESPACE",
+        default_value = "default"
+    )]
+    pub operator_namespace: String,
     /// This replica's identity in the Lease (default: the host name and process id).
     #[arg(long, env = "POD_NAME")]
     pub leader_election_identity: Option<String>,
@@ -524,7 +531,7 @@ impl LeaderArgs {
     /// The election of the Lease `<operator-id>-leader`.
     pub fn election(&self, operator_id: &str) -> LeaderElection {
         LeaderElection {
-            namespace: self.leader_election_namespace.clone(),
+            namespace: self.operator_namespace.clone(),
             lease_name: format!("{operator_id}-leader"),
             identity: self
                 .leader_election_identity
