@@ -235,3 +235,109 @@ async fn a_web_identity_is_exchanged_at_sts_once_and_signs_requests() {
         moto.log_tail(40)
     );
 }
+
+/// EKS Pod Identity: the host GETs temporary keys from the container credentials endpoint (here a
+/// loopback server answering in AWS's documented shape) with the Pod's token file as
+/// `Authorization`, once for many requests, and signs with them; the plugin sees none of it. An
+/// endpoint that refuses the token fails the call saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_identity_keys_come_from_the_container_credentials_endpoint_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const POD_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.cG9kLWlkZW50aXR5.c2ln";
+    const POD_KEY: &str = "ASIAPODIDENTITYTEST";
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let counted = fetches.clone();
+    let agent = axum::Router::new().route(
+        "/v1/credentials",
+        axum::routing::get(move |headers: HeaderMap| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if headers.get("authorization").map(|v| v.as_bytes()) != Some(POD_TOKEN.as_bytes())
+                {
+                    let refused =
+                        json!({"code": "AccessDeniedException", "message": "invalid token"});
+                    return (axum::http::StatusCode::UNAUTHORIZED, refused.to_string());
+                }
+                let expires = k8s_openapi::jiff::Timestamp::now()
+                    + k8s_openapi::jiff::SignedDuration::from_secs(3600);
+                let keys = json!({
+                    "AccessKeyId": POD_KEY,
+                    "SecretAccessKey": SECRET_ACCESS_KEY,
+                    "Token": SESSION_TOKEN,
+                    "AccountId": "123456789012",
+                    "Expiration": expires.to_string(),
+                });
+                (axum::http::StatusCode::OK, keys.to_string())
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let full_uri = format!("http://{}/v1/credentials", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, agent).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("eks-pod-identity-token");
+    std::fs::write(&token_file, format!("{POD_TOKEN}\n")).unwrap();
+    let store = InstanceStore::start().await;
+    let grants = |token_file: &std::path::Path| {
+        json!({"http": {
+            "allow": [store.url()],
+            "credentials": [{
+                "url": store.url(),
+                "valueFrom": {"awsCredentials": {
+                    "region": "eu-west-1",
+                    "containerCredentials": {
+                        "fullUri": full_uri,
+                        "authorizationTokenFile": token_file,
+                    },
+                }},
+            }],
+        }})
+    };
+    let provider = echoing_provider(&store, grants(&token_file)).await;
+    for _ in 0..3 {
+        let echoed = provider
+            .create(spec("x", json!({ "misbehave": "echo" })))
+            .await
+            .unwrap();
+        let plugin_view = echoed.message.unwrap();
+        for secret in [SECRET_ACCESS_KEY, SESSION_TOKEN, POD_TOKEN, POD_KEY] {
+            assert!(!plugin_view.contains(secret), "{plugin_view}");
+        }
+    }
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        1,
+        "fetched once, then cached"
+    );
+    let seen = store.state.echo_headers.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[2]["x-amz-security-token"], SESSION_TOKEN);
+    let url = format!("{}/echo", store.url());
+    let keys = Credentials::new(
+        POD_KEY,
+        SECRET_ACCESS_KEY,
+        Some(SESSION_TOKEN.into()),
+        None,
+        "test",
+    );
+    assert_eq!(
+        seen[2]["authorization"].to_str().unwrap(),
+        expected_authorization(&seen[2], &url, keys)
+    );
+
+    // A token the agent refuses: the call fails with the agent's answer, nothing is sent.
+    let wrong = dir.path().join("wrong-token");
+    std::fs::write(&wrong, "not-the-pod-token").unwrap();
+    let refused = echoing_provider(&store, grants(&wrong)).await;
+    let error = refused
+        .create(spec("x", json!({ "misbehave": "echo" })))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("401"), "{error}");
+    assert!(error.contains("AccessDeniedException"), "{error}");
+    assert!(!error.contains("not-the-pod-token"), "{error}");
+    assert_eq!(store.state.echo_headers.lock().unwrap().len(), 3);
+}

@@ -1,7 +1,8 @@
 //! Where a credential's secret comes from (`valueFrom`): a variable, a file, a Google
 //! service-account key, or AWS keys (`awsCredentials`: the host signs each matching request with
 //! AWS Signature Version 4, from static keys in a mounted Secret or variables, or from a
-//! web-identity token (IRSA) exchanged at STS). The plugin sees none of it.
+//! web-identity token (IRSA) exchanged at STS, or from the container credentials endpoint (EKS
+//! Pod Identity)). The plugin sees none of it.
 
 use std::path::PathBuf;
 
@@ -126,6 +127,23 @@ pub struct AwsCredentialsSource {
     /// STS; `https://sts.REGION.amazonaws.com` when absent.
     #[serde(default)]
     pub sts_endpoint: Option<String>,
+    /// The container credentials endpoint (EKS Pod Identity's agent): `{}` takes both from the
+    /// environment EKS gives the Pod.
+    #[serde(default)]
+    pub container_credentials: Option<ContainerCredentialsSource>,
+}
+
+/// `awsCredentials.containerCredentials` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ContainerCredentialsSource {
+    /// Where to GET the keys; `$AWS_CONTAINER_CREDENTIALS_FULL_URI` when absent.
+    #[serde(default)]
+    pub full_uri: Option<String>,
+    /// A file whose text is sent as `Authorization`;
+    /// `$AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE` when absent (none when neither is set).
+    #[serde(default)]
+    pub authorization_token_file: Option<PathBuf>,
 }
 
 /// Checked `awsCredentials`.
@@ -149,6 +167,11 @@ pub enum AwsKeys {
         role_arn: String,
         session_name: String,
         sts_endpoint: url::Url,
+    },
+    /// The container credentials endpoint (EKS Pod Identity).
+    Container {
+        full_uri: url::Url,
+        token_file: Option<PathBuf>,
     },
 }
 
@@ -196,12 +219,17 @@ impl AwsSigning {
             || source.role_arn.is_some()
             || source.role_session_name.is_some()
             || source.sts_endpoint.is_some();
-        let keys = match (fixed, web) {
-            (true, false) => static_keys(source).map_err(at)?,
-            (false, true) => web_identity(source).map_err(at)?,
+        let container = source.container_credentials.as_ref();
+        let keys = match (fixed, web, container) {
+            (true, false, None) => static_keys(source).map_err(at)?,
+            (false, true, None) => web_identity(source).map_err(at)?,
+            (false, false, Some(container)) => container_keys(container, |name| {
+                std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+            })
+            .map_err(at)?,
             _ => {
                 return Err(at(
-                    "set either accessKeyIdFrom + secretAccessKeyFrom (static keys) or webIdentityTokenFile + roleArn (IRSA), not both".into(),
+                    "set one of accessKeyIdFrom + secretAccessKeyFrom (static keys), webIdentityTokenFile + roleArn (IRSA) or containerCredentials (EKS Pod Identity), not two".into(),
                 ));
             }
         };
@@ -275,9 +303,117 @@ fn web_identity(source: &AwsCredentialsSource) -> Result<AwsKeys, String> {
     })
 }
 
+/// Hosts an `http://` credentials endpoint may be on: loopback, and the addresses of the ECS and
+/// EKS Pod Identity agents (as the AWS SDKs allow); anything else must be `https://`.
+fn is_credentials_agent(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => {
+            ip.is_loopback()
+                || ip == std::net::Ipv4Addr::new(169, 254, 170, 2)
+                || ip == std::net::Ipv4Addr::new(169, 254, 170, 23)
+        }
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_loopback() || ip == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23)
+        }
+        Some(url::Host::Domain(name)) => name == "localhost",
+        None => false,
+    }
+}
+
+/// `containerCredentials`, with what is not written taken from the environment (`env`).
+fn container_keys(
+    source: &ContainerCredentialsSource,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<AwsKeys, String> {
+    const URI: &str = "AWS_CONTAINER_CREDENTIALS_FULL_URI";
+    const TOKEN_FILE: &str = "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE";
+    let uri = source.full_uri.clone().or_else(|| env(URI)).ok_or_else(|| {
+        format!("containerCredentials.fullUri: not set, and {URI} is not in the operator's environment (EKS Pod Identity sets it when the operator's ServiceAccount has a pod identity association)")
+    })?;
+    let full_uri = url::Url::parse(&uri)
+        .ok()
+        .filter(|u| u.scheme() == "https" || (u.scheme() == "http" && is_credentials_agent(u)))
+        .ok_or_else(|| {
+            format!("containerCredentials.fullUri: `{uri}` must be https://, or http:// to loopback or the Pod Identity agent (169.254.170.23, [fd00:ec2::23])")
+        })?;
+    let token_file = source
+        .authorization_token_file
+        .clone()
+        .or_else(|| env(TOKEN_FILE).map(PathBuf::from));
+    Ok(AwsKeys::Container {
+        full_uri,
+        token_file,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_credentials_come_from_the_section_or_the_environment() {
+        let eks = |name: &str| match name {
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI" => {
+                Some("http://169.254.170.23/v1/credentials".into())
+            }
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE" => Some(
+                "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token"
+                    .into(),
+            ),
+            _ => None,
+        };
+        let AwsKeys::Container {
+            full_uri,
+            token_file,
+        } = container_keys(&ContainerCredentialsSource::default(), eks).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(full_uri.as_str(), "http://169.254.170.23/v1/credentials");
+        assert!(token_file.unwrap().ends_with("eks-pod-identity-token"));
+        let written = ContainerCredentialsSource {
+            full_uri: Some("http://127.0.0.1:9911/creds".into()),
+            authorization_token_file: Some("/t".into()),
+        };
+        let AwsKeys::Container {
+            full_uri,
+            token_file,
+        } = container_keys(&written, eks).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (full_uri.as_str(), token_file.unwrap()),
+            ("http://127.0.0.1:9911/creds", PathBuf::from("/t"))
+        );
+        for (uri, says) in [
+            (None, "is not in the operator's environment"),
+            (Some("http://10.0.0.5/creds"), "must be https://"),
+            (Some("ftp://127.0.0.1/creds"), "must be https://"),
+        ] {
+            let source = ContainerCredentialsSource {
+                full_uri: uri.map(str::to_string),
+                authorization_token_file: None,
+            };
+            let error = container_keys(&source, |_| None).unwrap_err();
+            assert!(error.contains(says), "{uri:?}: {error}");
+        }
+        assert!(
+            container_keys(
+                &ContainerCredentialsSource {
+                    full_uri: Some("https://creds.example/v1".into()),
+                    authorization_token_file: None,
+                },
+                |_| None
+            )
+            .is_ok()
+        );
+        let mixed = parse(
+            "{region: eu-west-1, roleArn: 'arn:aws:iam::1:role/p', containerCredentials: {fullUri: 'http://127.0.0.1:1/'}}",
+        )
+        .unwrap_err();
+        assert!(mixed.contains("not two"), "{mixed}");
+    }
 
     fn parse(yaml: &str) -> Result<AwsSigning, String> {
         AwsSigning::parse(&serde_yaml_ng::from_str(yaml).unwrap())
@@ -323,14 +459,14 @@ mod tests {
                 "{region: EU, accessKeyIdFrom: {file: /a}, secretAccessKeyFrom: {file: /b}}",
                 "region: `EU`",
             ),
-            ("{region: eu-west-1}", "set either accessKeyIdFrom"),
+            ("{region: eu-west-1}", "set one of accessKeyIdFrom"),
             (
                 "{region: eu-west-1, accessKeyIdFrom: {file: /a}}",
                 "both are required for static keys",
             ),
             (
                 "{region: eu-west-1, accessKeyIdFrom: {file: /a}, secretAccessKeyFrom: {file: /b}, roleArn: x}",
-                "not both",
+                "not two",
             ),
             (
                 "{region: eu-west-1, webIdentityTokenFile: /t, roleArn: admin}",

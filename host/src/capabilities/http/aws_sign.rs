@@ -1,8 +1,9 @@
 //! SigV4 for credentials with `valueFrom.awsCredentials`: the host signs a plugin's request to
 //! an AWS endpoint with keys the plugin never sees. Static keys are read on every request (a
 //! rotated Secret is picked up); a web identity (IRSA) is exchanged at STS with
-//! `AssumeRoleWithWebIdentity` and its temporary keys are cached until shortly before they
-//! expire. The signing itself is the AWS SDK's own `aws-sigv4`.
+//! `AssumeRoleWithWebIdentity`, or fetched from the container credentials endpoint (EKS Pod
+//! Identity's agent, with the Pod's token as `Authorization`), and the temporary keys are cached
+//! until shortly before they expire. The signing itself is the AWS SDK's own `aws-sigv4`.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -30,6 +31,52 @@ pub(crate) struct AwsSigner {
 enum Keys {
     Static(AwsKeys),
     WebIdentity(WebIdentity),
+    Container(Container),
+}
+
+/// Temporary keys and when they expire, held while new ones are fetched (so concurrent requests
+/// wait for one fetch).
+type Cache = tokio::sync::Mutex<Option<(Credentials, SystemTime)>>;
+
+/// The container credentials endpoint (EKS Pod Identity).
+struct Container {
+    full_uri: url::Url,
+    token_file: Option<PathBuf>,
+    client: reqwest::Client,
+    cached: Cache,
+}
+
+/// The cached keys, or `fetch`ed ones when there are none or they are about to expire.
+async fn cached_or<F>(cache: &Cache, fetch: F) -> Result<Credentials, String>
+where
+    F: Future<Output = Result<(Credentials, SystemTime), String>>,
+{
+    let mut cached = cache.lock().await;
+    if let Some((credentials, expires)) = cached.as_ref()
+        && SystemTime::now() + RENEW_BEFORE < *expires
+    {
+        return Ok(credentials.clone());
+    }
+    let (credentials, expires) = fetch.await?;
+    *cached = Some((credentials.clone(), expires));
+    Ok(credentials)
+}
+
+/// An RFC 3339 expiry as STS and the credentials endpoints write it (an offset-less time is UTC).
+fn expiry(text: &str) -> Option<SystemTime> {
+    let t = text.trim();
+    t.parse::<k8s_openapi::jiff::Timestamp>()
+        .or_else(|_| format!("{}Z", t.trim_end_matches('Z')).parse())
+        .ok()
+        .map(SystemTime::from)
+}
+
+fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 struct WebIdentity {
@@ -48,6 +95,7 @@ impl std::fmt::Debug for AwsSigner {
         let source = match &self.keys {
             Keys::Static(_) => "static keys".to_string(),
             Keys::WebIdentity(w) => format!("web identity {}", w.role_arn),
+            Keys::Container(c) => format!("container credentials {}", c.full_uri),
         };
         write!(f, "AwsSigner({}/{}, {source})", self.region, self.service)
     }
@@ -67,11 +115,16 @@ impl AwsSigner {
                 role_arn: role_arn.clone(),
                 session_name: session_name.clone(),
                 sts_endpoint: sts_endpoint.clone(),
-                client: reqwest::Client::builder()
-                    .timeout(Duration::from_secs(30))
-                    .redirect(reqwest::redirect::Policy::none())
-                    .build()
-                    .map_err(|e| e.to_string())?,
+                client: http_client()?,
+                cached: tokio::sync::Mutex::new(None),
+            }),
+            AwsKeys::Container {
+                full_uri,
+                token_file,
+            } => Keys::Container(Container {
+                full_uri: full_uri.clone(),
+                token_file: token_file.clone(),
+                client: http_client()?,
                 cached: tokio::sync::Mutex::new(None),
             }),
         };
@@ -100,7 +153,8 @@ impl AwsSigner {
                 PROVIDER_NAME,
             )),
             Keys::Static(_) => Err("no static keys configured".into()),
-            Keys::WebIdentity(web) => web.credentials().await,
+            Keys::WebIdentity(web) => cached_or(&web.cached, web.assume_role()).await,
+            Keys::Container(container) => cached_or(&container.cached, container.fetch()).await,
         }
     }
 
@@ -159,21 +213,74 @@ impl AwsSigner {
     }
 }
 
-impl WebIdentity {
-    /// Cached temporary keys, fetched again when missing or about to expire. The token file is
-    /// read at each exchange: the kubelet rotates the projected token.
-    async fn credentials(&self) -> Result<Credentials, String> {
-        let mut cached = self.cached.lock().await;
-        if let Some((credentials, expires)) = cached.as_ref()
-            && SystemTime::now() + RENEW_BEFORE < *expires
-        {
-            return Ok(credentials.clone());
-        }
-        let (credentials, expires) = self.assume_role().await?;
-        *cached = Some((credentials.clone(), expires));
-        Ok(credentials)
-    }
+/// The keys in a container credentials endpoint's JSON answer (AWS's documented shape:
+/// `AccessKeyId`, `SecretAccessKey`, `Token`, `Expiration`).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ContainerAnswer {
+    access_key_id: String,
+    secret_access_key: String,
+    token: String,
+    expiration: String,
+}
 
+impl Container {
+    /// GETs the keys, with the token file's text (read each time: the kubelet rotates the
+    /// projected token) as `Authorization`.
+    async fn fetch(&self) -> Result<(Credentials, SystemTime), String> {
+        let uri = &self.full_uri;
+        let mut request = self.client.get(uri.clone());
+        if let Some(file) = &self.token_file {
+            let token = tokio::fs::read_to_string(file).await.map_err(|e| {
+                format!(
+                    "containerCredentials.authorizationTokenFile {}: {e}",
+                    file.display()
+                )
+            })?;
+            let mut value = reqwest::header::HeaderValue::from_str(token.trim())
+                .map_err(|_| format!("{}: the token is not a header value", file.display()))?;
+            value.set_sensitive(true);
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("container credentials {uri}: {e}"))?;
+        let status = response.status();
+        let body = response
+            .text()
+            .await
+            .map_err(|e| format!("container credentials {uri}: {e}"))?;
+        if !status.is_success() {
+            // An error answer carries no keys: its text says why (cut short).
+            let said: String = body.chars().take(200).collect();
+            return Err(format!(
+                "container credentials {uri} answered {status}: {said}"
+            ));
+        }
+        let answer: ContainerAnswer = serde_json::from_str(&body).map_err(|e| {
+            format!("container credentials {uri}: not the documented answer (AccessKeyId, SecretAccessKey, Token, Expiration): {e}")
+        })?;
+        let expires = expiry(&answer.expiration).ok_or_else(|| {
+            format!("container credentials {uri}: Expiration is not an RFC 3339 time")
+        })?;
+        tracing::debug!(endpoint = %uri, access_key_id = %answer.access_key_id, "fetched temporary AWS keys from the container credentials endpoint");
+        Ok((
+            Credentials::new(
+                answer.access_key_id,
+                answer.secret_access_key,
+                Some(answer.token),
+                Some(expires),
+                PROVIDER_NAME,
+            ),
+            expires,
+        ))
+    }
+}
+
+impl WebIdentity {
+    /// Exchanges the token for temporary keys. The token file is read at each exchange: the
+    /// kubelet rotates the projected token.
     async fn assume_role(&self) -> Result<(Credentials, SystemTime), String> {
         let token = tokio::fs::read_to_string(&self.token_file)
             .await
@@ -210,14 +317,7 @@ impl WebIdentity {
         let expires = answer
             .expiration
             .as_deref()
-            .and_then(|t| {
-                // RFC 3339 as STS writes it; an offset-less time is UTC.
-                let t = t.trim();
-                t.parse::<k8s_openapi::jiff::Timestamp>()
-                    .or_else(|_| format!("{}Z", t.trim_end_matches('Z')).parse())
-                    .ok()
-                    .map(std::time::SystemTime::from)
-            })
+            .and_then(expiry)
             .unwrap_or(asked_at + Duration::from_secs(LIFETIME_SECONDS));
         tracing::debug!(role = %self.role_arn, access_key_id = %answer.access_key_id, "exchanged a web identity for temporary AWS keys");
         Ok((
