@@ -50,6 +50,10 @@ last="${repository##*/}"
 [[ $repository =~ ^[a-z0-9]+([._/:-][a-z0-9]+)*$ && $last != *:* ]] ||
     die "IMAGE_REPOSITORY must be an image name without tag or digest (e.g. ghcr.io/you/proxy-operator): got '$repository'"
 
+if ! git -C "$repo" diff --quiet HEAD -- 2>/dev/null; then
+    log "warning: the checkout has uncommitted changes: the image's revision (label, --version) ends in -dirty; release a commit"
+fi
+
 total=$(now)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
