@@ -139,8 +139,8 @@ grep -qx "  repository: $repository" "$values" || die "no '  repository: proxy-o
 "$helm" package "$work/proxy-operator" --version "$version" --app-version "$version" -d "$dist" >&2
 log "  chart packaged in $(elapsed "$t") s"
 
-# 4. The SBOM of the binary the image holds (`-p proxy-operator --bin proxy-operator`, default
-# features), for the image's platform, its dev-dependencies left out. cargo-cyclonedx writes
+# 4. The SBOM of the binary the default image holds (`-p proxy-operator --bin proxy-operator
+# --no-default-features`, as the Dockerfile builds it: no libvirt), for the image's platform, its dev-dependencies left out. cargo-cyclonedx writes
 # beside each member's Cargo.toml: it runs on a copy of the sources, so nothing is written into
 # the checkout (and two releases at once do not meet). SOURCE_DATE_EPOCH (the commit's time):
 # the same sources give the same SBOM (no random serial number).
@@ -151,7 +151,8 @@ tar -C "$repo" --exclude=./.git --exclude=./target --exclude=./dist --exclude='*
     --exclude='*/node_modules' --exclude='*/.venv' -cf - . | tar -C "$src" -xf -
 epoch="$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)"
 (cd "$src" && SOURCE_DATE_EPOCH="$epoch" PATH="$cyclonedx_bin:$PATH" cargo cyclonedx --quiet \
-    --manifest-path host/Cargo.toml --describe binaries --format json --spec-version 1.5 \
+    --manifest-path host/Cargo.toml --no-default-features --describe binaries --format json \
+    --spec-version 1.5 \
     --target "$(rustc -vV | sed -n 's/^host: //p')") >&2 || die "cargo cyclonedx failed"
 sbom="$src/host/proxy-operator_bin.cdx.json"
 [[ -f $sbom ]] || die "cargo cyclonedx wrote no $sbom: $(cd "$src/host" && ls ./*.cdx.json 2>&1 | xargs)"

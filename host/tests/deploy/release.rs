@@ -116,6 +116,13 @@ fn check_sbom(dist: &Path) {
     for linked in ["kube-client", "rustls", "tokio", "wasmtime-wasi"] {
         assert!(components.contains_key(linked), "{linked} in the SBOM");
     }
+    // The default image's binary has no libvirt (the kvm variant's has).
+    for left_out in ["virt", "virt-sys"] {
+        assert!(
+            !components.contains_key(left_out),
+            "{left_out}: the default image's binary is built without libvirt"
+        );
+    }
     for test_only in ["criterion", "rstest", "proxy-operator-harness", "wat"] {
         assert!(
             !components.contains_key(test_only),
