@@ -84,6 +84,28 @@ pub(super) async fn leased_url(operator: &mut OperatorProcess, proxy: &str) -> S
     granted["proxyUrl"].as_str().unwrap().to_string()
 }
 
+/// A gateway in front of `operator` (started with `--gateway-token gateway_token`), allowed to
+/// reach only the world's target site; ready.
+pub(super) async fn gateway_to_target(
+    world: &World,
+    operator: &OperatorProcess,
+    gateway_token: &str,
+    name: &str,
+) -> GatewayProcess {
+    let allowed_port = world.target.addr().port().to_string();
+    let flags = [
+        "--allowed-networks",
+        "127.0.0.1/32",
+        "--allowed-ports",
+        &allowed_port,
+    ];
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_proxy-operator"));
+    let mut gateway =
+        GatewayProcess::spawn(binary, operator.discovery, gateway_token, name, &flags).unwrap();
+    gateway.wait_ready(Duration::from_secs(30)).await.unwrap();
+    gateway
+}
+
 pub(super) fn pool(ns: &str, name: &str, replicas: u32, provider: &str) -> String {
     format!(
         "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: {provider}\n"
@@ -260,23 +282,7 @@ async fn upstream_proxies_are_probed_leased_and_pooled_and_their_login_stays_wit
         fetch_through(&bare, &page).await,
         StatusCode::PROXY_AUTHENTICATION_REQUIRED
     );
-    let allowed_port = world.target.addr().port().to_string();
-    let flags = [
-        "--allowed-networks",
-        "127.0.0.1/32",
-        "--allowed-ports",
-        &allowed_port,
-    ];
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_proxy-operator"));
-    let mut gateway = GatewayProcess::spawn(
-        binary,
-        operator.discovery,
-        GATEWAY_TOKEN,
-        "gw-upstream",
-        &flags,
-    )
-    .unwrap();
-    gateway.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let gateway = gateway_to_target(&world, &operator, GATEWAY_TOKEN, "gw-upstream").await;
     let through_gateway = gateway.proxy_url(&format!("pool-{ns}.vendor-pool"), TOKEN);
     let client = reqwest::Client::builder()
         .proxy(reqwest::Proxy::http(&through_gateway).unwrap())

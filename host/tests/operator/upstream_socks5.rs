@@ -6,9 +6,6 @@
 //! page through the leased URL, the gateway carries a request through a SOCKS5 upstream logging
 //! in itself, and a wrong password is never Ready.
 
-use std::time::Duration;
-
-use harness::gateway::GatewayProcess;
 use harness::process::free_port;
 use harness::socks::SocksServer;
 use k8s_openapi::api::core::v1::Event;
@@ -17,7 +14,9 @@ use proxy_operator::api::Proxy;
 use reqwest::Method;
 
 use super::common::operator_process::{OperatorProcess, OperatorSetup, TOKEN};
-use super::upstream::{condition, leased_url, pool, proxy, ready_members, wait_condition};
+use super::upstream::{
+    condition, gateway_to_target, leased_url, pool, proxy, ready_members, wait_condition,
+};
 use super::world::World;
 
 const USERNAME: &str = "socks-customer-3";
@@ -144,23 +143,7 @@ async fn socks5_upstreams_are_probed_leased_and_relayed_with_the_login_the_opera
         bare
     );
     assert_ne!(curl_through(&bare, &page).await.1, 0);
-    let allowed_port = world.target.addr().port().to_string();
-    let flags = [
-        "--allowed-networks",
-        "127.0.0.1/32",
-        "--allowed-ports",
-        &allowed_port,
-    ];
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_proxy-operator"));
-    let mut gateway = GatewayProcess::spawn(
-        binary,
-        operator.discovery,
-        GATEWAY_TOKEN,
-        "gw-socks5",
-        &flags,
-    )
-    .unwrap();
-    gateway.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let gateway = gateway_to_target(&world, &operator, GATEWAY_TOKEN, "gw-socks5").await;
     let through_gateway = gateway.proxy_url(&format!("pool-{ns}.vendor-pool"), TOKEN);
     let (body, code) = curl_through(&through_gateway, &page).await;
     assert_eq!(
