@@ -14,8 +14,11 @@
 //! moto venv of .ci/install-fixtures.sh); `BENCH_POOL_ONLY=1` runs the pool phase alone; record
 //! figures in docs/performance.md.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::plugins_dir;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,12 +31,6 @@ use proxy_operator::plugins::types::{InstanceSpec, InstanceState, Owner};
 use proxy_operator::plugins::{
     EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
-
-fn plugins_dir() -> PathBuf {
-    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
-}
 
 /// EC2 calls by `Action`.
 type ByAction = Arc<Mutex<BTreeMap<String, usize>>>;
@@ -214,23 +211,16 @@ async fn pool_from_zero(replicas: usize) -> anyhow::Result<()> {
     }]});
     let providers_file = dir.path().join("providers.yaml");
     std::fs::write(&providers_file, providers.to_string())?;
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
-        .arg("--providers-config")
-        .arg(&providers_file)
-        .arg("--plugins-dir")
-        .arg(plugins_dir())
-        .args([
-            "--proxy-namespace",
-            ns.name(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--discovery-addr", "127.0.0.1:0", "--health-interval", "0s"])
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env("LOG_LEVEL", "warn")
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut operator = common::operator_run(
+        &mut tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator")),
+        &providers_file,
+        ns.name(),
+    )
+    .args(["--discovery-addr", "127.0.0.1:0", "--health-interval", "0s"])
+    .env("KUBECONFIG", cp.kubeconfig())
+    .env("LOG_LEVEL", "warn")
+    .kill_on_drop(true)
+    .spawn()?;
     let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
     let pool: ProxyPool = serde_json::from_value(serde_json::json!({
         "apiVersion": "proxy-operator.dev/v1alpha1",

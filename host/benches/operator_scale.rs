@@ -10,7 +10,9 @@
 //! ProxyPool of that many from 0, the operator's resident memory read as `readyReplicas` passes
 //! 1 000, 5 000 and the whole (goal at 10 000: Ready in ≤ 3 min, ≤ 400 MiB peak).
 
-use std::path::PathBuf;
+#[path = "common/mod.rs"]
+mod common;
+
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -19,12 +21,6 @@ use kube::api::{Api, ListParams, PostParams};
 use proxy_operator::api::{Phase, Proxy, ProxyPool, ProxySpec};
 
 const PROXIES: usize = 1000;
-
-fn plugins_dir() -> PathBuf {
-    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
-}
 
 fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -128,21 +124,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Err(_) => tokio::process::Command::new(binary),
     };
-    let mut operator = operator
-        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
-        .arg("--providers-config")
-        .arg(&config)
-        .arg("--plugins-dir")
-        .arg(plugins_dir())
-        .args([
-            "--proxy-namespace",
-            ns.name(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-            // The synthetic instances have 10.0.x.x addresses: never probe off loopback.
-            "--health-interval",
-            "0s",
-        ])
+    let mut operator = common::operator_run(&mut operator, &config, ns.name())
+        // The synthetic instances have 10.0.x.x addresses: never probe off loopback.
+        .args(["--health-interval", "0s"])
         .env("KUBECONFIG", cp.kubeconfig())
         .env("LOG_LEVEL", "warn")
         .kill_on_drop(true)

@@ -4,7 +4,10 @@
 //!
 //! Run with `make bench`; record figures in docs/performance.md.
 
-use std::path::PathBuf;
+#[path = "common/mod.rs"]
+mod common;
+
+use common::plugins_dir;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,12 +16,6 @@ use proxy_operator::capabilities::Grants;
 use proxy_operator::plugins::{
     EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
-
-fn plugins_dir() -> PathBuf {
-    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
-}
 
 fn shipped_plugins() -> Vec<(String, Vec<u8>)> {
     let mut plugins: Vec<(String, Vec<u8>)> = std::fs::read_dir(plugins_dir())

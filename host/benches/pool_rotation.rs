@@ -7,8 +7,10 @@
 //!
 //! `cargo bench -p proxy-operator --bench pool_rotation` (needs `make plugins` and the fixtures).
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,12 +25,6 @@ const REPLICAS: i32 = 100;
 const FLOOR: i32 = 90;
 const HELD: usize = 5;
 const TOKEN: &str = "bench-token";
-
-fn plugins_dir() -> PathBuf {
-    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
-}
 
 /// Leases a crawler holds now: Proxy name → lease id.
 type Held = Arc<Mutex<HashMap<String, String>>>;
@@ -134,26 +130,19 @@ async fn main() -> anyhow::Result<()> {
         "providers:\n- {name: mem, type: test, config: {endpoint: \"memory:1\"}, maxConcurrentCalls: 16}\n",
     )?;
     let discovery_addr = format!("127.0.0.1:{}", free_port()?);
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
-        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
-        .arg("--providers-config")
-        .arg(&config)
-        .arg("--plugins-dir")
-        .arg(plugins_dir())
-        .args([
-            "--proxy-namespace",
-            ns.name(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--discovery-addr", &discovery_addr])
-        // The synthetic instances have 10.0.x.x addresses: never probe off loopback.
-        .args(["--health-interval", "0s"])
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env("DISCOVERY_TOKEN", TOKEN)
-        .env("LOG_LEVEL", "warn")
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut operator = common::operator_run(
+        &mut tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator")),
+        &config,
+        ns.name(),
+    )
+    .args(["--discovery-addr", &discovery_addr])
+    // The synthetic instances have 10.0.x.x addresses: never probe off loopback.
+    .args(["--health-interval", "0s"])
+    .env("KUBECONFIG", cp.kubeconfig())
+    .env("DISCOVERY_TOKEN", TOKEN)
+    .env("LOG_LEVEL", "warn")
+    .kill_on_drop(true)
+    .spawn()?;
 
     let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
     let pool: ProxyPool = serde_json::from_value(serde_json::json!({

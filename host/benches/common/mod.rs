@@ -1,0 +1,34 @@
+//! What the benches that run plugins or the operator binary share. Each bench includes this
+//! module and uses part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// The built providers (`make plugins`), or `PROXY_OPERATOR_PLUGINS_DIR`.
+pub fn plugins_dir() -> PathBuf {
+    std::env::var_os("PROXY_OPERATOR_PLUGINS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"))
+}
+
+/// `operator` made `proxy-operator run` for a bench: plain HTTP and open metrics on loopback
+/// (metrics on a free port), the providers config at `providers`, the built plugins, Proxies
+/// of `namespace` only. The caller adds what its bench needs.
+pub fn operator_run<'c>(
+    operator: &'c mut tokio::process::Command,
+    providers: &Path,
+    namespace: &str,
+) -> &'c mut tokio::process::Command {
+    operator
+        .args(["run", "--discovery-plain-http", "--metrics-insecure"])
+        .arg("--providers-config")
+        .arg(providers)
+        .arg("--plugins-dir")
+        .arg(plugins_dir())
+        .args([
+            "--proxy-namespace",
+            namespace,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+}
