@@ -15,13 +15,16 @@
 //! `cargo bench -p proxy-operator --bench lease_state`; `BENCH_SECONDS` (default 5, fractions
 //! too) sets each round's length, `BENCH_ROUNDS` (default 4) the rounds of part 1.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxy_operator::leases::persist::{Durability, maintain};
 use proxy_operator::leases::{
-    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, Outcome,
+    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore,
     ProvisionedProxy, ProxyKey,
 };
 
@@ -84,31 +87,6 @@ fn rss_bytes() -> u64 {
         * 1024
 }
 
-/// A million sessions (each bound by a grant) and a million per-target cooldowns (each from a
-/// `blocked` report naming a target), as crawlers' traffic makes them.
-fn hold_state(store: &LeaseStore, sessions: usize, cooldowns: usize) {
-    for i in 0..sessions {
-        let (lease, _) = store
-            .grant(&LeaseRequest {
-                session: Some(format!("held-session-{i}")),
-                ..Default::default()
-            })
-            .unwrap();
-        store.release(&lease.id).unwrap();
-    }
-    let _ = store.take_changes();
-    for i in 0..cooldowns {
-        let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
-        store
-            .report_for(
-                &lease.id,
-                Outcome::Blocked,
-                Some(&format!("held-{i}.example")),
-            )
-            .unwrap();
-    }
-}
-
 /// Fleet cycles for `length`, from 2 threads: grant with one of 1000 sessions and one of 1000
 /// targets, release. Returns cycles/s and each grant's latency (ns).
 fn fleet_cycles(store: &Arc<LeaseStore>, length: Duration) -> (f64, Vec<u64>) {
@@ -157,9 +135,9 @@ fn held_state() {
     let before = rss_bytes();
     let held = store_of(10_000);
     let loading = Instant::now();
-    hold_state(&held, 1_000_000, 0);
+    common::hold_state(&held, 1_000_000, 0);
     let with_sessions = rss_bytes();
-    hold_state(&held, 0, 1_000_000);
+    common::hold_state(&held, 0, 1_000_000);
     let after = rss_bytes();
     println!(
         "held: 1 000 000 sessions + 1 000 000 target cooldowns loaded in {:.1} s; RSS +{:.1} MiB \
@@ -179,7 +157,13 @@ fn held_state() {
             [("held", &held), ("empty", &empty)]
         };
         let mut rates = BTreeMap::new();
+        // BENCH_HELD_ONLY: the held rounds alone, to profile them (`perf record`).
+        let held_only = std::env::var_os("BENCH_HELD_ONLY").is_some();
         for (name, store) in order {
+            if held_only && name == "empty" {
+                rates.insert(name, f64::NAN);
+                continue;
+            }
             let (rate, latencies) = fleet_cycles(store, length);
             rates.insert(name, rate);
             if name == "empty" {

@@ -47,6 +47,57 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The API server's requests so far by (verb, resource): count and seconds spent serving them,
+/// from its own `/metrics` (`apiserver_request_total`, `apiserver_request_duration_seconds_sum`),
+/// largest time first: where a scale-up's API time goes.
+async fn api_server_requests(client: &kube::Client) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let text = client
+        .request_text(axum::http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    let label = |line: &str, name: &str| -> String {
+        let start = format!("{name}=\"");
+        line.find(&start)
+            .map(|at| {
+                let rest = &line[at + start.len()..];
+                rest[..rest.find('"').unwrap_or(0)].to_string()
+            })
+            .unwrap_or_default()
+    };
+    let mut by: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    for line in text.lines() {
+        let (is_count, is_sum) = (
+            line.starts_with("apiserver_request_total{"),
+            line.starts_with("apiserver_request_duration_seconds_sum{"),
+        );
+        if !is_count && !is_sum {
+            continue;
+        }
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let key = format!(
+            "{} {}{}",
+            label(line, "verb"),
+            label(line, "resource"),
+            match label(line, "subresource").as_str() {
+                "" => String::new(),
+                sub => format!("/{sub}"),
+            }
+        );
+        let entry = by.entry(key).or_default();
+        if is_count {
+            entry.0 += value;
+        } else {
+            entry.1 += value;
+        }
+    }
+    let mut rows: Vec<(String, f64, f64)> = by.into_iter().map(|(k, (n, s))| (k, n, s)).collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    Ok(rows)
+}
+
 fn pool_of(replicas: usize) -> anyhow::Result<ProxyPool> {
     Ok(serde_json::from_value(serde_json::json!({
         "apiVersion": "proxy-operator.dev/v1alpha1",
@@ -142,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
         let (ready, took, passed) =
             scale_pool_from_zero(&pools, replicas, pid, &marks, Duration::from_secs(1800)).await?;
         let peak = peak_rss_kib(pid);
+        let requests = api_server_requests(&cp.client()).await;
         operator.kill().await.ok();
         cp.stop().await;
         println!("operator_scale: a ProxyPool of {replicas} from 0");
@@ -153,6 +205,15 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         println!("  operator peak RSS: {:.1} MiB", peak as f64 / 1024.0);
+        match requests {
+            Ok(rows) => {
+                println!("  API server requests (verb resource: count, seconds serving them):");
+                for (what, count, seconds) in rows.iter().take(12) {
+                    println!("    {what:<32} {count:>8.0} {seconds:>9.1} s");
+                }
+            }
+            Err(e) => println!("  API server requests: not read ({e})"),
+        }
         anyhow::ensure!(
             ready == replicas,
             "the pool has {ready} of {replicas} Ready"

@@ -32,3 +32,30 @@ pub fn operator_run<'c>(
             "127.0.0.1:0",
         ])
 }
+
+/// A million sessions (each bound by a grant) and a million per-target cooldowns (each from a
+/// `blocked` report naming a target), as crawlers' traffic makes them, put into `store`.
+pub fn hold_state(store: &proxy_operator::leases::LeaseStore, sessions: usize, cooldowns: usize) {
+    use proxy_operator::leases::{LeaseRequest, Outcome};
+    for i in 0..sessions {
+        let (lease, _) = store
+            .grant(&LeaseRequest {
+                session: Some(format!("held-session-{i}")),
+                ..Default::default()
+            })
+            .unwrap();
+        store.release(&lease.id).unwrap();
+    }
+    let _ = store.take_changes();
+    for i in 0..cooldowns {
+        let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
+        store
+            .report_for(
+                &lease.id,
+                Outcome::Blocked,
+                Some(&format!("held-{i}.example")),
+            )
+            .unwrap();
+    }
+}
+

@@ -57,23 +57,25 @@ pub fn validate_session(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a use (`seq`, `session`) in `Sessions::order` is the session's latest.
-fn is_current(bound: &FastMap<Digest, Binding>, seq: u64, session: &Digest) -> bool {
-    bound.get(session).is_some_and(|b| b.seq == seq)
-}
-
 struct Binding {
     proxy: ProxyKey,
-    /// When it was last used: the larger, the more recently; its entry in `order`.
+    /// When it was last used: the larger, the more recently.
     seq: u64,
 }
 
-/// Session → proxy bindings, least recently used forgotten first.
+/// Session → proxy bindings; past the capacity, one unused the longest is forgotten.
+///
+/// Each session is in `order` once, with the `seq` it had when it was queued (its first use,
+/// or when an eviction last passed it). A use only moves the binding's `seq`: a grant touches
+/// one map entry and queues nothing (a queue entry per use, cleaned by a pass that looked each
+/// entry up again, cost two lookups in a million-entry map per grant: docs/performance.md).
+/// An eviction pops from the front: a session not used since it was queued is forgotten; one
+/// used since goes to the back with its last use (a second chance, as CLOCK page replacement
+/// does). So the session forgotten was unused since it was queued, and every session queued
+/// before it was used since: the least recently used, to within one pass of the queue. Each
+/// use causes at most one requeue, so a bind is O(1) amortized.
 pub(crate) struct Sessions {
     bound: FastMap<Digest, Binding>,
-    /// Uses, oldest first. A use appends and leaves the session's older entry behind, stale (its
-    /// seq is no longer the binding's): nothing is removed from the middle under the table's lock
-    /// on every grant; stale entries are skipped and dropped once they are half the deque.
     order: VecDeque<(u64, Digest)>,
     next: u64,
     capacity: usize,
@@ -107,41 +109,41 @@ impl Sessions {
     pub(crate) fn bind(&mut self, session: Digest, proxy: &ProxyKey) {
         let seq = self.next;
         self.next += 1;
-        match self.bound.get_mut(&session) {
-            Some(binding) => {
-                binding.seq = seq;
-                if binding.proxy != *proxy {
-                    binding.proxy = proxy.clone();
-                }
+        if let Some(binding) = self.bound.get_mut(&session) {
+            binding.seq = seq;
+            if binding.proxy != *proxy {
+                binding.proxy = proxy.clone();
             }
-            None => {
-                self.bound.insert(
-                    session,
-                    Binding {
-                        proxy: proxy.clone(),
-                        seq,
-                    },
-                );
-            }
+            return;
         }
-        self.order.push_back((seq, session));
-        while self.bound.len() > self.capacity {
-            let Some((seq, oldest)) = self.order.pop_front() else {
+        // Room first, so the new session is never the one forgotten.
+        while self.bound.len() >= self.capacity {
+            let Some((queued, oldest)) = self.order.pop_front() else {
                 break;
             };
-            if is_current(&self.bound, seq, &oldest) {
-                self.bound.remove(&oldest);
+            match self.bound.get(&oldest) {
+                Some(binding) if binding.seq == queued => {
+                    self.bound.remove(&oldest);
+                }
+                Some(binding) => self.order.push_back((binding.seq, oldest)),
+                // Forgotten already (its proxy was deleted).
+                None => {}
             }
         }
-        if self.order.len() > 2 * self.bound.len() + 64 {
-            self.drop_stale();
-        }
+        self.bound.insert(
+            session,
+            Binding {
+                proxy: proxy.clone(),
+                seq,
+            },
+        );
+        self.order.push_back((seq, session));
     }
 
-    fn drop_stale(&mut self) {
+    /// Drops the queue entries of sessions no longer bound.
+    fn drop_forgotten(&mut self) {
         let bound = &self.bound;
-        self.order
-            .retain(|(seq, session)| is_current(bound, *seq, session));
+        self.order.retain(|(_, session)| bound.contains_key(session));
     }
 
     /// Forgets the bindings to proxies `keep` refuses (deleted proxies).
@@ -153,7 +155,7 @@ impl Sessions {
         self.bound.retain(|_, b| keep(&b.proxy));
         let changed = before != self.bound.len();
         if changed {
-            self.drop_stale();
+            self.drop_forgotten();
         }
         changed
     }
@@ -162,12 +164,10 @@ impl Sessions {
     /// used first.
     #[cfg(test)]
     pub(crate) fn to_snapshot(&self) -> BTreeMap<String, Vec<String>> {
+        let mut by_use: Vec<(&Digest, &Binding)> = self.bound.iter().collect();
+        by_use.sort_by_key(|(_, binding)| binding.seq);
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (seq, digest) in &self.order {
-            if !is_current(&self.bound, *seq, digest) {
-                continue;
-            }
-            let binding = &self.bound[digest];
+        for (digest, binding) in by_use {
             out.entry(binding.proxy.to_string())
                 .or_default()
                 .push(hex::encode(digest));
@@ -236,33 +236,55 @@ mod tests {
         assert_eq!(sessions.order.len(), MAX_SESSIONS);
     }
 
-    /// Every grant of a session appends a use; the older ones are dropped, so a few sessions
-    /// used millions of times stay a few entries, and the least recently used is still the one
-    /// forgotten.
+    /// A use queues nothing: a few sessions used millions of times are a few queue entries.
+    /// Past the capacity, sessions used since they were queued get a second chance; the one
+    /// forgotten is one not used since it was queued.
     #[test]
-    fn uses_of_the_same_sessions_stay_bounded() {
+    fn sessions_used_again_outlive_sessions_used_once() {
         const MAX_SESSIONS: usize = 4096;
         let mut sessions = Sessions::with_capacity(MAX_SESSIONS);
         for i in 0..100_000 {
             sessions.bind(digest(format!("s{}", i % 3).as_bytes()), &key("a"));
         }
         assert_eq!(sessions.len(), 3);
-        assert!(
-            sessions.order.len() <= 2 * 3 + 64,
-            "{}",
-            sessions.order.len()
-        );
+        assert_eq!(sessions.order.len(), 3);
         for i in 0..MAX_SESSIONS - 3 {
             sessions.bind(digest(format!("new{i}").as_bytes()), &key("b"));
         }
-        // Of the three, s1 was used longest ago (then s2, then s0): it goes first.
         sessions.bind(digest(b"one more"), &key("c"));
-        assert_eq!(sessions.proxy_of(&digest(b"s1")), None);
-        assert_eq!(sessions.proxy_of(&digest(b"s2")), Some(&key("a")));
-        assert_eq!(sessions.proxy_of(&digest(b"s0")), Some(&key("a")));
+        for used_again in ["s0", "s1", "s2"] {
+            assert_eq!(
+                sessions.proxy_of(&digest(used_again.as_bytes())),
+                Some(&key("a")),
+                "{used_again}"
+            );
+        }
+        assert_eq!(sessions.proxy_of(&digest(b"new0")), None);
+        assert_eq!(sessions.proxy_of(&digest(b"one more")), Some(&key("c")));
         assert_eq!(sessions.len(), MAX_SESSIONS);
+        assert_eq!(sessions.order.len(), MAX_SESSIONS);
         let snapshot = sessions.to_snapshot();
         assert_eq!(snapshot.values().map(Vec::len).sum::<usize>(), MAX_SESSIONS);
+    }
+
+    /// Every session used since it was queued: the new one is kept and one of the others is
+    /// forgotten (the first queued, each having had its second chance).
+    #[test]
+    fn a_new_session_is_never_the_one_forgotten() {
+        let mut sessions = Sessions::with_capacity(3);
+        for name in ["a", "b", "c", "b", "a", "c"] {
+            sessions.bind(digest(name.as_bytes()), &key(name));
+        }
+        sessions.bind(digest(b"d"), &key("d"));
+        assert_eq!(sessions.proxy_of(&digest(b"d")), Some(&key("d")));
+        assert_eq!(sessions.proxy_of(&digest(b"a")), None);
+        assert_eq!(sessions.proxy_of(&digest(b"b")), Some(&key("b")));
+        assert_eq!(sessions.len(), 3);
+        // Hostile: a million new sessions through a table of 3 stays 3 entries and 3 queued.
+        for i in 0..1_000_000u32 {
+            sessions.bind(digest(&i.to_le_bytes()), &key("e"));
+        }
+        assert_eq!((sessions.len(), sessions.order.len()), (3, 3));
     }
 
     #[test]

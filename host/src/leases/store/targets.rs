@@ -81,12 +81,16 @@ pub fn persisted_target(host: &str) -> Result<String, String> {
     normalize_target(host.to_string()).map(|t| hex::encode(target_digest(&t)))
 }
 
-/// Cooldowns by (proxy, target digest), each with its end (ms). One hash lookup per candidate
-/// proxy of a grant, whatever the number held; ends are forgotten in order, from a min-heap, so
-/// expiry touches only what ended.
+/// Cooldowns by proxy, then target digest, each with its end (ms). A grant's check of a
+/// candidate is a lookup of the proxy (a map of the fleet's proxies, small enough to stay in
+/// cache) and one in that proxy's own map (at most `max_per_proxy` entries), whatever the total
+/// held: a million cooldowns in one map made every check a cache miss, under the table's lock
+/// (docs/performance.md). Ends are forgotten in order, from a min-heap, so expiry touches only
+/// what ended.
 pub(crate) struct TargetCooldowns {
-    until: FastMap<(ProxyKey, Digest), u64>,
-    per_proxy: FastMap<ProxyKey, u32>,
+    by_proxy: FastMap<ProxyKey, FastMap<Digest, u64>>,
+    /// Cooldowns held, over all proxies.
+    total: usize,
     /// (end, proxy, target), soonest first. An entry whose end moved later is stale (the map
     /// holds the later end) and skipped when it comes up.
     ends: BinaryHeap<Reverse<(u64, ProxyKey, Digest)>>,
@@ -103,8 +107,8 @@ impl Default for TargetCooldowns {
 impl TargetCooldowns {
     pub(crate) fn with_bounds(max_total: usize, max_per_proxy: usize) -> Self {
         TargetCooldowns {
-            until: FastMap::default(),
-            per_proxy: FastMap::default(),
+            by_proxy: FastMap::default(),
+            total: 0,
             ends: BinaryHeap::new(),
             max_total,
             max_per_proxy,
@@ -112,109 +116,125 @@ impl TargetCooldowns {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.until.len()
+        self.total
+    }
+
+    fn end_of(&self, proxy: &ProxyKey, target: &Digest) -> Option<u64> {
+        self.by_proxy.get(proxy)?.get(target).copied()
     }
 
     /// When `proxy`'s cooldown for `target` ends, if it runs at `now`.
     pub(crate) fn until(&self, proxy: &ProxyKey, target: &Digest, now: u64) -> Option<u64> {
-        if self.until.is_empty() {
+        if self.total == 0 {
             return None;
         }
-        // The key is built from shared names: no allocation.
-        self.until
-            .get(&(proxy.clone(), *target))
-            .copied()
-            .filter(|until| *until > now)
+        self.end_of(proxy, target).filter(|until| *until > now)
     }
 
     /// Cools `proxy` down for `target` until `until`. False when a bound is reached: the caller
     /// cools the whole proxy down instead.
     pub(crate) fn insert(&mut self, proxy: &ProxyKey, target: Digest, until: u64) -> bool {
-        let key = (proxy.clone(), target);
-        if let Some(end) = self.until.get_mut(&key) {
+        let held = self.by_proxy.get(proxy).map_or(0, FastMap::len);
+        if let Some(end) = self
+            .by_proxy
+            .get_mut(proxy)
+            .and_then(|targets| targets.get_mut(&target))
+        {
             if until > *end {
                 *end = until;
-                self.ends.push(Reverse((until, key.0, key.1)));
+                self.ends.push(Reverse((until, proxy.clone(), target)));
             }
             return true;
         }
-        let count = self.per_proxy.get(proxy).copied().unwrap_or(0) as usize;
-        if count >= self.max_per_proxy || self.until.len() >= self.max_total {
+        if held >= self.max_per_proxy || self.total >= self.max_total {
             return false;
         }
-        *self.per_proxy.entry(proxy.clone()).or_default() += 1;
-        self.until.insert(key, until);
+        self.by_proxy
+            .entry(proxy.clone())
+            .or_default()
+            .insert(target, until);
+        self.total += 1;
         self.ends.push(Reverse((until, proxy.clone(), target)));
         true
     }
 
     fn remove(&mut self, proxy: &ProxyKey, target: &Digest) {
-        if self.until.remove(&(proxy.clone(), *target)).is_some()
-            && let Some(count) = self.per_proxy.get_mut(proxy)
+        if let Some(targets) = self.by_proxy.get_mut(proxy)
+            && targets.remove(target).is_some()
         {
-            *count -= 1;
-            if *count == 0 {
-                self.per_proxy.remove(proxy);
+            self.total -= 1;
+            if targets.is_empty() {
+                self.by_proxy.remove(proxy);
             }
         }
     }
 
+    /// Drops the heap's entries that no longer name a held end.
+    fn drop_stale_ends(&mut self) {
+        let by_proxy = &self.by_proxy;
+        self.ends.retain(|Reverse((end, proxy, target))| {
+            by_proxy.get(proxy).and_then(|t| t.get(target)) == Some(end)
+        });
+    }
+
     /// Forgets cooldowns that ended; whether any did.
     pub(crate) fn expire(&mut self, now: u64) -> bool {
-        let before = self.until.len();
+        let before = self.total;
         while let Some(Reverse((end, _, _))) = self.ends.peek() {
             if *end > now {
                 break;
             }
             let Reverse((end, proxy, target)) = self.ends.pop().expect("checked above");
-            if self.until.get(&(proxy.clone(), target)) == Some(&end) {
+            if self.end_of(&proxy, &target) == Some(end) {
                 self.remove(&proxy, &target);
             }
         }
-        if self.ends.len() > 2 * self.until.len() + 64 {
-            let until = &self.until;
-            self.ends.retain(|Reverse((end, proxy, target))| {
-                until.get(&(proxy.clone(), *target)) == Some(end)
-            });
+        if self.ends.len() > 2 * self.total + 64 {
+            self.drop_stale_ends();
         }
-        before != self.until.len()
+        before != self.total
     }
 
     /// Forgets the cooldowns of proxies `keep` refuses (deleted proxies); whether any.
     pub(crate) fn retain_proxies(&mut self, keep: impl Fn(&ProxyKey) -> bool) -> bool {
-        let gone: Vec<ProxyKey> = self
-            .per_proxy
-            .keys()
-            .filter(|proxy| !keep(proxy))
-            .cloned()
-            .collect();
-        if gone.is_empty() {
+        let before = self.total;
+        let mut total = self.total;
+        self.by_proxy.retain(|proxy, targets| {
+            let kept = keep(proxy);
+            if !kept {
+                total -= targets.len();
+            }
+            kept
+        });
+        self.total = total;
+        if before == total {
             return false;
         }
-        for proxy in &gone {
-            self.per_proxy.remove(proxy);
-        }
-        self.until.retain(|(proxy, _), _| keep(proxy));
-        let until = &self.until;
-        self.ends.retain(|Reverse((end, proxy, target))| {
-            until.get(&(proxy.clone(), *target)) == Some(end)
-        });
+        self.drop_stale_ends();
         true
     }
 
     /// The persisted form: proxy → target digest (hex) → end (ms); at most `limit`, those ending
     /// last.
     pub(crate) fn to_snapshot(&self, limit: usize) -> BTreeMap<String, BTreeMap<String, u64>> {
-        let mut entries: Vec<(&(ProxyKey, Digest), &u64)> = self.until.iter().collect();
+        let mut entries: Vec<(&ProxyKey, &Digest, u64)> = self
+            .by_proxy
+            .iter()
+            .flat_map(|(proxy, targets)| {
+                targets
+                    .iter()
+                    .map(move |(target, end)| (proxy, target, *end))
+            })
+            .collect();
         if entries.len() > limit {
-            entries.select_nth_unstable_by_key(limit, |(_, end)| Reverse(**end));
+            entries.select_nth_unstable_by_key(limit, |(_, _, end)| Reverse(*end));
             entries.truncate(limit);
         }
         let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-        for ((proxy, target), end) in entries {
+        for (proxy, target, end) in entries {
             out.entry(proxy.to_string())
                 .or_default()
-                .insert(hex::encode(target), *end);
+                .insert(hex::encode(target), end);
         }
         out
     }
@@ -313,7 +333,7 @@ mod tests {
         assert_eq!(cooldowns.until(&key(0), &digest(b"h0"), 20), None);
         assert!(cooldowns.expire(20));
         assert_eq!(cooldowns.len(), 0);
-        assert!(cooldowns.per_proxy.is_empty());
+        assert!(cooldowns.by_proxy.is_empty());
         assert!(cooldowns.insert(&key(0), digest(b"again"), 30));
     }
 
