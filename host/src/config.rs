@@ -233,10 +233,13 @@ mod tests {
         "more than one YAML document (`---`)"
     )]
     #[case::empty("providers: []", "providers: the list is empty")]
-    #[case::unknown_top("providers: []\nextra: 1", "unknown field `extra`")]
+    #[case::unknown_top(
+        "providers: []\nextra: 1",
+        "extra: unknown field `extra`, expected `providers` at line 2, column 1"
+    )]
     #[case::unknown_entry_field(
         "providers:\n- name: a\n  type: test\n  confg: {}",
-        "providers[0].confg: unknown field `confg`, expected one of name, type, config"
+        "providers[0].confg: unknown field `confg`, expected one of `name`, `type`, `config`"
     )]
     #[case::missing_type("providers:\n- name: a", "providers[0]: missing field `type`")]
     #[case::path_said_once(

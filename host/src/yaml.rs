@@ -5,10 +5,13 @@
 //! the providers config, a plugin's instance and spec files, and the tests reading what kubectl
 //! or Helm print go through [`options`]; the CRDs and `kubectl px -o yaml` through [`to_string`].
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_saphyr::{
-    DuplicateKeyPolicy, MergeKeyPolicy, NonFiniteFloatPolicy, SnippetMode, UserMessageFormatter,
+    DuplicateKeyPolicy, MergeKeyPolicy, MessageFormatter, NonFiniteFloatPolicy, SnippetMode,
+    UserMessageFormatter,
 };
 
 /// How the operator reads YAML: what serde-saphyr does by default, except where serde_yaml (what
@@ -63,11 +66,47 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
                 location(&e)
             ),
             _ => e.render_with_options(serde_saphyr::render_options! {
-                formatter: &UserMessageFormatter,
+                formatter: &Wording,
                 snippets: SnippetMode::Off,
             }),
         },
     })
+}
+
+/// serde-saphyr's messages for people, except an unknown field or variant: serde's own words,
+/// each name in backticks (`expected one of `name`, `type``), as before and as the docs tests
+/// read the list of fields.
+struct Wording;
+
+impl MessageFormatter for Wording {
+    fn format_message<'a>(&self, err: &'a serde_saphyr::Error) -> Cow<'a, str> {
+        match err {
+            serde_saphyr::Error::SerdeUnknownField {
+                field, expected, ..
+            } => Cow::Owned(format!(
+                "unknown field `{field}`, {}",
+                one_of(expected, "fields")
+            )),
+            serde_saphyr::Error::SerdeUnknownVariant {
+                variant, expected, ..
+            } => Cow::Owned(format!(
+                "unknown variant `{variant}`, {}",
+                one_of(expected, "variants")
+            )),
+            _ => UserMessageFormatter.format_message(err),
+        }
+    }
+}
+
+/// serde's `expected `a``, `expected `a` or `b``, `expected one of `a`, `b`, `c``.
+fn one_of(names: &[&str], what: &str) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.as_slice() {
+        [] => format!("there are no {what}"),
+        [one] => format!("expected {one}"),
+        [a, b] => format!("expected {a} or {b}"),
+        all => format!("expected one of {}", all.join(", ")),
+    }
 }
 
 fn location(e: &serde_saphyr::Error) -> String {
@@ -153,6 +192,14 @@ mod tests {
         note: Option<String>,
         #[serde(default)]
         inner: Option<Box<Typed>>,
+        #[serde(default)]
+        side: Option<Side>,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    enum Side {
+        Left,
+        Right,
     }
 
     fn typed(text: &str) -> Result<Typed, String> {
@@ -190,9 +237,13 @@ mod tests {
             ),
             (
                 "{name: a, inner: {nme: b}}",
-                "inner.nme: unknown field `nme`, expected one of name, flag",
+                "inner.nme: unknown field `nme`, expected one of `name`, `flag`, `count`",
             ),
             ("{name: a, inner: {}}", "inner: missing field `name`"),
+            (
+                "{name: a, side: Up}",
+                "side: unknown variant `Up`, expected `Left` or `Right` at line 1, column 17",
+            ),
             (
                 "{name: a, inner: [1]}",
                 "inner: expected mapping start at line 1, column 18",
