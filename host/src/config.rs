@@ -262,6 +262,18 @@ mod tests {
         "providers:\n- {name: v, type: upstream, upstream: {credentials: {username: c, passwordFrom: {}}}}",
         "providers[0] (v).upstream.credentials.passwordFrom: valueFrom: set exactly one"
     )]
+    #[case::field_twice(
+        "providers:\n- {name: a, type: test, name: b}",
+        "providers[0]: duplicate field `name`"
+    )]
+    #[case::merge_key_not_expanded(
+        "base: &base {type: test}\nproviders:\n- {<<: *base, name: a}",
+        "base: unknown field `base`"
+    )]
+    #[case::merge_key_is_a_field(
+        "providers:\n- {name: a, type: test}\n- {<<: {type: test}, name: b}",
+        "providers[1].<<: unknown field `<<`"
+    )]
     #[case::yaml_1_1_boolean(
         "providers:\n- {name: v, type: upstream, upstream: {handOutCredentials: yes}}",
         "providers[0].upstream.handOutCredentials: invalid boolean (true or false expected)"
@@ -335,17 +347,18 @@ mod tests {
         );
     }
 
-    /// The provider's `config` reaches the plugin as YAML 1.2 reads it: `yes`, `on`, `0755` are
-    /// strings (a plugin's schema decides), `true` and `0o755` are not.
+    /// The provider's `config` reaches the plugin as YAML 1.2 reads it: `yes`, `on`, `0755`,
+    /// `1_000` are strings (a plugin's schema decides), `true` and `0o755` are not; an alias is
+    /// its anchor's value.
     #[test]
     fn a_config_reaches_the_plugin_as_yaml_1_2_reads_it() {
         let config = ProvidersConfig::parse(
-            "providers:\n- name: a\n  type: test\n  config: {a: yes, b: on, c: 0755, d: true, e: 0o755, f: ~}\n",
+            "providers:\n- name: a\n  type: test\n  config: {a: yes, b: on, c: 0755, d: true, e: 0o755, f: ~, g: 1_000, h: &h [x], i: *h}\n",
         )
         .unwrap();
         assert_eq!(
             config.providers[0].config,
-            serde_json::json!({"a": "yes", "b": "on", "c": "0755", "d": true, "e": 493, "f": null})
+            serde_json::json!({"a": "yes", "b": "on", "c": "0755", "d": true, "e": 493, "f": null, "g": "1_000", "h": ["x"], "i": ["x"]})
         );
     }
 
