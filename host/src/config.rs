@@ -129,18 +129,12 @@ impl ProvidersConfig {
 
     /// Parses and statically checks the text of a providers config.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
-        let config: ProvidersConfig =
-            serde_path_to_error::deserialize(deserializer).map_err(|e| {
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                // serde_yaml names the path itself in some of its messages; say it once.
-                if path == "." || inner.to_string().starts_with(&format!("{path}: ")) {
-                    format!("{inner}")
-                } else {
-                    format!("{path}: {inner}")
-                }
-            })?;
+        // An empty file (or `~`) has no document: say which field it lacks.
+        let config: ProvidersConfig = crate::yaml::from_str::<Option<_>>(text)
+            .map_err(|e| e.to_string())?
+            .ok_or(
+                "missing field `providers`: the file is empty; list the provider instances under `providers:` (name, type, config, grants)",
+            )?;
         if config.providers.is_empty() {
             return Err(
                 "providers: the list is empty; add at least one provider instance (name, type, config, grants)"
@@ -231,13 +225,21 @@ mod tests {
     use rstest::rstest;
 
     #[rstest]
-    #[case::yaml_syntax("providers: [", "did not find expected")]
+    #[case::yaml_syntax("providers: [", "providers: unclosed bracket '[' at line 1, column 12")]
     #[case::missing_list("{}", "missing field `providers`")]
+    #[case::empty_file("# nothing yet\n", "missing field `providers`: the file is empty")]
+    #[case::two_documents(
+        "providers: []\n---\nproviders: []",
+        "more than one YAML document (`---`)"
+    )]
     #[case::empty("providers: []", "providers: the list is empty")]
-    #[case::unknown_top("providers: []\nextra: 1", "unknown field `extra`")]
+    #[case::unknown_top(
+        "providers: []\nextra: 1",
+        "extra: unknown field `extra`, expected `providers` at line 2, column 1"
+    )]
     #[case::unknown_entry_field(
         "providers:\n- name: a\n  type: test\n  confg: {}",
-        "providers[0]: unknown field `confg`, expected one of"
+        "providers[0].confg: unknown field `confg`, expected one of `name`, `type`, `config`"
     )]
     #[case::missing_type("providers:\n- name: a", "providers[0]: missing field `type`")]
     #[case::path_said_once(
@@ -260,9 +262,25 @@ mod tests {
         "providers:\n- {name: v, type: upstream, upstream: {credentials: {username: c, passwordFrom: {}}}}",
         "providers[0] (v).upstream.credentials.passwordFrom: valueFrom: set exactly one"
     )]
+    #[case::field_twice(
+        "providers:\n- {name: a, type: test, name: b}",
+        "providers[0]: duplicate field `name`"
+    )]
+    #[case::merge_key_not_expanded(
+        "base: &base {type: test}\nproviders:\n- {<<: *base, name: a}",
+        "base: unknown field `base`"
+    )]
+    #[case::merge_key_is_a_field(
+        "providers:\n- {name: a, type: test}\n- {<<: {type: test}, name: b}",
+        "providers[1].<<: unknown field `<<`"
+    )]
+    #[case::yaml_1_1_boolean(
+        "providers:\n- {name: v, type: upstream, upstream: {handOutCredentials: yes}}",
+        "providers[0].upstream.handOutCredentials: invalid boolean (true or false expected)"
+    )]
     #[case::upstream_unknown_field(
         "providers:\n- {name: v, type: upstream, upstream: {handOut: true}}",
-        "providers[0].upstream: unknown field `handOut`"
+        "providers[0].upstream.handOut: unknown field `handOut`"
     )]
     #[case::bad_type(
         "providers:\n- {name: a, type: ../kvm}",
@@ -286,7 +304,7 @@ mod tests {
     )]
     #[case::unknown_grant(
         "providers:\n- name: a\n  type: test\n  grants: {ssh: {}}",
-        "providers[0].grants: unknown field `ssh`"
+        "providers[0].grants.ssh: unknown field `ssh`"
     )]
     #[case::zero_concurrency(
         "providers:\n- {name: a, type: test, maxConcurrentCalls: 0}",
@@ -326,6 +344,21 @@ mod tests {
                 url: "https://x.example/t.wasm".into(),
                 sha256: sha.clone()
             }
+        );
+    }
+
+    /// The provider's `config` reaches the plugin as YAML 1.2 reads it: `yes`, `on`, `0755`,
+    /// `1_000` are strings (a plugin's schema decides), `true` and `0o755` are not; an alias is
+    /// its anchor's value.
+    #[test]
+    fn a_config_reaches_the_plugin_as_yaml_1_2_reads_it() {
+        let config = ProvidersConfig::parse(
+            "providers:\n- name: a\n  type: test\n  config: {a: yes, b: on, c: 0755, d: true, e: 0o755, f: ~, g: 1_000, h: &h [x], i: *h}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.providers[0].config,
+            serde_json::json!({"a": "yes", "b": "on", "c": "0755", "d": true, "e": 493, "f": null, "g": "1_000", "h": ["x"], "i": ["x"]})
         );
     }
 

@@ -37,3 +37,4 @@ pub mod tls;
 pub(crate) mod upstream;
 pub(crate) mod usage;
 pub mod version;
+pub mod yaml;

@@ -156,7 +156,7 @@ mod tests {
     use super::*;
 
     fn settings(yaml: &str) -> UpstreamSettings {
-        serde_yaml_ng::from_str(yaml).unwrap()
+        crate::yaml::from_str(yaml).unwrap()
     }
 
     #[test]

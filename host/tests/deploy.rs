@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 #[path = "deploy/cli.rs"]
@@ -43,9 +42,8 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("kustomize prints YAML objects"))
-        .collect()
+    serde_saphyr::from_multiple_with_options(&text, proxy_operator::yaml::options())
+        .expect("kustomize prints YAML objects")
 }
 
 fn kind_and_name(object: &Value) -> String {
@@ -195,7 +193,7 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
         .as_str()
         .unwrap()
         .to_string();
-    let parsed: Value = serde_yaml_ng::from_str(&providers).unwrap();
+    let parsed: Value = proxy_operator::yaml::from_str(&providers).unwrap();
     for entry in parsed["providers"].as_array().unwrap() {
         assert_ne!(
             entry["type"], "test",

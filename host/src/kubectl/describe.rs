@@ -348,6 +348,13 @@ Last error:  Create: quota: HTTP 429: full
 Provisioned: False Quota: Create at provider store: quota: HTTP 429: full; retrying
 ";
         assert_eq!(text, expected, "\n{text}");
+        // `-o yaml` is the same value as `-o json`, read back by a YAML reader.
+        let yaml = crate::yaml::to_string(&view).unwrap();
+        assert_eq!(
+            crate::yaml::from_str::<serde_json::Value>(&yaml).unwrap(),
+            serde_json::to_value(&view).unwrap(),
+            "{yaml}"
+        );
     }
 
     #[test]

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Output;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::{kustomize, repo, with_component};
@@ -55,10 +54,12 @@ fn template(args: &[&str]) -> Vec<Value> {
         all.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_yaml_ng::Deserializer::from_str(&String::from_utf8(out.stdout).unwrap())
-        .map(|doc| Value::deserialize(doc).expect("helm template prints YAML objects"))
-        .filter(|object| !object.is_null())
-        .collect()
+    // An empty document (a template that renders nothing) is left out.
+    serde_saphyr::from_multiple_with_options(
+        &String::from_utf8(out.stdout).unwrap(),
+        proxy_operator::yaml::options(),
+    )
+    .expect("helm template prints YAML objects")
 }
 
 /// An object's identity: `Kind/name`, or `Kind/namespace/name` for a namespaced one.
@@ -94,7 +95,7 @@ fn normalized(objects: Vec<Value>) -> BTreeMap<String, Value> {
                 .as_str()
                 .unwrap()
                 .to_owned();
-            object["data"]["providers.yaml"] = serde_yaml_ng::from_str(&text).unwrap();
+            object["data"]["providers.yaml"] = proxy_operator::yaml::from_str(&text).unwrap();
         }
         let previous = by_key.insert(key(&object), object);
         assert!(previous.is_none(), "{:?} twice", previous.map(|o| key(&o)));

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::helm::{helm, key};
@@ -21,10 +20,9 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 const REPOSITORY: &str = "registry.example/team/proxy-operator";
 
 fn yaml_objects(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize(doc).expect("YAML objects"))
-        .filter(|o| !o.is_null())
-        .collect()
+    // Empty documents are left out.
+    serde_saphyr::from_multiple_with_options(text, proxy_operator::yaml::options())
+        .expect("YAML objects")
 }
 
 fn by_key(objects: Vec<Value>) -> BTreeMap<String, Value> {

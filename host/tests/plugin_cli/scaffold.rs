@@ -171,9 +171,10 @@ async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
     cp.apply_crds(crds).await.unwrap();
     let ns = cp.namespace("px-plugin-new").await.unwrap();
-    let entry: serde_json::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(crate_dir.join("instance.yaml")).unwrap())
-            .unwrap();
+    let entry: serde_json::Value = proxy_operator::yaml::from_str(
+        &std::fs::read_to_string(crate_dir.join("instance.yaml")).unwrap(),
+    )
+    .unwrap();
     let config = dir.join("providers.yaml");
     std::fs::write(
         &config,
