@@ -36,13 +36,18 @@ pub async fn current_login(
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let name = credentials::secret_name(&proxy.name_any());
     // The watched copy first: a reconcile of a running proxy costs no request to the API server.
-    // (A change reconciles the Proxy only once the store has it.)
+    // (A change reconciles the Proxy only once the store has it.) Not in the store: a new
+    // Proxy's, almost always, so it is created at once rather than first asked for (a 404 per
+    // new Proxy: 10 000 requests in a pool's scale-up, docs/performance.md); one that exists
+    // answers 409 and is read.
     let mut cached = cached.get(&ObjectRef::new(&name).within(&namespace));
+    let mut exists = cached.is_some();
     // Twice at most: a create that lost a race with another writer reads what won.
     for _ in 0..2 {
         let found = match cached.take() {
             Some(secret) => Some(Secret::clone(&secret)),
-            None => secrets.get_opt(&name).await?,
+            None if exists => secrets.get_opt(&name).await?,
+            None => None,
         };
         let Some(secret) = found else {
             let login = ProxyLogin::generate(&proxy.name_any());
@@ -54,7 +59,10 @@ pub async fn current_login(
                 .await
             {
                 Ok(_) => return Ok(Ok(login)),
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    exists = true;
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
         };

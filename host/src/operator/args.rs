@@ -285,10 +285,10 @@ pub struct LeaseArgs {
     /// Consecutive `failure` reports on a proxy that make the health engine probe it at once.
     #[arg(long, env = "LEASE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub lease_failure_threshold: u32,
-    /// Sticky sessions held in memory (least recently used forgotten first; ~120 bytes each).
+    /// Sticky sessions held in memory (one unused the longest forgotten first; ~180 bytes each).
     #[arg(long, env = "MAX_SESSIONS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub max_sessions: u64,
-    /// Per-target cooldowns held in memory (~130 bytes each); a block past it cools the whole
+    /// Per-target cooldowns held in memory (~90 bytes each); a block past it cools the whole
     /// proxy down.
     #[arg(long, env = "MAX_TARGET_COOLDOWNS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub max_target_cooldowns: u64,

@@ -461,6 +461,9 @@ fn new_proxy(pool: &ProxyPool, desired: &Desired, slot: &Slot) -> Proxy {
             labels: Some(labels),
             annotations: (!metadata.annotations.is_empty()).then_some(metadata.annotations),
             owner_references: pool.controller_owner_ref(&()).map(|owner| vec![owner]),
+            // The Proxy controller's finalizer from the start: it would otherwise add it by a
+            // patch of every member as its first step (10 000 requests in a scale-up to 10 000).
+            finalizers: Some(vec![crate::controller::FINALIZER.to_string()]),
             ..Default::default()
         },
         spec,
@@ -801,6 +804,11 @@ mod tests {
         assert_eq!(
             (owner.uid.as_str(), owner.controller),
             ("uid-1", Some(true))
+        );
+        // Made with the Proxy controller's finalizer: no patch adds it afterwards.
+        assert_eq!(
+            proxy.metadata.finalizers.as_deref(),
+            Some(&[crate::controller::FINALIZER.to_string()][..])
         );
         assert_ne!(
             member_name("web"),

@@ -10,8 +10,8 @@ use super::keys::{FastMap, ProxyKey};
 /// Longest `session` key, in characters (Unicode scalar values, as JSON Schema's `maxLength` in
 /// the OpenAPI document counts them; at most 1 KiB of UTF-8).
 pub const MAX_SESSION_CHARS: usize = 256;
-/// Sessions remembered at once, by default; past it the least recently used is forgotten. Held
-/// in memory only (about 120 bytes each, docs/performance.md); a failover rebuilds those of
+/// Sessions remembered at once, by default; past it one unused the longest is forgotten. Held
+/// in memory only (about 180 bytes each, docs/performance.md); a failover rebuilds those of
 /// the leases it restores (docs/architecture.md). `--max-sessions`.
 pub const MAX_SESSIONS: usize = 1_000_000;
 

@@ -13,7 +13,7 @@ pub const MAX_TARGET_BYTES: usize = 253;
 /// down (a proxy that many sites block is blocked). `--max-targets-per-proxy`.
 pub const MAX_TARGETS_PER_PROXY: usize = 1024;
 /// Target cooldowns over all proxies, by default; a block past it cools the whole proxy down.
-/// Held in memory (about 130 bytes each, docs/performance.md), not in the cluster.
+/// Held in memory (about 90 bytes each, docs/performance.md), not in the cluster.
 /// `--max-target-cooldowns`.
 pub const MAX_TARGET_COOLDOWNS: usize = 1_000_000;
 /// Target cooldowns a checkpoint of the table keeps (those ending last): a failover keeps these
