@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use proxy_operator::leases::persist::{Durability, maintain};
 use proxy_operator::leases::{
-    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore,
-    ProvisionedProxy, ProxyKey,
+    LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, ProvisionedProxy,
+    ProxyKey,
 };
 
 fn seconds() -> Duration {

@@ -58,4 +58,3 @@ pub fn hold_state(store: &proxy_operator::leases::LeaseStore, sessions: usize, c
             .unwrap();
     }
 }
-

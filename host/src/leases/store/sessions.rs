@@ -143,7 +143,8 @@ impl Sessions {
     /// Drops the queue entries of sessions no longer bound.
     fn drop_forgotten(&mut self) {
         let bound = &self.bound;
-        self.order.retain(|(_, session)| bound.contains_key(session));
+        self.order
+            .retain(|(_, session)| bound.contains_key(session));
     }
 
     /// Forgets the bindings to proxies `keep` refuses (deleted proxies).
