@@ -156,6 +156,27 @@ pub async fn prefill(
     }
 }
 
+/// `CredentialsCurrent`: the proxy requires the credentials in its Secret.
+fn set_current(status: &mut ProxyStatus, generation: Option<i64>) {
+    conditions::set_named(
+        &mut status.conditions,
+        CONDITION,
+        true,
+        "Applied",
+        "the proxy requires the credentials in its Secret",
+        generation,
+    );
+}
+
+/// After a create that was given the login the status records: the proxy requires it, said in
+/// the same status write as the create's outcome (the next reconcile's [`keep_current`] finds
+/// the same; said only there, every new Proxy cost one more status write).
+pub fn created_with_login(status: &mut ProxyStatus, generation: Option<i64>) {
+    if status.credentials.is_some() && status.provider_id.is_some() {
+        set_current(status, generation);
+    }
+}
+
 /// What the status records for credentials about to be given to the provider.
 pub fn applied(proxy: &Proxy, login: &ProxyLogin) -> CredentialsStatus {
     CredentialsStatus {
@@ -240,14 +261,7 @@ pub async fn keep_current(
     };
     if rotation(proxy, &recorded, &current) == Rotation::Current {
         book.set(key, &proxy.uid().unwrap_or_default(), current);
-        conditions::set_named(
-            &mut effects.status.conditions,
-            CONDITION,
-            true,
-            "Applied",
-            "the proxy requires the credentials in its Secret",
-            generation,
-        );
+        set_current(&mut effects.status, generation);
         return Ok(());
     }
     let handed = match provider.upstream() {
@@ -364,5 +378,40 @@ mod tests {
         assert_eq!(rotation(&proxy("u-1"), &recorded, &new), Rotation::Rotate);
         // A Proxy recreated under the same name is another proxy.
         assert_eq!(rotation(&proxy("u-2"), &recorded, &login), Rotation::Rotate);
+    }
+
+    /// A create given the login says `CredentialsCurrent` in its own status write; a Proxy
+    /// without credentials (or not created) says nothing of them.
+    #[test]
+    fn a_create_given_the_login_says_the_credentials_are_current() {
+        let login = ProxyLogin::generate("egress-1");
+        let mut status = ProxyStatus {
+            credentials: Some(applied(&proxy("u-1"), &login)),
+            provider_id: Some("i-1".into()),
+            ..Default::default()
+        };
+        created_with_login(&mut status, Some(1));
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION)
+            .expect("set");
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Applied")
+        );
+        for mut status in [
+            ProxyStatus {
+                provider_id: Some("i-1".into()),
+                ..Default::default()
+            },
+            ProxyStatus {
+                credentials: Some(applied(&proxy("u-1"), &login)),
+                ..Default::default()
+            },
+        ] {
+            created_with_login(&mut status, Some(1));
+            assert!(status.conditions.is_empty());
+        }
     }
 }

@@ -501,13 +501,18 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
                 ReconcileMetrics::created(&ctx.metrics, provider.name());
             }
             let effects = match created {
-                Ok(instance) => decide::created(
-                    placed,
-                    status,
-                    provider.name(),
-                    &instance,
-                    ctx.health_probing,
-                ),
+                Ok(instance) => {
+                    let mut effects = decide::created(
+                        placed,
+                        status,
+                        provider.name(),
+                        &instance,
+                        ctx.health_probing,
+                    );
+                    let generation = placed.metadata.generation;
+                    credentials::created_with_login(&mut effects.status, generation);
+                    effects
+                }
                 Err(e) => decide::call_failed(placed, status, provider.name(), "Create", &e),
             };
             return execute(ctx, api, placed, effects).await;
