@@ -28,7 +28,7 @@ use crate::credentials::CredentialsBook;
 use crate::digest::sha256_hex;
 use crate::events;
 use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
-use crate::plugins::{CallError, Deletion};
+use crate::plugins::{CallError, Deletion, ProviderInstance};
 use crate::providers::{ProviderSet, Providers};
 
 /// The finalizer that keeps a Proxy until its instance is deleted.
@@ -496,25 +496,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
                 StatusWrite::Unchanged => proxy,
                 StatusWrite::Stale => return Ok(Action::requeue(AFTER_STALE_VIEW)),
             };
-            let created = provider.create(spec).await;
-            if created.is_ok() {
-                ReconcileMetrics::created(&ctx.metrics, provider.name());
-            }
-            let effects = match created {
-                Ok(instance) => {
-                    let mut effects = decide::created(
-                        placed,
-                        status,
-                        provider.name(),
-                        &instance,
-                        ctx.health_probing,
-                    );
-                    let generation = placed.metadata.generation;
-                    credentials::created_with_login(&mut effects.status, generation);
-                    effects
-                }
-                Err(e) => decide::call_failed(placed, status, provider.name(), "Create", &e),
-            };
+            let effects = create_instance(ctx, provider, placed, status, spec).await;
             return execute(ctx, api, placed, effects).await;
         }
         (
@@ -543,6 +525,32 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
         }
     };
     execute(ctx, api, proxy, effects).await
+}
+
+/// The provider's create, and what its outcome makes of the status (the caller writes it): a
+/// create given the login says `CredentialsCurrent` in the same write.
+async fn create_instance(
+    ctx: &Context,
+    provider: &ProviderInstance,
+    placed: &Proxy,
+    status: ProxyStatus,
+    spec: InstanceSpec,
+) -> Effects {
+    match provider.create(spec).await {
+        Ok(instance) => {
+            ReconcileMetrics::created(&ctx.metrics, provider.name());
+            let mut effects = decide::created(
+                placed,
+                status,
+                provider.name(),
+                &instance,
+                ctx.health_probing,
+            );
+            credentials::created_with_login(&mut effects.status, placed.metadata.generation);
+            effects
+        }
+        Err(e) => decide::call_failed(placed, status, provider.name(), "Create", &e),
+    }
 }
 
 async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
