@@ -20,6 +20,7 @@ use harness::node::{Cluster, WEB_BODY};
 use harness::stack::Phases;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
@@ -295,6 +296,30 @@ async fn labelled_leaders(cluster: &Cluster) -> Vec<String> {
 
 async fn rollout_status(cluster: &Cluster) {
     deployment_rolled_out(cluster, "proxy-operator", "240s").await;
+    // `rollout status` returns while the old replicas still terminate, and one of them may
+    // still lead: a Proxy made now could be reconciled with the old settings (seen once: a
+    // squid Pod made from the providers config before the one the test had just written).
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "proxy-operator");
+    let terminating: Vec<Pod> = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=proxy-operator"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .collect();
+    for pod in terminating {
+        let (name, uid) = (pod.name_any(), pod.uid().unwrap_or_default());
+        let gone = kube::runtime::wait::await_condition(
+            pods.clone(),
+            &name,
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        );
+        tokio::time::timeout(Duration::from_secs(120), gone)
+            .await
+            .unwrap_or_else(|_| panic!("the old operator Pod {name} still terminates after 120 s"))
+            .unwrap();
+    }
 }
 
 /// `kubectl rollout status` of a Deployment in the operator's namespace, for at most `timeout`.
