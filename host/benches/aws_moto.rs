@@ -222,12 +222,7 @@ async fn pool_from_zero(replicas: usize) -> anyhow::Result<()> {
     .kill_on_drop(true)
     .spawn()?;
     let pools: Api<ProxyPool> = Api::namespaced(cp.client(), ns.name());
-    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "proxy-operator.dev/v1alpha1",
-        "kind": "ProxyPool",
-        "metadata": {"name": "aws"},
-        "spec": {"replicas": replicas, "template": {"spec": {"provider": "aws-eu"}}},
-    }))?;
+    let pool = common::pool_of("aws", replicas, "aws-eu")?;
     // The operator's start-up calls (the provider check, the GC's first list) are not the pool's.
     let before = calls.load(Ordering::Relaxed);
     let actions_before = by_action.lock().unwrap().clone();

@@ -148,6 +148,8 @@ fn held_state() {
         (after - with_sessions) as f64 / 1e6,
     );
     let length = seconds();
+    // BENCH_HELD_ONLY: the held rounds alone, to profile them (`perf record`).
+    let held_only = std::env::var_os("BENCH_HELD_ONLY").is_some();
     let mut ratios = Vec::new();
     let (mut all_empty, mut all_held) = (Vec::new(), Vec::new());
     for round in 0..rounds() {
@@ -157,8 +159,6 @@ fn held_state() {
             [("held", &held), ("empty", &empty)]
         };
         let mut rates = BTreeMap::new();
-        // BENCH_HELD_ONLY: the held rounds alone, to profile them (`perf record`).
-        let held_only = std::env::var_os("BENCH_HELD_ONLY").is_some();
         for (name, store) in order {
             if held_only && name == "empty" {
                 rates.insert(name, f64::NAN);

@@ -54,38 +54,22 @@ async fn api_server_requests(client: &kube::Client) -> anyhow::Result<Vec<(Strin
     let text = client
         .request_text(axum::http::Request::get("/metrics").body(Vec::new())?)
         .await?;
-    let label = |line: &str, name: &str| -> String {
-        let start = format!("{name}=\"");
-        line.find(&start)
-            .map(|at| {
-                let rest = &line[at + start.len()..];
-                rest[..rest.find('"').unwrap_or(0)].to_string()
-            })
-            .unwrap_or_default()
-    };
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))?;
     let mut by: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
-    for line in text.lines() {
-        let (is_count, is_sum) = (
-            line.starts_with("apiserver_request_total{"),
-            line.starts_with("apiserver_request_duration_seconds_sum{"),
-        );
-        if !is_count && !is_sum {
+    for sample in &scrape.samples {
+        let value = match sample.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => continue,
+        };
+        let is_count = sample.metric == "apiserver_request_total";
+        if !is_count && sample.metric != "apiserver_request_duration_seconds_sum" {
             continue;
         }
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        let key = format!(
-            "{} {}{}",
-            label(line, "verb"),
-            label(line, "resource"),
-            match label(line, "subresource").as_str() {
-                "" => String::new(),
-                sub => format!("/{sub}"),
-            }
-        );
+        let label = |name: &str| sample.labels.get(name).unwrap_or_default();
+        let key = match label("subresource") {
+            "" => format!("{} {}", label("verb"), label("resource")),
+            sub => format!("{} {}/{sub}", label("verb"), label("resource")),
+        };
         let entry = by.entry(key).or_default();
         if is_count {
             entry.0 += value;
@@ -96,15 +80,6 @@ async fn api_server_requests(client: &kube::Client) -> anyhow::Result<Vec<(Strin
     let mut rows: Vec<(String, f64, f64)> = by.into_iter().map(|(k, (n, s))| (k, n, s)).collect();
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));
     Ok(rows)
-}
-
-fn pool_of(replicas: usize) -> anyhow::Result<ProxyPool> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "proxy-operator.dev/v1alpha1",
-        "kind": "ProxyPool",
-        "metadata": {"name": "scale"},
-        "spec": {"replicas": replicas, "template": {"spec": {"provider": "mem"}}},
-    }))?)
 }
 
 /// Creates the pool and waits until `readyReplicas` is `replicas` (or `within` passed), reading
@@ -119,7 +94,10 @@ async fn scale_pool_from_zero(
 ) -> anyhow::Result<(usize, Duration, Vec<(usize, f64, u64)>)> {
     let started = Instant::now();
     pools
-        .create(&PostParams::default(), &pool_of(replicas)?)
+        .create(
+            &PostParams::default(),
+            &common::pool_of("scale", replicas, "mem")?,
+        )
         .await?;
     let deadline = Instant::now() + within;
     let mut seen = 0;

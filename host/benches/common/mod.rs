@@ -58,3 +58,17 @@ pub fn hold_state(store: &proxy_operator::leases::LeaseStore, sessions: usize, c
             .unwrap();
     }
 }
+
+/// A ProxyPool `name` of `replicas` Proxies of `provider`, nothing else set.
+pub fn pool_of(
+    name: &str,
+    replicas: usize,
+    provider: &str,
+) -> anyhow::Result<proxy_operator::api::ProxyPool> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "proxy-operator.dev/v1alpha1",
+        "kind": "ProxyPool",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "template": {"spec": {"provider": provider}}},
+    }))?)
+}

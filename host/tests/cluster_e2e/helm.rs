@@ -48,6 +48,17 @@ async fn helm(cluster: &Cluster, home: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The namespace `namespace` and in it the Proxy `name` of the `in-cluster` provider, applied.
+pub(super) async fn apply_proxy(cluster: &Cluster, namespace: &str, name: &str) {
+    let proxy = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n---\n\
+         apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\n\
+         metadata: {{name: {name}, namespace: {namespace}}}\n\
+         spec: {{provider: in-cluster, port: 3128}}\n"
+    );
+    kubectl_stdin(cluster, &["apply", "-f", "-"], &proxy).await;
+}
+
 /// Values as a user writes them for this cluster (the same as the kustomize test's overlay):
 /// the squid image the node has, a health target inside the cluster (no uplink) that squid may
 /// reach, the image imported into the node. `second_provider`: one more providers entry.
@@ -252,13 +263,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
     phases.done("their /metrics: 401 without a token, 200 with a metrics reader's");
 
     // A Proxy served by the installed operator.
-    let proxy = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {CRAWLERS}}}\n---\n\
-         apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\n\
-         metadata: {{name: {PROXY}, namespace: {CRAWLERS}}}\n\
-         spec: {{provider: in-cluster, port: 3128}}\n"
-    );
-    kubectl_stdin(cluster, &["apply", "-f", "-"], &proxy).await;
+    apply_proxy(cluster, CRAWLERS, PROXY).await;
     let proxy_ref = format!("proxy/{PROXY}");
     proxy_ready(cluster, CRAWLERS, PROXY).await;
     lease_and_fetch(cluster, &web_ip, PROXY).await;

@@ -122,13 +122,7 @@ pub(super) async fn apply_and_delete(cluster: &Cluster, phases: &mut Phases) {
         applied.elapsed().as_secs_f64()
     ));
 
-    let proxy = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {CRAWLERS}}}\n---\n\
-         apiVersion: proxy-operator.dev/v1alpha1\nkind: Proxy\n\
-         metadata: {{name: {PROXY}, namespace: {CRAWLERS}}}\n\
-         spec: {{provider: in-cluster, port: 3128}}\n"
-    );
-    kubectl_stdin(cluster, &["apply", "-f", "-"], &proxy).await;
+    super::helm::apply_proxy(cluster, CRAWLERS, PROXY).await;
     super::helm::proxy_ready(cluster, CRAWLERS, PROXY).await;
     super::helm::lease_and_fetch(cluster, &web_ip, PROXY).await;
     phases.done("a Proxy Ready, leased through the discovery Service, a page fetched through it");

@@ -84,6 +84,29 @@ pub(super) async fn leased_url(operator: &mut OperatorProcess, proxy: &str) -> S
     granted["proxyUrl"].as_str().unwrap().to_string()
 }
 
+/// The operator over the providers config at `config`, probing the world's target, taking
+/// `gateway_token` from a gateway; leading.
+pub(super) async fn operator_for_gateway(
+    world: &World,
+    config: &std::path::Path,
+    gateway_token: &str,
+) -> OperatorProcess {
+    let target = world.target.addr().to_string();
+    let setup = OperatorProcess::setup(
+        world.cp,
+        &world.ns,
+        world.dir.path(),
+        config.to_str().unwrap(),
+        &target,
+    );
+    let mut operator = OperatorProcess::start_with(OperatorSetup {
+        extra: vec!["--gateway-token".into(), gateway_token.into()],
+        ..setup
+    });
+    operator.wait_leading().await;
+    operator
+}
+
 /// A gateway in front of `operator` (started with `--gateway-token gateway_token`), allowed to
 /// reach only the world's target site; ready.
 pub(super) async fn gateway_to_target(
@@ -197,19 +220,7 @@ async fn upstream_proxies_are_probed_leased_and_pooled_and_their_login_stays_wit
         [open[0].port(), open[1].port()],
     );
     std::fs::write(&config, &text).unwrap();
-    let target = world.target.addr().to_string();
-    let setup = OperatorProcess::setup(
-        world.cp,
-        &world.ns,
-        world.dir.path(),
-        config.to_str().unwrap(),
-        &target,
-    );
-    let mut operator = OperatorProcess::start_with(OperatorSetup {
-        extra: vec!["--gateway-token".into(), GATEWAY_TOKEN.into()],
-        ..setup
-    });
-    operator.wait_leading().await;
+    let mut operator = operator_for_gateway(&world, &config, GATEWAY_TOKEN).await;
     let ns = world.ns.name().to_string();
     let proxies: Api<Proxy> = world.ns.api();
     let page = world.target.url("/page");

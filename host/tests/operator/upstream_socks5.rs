@@ -13,9 +13,10 @@ use kube::api::{Api, ListParams};
 use proxy_operator::api::Proxy;
 use reqwest::Method;
 
-use super::common::operator_process::{OperatorProcess, OperatorSetup, TOKEN};
+use super::common::operator_process::TOKEN;
 use super::upstream::{
-    condition, gateway_to_target, leased_url, pool, proxy, ready_members, wait_condition,
+    condition, gateway_to_target, leased_url, operator_for_gateway, pool, proxy, ready_members,
+    wait_condition,
 };
 use super::world::World;
 
@@ -81,19 +82,7 @@ async fn socks5_upstreams_are_probed_leased_and_relayed_with_the_login_the_opera
     let files = [right.to_str().unwrap(), wrong.to_str().unwrap()];
     let text = providers_config(records.name(), files, open.port(), vendor.port());
     std::fs::write(&config, &text).unwrap();
-    let target = world.target.addr().to_string();
-    let setup = OperatorProcess::setup(
-        world.cp,
-        &world.ns,
-        world.dir.path(),
-        config.to_str().unwrap(),
-        &target,
-    );
-    let mut operator = OperatorProcess::start_with(OperatorSetup {
-        extra: vec!["--gateway-token".into(), GATEWAY_TOKEN.into()],
-        ..setup
-    });
-    operator.wait_leading().await;
+    let mut operator = operator_for_gateway(&world, &config, GATEWAY_TOKEN).await;
     let ns = world.ns.name().to_string();
     let proxies: Api<Proxy> = world.ns.api();
     let page = world.target.url("/page");

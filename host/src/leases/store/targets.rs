@@ -134,26 +134,21 @@ impl TargetCooldowns {
     /// Cools `proxy` down for `target` until `until`. False when a bound is reached: the caller
     /// cools the whole proxy down instead.
     pub(crate) fn insert(&mut self, proxy: &ProxyKey, target: Digest, until: u64) -> bool {
-        let held = self.by_proxy.get(proxy).map_or(0, FastMap::len);
-        if let Some(end) = self
-            .by_proxy
-            .get_mut(proxy)
-            .and_then(|targets| targets.get_mut(&target))
-        {
-            if until > *end {
-                *end = until;
-                self.ends.push(Reverse((until, proxy.clone(), target)));
+        let targets = self.by_proxy.get(proxy);
+        match targets.and_then(|t| t.get(&target)) {
+            Some(end) if until <= *end => return true,
+            Some(_) => {}
+            None if targets.map_or(0, FastMap::len) >= self.max_per_proxy
+                || self.total >= self.max_total =>
+            {
+                return false;
             }
-            return true;
-        }
-        if held >= self.max_per_proxy || self.total >= self.max_total {
-            return false;
+            None => self.total += 1,
         }
         self.by_proxy
             .entry(proxy.clone())
             .or_default()
             .insert(target, until);
-        self.total += 1;
         self.ends.push(Reverse((until, proxy.clone(), target)));
         true
     }
