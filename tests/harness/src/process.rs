@@ -443,24 +443,67 @@ fn owner_pid(name: &OsStr) -> Option<u32> {
     parts.next()?.parse().ok()
 }
 
-/// A free TCP port on 127.0.0.1 that this process has not handed out before.
+/// A free TCP port on 127.0.0.1 that no other harness process holds and the kernel never
+/// hands out by itself.
+///
+/// The port is picked below the kernel's ephemeral range (`ip_local_port_range`): a port
+/// found free by binding `:0` and released could be given by the kernel to the next `:0` bind
+/// or outgoing connection anywhere on the machine before the server it was meant for binds it
+/// (CI 2026-12-05: etcd lost its port to another suite's listener). Suites run side by side,
+/// so each port is also claimed with a lock file (`flock`, released when this process exits).
+/// The ports `make dev`'s VMs are published on ([`crate::stack::PORT_RANGE`]) are never given.
 pub fn free_port() -> Result<u16> {
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
-    for _ in 0..100 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .context("bind 127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        if GIVEN
-            .lock()
-            .unwrap()
-            .get_or_insert_with(HashSet::new)
-            .insert(port)
-        {
+    static CLAIMED: Mutex<Vec<(u16, File)>> = Mutex::new(Vec::new());
+    let (low, high) = harness_port_range();
+    let dir = scratch_root().join("ports");
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let span = u32::from(high - low) + 1;
+    // Processes start at different places so they seldom try the same ports first.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
+    for step in 0..span {
+        let port = low + ((start + step) % span) as u16;
+        let published = crate::stack::PORT_RANGE.0..=crate::stack::PORT_RANGE.1;
+        if published.contains(&port) || claimed.iter().any(|(p, _)| *p == port) {
+            continue;
+        }
+        let path = dir.join(port.to_string());
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        if lock.try_lock().is_err() {
+            continue; // another harness process holds it
+        }
+        // Not in use by anything else now (a server of a process that died, another program).
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            claimed.push((port, lock));
             return Ok(port);
         }
     }
-    bail!("no free loopback port found")
+    bail!("no free loopback port in {low}-{high} (every port is held or in use)")
+}
+
+/// The ports [`free_port`] hands out: 20000 up to just below the kernel's ephemeral range, or
+/// above it when that leaves too few.
+fn harness_port_range() -> (u16, u16) {
+    const FIRST: u16 = 20_000;
+    const ENOUGH: u16 = 2_000;
+    let ephemeral = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+            Some((bounds.next()??, bounds.next()??))
+        })
+        .unwrap_or((32_768, 60_999));
+    match ephemeral {
+        (low, _) if low >= FIRST + ENOUGH => (FIRST, low - 1),
+        (_, high) if high <= u16::MAX - ENOUGH => (high + 1, u16::MAX),
+        // The whole port space is ephemeral: the lock files still keep harness processes apart.
+        _ => (FIRST, u16::MAX),
+    }
 }
 
 /// What a readiness check found.
@@ -574,5 +617,38 @@ mod tests {
         assert_eq!(owner_pid(OsStr::new("squid-1234-0")), Some(1234));
         assert_eq!(owner_pid(OsStr::new("control-plane-77-12")), Some(77));
         assert_eq!(owner_pid(OsStr::new("junk")), None);
+    }
+
+    #[test]
+    fn free_ports_are_outside_the_ephemeral_range_and_claimed_against_other_processes() {
+        let (ephemeral_low, ephemeral_high) =
+            fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+                .map(|text| {
+                    let bounds: Vec<u16> = text
+                        .split_whitespace()
+                        .map(|n| n.parse().unwrap())
+                        .collect();
+                    (bounds[0], bounds[1])
+                })
+                .unwrap();
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            ports.len(),
+            "a port handed out twice: {ports:?}"
+        );
+        for port in &ports {
+            assert!(
+                !(ephemeral_low..=ephemeral_high).contains(port),
+                "{port} is in the kernel's ephemeral range {ephemeral_low}-{ephemeral_high}"
+            );
+            assert!(!(crate::stack::PORT_RANGE.0..=crate::stack::PORT_RANGE.1).contains(port));
+            // Free now: its server can bind it.
+            std::net::TcpListener::bind(("127.0.0.1", *port)).unwrap();
+            // Another open of the claim (as another process would) cannot take it.
+            let claim = File::open(scratch_root().join("ports").join(port.to_string())).unwrap();
+            assert!(claim.try_lock().is_err(), "{port}'s claim is not held");
+        }
     }
 }
