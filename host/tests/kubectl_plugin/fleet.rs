@@ -113,11 +113,22 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
     let status = status_until(&px, "3 Ready", |s| settled(s, 3)).await;
     let members = names(&status);
 
-    // The screen: the pool, the provider with its plugin, three free Ready proxies.
+    // The screen: the pool, the provider with its plugin, three free Ready proxies. A member is
+    // Ready (reason InstanceRunning, "not yet judged by health probes") before its first probe.
     let screen = px
-        .until(&["status"], "the provider checked", |ran| {
-            ran.stdout.contains("test 0.1.0 (sha256 ")
-        })
+        .until(
+            &["status"],
+            "the provider checked and every member probed",
+            |ran| {
+                ran.stdout.contains("test 0.1.0 (sha256 ")
+                    && members.iter().all(|member| {
+                        ran.stdout.lines().any(|l| {
+                            l.split_whitespace().take(3).collect::<Vec<_>>()
+                                == [member.as_str(), "Ready", "Healthy"]
+                        })
+                    })
+            },
+        )
         .await;
     assert_eq!(screen.code, 0);
     assert!(
