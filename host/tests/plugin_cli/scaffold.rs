@@ -194,6 +194,11 @@ async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
             "--metrics-addr",
             &format!("127.0.0.1:{}", free_port().unwrap()),
         ])
+        // Not the default 0.0.0.0:8090: off loopback, and one port for every copy at once.
+        .args([
+            "--discovery-addr",
+            &format!("127.0.0.1:{}", free_port().unwrap()),
+        ])
         .args(["--provider-check-interval", "1s"])
         .args(["--discovery-plain-http", "--metrics-insecure"])
         .args(["--operator-id", &format!("plugin-new-{}", ns.name())])
