@@ -215,8 +215,9 @@ async fn pool_from_zero(replicas: usize) -> anyhow::Result<()> {
         &mut tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator")),
         &providers_file,
         ns.name(),
+        "127.0.0.1:0",
     )
-    .args(["--discovery-addr", "127.0.0.1:0", "--health-interval", "0s"])
+    .args(["--health-interval", "0s"])
     .env("KUBECONFIG", cp.kubeconfig())
     .env("LOG_LEVEL", "warn")
     .kill_on_drop(true)

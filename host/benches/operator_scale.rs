@@ -153,11 +153,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Err(_) => tokio::process::Command::new(binary),
     };
-    let mut operator = common::operator_run(&mut operator, &config, ns.name())
+    let mut operator = common::operator_run(&mut operator, &config, ns.name(), "127.0.0.1:0")
         // The synthetic instances have 10.0.x.x addresses: never probe off loopback.
         .args(["--health-interval", "0s"])
-        // Not the default 0.0.0.0:8090: loopback only, any free port.
-        .args(["--discovery-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", cp.kubeconfig())
         .env("LOG_LEVEL", "warn")
         .kill_on_drop(true)

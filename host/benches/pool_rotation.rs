@@ -134,8 +134,8 @@ async fn main() -> anyhow::Result<()> {
         &mut tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator")),
         &config,
         ns.name(),
+        &discovery_addr,
     )
-    .args(["--discovery-addr", &discovery_addr])
     // The synthetic instances have 10.0.x.x addresses: never probe off loopback.
     .args(["--health-interval", "0s"])
     .env("KUBECONFIG", cp.kubeconfig())

@@ -41,9 +41,14 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_saphyr::from_multiple_with_options(&text, proxy_operator::yaml::options())
-        .expect("kustomize prints YAML objects")
+    yaml_objects(&String::from_utf8(out.stdout).unwrap())
+}
+
+/// The objects of a multi-document YAML stream (what kubectl, Helm and `make release` print),
+/// read as the operator reads YAML; empty documents are left out.
+fn yaml_objects(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple_with_options(text, proxy_operator::yaml::options())
+        .expect("YAML objects")
 }
 
 fn kind_and_name(object: &Value) -> String {

@@ -12,15 +12,18 @@ pub fn plugins_dir() -> PathBuf {
 }
 
 /// `operator` made `proxy-operator run` for a bench: plain HTTP and open metrics on loopback
-/// (metrics on a free port), the providers config at `providers`, the built plugins, Proxies
-/// of `namespace` only. The caller adds what its bench needs.
+/// (metrics on a free port, the discovery API at `discovery_addr`: never the default
+/// `0.0.0.0:8090`), the providers config at `providers`, the built plugins, Proxies of
+/// `namespace` only. The caller adds what its bench needs.
 pub fn operator_run<'c>(
     operator: &'c mut tokio::process::Command,
     providers: &Path,
     namespace: &str,
+    discovery_addr: &str,
 ) -> &'c mut tokio::process::Command {
     operator
         .args(["run", "--discovery-plain-http", "--metrics-insecure"])
+        .args(["--discovery-addr", discovery_addr])
         .arg("--providers-config")
         .arg(providers)
         .arg("--plugins-dir")

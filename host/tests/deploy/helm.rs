@@ -11,7 +11,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use super::{kustomize, repo, with_component};
+use super::{kustomize, repo, with_component, yaml_objects};
 
 /// Labels and annotations the chart adds to every object and the kustomization has no
 /// counterpart for: Helm's usual labels, and the CRDs' keep policy (`crds.keep`).
@@ -55,11 +55,7 @@ fn template(args: &[&str]) -> Vec<Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     // An empty document (a template that renders nothing) is left out.
-    serde_saphyr::from_multiple_with_options(
-        &String::from_utf8(out.stdout).unwrap(),
-        proxy_operator::yaml::options(),
-    )
-    .expect("helm template prints YAML objects")
+    yaml_objects(&String::from_utf8(out.stdout).unwrap())
 }
 
 /// An object's identity: `Kind/name`, or `Kind/namespace/name` for a namespaced one.

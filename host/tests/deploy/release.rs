@@ -14,16 +14,10 @@ use serde_json::Value;
 
 use super::helm::{helm, key};
 use super::release_parts::{manifest_digest, operator_image_archive, release, released};
-use super::{kustomize, repo};
+use super::{kustomize, repo, yaml_objects};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const REPOSITORY: &str = "registry.example/team/proxy-operator";
-
-fn yaml_objects(text: &str) -> Vec<Value> {
-    // Empty documents are left out.
-    serde_saphyr::from_multiple_with_options(text, proxy_operator::yaml::options())
-        .expect("YAML objects")
-}
 
 fn by_key(objects: Vec<Value>) -> BTreeMap<String, Value> {
     objects.into_iter().map(|o| (key(&o), o)).collect()

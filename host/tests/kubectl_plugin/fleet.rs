@@ -45,12 +45,27 @@ fn names(status: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The line of the table that starts with `first`.
-fn line<'a>(ran: &'a Ran, first: &str) -> &'a str {
+/// The line of the table that starts with `first`, if there is one.
+fn row<'a>(ran: &'a Ran, first: &str) -> Option<&'a str> {
     ran.stdout
         .lines()
         .find(|l| l.split_whitespace().next() == Some(first))
-        .unwrap_or_else(|| panic!("no line for {first} in\n{}", ran.stdout))
+}
+
+/// The line of the table that starts with `first`.
+fn line<'a>(ran: &'a Ran, first: &str) -> &'a str {
+    row(ran, first).unwrap_or_else(|| panic!("no line for {first} in\n{}", ran.stdout))
+}
+
+/// Whether `member`'s row says `Ready` and `Healthy` (probed: before its first probe a Proxy
+/// is Ready with reason `InstanceRunning`).
+fn probed_and_ready(ran: &Ran, member: &str) -> bool {
+    row(ran, member).is_some_and(|l| {
+        l.split_whitespace()
+            .skip(1)
+            .take(2)
+            .eq(["Ready", "Healthy"])
+    })
 }
 
 /// `status -o json` until `done` holds for it.
@@ -113,20 +128,14 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
     let status = status_until(&px, "3 Ready", |s| settled(s, 3)).await;
     let members = names(&status);
 
-    // The screen: the pool, the provider with its plugin, three free Ready proxies. A member is
-    // Ready (reason InstanceRunning, "not yet judged by health probes") before its first probe.
+    // The screen: the pool, the provider with its plugin, three free Ready proxies, probed.
     let screen = px
         .until(
             &["status"],
             "the provider checked and every member probed",
             |ran| {
                 ran.stdout.contains("test 0.1.0 (sha256 ")
-                    && members.iter().all(|member| {
-                        ran.stdout.lines().any(|l| {
-                            l.split_whitespace().take(3).collect::<Vec<_>>()
-                                == [member.as_str(), "Ready", "Healthy"]
-                        })
-                    })
+                    && members.iter().all(|member| probed_and_ready(ran, member))
             },
         )
         .await;

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use harness::process::{Proc, free_port};
 use kube::api::Api;
 use proxy_operator::api::ProviderHealth;
 
+use super::common::operator_process::{OperatorProcess, OperatorSetup};
 use super::{LIFECYCLE_CHECKS, operator};
 
 /// A child process stopped when the test ends, whether it passes or not.
@@ -182,31 +182,17 @@ async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
     )
     .unwrap();
     std::fs::create_dir_all(dir.join("no-builtins")).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-operator"));
-    cmd.arg("run")
-        .arg("--providers-config")
-        .arg(&config)
-        .arg("--plugins-dir")
-        .arg(dir.join("no-builtins"))
-        .args(["--plugins-configmap", "provider-plugins"])
-        .args(["--proxy-namespace", ns.name()])
-        .args([
-            "--metrics-addr",
-            &format!("127.0.0.1:{}", free_port().unwrap()),
-        ])
-        // Not the default 0.0.0.0:8090: off loopback, and one port for every copy at once.
-        .args([
-            "--discovery-addr",
-            &format!("127.0.0.1:{}", free_port().unwrap()),
-        ])
-        .args(["--provider-check-interval", "1s"])
-        .args(["--discovery-plain-http", "--metrics-insecure"])
-        .args(["--operator-id", &format!("plugin-new-{}", ns.name())])
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env("POD_NAMESPACE", ns.name())
-        .env("LOG_LEVEL", "info")
-        .env("PLUGIN_CACHE_DIR", dir.join("cache"));
-    let mut operator = Proc::spawn("proxy-operator", cmd, &dir.join("operator.log")).unwrap();
+    // The operator loads plugins only from the ConfigMap; no Proxy here, so nothing is probed.
+    let mut operator = OperatorProcess::start_with(OperatorSetup {
+        plugins_dir: dir.join("no-builtins"),
+        operator_id: format!("plugin-new-{}", ns.name()),
+        extra: ["--plugins-configmap", "provider-plugins"]
+            .into_iter()
+            .chain(["--provider-check-interval", "1s"])
+            .map(String::from)
+            .collect(),
+        ..OperatorProcess::setup(cp, &ns, dir, config.to_str().unwrap(), "127.0.0.1:9")
+    });
 
     // gzip -9 -c …/hetzner_provider.wasm > hetzner.wasm.gz
     let gz = dir.join("hetzner.wasm.gz");
@@ -264,8 +250,8 @@ async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
             .ok()
             .flatten()
             .and_then(|ph| ph.status),
-        operator.try_exited(),
-        operator.log_tail(40)
+        operator.proc.try_exited(),
+        operator.proc.log_tail(40)
     );
     let _ = health.delete("hetzner-dev", &Default::default()).await;
 }

@@ -454,16 +454,19 @@ fn owner_pid(name: &OsStr) -> Option<u32> {
 /// The ports `make dev`'s VMs are published on ([`crate::stack::PORT_RANGE`]) are never given.
 pub fn free_port() -> Result<u16> {
     static CLAIMED: Mutex<Vec<(u16, File)>> = Mutex::new(Vec::new());
-    let (low, high) = harness_port_range();
+    static RANGE: OnceLock<(u16, u16)> = OnceLock::new();
+    let (low, high) = *RANGE.get_or_init(harness_port_range);
+    let published = crate::stack::PORT_RANGE.0..=crate::stack::PORT_RANGE.1;
     let dir = scratch_root().join("ports");
-    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
+    if claimed.is_empty() {
+        fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    }
     let span = u32::from(high - low) + 1;
     // Processes start at different places so they seldom try the same ports first.
     let start = std::process::id().wrapping_mul(2_654_435_761) % span;
-    let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
     for step in 0..span {
         let port = low + ((start + step) % span) as u16;
-        let published = crate::stack::PORT_RANGE.0..=crate::stack::PORT_RANGE.1;
         if published.contains(&port) || claimed.iter().any(|(p, _)| *p == port) {
             continue;
         }
@@ -486,19 +489,20 @@ pub fn free_port() -> Result<u16> {
     bail!("no free loopback port in {low}-{high} (every port is held or in use)")
 }
 
+/// The kernel's ephemeral port range (`ip_local_port_range`): where it picks the port of a
+/// `:0` bind or an outgoing connection.
+fn ephemeral_port_range() -> Option<(u16, u16)> {
+    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+    Some((bounds.next()??, bounds.next()??))
+}
+
 /// The ports [`free_port`] hands out: 20000 up to just below the kernel's ephemeral range, or
 /// above it when that leaves too few.
 fn harness_port_range() -> (u16, u16) {
     const FIRST: u16 = 20_000;
     const ENOUGH: u16 = 2_000;
-    let ephemeral = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|text| {
-            let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
-            Some((bounds.next()??, bounds.next()??))
-        })
-        .unwrap_or((32_768, 60_999));
-    match ephemeral {
+    match ephemeral_port_range().unwrap_or((32_768, 60_999)) {
         (low, _) if low >= FIRST + ENOUGH => (FIRST, low - 1),
         (_, high) if high <= u16::MAX - ENOUGH => (high + 1, u16::MAX),
         // The whole port space is ephemeral: the lock files still keep harness processes apart.
@@ -621,16 +625,7 @@ mod tests {
 
     #[test]
     fn free_ports_are_outside_the_ephemeral_range_and_claimed_against_other_processes() {
-        let (ephemeral_low, ephemeral_high) =
-            fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-                .map(|text| {
-                    let bounds: Vec<u16> = text
-                        .split_whitespace()
-                        .map(|n| n.parse().unwrap())
-                        .collect();
-                    (bounds[0], bounds[1])
-                })
-                .unwrap();
+        let (ephemeral_low, ephemeral_high) = ephemeral_port_range().unwrap();
         let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
         let distinct: HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(

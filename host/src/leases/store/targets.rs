@@ -193,16 +193,15 @@ impl TargetCooldowns {
     /// Forgets the cooldowns of proxies `keep` refuses (deleted proxies); whether any.
     pub(crate) fn retain_proxies(&mut self, keep: impl Fn(&ProxyKey) -> bool) -> bool {
         let before = self.total;
-        let mut total = self.total;
+        let total = &mut self.total;
         self.by_proxy.retain(|proxy, targets| {
             let kept = keep(proxy);
             if !kept {
-                total -= targets.len();
+                *total -= targets.len();
             }
             kept
         });
-        self.total = total;
-        if before == total {
+        if before == self.total {
             return false;
         }
         self.drop_stale_ends();
