@@ -521,7 +521,7 @@ async fn probes(squid: &Squid, target: &str, length: Duration) -> (usize, usize,
                     match probe(
                         "127.0.0.1",
                         port,
-                        proxy_operator::socks::ProxyProtocol::Http,
+                        proxy_operator::support::socks::ProxyProtocol::Http,
                         &target,
                         None,
                         Duration::from_secs(5),

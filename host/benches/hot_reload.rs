@@ -68,7 +68,7 @@ fn main() {
         let watch = tokio::spawn(
             plugins
                 .clone()
-                .watch_configmap(ns.client(), proxy_operator::leader::LeaderView::default()),
+                .watch_configmap(ns.client(), proxy_operator::support::leader::LeaderView::default()),
         );
         let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
         let base = test_plugin();

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::capabilities::Grants;
-use crate::names::is_dns_label;
+use crate::support::names::is_dns_label;
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
@@ -130,7 +130,7 @@ impl ProvidersConfig {
     /// Parses and statically checks the text of a providers config.
     pub fn parse(text: &str) -> Result<Self, String> {
         // An empty file (or `~`) has no document: say which field it lacks.
-        let config: ProvidersConfig = crate::yaml::from_str::<Option<_>>(text)
+        let config: ProvidersConfig = crate::support::yaml::from_str::<Option<_>>(text)
             .map_err(|e| e.to_string())?
             .ok_or(
                 "missing field `providers`: the file is empty; list the provider instances under `providers:` (name, type, config, grants)",

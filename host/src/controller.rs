@@ -6,7 +6,6 @@ pub mod credentials;
 pub mod decide;
 mod metrics;
 mod reconcile;
-pub mod retry;
 
 pub use metrics::ReconcileMetrics;
 pub use reconcile::{

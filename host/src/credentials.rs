@@ -19,7 +19,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::Proxy;
 use crate::api::ProxyKey;
-use crate::socks::ProxyProtocol;
+use crate::support::socks::ProxyProtocol;
 
 /// What squid needs to check a crawler's credentials: the user name and the password's salted
 /// hash (a provider's squid gets it; WIT `proxy-credentials`). The password itself stays in the
@@ -59,7 +59,7 @@ pub fn secret_name(proxy_name: &str) -> String {
     if name.len() <= 253 {
         return name;
     }
-    let digest = crate::digest::sha256_hex(proxy_name.as_bytes());
+    let digest = crate::support::digest::sha256_hex(proxy_name.as_bytes());
     format!("{}-{}-proxy-credentials", &proxy_name[..200], &digest[..12])
 }
 
@@ -191,7 +191,7 @@ impl ProxyLogin {
     /// Identifies these credentials for a Proxy without revealing them: what the status records
     /// as applied, so a changed Secret is noticed.
     pub fn fingerprint(&self, proxy_uid: &str) -> String {
-        let digest = crate::digest::sha256_hex(
+        let digest = crate::support::digest::sha256_hex(
             format!("{proxy_uid}\n{}\n{}", self.username, self.password).as_bytes(),
         );
         digest[..16].to_string()

@@ -74,7 +74,7 @@ where
     let stream = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default().any_semantic())
-            .modify(crate::kubeclient::trim_for_cache)
+            .modify(crate::support::kubeclient::trim_for_cache)
             .modify(trim),
     )
     .default_backoff()

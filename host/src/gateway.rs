@@ -86,7 +86,7 @@ pub struct Route {
     pub login: Option<UpstreamLogin>,
     /// How the gateway speaks to it: HTTP (`CONNECT`, absolute-form requests) or SOCKS5 (a
     /// SOCKS5 `CONNECT` to the destination, then the request in origin form).
-    pub protocol: crate::socks::ProxyProtocol,
+    pub protocol: crate::support::socks::ProxyProtocol,
     /// Response statuses of plain-HTTP requests that mean "this site blocked the proxy" (the
     /// pool's; default 403 and 429): reported as `blocked` for the destination's host.
     pub block_statuses: Vec<u16>,

@@ -333,7 +333,7 @@ async fn live_proxies(
     options: &GcOptions,
 ) -> kube::Result<(HashSet<String>, HashMap<String, Recorded>)> {
     let proxies = crate::api::proxies(client.clone(), options.namespace.as_deref());
-    let items = crate::kubeclient::list_all(&proxies, &ListParams::default()).await?;
+    let items = crate::support::kubeclient::list_all(&proxies, &ListParams::default()).await?;
     let live = items.iter().filter_map(|p| p.uid()).collect();
     let recorded = items
         .iter()

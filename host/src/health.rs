@@ -25,7 +25,7 @@ use crate::credentials::{CredentialsBook, ProxyLogin};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
 use crate::providers::{ProviderSet, Providers};
-use crate::socks::ProxyProtocol;
+use crate::support::socks::ProxyProtocol;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
 
 pub use options::HealthOptions;
@@ -179,7 +179,7 @@ impl HealthEngine {
         let watch = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default().any_semantic())
-                .modify(crate::kubeclient::trim_for_cache),
+                .modify(crate::support::kubeclient::trim_for_cache),
         )
         .default_backoff()
         .for_each(move |event| {

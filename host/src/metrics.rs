@@ -3,20 +3,8 @@
 //! error kinds from fixed sets.
 
 use prometheus::Registry;
-use prometheus::proto::Metric;
 
 use crate::controller::ReconcileMetrics;
-
-/// The value of the label `name` of a gathered sample, empty when it has none (for the figures
-/// read back from the registry: the status page's, the gateway's report to the leader).
-pub fn label_value(metric: &Metric, name: &str) -> String {
-    metric
-        .get_label()
-        .iter()
-        .find(|l| l.name() == name)
-        .map(|l| l.value().to_string())
-        .unwrap_or_default()
-}
 
 /// Every part's metrics, registered once in the operator's one registry.
 #[derive(Clone)]

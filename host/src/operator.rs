@@ -24,9 +24,9 @@ use crate::credentials::CredentialsBook;
 use crate::fleet::Fleet;
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
-use crate::kubeclient;
-use crate::leader::{self, LeaderView};
-use crate::leader_label::LeaderLabel;
+use crate::support::kubeclient;
+use crate::support::leader::{self, LeaderView};
+use crate::support::leader_label::LeaderLabel;
 use crate::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
@@ -36,7 +36,7 @@ use crate::pool::{self, PoolContext};
 use crate::probes::{self, ProbeState};
 use crate::providerhealth;
 use crate::registry::{PluginRegistry, RegistryOptions};
-use crate::tls::ReloadingCert;
+use crate::support::tls::ReloadingCert;
 use crate::{status_page, usage};
 
 /// The operator, built and ready to run.
@@ -541,7 +541,7 @@ async fn warn_about_missing_ssh_secrets(
 }
 
 /// The discovery API on `addr` until `stop`: over TLS with a certificate that follows its files
-/// (read again every [`crate::tls::RELOAD_EVERY`]), or plain HTTP when asked.
+/// (read again every [`crate::support::tls::RELOAD_EVERY`]), or plain HTTP when asked.
 async fn serve_discovery(
     stop: &CancellationToken,
     addr: std::net::SocketAddr,
@@ -562,7 +562,7 @@ async fn serve_discovery(
             let cert = ReloadingCert::new(files);
             let acceptor = cert.acceptor()?;
             // Dropped with the server: the task below ends both.
-            let watch = cert.watch(crate::tls::RELOAD_EVERY);
+            let watch = cert.watch(crate::support::tls::RELOAD_EVERY);
             let serve = leases::serve_tls(listener, router, Some(acceptor));
             return Ok(spawn_until(stop, async move {
                 tokio::join!(watch, serve);

@@ -335,7 +335,7 @@ async fn remove_stale(
 ) -> anyhow::Result<()> {
     let configured: HashSet<String> = providers.configured_names().into_iter().collect();
     let api: Api<ProviderHealth> = Api::all(client.clone());
-    let ours = crate::kubeclient::list_all(
+    let ours = crate::support::kubeclient::list_all(
         &api,
         &ListParams::default().labels(&format!("{OPERATOR_LABEL}={operator_id}")),
     )

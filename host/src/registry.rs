@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::Instrument;
 
-use crate::events::{EventType, Recorder};
+use crate::support::events::{EventType, Recorder};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -26,8 +26,8 @@ pub use sources::{MAX_PLUGIN_BYTES, PackedPlugin, PluginFiles, RegistryOptions, 
 use sources::{Sources, Unresolved};
 
 use crate::config::{ConfigError, ProviderEntry, ProvidersConfig};
-use crate::digest::{sha256_hex, short};
-use crate::events;
+use crate::support::digest::{sha256_hex, short};
+use crate::support::events;
 use crate::plugins::{LoadedPlugin, PluginEngine, ProviderInstance};
 use crate::providers::{ProviderSet, Providers, bind_entry};
 
@@ -458,7 +458,7 @@ impl PluginRegistry {
     pub async fn watch_configmap(
         self: Arc<Self>,
         client: Client,
-        leading: crate::leader::LeaderView,
+        leading: crate::support::leader::LeaderView,
     ) {
         let Some((namespace, name)) = self.sources.options.configmap.clone() else {
             return;

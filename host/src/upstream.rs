@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::capabilities::http::{SecretSource, read_secret, secret_value};
 use crate::credentials::{InvalidCredentials, ProxyLogin};
-use crate::socks::ProxyProtocol;
+use crate::support::socks::ProxyProtocol;
 
 /// The plugin type whose instances are upstream ones even without an `upstream` section.
 pub const UPSTREAM_TYPE: &str = "upstream";
@@ -156,7 +156,7 @@ mod tests {
     use super::*;
 
     fn settings(yaml: &str) -> UpstreamSettings {
-        crate::yaml::from_str(yaml).unwrap()
+        crate::support::yaml::from_str(yaml).unwrap()
     }
 
     #[test]

@@ -47,7 +47,7 @@ fn kustomize(dir: &Path) -> Vec<Value> {
 /// The objects of a multi-document YAML stream (what kubectl, Helm and `make release` print),
 /// read as the operator reads YAML; empty documents are left out.
 fn yaml_objects(text: &str) -> Vec<Value> {
-    serde_saphyr::from_multiple_with_options(text, proxy_operator::yaml::options())
+    serde_saphyr::from_multiple_with_options(text, proxy_operator::support::yaml::options())
         .expect("YAML objects")
 }
 
@@ -198,7 +198,7 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
         .as_str()
         .unwrap()
         .to_string();
-    let parsed: Value = proxy_operator::yaml::from_str(&providers).unwrap();
+    let parsed: Value = proxy_operator::support::yaml::from_str(&providers).unwrap();
     for entry in parsed["providers"].as_array().unwrap() {
         assert_ne!(
             entry["type"], "test",

@@ -529,7 +529,7 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
     // Services (and Namespaces) are DNS-1035/1123 labels; most kinds are DNS-1123 subdomains.
     let label_kinds = ["Service", "Namespace"];
     if label_kinds.contains(&kind) {
-        if crate::names::is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        if crate::support::names::is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()) {
             return Ok(());
         }
         return Err(KubeError::Invalid(format!(
@@ -537,7 +537,7 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
             name.escape_debug()
         )));
     }
-    if crate::names::is_dns_subdomain(name) {
+    if crate::support::names::is_dns_subdomain(name) {
         return Ok(());
     }
     Err(KubeError::Invalid(format!(

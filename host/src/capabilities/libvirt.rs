@@ -245,7 +245,7 @@ mod compiled_in_tests {
     #[cfg(not(feature = "libvirt"))]
     #[test]
     fn without_the_feature_a_grant_is_refused_when_bound() {
-        let grant: LibvirtGrant = crate::yaml::from_str(
+        let grant: LibvirtGrant = crate::support::yaml::from_str(
             "hosts: [{name: hv1, address: 10.0.0.1, user: virt, pools: [default]}]",
         )
         .unwrap();
@@ -275,7 +275,7 @@ mod tests {
     use super::*;
 
     fn grant(yaml: &str) -> Result<LibvirtCapability, String> {
-        let grant: LibvirtGrant = crate::yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        let grant: LibvirtGrant = crate::support::yaml::from_str(yaml).map_err(|e| e.to_string())?;
         let grant = ValidLibvirtGrant::parse(&grant).map_err(|e| e.to_string())?;
         // Material that is never used: opening a handle connects nothing.
         let material = tunnel::SshMaterial {
@@ -393,7 +393,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Granted, but the process has no SSH material.
-        let grant: LibvirtGrant = crate::yaml::from_str(
+        let grant: LibvirtGrant = crate::support::yaml::from_str(
             "hosts: [{name: hv1, address: 10.0.0.1, user: virt, pools: [default]}]",
         )
         .unwrap();

@@ -10,7 +10,7 @@ use super::plugin::RunFunction;
 #[derive(Debug, Parser)]
 #[command(
     name = "proxy-operator",
-    version = crate::version::VERSION,
+    version = crate::support::version::VERSION,
     about = "Healthy egress proxies for crawler fleets"
 )]
 pub struct Cli {

@@ -86,10 +86,10 @@ pub struct GatewayArgs {
     #[arg(long, env = "GATEWAY_MAX_CLIENTS_PER_TOKEN", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_clients_per_token: u32,
     /// A tunnel or request with no byte either way for this long is closed.
-    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = crate::support::durations::parse)]
     pub idle_timeout: Duration,
     /// How often this replica tells the leader its open connections per proxy.
-    #[arg(long, env = "GATEWAY_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "GATEWAY_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = crate::support::durations::parse)]
     pub load_report_interval: Duration,
     /// Ask the leader for a busy client's next route one request ahead (docs/gateway.md):
     /// `false` asks every route when it is needed.
@@ -187,7 +187,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     );
     let watching = https
         .as_ref()
-        .map(|(_, cert)| tokio::spawn(cert.clone().watch(crate::tls::RELOAD_EVERY)));
+        .map(|(_, cert)| tokio::spawn(cert.clone().watch(crate::support::tls::RELOAD_EVERY)));
     let https = https.map(|(port, _)| port);
     gateway
         .serve_with_https(http, socks, https, stop.clone())
@@ -207,13 +207,13 @@ async fn https_port(
 ) -> anyhow::Result<
     Option<(
         (tokio::net::TcpListener, tokio_rustls::TlsAcceptor),
-        Arc<crate::tls::ReloadingCert>,
+        Arc<crate::support::tls::ReloadingCert>,
     )>,
 > {
     let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) else {
         return Ok(None);
     };
-    let cert = crate::tls::ReloadingCert::new(crate::tls::CertFiles {
+    let cert = crate::support::tls::ReloadingCert::new(crate::support::tls::CertFiles {
         cert: cert.clone(),
         key: key.clone(),
     });
@@ -234,7 +234,7 @@ fn leader_trust(args: &GatewayArgs) -> anyhow::Result<LeaderTrust> {
         .to_ascii_lowercase()
         .starts_with("https://");
     match (https, args.discovery_plain_http, &args.discovery_ca_file) {
-        (true, false, Some(ca)) => Ok(LeaderTrust::Ca(crate::tls::ca_certificates(
+        (true, false, Some(ca)) => Ok(LeaderTrust::Ca(crate::support::tls::ca_certificates(
             ca,
             "--discovery-ca-file",
         )?)),

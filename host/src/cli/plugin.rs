@@ -61,7 +61,7 @@ pub(crate) fn read_yaml<T: serde::de::DeserializeOwned>(
 ) -> anyhow::Result<T> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {what} {}", path.display()))?;
-    crate::yaml::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
+    crate::support::yaml::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
 }
 
 /// The SSH key and known_hosts files of `plugin run --ssh-key … --known-hosts …`.

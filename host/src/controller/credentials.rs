@@ -127,7 +127,7 @@ pub async fn prefill(
         None => Api::all(client.clone()),
     };
     let params = kube::api::ListParams::default().labels(credentials::SECRET_LABEL);
-    let list = match crate::kubeclient::list_all(&secrets, &params).await {
+    let list = match crate::support::kubeclient::list_all(&secrets, &params).await {
         Ok(list) => list,
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the proxies' credentials Secrets; the controller reads them one by one");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::{EventType, Recorder};
+use crate::support::events::{EventType, Recorder};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
@@ -21,12 +21,12 @@ use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
 };
-use super::retry::{self, Backoffs, Wait};
+use crate::support::retry::{self, Backoffs, Wait};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
 use crate::credentials::CredentialsBook;
-use crate::digest::sha256_hex;
-use crate::events;
+use crate::support::digest::sha256_hex;
+use crate::support::events;
 use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
 use crate::plugins::{CallError, Deletion, ProviderInstance};
 use crate::providers::{ProviderSet, Providers};
@@ -150,7 +150,7 @@ fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     // (their managedFields were ~70 % of the cache at fleet size: docs/performance.md).
     let (reader, writer) = reflector::store();
     let watch = watcher(proxies, watcher::Config::default().any_semantic())
-        .modify(crate::kubeclient::trim_for_cache);
+        .modify(crate::support::kubeclient::trim_for_cache);
     let controller = Controller::for_stream(
         reflector::reflector(writer, watch).applied_objects(),
         reader,
@@ -178,7 +178,7 @@ fn changed_credentials(
     let config = watcher::Config::default().labels(crate::credentials::SECRET_LABEL);
     reflector::reflector(
         writer,
-        watcher(secrets, config).modify(crate::kubeclient::trim_for_cache),
+        watcher(secrets, config).modify(crate::support::kubeclient::trim_for_cache),
     )
     .default_backoff()
     .applied_objects()

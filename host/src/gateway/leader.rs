@@ -35,7 +35,7 @@ struct RouteAnswer {
     login: Option<Login>,
     /// How to speak to the proxy (absent from a leader before SOCKS5 upstreams: HTTP).
     #[serde(default)]
-    protocol: crate::socks::ProxyProtocol,
+    protocol: crate::support::socks::ProxyProtocol,
     #[serde(default)]
     block_statuses: Vec<u16>,
     #[serde(default)]

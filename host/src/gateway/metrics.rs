@@ -133,7 +133,7 @@ impl GatewayMetrics {
         let mut totals: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for family in self.bytes.collect() {
             for metric in family.get_metric() {
-                let label = |name: &str| crate::metrics::label_value(metric, name);
+                let label = |name: &str| crate::support::metric_samples::label_value(metric, name);
                 let value = metric.get_counter().get_value() as u64;
                 let entry = totals.entry(label("pool")).or_default();
                 match label("direction").as_str() {

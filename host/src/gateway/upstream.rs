@@ -19,7 +19,7 @@ use super::metrics::{GatewayMetrics, Outcome};
 use super::options::GatewayOptions;
 use super::relay::{Activity, Counted, idle_for};
 use super::{Destination, Report, Route, RouteError, RouteRequest, Routes, UpstreamLogin};
-use crate::socks::{self, ProxyProtocol, Socks5Failure};
+use crate::support::socks::{self, ProxyProtocol, Socks5Failure};
 
 /// A client connection: plain TCP, or TLS on the gateway's HTTPS port.
 pub trait ClientStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}

@@ -1,5 +1,5 @@
 //! One health probe: an HTTP `CONNECT` through the proxy to a target, as a crawler would use it
-//! (or, for a SOCKS5 upstream, a SOCKS5 `CONNECT`: `crate::socks`).
+//! (or, for a SOCKS5 upstream, a SOCKS5 `CONNECT`: `crate::support::socks`).
 //! Written on a bare TCP stream: reqwest hides the proxy's answer to CONNECT behind its own
 //! error types, and the probe needs exactly that answer (status code, timing), nothing more; its
 //! status line is read by httparse.
@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::credentials::ProxyLogin;
-use crate::socks::{self, ProxyProtocol, Socks5Failure};
+use crate::support::socks::{self, ProxyProtocol, Socks5Failure};
 
 /// Largest CONNECT response head read (squid sends a few hundred bytes).
 const MAX_HEAD: usize = 8 * 1024;

@@ -16,7 +16,7 @@ pub const BIN: &str = "kubectl-px";
 #[command(
     name = "kubectl-px",
     bin_name = "kubectl px",
-    version = crate::version::VERSION,
+    version = crate::support::version::VERSION,
     about = "The proxy fleet at a glance: status, why a Proxy is not Ready, leases from a shell, drain, recycle and scale",
     after_help = "Exit codes: 0 done; 1 error; 2 usage; 3 not Ready (`why`, `status` of one Proxy or pool); 4 try again later (the discovery API answered with Retry-After)."
 )]
@@ -136,7 +136,7 @@ pub enum Command {
         #[arg(short = 'l', long, value_name = "KEY=VALUE", value_delimiter = ',')]
         selector: Vec<String>,
         /// The lease's lifetime (`30s`, `10m`); default the operator's `--default-lease-ttl`.
-        #[arg(long, value_parser = crate::durations::parse)]
+        #[arg(long, value_parser = crate::support::durations::parse)]
         ttl: Option<Duration>,
     },
     /// Release a lease (idempotent).

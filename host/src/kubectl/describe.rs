@@ -349,9 +349,9 @@ Provisioned: False Quota: Create at provider store: quota: HTTP 429: full; retry
 ";
         assert_eq!(text, expected, "\n{text}");
         // `-o yaml` is the same value as `-o json`, read back by a YAML reader.
-        let yaml = crate::yaml::to_string(&view).unwrap();
+        let yaml = crate::support::yaml::to_string(&view).unwrap();
         assert_eq!(
-            crate::yaml::from_str::<serde_json::Value>(&yaml).unwrap(),
+            crate::support::yaml::from_str::<serde_json::Value>(&yaml).unwrap(),
             serde_json::to_value(&view).unwrap(),
             "{yaml}"
         );

@@ -226,7 +226,7 @@ impl Discovery {
         }
         let mut builder = reqwest::Client::builder();
         if let Some(ca) = ca {
-            let certs = crate::tls::ca_certificates(ca, "--discovery-ca-file")
+            let certs = crate::support::tls::ca_certificates(ca, "--discovery-ca-file")
                 .map_err(|e| Failure::usage(format!("{e:#}")))?;
             builder = builder.tls_certs_only(certs);
         }

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::table::{Cell, Table, Tone};
-use crate::leader_label::LEADER_LABEL;
+use crate::support::leader_label::LEADER_LABEL;
 use crate::leases::blocks::{NO_TARGET, OTHER_TARGET};
 use crate::status_page::blocks_json::{BLOCKS_JSON_PATH, RecentBlocks, TargetBlocks};
 

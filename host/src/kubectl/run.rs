@@ -243,7 +243,7 @@ fn output<T: Serialize>(
     let text = match format {
         Output::Table => table(),
         Output::Json => serde_json::to_string_pretty(value).expect("views serialize") + "\n",
-        Output::Yaml => crate::yaml::to_string(value).expect("views serialize"),
+        Output::Yaml => crate::support::yaml::to_string(value).expect("views serialize"),
     };
     Ok(Done::ok(text))
 }

@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 
-use crate::leader::LeaderView;
+use crate::support::leader::LeaderView;
 
 use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{

@@ -157,7 +157,7 @@ impl LeasePersistence {
         let params = ListParams::default()
             .labels(&self.selector(object))
             .limit(50);
-        crate::kubeclient::list_all(&self.api, &params).await
+        crate::support::kubeclient::list_all(&self.api, &params).await
     }
 
     /// The persisted state: the checkpoint with the journal replayed onto it; none yet is an

@@ -19,7 +19,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) {
 }
 
 /// As [`serve`], over TLS when `tls` is given: each connection's handshake first (within
-/// [`crate::tls::HANDSHAKE_TIMEOUT`]), with the certificate the acceptor holds at that moment.
+/// [`crate::support::tls::HANDSHAKE_TIMEOUT`]), with the certificate the acceptor holds at that moment.
 pub async fn serve_tls(
     mut listener: tokio::net::TcpListener,
     router: Router,
@@ -33,7 +33,7 @@ pub async fn serve_tls(
             let Some(tls) = tls else {
                 return serve_connection(stream, router).await;
             };
-            match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+            match tokio::time::timeout(crate::support::tls::HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
                 Ok(Ok(stream)) => serve_connection(stream, router).await,
                 // A client that does not trust the certificate, or speaks plain HTTP: its
                 // error, said at debug (a scanner could fill the log otherwise).

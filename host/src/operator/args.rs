@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::gc::GcOptions;
 use crate::health::HealthOptions;
-use crate::leader::LeaderElection;
+use crate::support::leader::LeaderElection;
 use crate::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
@@ -140,7 +140,7 @@ pub struct PluginArgs {
     #[arg(long, env = "PROVIDERS_CONFIGMAP", default_value = "providers-config")]
     pub providers_configmap: String,
     /// How often the providers config file is re-read for changes (`0s`: never).
-    #[arg(long, env = "PROVIDERS_CONFIG_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "PROVIDERS_CONFIG_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::support::durations::parse)]
     pub providers_config_reload_interval: Duration,
     /// Plugin instances the pooling allocator keeps ready (0: on-demand allocation).
     #[arg(long, env = "PLUGIN_POOL_INSTANCES", default_value_t = 64)]
@@ -196,10 +196,10 @@ pub struct LeaderArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct GcArgs {
     /// Time between orphan GC passes (e.g. `5m`).
-    #[arg(long, env = "GC_INTERVAL", default_value = "5m", value_parser = crate::durations::parse)]
+    #[arg(long, env = "GC_INTERVAL", default_value = "5m", value_parser = crate::support::durations::parse)]
     pub gc_interval: Duration,
     /// Orphans younger than this are kept (their Proxy may not be visible yet).
-    #[arg(long, env = "GC_MIN_AGE", default_value = "15m", value_parser = crate::durations::parse)]
+    #[arg(long, env = "GC_MIN_AGE", default_value = "15m", value_parser = crate::support::durations::parse)]
     pub gc_min_age: Duration,
     /// Log and count orphans without deleting them.
     #[arg(long, env = "GC_DRY_RUN", default_value_t = false)]
@@ -214,10 +214,10 @@ pub struct GcArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderCheckArgs {
     /// Time between provider health checks.
-    #[arg(long, env = "PROVIDER_CHECK_INTERVAL", default_value = "1m", value_parser = crate::durations::parse)]
+    #[arg(long, env = "PROVIDER_CHECK_INTERVAL", default_value = "1m", value_parser = crate::support::durations::parse)]
     pub provider_check_interval: Duration,
     /// Deadline of one provider check (default: the smaller of 15s and the interval).
-    #[arg(long, env = "PROVIDER_CHECK_TIMEOUT", value_parser = crate::durations::parse)]
+    #[arg(long, env = "PROVIDER_CHECK_TIMEOUT", value_parser = crate::support::durations::parse)]
     pub provider_check_timeout: Option<Duration>,
 }
 
@@ -225,13 +225,13 @@ pub struct ProviderCheckArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct HealthArgs {
     /// Time between health probe rounds; `0s` turns probing off (provisioned means healthy).
-    #[arg(long, env = "HEALTH_INTERVAL", default_value = "15s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "HEALTH_INTERVAL", default_value = "15s", value_parser = crate::support::durations::parse)]
     pub health_interval: Duration,
     /// Health probes running at once.
     #[arg(long, env = "HEALTH_WORKERS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub health_workers: u32,
     /// Deadline of one health probe.
-    #[arg(long, env = "HEALTH_TIMEOUT", default_value = "5s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "HEALTH_TIMEOUT", default_value = "5s", value_parser = crate::support::durations::parse)]
     pub health_timeout: Duration,
     /// `host:port` each probe asks the proxy to CONNECT to.
     #[arg(long, env = "HEALTH_TARGET", default_value = "www.google.com:443")]
@@ -274,13 +274,13 @@ pub struct LeaseArgs {
     #[arg(long, env = "DISCOVERY_PLAIN_HTTP", default_value_t = false)]
     pub discovery_plain_http: bool,
     /// Lease lifetime when a crawler does not ask for one.
-    #[arg(long, env = "DEFAULT_LEASE_TTL", default_value = "5m", value_parser = crate::durations::parse)]
+    #[arg(long, env = "DEFAULT_LEASE_TTL", default_value = "5m", value_parser = crate::support::durations::parse)]
     pub default_lease_ttl: Duration,
     /// Longest lease granted; longer requests are clamped.
-    #[arg(long, env = "MAX_LEASE_TTL", default_value = "1h", value_parser = crate::durations::parse)]
+    #[arg(long, env = "MAX_LEASE_TTL", default_value = "1h", value_parser = crate::support::durations::parse)]
     pub max_lease_ttl: Duration,
     /// How long a proxy reported `blocked` is not leased.
-    #[arg(long, env = "LEASE_COOLDOWN", default_value = "10m", value_parser = crate::durations::parse)]
+    #[arg(long, env = "LEASE_COOLDOWN", default_value = "10m", value_parser = crate::support::durations::parse)]
     pub lease_cooldown: Duration,
     /// Consecutive `failure` reports on a proxy that make the health engine probe it at once.
     #[arg(long, env = "LEASE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -302,11 +302,11 @@ pub struct LeaseArgs {
     pub lease_durability: Durability,
     /// With `--lease-durability sync`: a grant whose write takes longer is refused (503
     /// `lease-not-stored`) instead of answered.
-    #[arg(long, env = "LEASE_COMMIT_TIMEOUT", default_value = "5s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "LEASE_COMMIT_TIMEOUT", default_value = "5s", value_parser = crate::support::durations::parse)]
     pub lease_commit_timeout: Duration,
     /// With `--lease-durability async`: how often the lease table is written to its ConfigMap
     /// (a crash loses at most this much).
-    #[arg(long, env = "LEASE_PERSIST_INTERVAL", default_value = "5s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "LEASE_PERSIST_INTERVAL", default_value = "5s", value_parser = crate::support::durations::parse)]
     pub lease_persist_interval: Duration,
 }
 /// Who may call the discovery API (docs/security.md, "Who may lease what").
@@ -330,14 +330,14 @@ pub struct DiscoveryAuthArgs {
     pub discovery_token_audience: String,
     /// How long an accepted token and an allowed decision are reused before they are reviewed
     /// again: an RBAC change takes effect within this long.
-    #[arg(long, env = "DISCOVERY_AUTH_CACHE_TTL", default_value = "20s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "DISCOVERY_AUTH_CACHE_TTL", default_value = "20s", value_parser = crate::support::durations::parse)]
     pub discovery_auth_cache_ttl: Duration,
     /// How long a refused token and a denied decision are reused.
-    #[arg(long, env = "DISCOVERY_AUTH_DENY_CACHE_TTL", default_value = "3s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "DISCOVERY_AUTH_DENY_CACHE_TTL", default_value = "3s", value_parser = crate::support::durations::parse)]
     pub discovery_auth_deny_cache_ttl: Duration,
     /// Deadline of one TokenReview or SubjectAccessReview; past it the request gets 503
     /// `auth-unavailable`.
-    #[arg(long, env = "DISCOVERY_AUTH_TIMEOUT", default_value = "3s", value_parser = crate::durations::parse)]
+    #[arg(long, env = "DISCOVERY_AUTH_TIMEOUT", default_value = "3s", value_parser = crate::support::durations::parse)]
     pub discovery_auth_timeout: Duration,
 }
 
@@ -381,7 +381,7 @@ impl DiscoveryAuthArgs {
 /// How the discovery API is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
-    Tls(crate::tls::CertFiles),
+    Tls(crate::support::tls::CertFiles),
     PlainHttp,
 }
 
@@ -399,7 +399,7 @@ pub fn transport(
             "--discovery-plain-http and --discovery-tls-cert-file/--discovery-tls-key-file contradict each other; pass one"
         ),
         (None, None, true) => Ok(Transport::PlainHttp),
-        (Some(cert), Some(key), false) => Ok(Transport::Tls(crate::tls::CertFiles {
+        (Some(cert), Some(key), false) => Ok(Transport::Tls(crate::support::tls::CertFiles {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
         })),
@@ -461,8 +461,8 @@ impl LeaseArgs {
         anyhow::ensure!(
             self.default_lease_ttl <= self.max_lease_ttl,
             "--default-lease-ttl ({}) is longer than --max-lease-ttl ({}); lower one or raise the other",
-            crate::durations::format(self.default_lease_ttl),
-            crate::durations::format(self.max_lease_ttl)
+            crate::support::durations::format(self.default_lease_ttl),
+            crate::support::durations::format(self.max_lease_ttl)
         );
         anyhow::ensure!(
             !self.lease_persist_interval.is_zero(),

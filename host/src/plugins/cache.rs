@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::digest::sha256_hex;
+use crate::support::digest::sha256_hex;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 

@@ -14,7 +14,7 @@ use super::engine::PluginEngine;
 use super::error::LoadError;
 use super::types::PluginInfo;
 use crate::capabilities::CallContext;
-use crate::digest::sha256_hex;
+use crate::support::digest::sha256_hex;
 
 /// A plugin ready to serve calls: a compiled, type-checked component.
 pub struct LoadedPlugin {

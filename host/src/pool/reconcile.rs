@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::{EventType, Recorder};
+use crate::support::events::{EventType, Recorder};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -20,8 +20,8 @@ use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
 use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::controller::conditions::set_named;
-use crate::controller::retry::{self, Backoffs, Wait};
-use crate::events;
+use crate::support::retry::{self, Backoffs, Wait};
+use crate::support::events;
 use crate::leases::store::PoolGateway;
 use crate::leases::store::ProxyUsage;
 use crate::leases::{LeaseStore, ProxyKey};
@@ -270,7 +270,7 @@ async fn owned_proxies<T>(
     let uid = pool.uid().unwrap_or_default();
     let selector = format!("{POOL_LABEL}={}", pool.name_any());
     let params = ListParams::default().labels(&selector);
-    let kept = crate::kubeclient::list_all_kept(proxies, &params, |proxy| {
+    let kept = crate::support::kubeclient::list_all_kept(proxies, &params, |proxy| {
         let owned = proxy
             .owner_references()
             .iter()
@@ -760,7 +760,7 @@ mod tests {
     fn durations_read_as_kubernetes_writes_them() {
         for (text, seconds) in [("90m", 5400), ("1h30m", 5400), ("24h", 86400), ("45s", 45)] {
             assert_eq!(
-                crate::durations::parse(text).unwrap(),
+                crate::support::durations::parse(text).unwrap(),
                 Duration::from_secs(seconds),
                 "{text}"
             );

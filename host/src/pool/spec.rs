@@ -35,7 +35,7 @@ pub fn resolve(
         .expire_after
         .as_deref()
         .map(|text| {
-            crate::durations::parse(text)
+            crate::support::durations::parse(text)
                 .map_err(|e| invalid_spec(format!("spec.expireAfter: {e}")))
         })
         .transpose()?;

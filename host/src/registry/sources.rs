@@ -10,7 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use crate::config::{PluginSource, ProviderEntry, is_plugin_name};
-use crate::digest::sha256_hex;
+use crate::support::digest::sha256_hex;
 
 /// Largest component accepted from any source (decompressed).
 pub const MAX_PLUGIN_BYTES: u64 = 256 << 20;

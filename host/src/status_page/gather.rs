@@ -11,7 +11,7 @@ use kube::ResourceExt;
 
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::fleet::Fleet;
-use crate::leader::LeaderView;
+use crate::support::leader::LeaderView;
 use crate::leases::LeaseStore;
 use crate::leases::store::{Lease, ProxyView};
 use crate::providers::ProviderSet;

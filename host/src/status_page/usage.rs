@@ -14,7 +14,7 @@ pub fn usage_of(families: &[MetricFamily]) -> Usage {
     let mut granted: BTreeMap<String, f64> = BTreeMap::new();
     for family in families {
         for metric in family.get_metric() {
-            let label = |name: &str| crate::metrics::label_value(metric, name);
+            let label = |name: &str| crate::support::metric_samples::label_value(metric, name);
             let counter = metric.get_counter().get_value();
             match family.name() {
                 "proxy_operator_instance_seconds_total" => {

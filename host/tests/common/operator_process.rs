@@ -126,7 +126,7 @@ impl OperatorProcess {
                 setup.own_namespace.unwrap_or(setup.namespace),
             )
             .env("DISCOVERY_TOKEN", TOKEN)
-            // OPERATOR_LOG_LEVEL=proxy_operator::leader=debug,info to look closer at one run.
+            // OPERATOR_LOG_LEVEL=proxy_operator::support::leader=debug,info to look closer at one run.
             .env(
                 "LOG_LEVEL",
                 std::env::var("OPERATOR_LOG_LEVEL").unwrap_or_else(|_| "info".into()),

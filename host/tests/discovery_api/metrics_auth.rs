@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::routing::get;
 use harness::TestNamespace;
 use harness::process::free_port;
-use proxy_operator::leader::LeaderView;
+use proxy_operator::support::leader::LeaderView;
 use proxy_operator::leases::auth::{Access, KubeReviewer, Review, Reviewer, User};
 use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 use proxy_operator::metrics_auth::MetricsAuth;

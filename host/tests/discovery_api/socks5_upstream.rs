@@ -7,7 +7,7 @@
 use harness::socks::SocksServer;
 use proxy_operator::credentials::ProxyLogin;
 use proxy_operator::leases::{LeaseOptions, ProvisionedProxy};
-use proxy_operator::socks::ProxyProtocol;
+use proxy_operator::support::socks::ProxyProtocol;
 
 use super::gateway::{PAGE, Site, curl, spawn_replica};
 use super::{TOKEN, pooled, serve};

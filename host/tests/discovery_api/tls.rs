@@ -11,7 +11,7 @@ use harness::gateway::GatewayProcess;
 use harness::process::{Check, wait_for};
 use proxy_operator::leases::api::GatewayAccess;
 use proxy_operator::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore};
-use proxy_operator::tls::{CertFiles, ReloadingCert};
+use proxy_operator::support::tls::{CertFiles, ReloadingCert};
 use reqwest::StatusCode;
 
 use super::test_ca::{TestCa, TlsFiles, causes, client_trusting};

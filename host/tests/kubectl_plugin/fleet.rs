@@ -454,7 +454,7 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
         "{}",
         pool.stdout
     );
-    let yaml: Value = proxy_operator::yaml::from_str(
+    let yaml: Value = proxy_operator::support::yaml::from_str(
         &px.run(&["status", "pool/egress", "-o", "yaml"])
             .await
             .stdout,

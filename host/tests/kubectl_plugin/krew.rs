@@ -10,7 +10,7 @@ use super::{World, control_plane, proxy_yaml};
 
 fn manifest() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/krew/px.yaml");
-    proxy_operator::yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    proxy_operator::support::yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// The manifest krew reads: its kind, the plugin's name (`kubectl px`), this release's version,
@@ -88,7 +88,7 @@ fn the_packing_script_writes_an_archive_and_its_manifest() {
         std::fs::read(unpacked.path().join("kubectl-px")).unwrap()
             == std::fs::read(env!("CARGO_BIN_EXE_kubectl-px")).unwrap()
     );
-    let manifest: Value = proxy_operator::yaml::from_str(
+    let manifest: Value = proxy_operator::support::yaml::from_str(
         &std::fs::read_to_string(out.path().join("px.yaml")).unwrap(),
     )
     .unwrap();

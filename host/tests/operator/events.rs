@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use proxy_operator::events::{EventType, Recorder, publish};
+use proxy_operator::support::events::{EventType, Recorder, publish};
 
 use super::control_plane;
 

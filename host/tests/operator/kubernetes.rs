@@ -147,7 +147,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     let refused = proxy_operator::health::probe(
         "127.0.0.1",
         port,
-        proxy_operator::socks::ProxyProtocol::Http,
+        proxy_operator::support::socks::ProxyProtocol::Http,
         &files.addr().to_string(),
         None,
         Duration::from_secs(5),
@@ -218,7 +218,7 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
     let client = |login: Option<&ProxyLogin>| {
         let url = match login {
             Some(login) => login.proxy_url(
-                proxy_operator::socks::ProxyProtocol::Http,
+                proxy_operator::support::socks::ProxyProtocol::Http,
                 "127.0.0.1",
                 port,
             ),
@@ -242,7 +242,7 @@ async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them
     let connect = probe(
         "127.0.0.1",
         port,
-        proxy_operator::socks::ProxyProtocol::Http,
+        proxy_operator::support::socks::ProxyProtocol::Http,
         &target,
         Some(&login),
         Duration::from_secs(5),

@@ -887,7 +887,7 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_leader_election_one_replica_reconciles_and_a_standby_takes_over() {
-    use proxy_operator::leader::{LeaderElection, lead};
+    use proxy_operator::support::leader::{LeaderElection, lead};
     use std::sync::atomic::AtomicBool;
 
     let cp = control_plane().await;

@@ -102,7 +102,7 @@ impl Setup {
     fn watch(&mut self, ns: &TestNamespace) {
         self.watch = Some(tokio::spawn(self.registry.clone().watch_configmap(
             ns.client(),
-            proxy_operator::leader::LeaderView::always_serving(),
+            proxy_operator::support::leader::LeaderView::always_serving(),
         )));
     }
 

@@ -171,7 +171,7 @@ async fn hot_load(dir: &Path, crate_dir: &Path, component: &Path) {
     let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds");
     cp.apply_crds(crds).await.unwrap();
     let ns = cp.namespace("px-plugin-new").await.unwrap();
-    let entry: serde_json::Value = proxy_operator::yaml::from_str(
+    let entry: serde_json::Value = proxy_operator::support::yaml::from_str(
         &std::fs::read_to_string(crate_dir.join("instance.yaml")).unwrap(),
     )
     .unwrap();

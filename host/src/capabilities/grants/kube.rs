@@ -3,7 +3,7 @@
 use serde::Deserialize;
 
 use super::GrantError;
-use crate::names::is_dns_label;
+use crate::support::names::is_dns_label;
 
 /// The `grants.kube` section of a provider instance.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

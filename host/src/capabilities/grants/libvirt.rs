@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::GrantError;
-use crate::names::{is_dns_label, is_dns_subdomain};
+use crate::support::names::{is_dns_label, is_dns_subdomain};
 
 /// The Secret holding the SSH key and known_hosts when the grant does not name one.
 pub const DEFAULT_SSH_SECRET: &str = "kvm-ssh";

@@ -416,7 +416,7 @@ mod tests {
     }
 
     fn parse(yaml: &str) -> Result<AwsSigning, String> {
-        AwsSigning::parse(&crate::yaml::from_str(yaml).unwrap())
+        AwsSigning::parse(&crate::support::yaml::from_str(yaml).unwrap())
     }
 
     #[test]

@@ -91,7 +91,7 @@ struct RouteAnswer<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     login: Option<Login<'a>>,
     /// `http` or `socks5`: how the gateway speaks to the proxy.
-    protocol: crate::socks::ProxyProtocol,
+    protocol: crate::support::socks::ProxyProtocol,
     block_statuses: &'a [u16],
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     block_body_patterns: &'a [String],

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::leases::store::{Lease, Outcome, PoolKey, ProvisionedProxy};
-use crate::socks::ProxyProtocol;
+use crate::support::socks::ProxyProtocol;
 
 /// Every field is optional, and `null` is the same as absent for each of them. Serialized as a
 /// client sends it (`kubectl px lease`), without the fields it leaves out.

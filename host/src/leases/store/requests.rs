@@ -40,7 +40,7 @@ pub struct ProvisionedProxy {
     pub login: Option<crate::credentials::ProxyLogin>,
     /// How it is spoken to: HTTP, or SOCKS5 (an upstream one): a lease's `proxyUrl` scheme, and
     /// how the gateway connects through it.
-    pub protocol: crate::socks::ProxyProtocol,
+    pub protocol: crate::support::socks::ProxyProtocol,
 }
 
 impl ProvisionedProxy {
@@ -156,7 +156,7 @@ pub struct ProxyView {
     pub gateway_connections: Option<u32>,
     /// How it is spoken to (the scheme of its `proxyUrl` in `/v1/proxies`).
     #[serde(skip)]
-    pub protocol: crate::socks::ProxyProtocol,
+    pub protocol: crate::support::socks::ProxyProtocol,
 }
 
 /// How crawlers use one proxy, for the pool controller (drain, recycle).
