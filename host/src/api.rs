@@ -1,6 +1,7 @@
 //! The custom resources of `proxy-operator.dev/v1alpha1`, as Rust types. The CRD manifests in
 //! `deploy/crds/` are generated from them (`proxy-operator crds`), and a test fails when they drift.
 
+pub(crate) mod conditions;
 mod keys;
 mod provider_health;
 mod proxy;

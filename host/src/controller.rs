@@ -1,7 +1,6 @@
 //! The Proxy reconciler: turns each `Proxy` into an instance at its provider, records where it
 //! stands in the status, and makes sure deleting a Proxy always finishes.
 
-pub(crate) mod conditions;
 pub mod credentials;
 pub mod decide;
 mod metrics;

@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use prometheus::{GaugeVec, Opts, Registry};
 
 use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
-use crate::controller::conditions;
+use crate::api::conditions;
 use crate::plugins::ProviderInstance;
 use crate::plugins::types::{CheckTarget, PluginInfo};
 use crate::providers::{NotLoaded, ProviderSet, Providers};

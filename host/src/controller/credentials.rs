@@ -7,7 +7,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
-use super::conditions;
+use crate::api::conditions;
 use super::decide::{Effects, ProxyEvent};
 use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
 use crate::credentials::{self, InvalidCredentials, ProxyLogin};

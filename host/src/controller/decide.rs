@@ -7,7 +7,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use super::conditions::{self, Reason};
+use crate::api::conditions::{self, Reason};
 use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::plugins::CallError;
 use crate::plugins::types::{Instance, InstanceState, ProviderError};

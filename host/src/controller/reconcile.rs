@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::ReconcileMetrics;
-use super::conditions;
+use crate::api::conditions;
 use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,

@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use super::options::HealthOptions;
 use super::probe::ProbeFailure;
 use crate::api::{Phase, Proxy, ProxyStatus};
-use crate::controller::conditions::{self, Reason, Type};
+use crate::api::conditions::{self, Reason, Type};
 use crate::leases::ProxyKey;
 
 /// What the engine believes of one proxy.

@@ -19,7 +19,7 @@ use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
 use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
 use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
-use crate::controller::conditions::set_named;
+use crate::api::conditions::set_named;
 use crate::support::retry::{self, Backoffs, Wait};
 use crate::support::events;
 use crate::leases::store::PoolGateway;

@@ -6,7 +6,7 @@ use rstest::rstest;
 
 use super::*;
 use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
-use crate::controller::conditions::{Type, status_of};
+use crate::api::conditions::{Type, status_of};
 use crate::plugins::types::{Instance, InstanceState};
 
 pub(super) fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
