@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, PostParams};
 use proxy_operator::api::ProxyPool;
 
-use proxy_operator::capabilities::Grants;
-use proxy_operator::plugins::types::{InstanceSpec, InstanceState, Owner};
-use proxy_operator::plugins::{
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::plugins::types::{InstanceSpec, InstanceState, Owner};
+use proxy_operator::provider::plugins::{
     EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use harness::Squid;
 use harness::gateway::GatewayProcess;
-use proxy_operator::credentials::ProxyLogin;
+use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leases::api::GatewayAccess;
 use proxy_operator::leases::{
     self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, ProvisionedProxy,

@@ -12,8 +12,8 @@ use harness::ControlPlane;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use proxy_operator::plugins::{EngineOptions, PluginEngine};
-use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
+use proxy_operator::provider::plugins::{EngineOptions, PluginEngine};
+use proxy_operator::provider::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
 use sha2::{Digest, Sha256};
 
 const ROUNDS: u8 = 10;

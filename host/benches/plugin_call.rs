@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use proxy_operator::capabilities::Grants;
-use proxy_operator::plugins::{
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::plugins::{
     EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
 

@@ -16,9 +16,9 @@ use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::abandoned::AbandonedRecord;
-use crate::plugins::types::Instance;
-use crate::plugins::{CallError, ProviderInstance};
-use crate::providers::{ProviderSet, Providers};
+use crate::provider::plugins::types::Instance;
+use crate::provider::plugins::{CallError, ProviderInstance};
+use crate::provider::providers::{ProviderSet, Providers};
 
 /// How the collector behaves.
 #[derive(Debug, Clone)]
@@ -396,7 +396,7 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::plugins::types::{InstanceState, Owner};
+    use crate::provider::plugins::types::{InstanceState, Owner};
 
     const NOW: i64 = 1_700_000_000;
     const OPERATOR: &str = "op-1";

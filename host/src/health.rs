@@ -21,10 +21,10 @@ use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
 use crate::api::{Phase, Proxy};
-use crate::credentials::{CredentialsBook, ProxyLogin};
+use crate::provider::credentials::{CredentialsBook, ProxyLogin};
 use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
-use crate::providers::{ProviderSet, Providers};
+use crate::provider::providers::{ProviderSet, Providers};
 use crate::support::socks::ProxyProtocol;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
 
@@ -113,7 +113,7 @@ type Probed = (
 );
 
 /// How a provisioned proxy is spoken to: SOCKS5 for an upstream one whose URL says so (see
-/// `crate::upstream`), HTTP otherwise.
+/// `crate::provider::upstream`), HTTP otherwise.
 fn protocol_in(providers: &Providers, proxy: &Proxy) -> ProxyProtocol {
     let upstream = providers
         .get(&proxy.spec.provider)

@@ -3,12 +3,8 @@
 
 pub mod abandoned;
 pub mod api;
-pub mod capabilities;
 pub mod cli;
-pub mod config;
-pub mod conformance;
 pub mod controller;
-pub mod credentials;
 pub(crate) mod fleet;
 pub mod gateway;
 pub mod gc;
@@ -18,13 +14,9 @@ pub mod leases;
 pub(crate) mod metrics;
 pub mod metrics_auth;
 pub(crate) mod operator;
-pub mod plugins;
 pub mod pool;
 pub mod probes;
-pub mod providerhealth;
-pub mod providers;
-pub mod registry;
+pub mod provider;
 pub(crate) mod status_page;
 pub mod support;
-pub(crate) mod upstream;
 pub(crate) mod usage;

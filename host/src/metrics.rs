@@ -12,10 +12,10 @@ pub struct Metrics {
     pub registry: Registry,
     pub reconcile: ReconcileMetrics,
     pub leases: crate::leases::LeaseMetrics,
-    pub plugins: crate::registry::RegistryMetrics,
+    pub plugins: crate::provider::registry::RegistryMetrics,
     pub probes: crate::health::ProbeMetrics,
     pub gc: crate::gc::GcMetrics,
-    pub provider_checks: crate::providerhealth::ProviderCheckMetrics,
+    pub provider_checks: crate::provider::providerhealth::ProviderCheckMetrics,
     pub usage: crate::usage::UsageMetrics,
 }
 
@@ -26,10 +26,10 @@ impl Metrics {
         Ok(Metrics {
             reconcile: ReconcileMetrics::register(&registry)?,
             leases: crate::leases::LeaseMetrics::register(&registry)?,
-            plugins: crate::registry::RegistryMetrics::register(&registry)?,
+            plugins: crate::provider::registry::RegistryMetrics::register(&registry)?,
             probes: crate::health::ProbeMetrics::register(&registry)?,
             gc: crate::gc::GcMetrics::register(&registry)?,
-            provider_checks: crate::providerhealth::ProviderCheckMetrics::register(&registry)?,
+            provider_checks: crate::provider::providerhealth::ProviderCheckMetrics::register(&registry)?,
             usage: crate::usage::UsageMetrics::register(&registry)?,
             registry,
         })

@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use self::args::{RunArgs, Transport};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyPool};
-use crate::capabilities::kube::OperatorObjects;
-use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use crate::config::ProvidersConfig;
+use crate::provider::capabilities::kube::OperatorObjects;
+use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use crate::provider::config::ProvidersConfig;
 use crate::controller::{self, Context};
-use crate::credentials::CredentialsBook;
+use crate::provider::credentials::CredentialsBook;
 use crate::fleet::Fleet;
 use crate::gc;
 use crate::health::{HealthEngine, HealthOptions};
@@ -31,11 +31,11 @@ use crate::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
 use crate::metrics::Metrics;
-use crate::plugins::{EngineOptions, PluginEngine};
+use crate::provider::plugins::{EngineOptions, PluginEngine};
 use crate::pool::{self, PoolContext};
 use crate::probes::{self, ProbeState};
-use crate::providerhealth;
-use crate::registry::{PluginRegistry, RegistryOptions};
+use crate::provider::providerhealth;
+use crate::provider::registry::{PluginRegistry, RegistryOptions};
 use crate::support::tls::ReloadingCert;
 use crate::{status_page, usage};
 

@@ -102,7 +102,7 @@ async fn a_kvm_proxy_boots_serves_a_leased_request_and_is_removed() {
     );
     let pool = stack.libvirtd.pool_path().to_owned();
     // Named with the host's owner prefix of the provider instance (default operator id).
-    let prefix = proxy_operator::capabilities::libvirt::volume_prefix(
+    let prefix = proxy_operator::provider::capabilities::libvirt::volume_prefix(
         "proxy-operator",
         harness::stack::PROVIDER,
     );

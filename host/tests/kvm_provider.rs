@@ -11,11 +11,11 @@ use std::time::Duration;
 use common::{engine_with, plugin_bytes, spec, ssh_material, test_options};
 use harness::bins::debian_binary;
 use harness::{FileServer, Libvirtd, Sshd};
-use proxy_operator::capabilities::Grants;
-use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
-use proxy_operator::capabilities::libvirt::{LibvirtHub, MaterialSource, volume_prefix};
-use proxy_operator::plugins::types::{InstanceState, ProviderError};
-use proxy_operator::plugins::{
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial;
+use proxy_operator::provider::capabilities::libvirt::{LibvirtHub, MaterialSource, volume_prefix};
+use proxy_operator::provider::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::provider::plugins::{
     CallError, EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
 use sha2::{Digest, Sha256};
@@ -361,7 +361,7 @@ async fn check_names_what_is_wrong_with_each_hypervisor_and_calls_fail_with_the_
         ]);
         config
     };
-    let verdict = |checks: Vec<proxy_operator::plugins::types::CheckTarget>| {
+    let verdict = |checks: Vec<proxy_operator::provider::plugins::types::CheckTarget>| {
         assert_eq!(checks.len(), 1, "{checks:?}");
         let c = checks.into_iter().next().unwrap();
         assert!(!c.ok, "{c:?}");

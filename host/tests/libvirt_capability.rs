@@ -11,11 +11,11 @@ use common::relay::Relay;
 use common::{children_of, noise, ssh_material, ssh_secret};
 use harness::{ControlPlane, FileServer, Libvirtd, SshKey, Sshd};
 use k8s_openapi::api::core::v1::Secret;
-use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
-use proxy_operator::capabilities::libvirt::{
+use proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial;
+use proxy_operator::provider::capabilities::libvirt::{
     CallLimits, DomainState, Hypervisor, ImageSource, LibvirtError, LibvirtHub, MaterialSource,
 };
-use proxy_operator::capabilities::{CallContext, Declared, Grants, HostResources};
+use proxy_operator::provider::capabilities::{CallContext, Declared, Grants, HostResources};
 use sha2::{Digest, Sha256};
 
 const METADATA_URI: &str = "https://proxy-operator.dev/xmlns/kvm/1";
@@ -593,7 +593,7 @@ async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_ove
     };
     let base_path = libvirtd.pool_path().join(format!(
         "{}base-big.img",
-        proxy_operator::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+        proxy_operator::provider::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
     ));
 
     relay.cut_after(CUT_AFTER);
@@ -861,7 +861,7 @@ async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_b
     };
     let base = libvirtd.pool_path().join(format!(
         "{}base-copy.img",
-        proxy_operator::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+        proxy_operator::provider::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
     ));
     let import = {
         let (hv, ctx, pool, source) = (hv.clone(), ctx.clone(), pool.clone(), source.clone());

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use harness::bins::debian_binary;
 use harness::{Libvirtd, SshKey, Sshd};
-use proxy_operator::capabilities::libvirt::tunnel::{
+use proxy_operator::provider::capabilities::libvirt::tunnel::{
     HostKeyProblem, SshMaterial, SshTarget, Tunnel, TunnelError,
 };
 use russh::ChannelOpenFailure;

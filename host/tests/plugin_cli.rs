@@ -452,7 +452,7 @@ pub(crate) const LIFECYCLE_CHECKS: &[&str] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_test_provider_and_the_python_and_js_examples_are_conformant() {
     let store = InstanceStore::start().await;
-    let grants: proxy_operator::capabilities::Grants =
+    let grants: proxy_operator::provider::capabilities::Grants =
         serde_json::from_value(json!({"http": {"allow": [format!("http://{}", store.addr)]}}))
             .unwrap();
     let (engine, _) = engine_with(test_options()).await;
@@ -472,7 +472,7 @@ async fn the_test_provider_and_the_python_and_js_examples_are_conformant() {
     assert!(store.ids().is_empty(), "the suite leaves nothing behind");
 
     // CPython's heap and start-up need more than the Rust provider's small limits.
-    let (engine, _) = engine_with(proxy_operator::plugins::EngineOptions {
+    let (engine, _) = engine_with(proxy_operator::provider::plugins::EngineOptions {
         memory_limit: 256 << 20,
         cpu_budget: std::time::Duration::from_secs(10),
         ..test_options()
@@ -491,8 +491,8 @@ async fn the_test_provider_and_the_python_and_js_examples_are_conformant() {
     // SpiderMonkey, pre-initialised with the app, fits the operator's default limits (128 MiB,
     // 2 s of CPU a call); it also passes under the tests' 64 MiB and 500 ms here, with no margin
     // measured for a loaded machine.
-    let defaults = proxy_operator::plugins::EngineOptions::default();
-    let (engine, _) = engine_with(proxy_operator::plugins::EngineOptions {
+    let defaults = proxy_operator::provider::plugins::EngineOptions::default();
+    let (engine, _) = engine_with(proxy_operator::provider::plugins::EngineOptions {
         memory_limit: defaults.memory_limit,
         cpu_budget: defaults.cpu_budget,
         ..test_options()
@@ -656,12 +656,12 @@ fn function_body<'a>(text: &'a str, name: &str) -> &'a str {
 }
 
 /// Every check reason a provider in `plugins/` (and the scaffold) can return is one of the
-/// documented set the conformance suite checks (`proxy_operator::conformance::CHECK_REASONS`),
+/// documented set the conformance suite checks (`proxy_operator::provider::conformance::CHECK_REASONS`),
 /// and docs/plugin-authoring.md lists exactly that set. A reason is a quoted CamelCase word in
 /// the functions that build check targets.
 #[test]
 fn providers_use_only_documented_check_reasons() {
-    use proxy_operator::conformance::{CHECK_REASONS, is_check_reason};
+    use proxy_operator::provider::conformance::{CHECK_REASONS, is_check_reason};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // Not scanned, on purpose: the hostile provider returns bad reasons to test the host's bounds,
     // and the test provider's `checkFailsWith` returns whatever a ProviderHealth test asks for.

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use proxy_operator::capabilities::Grants;
-use proxy_operator::plugins::types::{InstanceState, ProviderError};
-use proxy_operator::plugins::{
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::provider::plugins::{
     AllocatorKind, CallError, EngineOptions, LoadError, ProviderInstance, ProviderInstanceOptions,
 };
 use serde_json::json;
@@ -38,7 +38,7 @@ async fn test_provider_round_trips_every_function() {
     lifecycle(&provider, &store).await;
 
     // 0.2.0: the credentials reach the plugin with the spec, and `set-credentials` replaces them.
-    let credentials = |hash: &str| proxy_operator::plugins::types::ProxyCredentials {
+    let credentials = |hash: &str| proxy_operator::provider::plugins::types::ProxyCredentials {
         username: "egress-1".into(),
         password_hash: hash.into(),
     };
@@ -572,8 +572,8 @@ async fn calls_are_counted_by_plugin_function_and_error_kind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
-    use proxy_operator::config::ProvidersConfig;
-    use proxy_operator::registry::load_providers;
+    use proxy_operator::provider::config::ProvidersConfig;
+    use proxy_operator::provider::registry::load_providers;
     let (engine, _) = engine_with(test_options()).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("providers.yaml");
@@ -626,8 +626,8 @@ async fn a_providers_config_binds_plugins_and_reports_what_they_reject() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_providers_config_loads() {
-    use proxy_operator::config::ProvidersConfig;
-    use proxy_operator::registry::load_providers;
+    use proxy_operator::provider::config::ProvidersConfig;
+    use proxy_operator::provider::registry::load_providers;
     let (engine, _) = engine_with(test_options()).await;
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/samples/providers-config.yaml");
@@ -655,7 +655,7 @@ async fn the_js_example_loaded_by_url_passes_the_same_lifecycle() {
 }
 
 async fn example_loaded_by_url_passes_the_same_lifecycle(provider_type: &str) {
-    use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
+    use proxy_operator::provider::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
     let file = format!("/{provider_type}.wasm");
     let path = plugins_dir().join(&file[1..]);
     let bytes = std::fs::read(&path).unwrap_or_else(|e| {

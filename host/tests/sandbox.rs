@@ -7,11 +7,11 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use proxy_operator::capabilities::Grants;
-use proxy_operator::capabilities::log::LOG_BURST;
-use proxy_operator::plugins::bounds::{MAX_CHECK_TARGETS, MAX_LIST_INSTANCES, MAX_MESSAGE_BYTES};
-use proxy_operator::plugins::types::{InstanceSpec, Owner, ProviderError};
-use proxy_operator::plugins::{CallError, ProviderInstance, ProviderInstanceOptions};
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::capabilities::log::LOG_BURST;
+use proxy_operator::provider::plugins::bounds::{MAX_CHECK_TARGETS, MAX_LIST_INSTANCES, MAX_MESSAGE_BYTES};
+use proxy_operator::provider::plugins::types::{InstanceSpec, Owner, ProviderError};
+use proxy_operator::provider::plugins::{CallError, ProviderInstance, ProviderInstanceOptions};
 use rstest::rstest;
 
 use common::{engine_with, plugin_bytes, test_options};
@@ -365,7 +365,7 @@ fn gzip_bomb(size: u64) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gzip_bomb_in_the_plugins_configmap_is_refused() {
-    use proxy_operator::registry::{
+    use proxy_operator::provider::registry::{
         Change, PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions,
     };
     let dir = tempfile::tempdir().unwrap();

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use common::{engine_with, plugin_bytes, spec, ssh_material, test_options};
 use harness::{FileServer, Libvirtd, Sshd};
-use proxy_operator::capabilities::Grants;
-use proxy_operator::capabilities::libvirt::{
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::capabilities::libvirt::{
     HOST_METADATA_URI, LibvirtHub, MaterialSource, volume_prefix,
 };
-use proxy_operator::plugins::types::ProviderError;
-use proxy_operator::plugins::{
+use proxy_operator::provider::plugins::types::ProviderError;
+use proxy_operator::provider::plugins::{
     CallError, EngineOptions, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
 use rstest::rstest;

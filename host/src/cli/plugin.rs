@@ -7,16 +7,16 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::capabilities::Grants;
-use crate::capabilities::libvirt::tunnel::SshMaterial;
-use crate::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use crate::config::ProvidersConfig;
-use crate::plugins::{
+use crate::provider::capabilities::Grants;
+use crate::provider::capabilities::libvirt::tunnel::SshMaterial;
+use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use crate::provider::config::ProvidersConfig;
+use crate::provider::plugins::{
     EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
     inspect_component,
     types::{Capability, InstanceSpec},
 };
-use crate::providers::check_schema;
+use crate::provider::providers::check_schema;
 
 /// A provider instance for trying a plugin: one entry of the providers config, where `name` and
 /// `type` may be left out.
@@ -318,7 +318,7 @@ pub async fn validate_providers_config(
         let mut alone = config.clone();
         alone.providers = vec![entry.clone()];
         let bound =
-            crate::registry::load_providers(&engine, plugins_dir, &alone, providers_config).await;
+            crate::provider::registry::load_providers(&engine, plugins_dir, &alone, providers_config).await;
         let mut report = serde_json::json!({"name": entry.name, "type": entry.provider_type});
         match bound {
             Ok(_) => report["valid"] = true.into(),

@@ -1,5 +1,5 @@
 //! `proxy-operator plugin test COMPONENT --config ENTRY`: the conformance suite
-//! (`crate::conformance`) against a component, with the capabilities the entry grants.
+//! (`crate::provider::conformance`) against a component, with the capabilities the entry grants.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use super::plugin::{InstanceFile, LoadedEntry, RunAccess, SshFiles, load_entry, read_yaml};
-use crate::conformance::{self, Report, Subject};
-use crate::plugins::types::InstanceSpec;
+use crate::provider::conformance::{self, Report, Subject};
+use crate::provider::plugins::types::InstanceSpec;
 
 /// Loads `file`, binds it to the entry in `instance_file` and runs every check; `spec_file`
 /// replaces the default spec (a provider that needs a zone, an image or options).

@@ -1,4 +1,4 @@
-//! The controller's side of proxy credentials (see `crate::credentials`): the Secret read or made
+//! The controller's side of proxy credentials (see `crate::provider::credentials`): the Secret read or made
 //! before a create, and a changed Secret handed to the provider of a running proxy.
 
 use k8s_openapi::api::core::v1::Secret;
@@ -10,9 +10,9 @@ use kube::{Client, ResourceExt};
 use crate::api::conditions;
 use super::decide::{Effects, ProxyEvent};
 use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
-use crate::credentials::{self, InvalidCredentials, ProxyLogin};
+use crate::provider::credentials::{self, InvalidCredentials, ProxyLogin};
 use crate::leases::ProxyKey;
-use crate::plugins::ProviderInstance;
+use crate::provider::plugins::ProviderInstance;
 
 /// The condition that says whether the proxy requires the credentials its Secret holds.
 pub const CONDITION: &str = "CredentialsCurrent";

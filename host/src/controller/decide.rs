@@ -9,8 +9,8 @@ use kube::runtime::events::EventType;
 
 use crate::api::conditions::{self, Reason};
 use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
-use crate::plugins::CallError;
-use crate::plugins::types::{Instance, InstanceState, ProviderError};
+use crate::provider::plugins::CallError;
+use crate::provider::plugins::types::{Instance, InstanceState, ProviderError};
 
 /// `"true"` on a Proxy: delete the Proxy but leave its instance running.
 pub const SKIP_CLEANUP_ANNOTATION: &str = "proxy-operator.dev/skip-cleanup";

@@ -24,12 +24,12 @@ use super::decide::{
 use crate::support::retry::{self, Backoffs, Wait};
 use crate::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
-use crate::credentials::CredentialsBook;
+use crate::provider::credentials::CredentialsBook;
 use crate::support::digest::sha256_hex;
 use crate::support::events;
-use crate::plugins::types::{InstanceSpec, Owner, ProviderError};
-use crate::plugins::{CallError, Deletion, ProviderInstance};
-use crate::providers::{ProviderSet, Providers};
+use crate::provider::plugins::types::{InstanceSpec, Owner, ProviderError};
+use crate::provider::plugins::{CallError, Deletion, ProviderInstance};
+use crate::provider::providers::{ProviderSet, Providers};
 
 /// The finalizer that keeps a Proxy until its instance is deleted.
 pub const FINALIZER: &str = "proxy-operator.dev/cleanup";
@@ -175,7 +175,7 @@ fn changed_credentials(
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    let config = watcher::Config::default().labels(crate::credentials::SECRET_LABEL);
+    let config = watcher::Config::default().labels(crate::provider::credentials::SECRET_LABEL);
     reflector::reflector(
         writer,
         watcher(secrets, config).modify(crate::support::kubeclient::trim_for_cache),

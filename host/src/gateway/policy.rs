@@ -8,7 +8,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use crate::capabilities::http::{in_network, is_public};
+use crate::provider::capabilities::http::{in_network, is_public};
 
 use super::Destination;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::credentials::ProxyLogin;
+use crate::provider::credentials::ProxyLogin;
 use crate::support::socks::{self, ProxyProtocol, Socks5Failure};
 
 /// Largest CONNECT response head read (squid sends a few hundred bytes).

@@ -18,7 +18,7 @@ use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::support::kubeclient::list_all;
 use crate::support::leader_label::LEADER_LABEL;
 use crate::leases::LeasePersistence;
-use crate::providerhealth::OPERATOR_LABEL;
+use crate::provider::providerhealth::OPERATOR_LABEL;
 use crate::status_page::blocks_json::TargetBlocks;
 
 /// The cluster as the kubeconfig (and `--kubeconfig`, `--context`) says, and the namespace to

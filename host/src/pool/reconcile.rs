@@ -25,7 +25,7 @@ use crate::support::events;
 use crate::leases::store::PoolGateway;
 use crate::leases::store::ProxyUsage;
 use crate::leases::{LeaseStore, ProxyKey};
-use crate::providers::ProviderSet;
+use crate::provider::providers::ProviderSet;
 
 /// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
 /// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
@@ -679,7 +679,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::providers::{NotLoaded, Providers};
+    use crate::provider::providers::{NotLoaded, Providers};
 
     fn pool(spec: serde_json::Value) -> ProxyPool {
         let mut full = serde_json::json!({

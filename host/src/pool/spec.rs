@@ -16,7 +16,7 @@ pub struct Invalid {
 /// The pool's spec, checked against the providers config and resolved to counts and slots.
 pub fn resolve(
     pool: &ProxyPool,
-    providers: &crate::providers::Providers,
+    providers: &crate::provider::providers::Providers,
 ) -> Result<Desired, Invalid> {
     let spec = &pool.spec;
     let invalid_spec = |message: String| Invalid {

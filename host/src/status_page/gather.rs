@@ -14,7 +14,7 @@ use crate::fleet::Fleet;
 use crate::support::leader::LeaderView;
 use crate::leases::LeaseStore;
 use crate::leases::store::{Lease, ProxyView};
-use crate::providers::ProviderSet;
+use crate::provider::providers::ProviderSet;
 
 use super::blocks_json::{RecentBlocks, TargetBlocks};
 use super::snapshot::{

@@ -21,9 +21,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::{Json, Router};
-use proxy_operator::capabilities::Grants;
-use proxy_operator::plugins::types::{InstanceSpec, Owner};
-use proxy_operator::plugins::{
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::plugins::types::{InstanceSpec, Owner};
+use proxy_operator::provider::plugins::{
     EngineOptions, LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
 };
 
@@ -383,8 +383,8 @@ async fn delete(State(state): State<Arc<StoreState>>, Path(id): Path<String>) ->
 /// The harness sshd's client key and host key: what the `kvm-ssh` Secret holds for it.
 pub fn ssh_material(
     sshd: &harness::Sshd,
-) -> proxy_operator::capabilities::libvirt::tunnel::SshMaterial {
-    proxy_operator::capabilities::libvirt::tunnel::SshMaterial {
+) -> proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial {
+    proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial {
         private_key: sshd.client_key_pem().into(),
         known_hosts: format!("{}\n", sshd.known_hosts_line()),
     }
@@ -424,7 +424,7 @@ pub fn noise(len: usize) -> Vec<u8> {
 
 /// The `kvm-ssh` Secret with `material`, as an operator creates it.
 pub fn ssh_secret(
-    material: &proxy_operator::capabilities::libvirt::tunnel::SshMaterial,
+    material: &proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial,
 ) -> k8s_openapi::api::core::v1::Secret {
     use k8s_openapi::ByteString;
     k8s_openapi::api::core::v1::Secret {
@@ -458,20 +458,20 @@ pub async fn assert_conformant(
     config: serde_json::Value,
     grants: Grants,
     spec: Option<InstanceSpec>,
-) -> proxy_operator::conformance::Report {
+) -> proxy_operator::provider::conformance::Report {
     let plugin = engine
         .load(&format!("{plugin_type}.wasm"), plugin_bytes(plugin_type))
         .await
         .expect("the plugin loads");
-    let subject = proxy_operator::conformance::Subject {
+    let subject = proxy_operator::provider::conformance::Subject {
         engine: engine.clone(),
         name: format!("{plugin_type}-conformance"),
         plugin,
         config,
         grants: grants.validate().expect("valid grants"),
     };
-    let spec = spec.unwrap_or_else(proxy_operator::conformance::default_spec);
-    let report = proxy_operator::conformance::run(&subject, spec).await;
+    let spec = spec.unwrap_or_else(proxy_operator::provider::conformance::default_spec);
+    let report = proxy_operator::provider::conformance::run(&subject, spec).await;
     assert!(
         report.passed,
         "{plugin_type} is not conformant:\n{}",

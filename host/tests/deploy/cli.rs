@@ -290,7 +290,7 @@ const LEVELS: &[(&str, &str)] = &[
 pub(crate) fn accepted_fields() -> BTreeSet<String> {
     let mut fields = BTreeSet::new();
     for (prefix, probe) in LEVELS {
-        let refusal = proxy_operator::config::ProvidersConfig::parse(probe)
+        let refusal = proxy_operator::provider::config::ProvidersConfig::parse(probe)
             .expect_err("an unknown field is refused");
         let (_, expected) = refusal
             .split_once("expected ")
@@ -321,7 +321,7 @@ fn the_configuration_doc_has_a_row_for_each_providers_config_field() {
         .and_then(|(_, rest)| rest.split_once("```"))
         .expect("docs/configuration.md: a ```yaml example in `## The providers config`")
         .0;
-    if let Err(e) = proxy_operator::config::ProvidersConfig::parse(example) {
+    if let Err(e) = proxy_operator::provider::config::ProvidersConfig::parse(example) {
         panic!("{DOC}: the providers config example is refused: {e}");
     }
     let accepted = accepted_fields();
@@ -330,7 +330,7 @@ fn the_configuration_doc_has_a_row_for_each_providers_config_field() {
     assert!(
         missing.is_empty() && unknown.is_empty(),
         "{DOC}, `## The providers config`: a row `| `FIELD` | …` for each field the parser \
-         takes (host/src/config.rs, host/src/capabilities/grants/).\n  without a row: \
+         takes (host/src/provider/config.rs, host/src/provider/capabilities/grants/).\n  without a row: \
          {missing:?}\n  rows of no field: {unknown:?}"
     );
 }

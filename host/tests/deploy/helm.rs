@@ -406,7 +406,7 @@ fn the_values_schema_takes_exactly_the_providers_config_fields_the_operator_does
     assert!(
         missing.is_empty() && unknown.is_empty(),
         "values.schema.json, providers[]: the fields the operator's parser takes \
-         (host/src/config.rs, host/src/capabilities/grants/).\n  missing: {missing:?}\n  \
+         (host/src/provider/config.rs, host/src/provider/capabilities/grants/).\n  missing: {missing:?}\n  \
          not taken by the operator: {unknown:?}"
     );
 }

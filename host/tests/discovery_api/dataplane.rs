@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use harness::Squid;
 use harness::process::{Check, wait_for};
-use proxy_operator::credentials::ProxyLogin;
+use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::gateway::metrics::GatewayMetrics;
 use proxy_operator::gateway::options::GatewayOptions;
 use proxy_operator::gateway::policy::{DestinationPolicy, Networks};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use harness::gateway::GatewayProcess;
 use harness::process::{Check, Scratch, free_port, wait_for};
 use harness::squid::Squid;
-use proxy_operator::credentials::ProxyLogin;
+use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leases::store::PoolGateway;
 use proxy_operator::leases::{LeaseOptions, ProvisionedProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

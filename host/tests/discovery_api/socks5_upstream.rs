@@ -5,7 +5,7 @@
 //! client and the site never see the login; a wrong login is the upstream's failure.
 
 use harness::socks::SocksServer;
-use proxy_operator::credentials::ProxyLogin;
+use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leases::{LeaseOptions, ProvisionedProxy};
 use proxy_operator::support::socks::ProxyProtocol;
 

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::plugins::ProviderInstance;
-use proxy_operator::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::provider::plugins::ProviderInstance;
+use proxy_operator::provider::plugins::types::{InstanceState, ProviderError};
 
 use super::common::own_network;
 use super::common::{spec, test_options};

@@ -4,8 +4,8 @@
 //! mints the OAuth token from the service-account key; the plugin only makes REST calls.
 
 use proxy_operator::api::{Phase, PlacementRecord, Proxy};
-use proxy_operator::plugins::ProviderInstance;
-use proxy_operator::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::provider::plugins::ProviderInstance;
+use proxy_operator::provider::plugins::types::{InstanceState, ProviderError};
 
 use super::common::fake_gcp::{FakeGcp, PROJECT};
 use super::common::own_network;

@@ -4,8 +4,8 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
-use proxy_operator::plugins::types::ProviderError;
-use proxy_operator::plugins::{EngineOptions, ProviderInstance};
+use proxy_operator::provider::plugins::types::ProviderError;
+use proxy_operator::provider::plugins::{EngineOptions, ProviderInstance};
 
 use super::common::{spec, test_options};
 use super::{bound_provider, control_plane, listed_ids, operator_account, refused};

@@ -13,9 +13,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, PostParams};
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::capabilities::kube::OperatorObjects;
-use proxy_operator::plugins::types::ProviderError;
-use proxy_operator::plugins::{EngineOptions, ProviderInstance};
+use proxy_operator::provider::capabilities::kube::OperatorObjects;
+use proxy_operator::provider::plugins::types::ProviderError;
+use proxy_operator::provider::plugins::{EngineOptions, ProviderInstance};
 use rstest::rstest;
 use serde_json::{Value, json};
 

@@ -11,8 +11,8 @@ use harness::{FileServer, TestNamespace};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, Patch, PatchParams};
-use proxy_operator::plugins::types::InstanceState;
-use proxy_operator::plugins::{EngineOptions, ProviderInstance};
+use proxy_operator::provider::plugins::types::InstanceState;
+use proxy_operator::provider::plugins::{EngineOptions, ProviderInstance};
 
 use super::common::{spec, test_options};
 use super::{
@@ -176,7 +176,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
 /// and `set-credentials` rewrites the file in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them() {
-    use proxy_operator::credentials::ProxyLogin;
+    use proxy_operator::provider::credentials::ProxyLogin;
     use proxy_operator::health::{ProbeFailure, probe};
 
     let cp = control_plane().await;
@@ -388,7 +388,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
         ),
     )
     .await;
-    let providers = proxy_operator::providers::ProviderSet::new(providers);
+    let providers = proxy_operator::provider::providers::ProviderSet::new(providers);
     let operator = Operator::with_providers(ns.client(), &ns, providers.clone());
     let registry = prometheus::Registry::new();
     let leases = std::sync::Arc::new(LeaseStore::new(

@@ -10,12 +10,12 @@ use harness::{FileServer, Libvirtd, Sshd};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams};
 use proxy_operator::api::Proxy;
-use proxy_operator::capabilities::libvirt::tunnel::SshMaterial;
-use proxy_operator::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use proxy_operator::config::ProvidersConfig;
+use proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial;
+use proxy_operator::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use proxy_operator::provider::config::ProvidersConfig;
 use proxy_operator::controller::{self, Context, instance_name};
-use proxy_operator::plugins::EngineOptions;
-use proxy_operator::registry::load_providers;
+use proxy_operator::provider::plugins::EngineOptions;
+use proxy_operator::provider::registry::load_providers;
 use sha2::{Digest, Sha256};
 
 use super::{control_plane, wait_for};
@@ -334,7 +334,7 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
 async fn kvm_engine(
     ns: &harness::TestNamespace,
     tunnels: &std::path::Path,
-) -> std::sync::Arc<proxy_operator::plugins::PluginEngine> {
+) -> std::sync::Arc<proxy_operator::provider::plugins::PluginEngine> {
     let (engine, _) = engine_with(EngineOptions {
         call_timeout: std::time::Duration::from_secs(60),
         libvirt: Some(LibvirtHub::new(

@@ -33,9 +33,9 @@ use harness::{ControlPlane, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::abandoned::AbandonedRecord;
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::config::ProvidersConfig;
+use proxy_operator::provider::config::ProvidersConfig;
 use proxy_operator::controller::{self, Context, instance_name};
-use proxy_operator::providers::Providers;
+use proxy_operator::provider::providers::Providers;
 use tokio::sync::OnceCell;
 
 static CRDS: OnceCell<()> = OnceCell::const_new();
@@ -81,7 +81,7 @@ async fn control_plane() -> &'static ControlPlane {
 struct Operator {
     task: tokio::task::JoinHandle<()>,
     /// The proxies' credentials, as the controller keeps them (for a health engine beside it).
-    credentials: proxy_operator::credentials::CredentialsBook,
+    credentials: proxy_operator::provider::credentials::CredentialsBook,
 }
 
 impl Operator {
@@ -116,10 +116,10 @@ impl Operator {
     fn with_providers(
         client: kube::Client,
         ns: &TestNamespace,
-        providers: impl Into<proxy_operator::providers::ProviderSet>,
+        providers: impl Into<proxy_operator::provider::providers::ProviderSet>,
     ) -> Operator {
         // As `proxy-operator run` does, with the test namespace as the operator's.
-        let credentials = proxy_operator::credentials::CredentialsBook::default();
+        let credentials = proxy_operator::provider::credentials::CredentialsBook::default();
         let ctx = Arc::new(
             Context::new(client, providers, "test-operator", credentials.clone())
                 .with_abandoned(AbandonedRecord::new(ns.name(), "test-operator")),
@@ -1085,10 +1085,10 @@ async fn providers_for(text: &str) -> Providers {
 }
 
 /// The providers of a providers config, on an engine with `options` (e.g. a kube client).
-async fn providers_with(options: proxy_operator::plugins::EngineOptions, text: &str) -> Providers {
+async fn providers_with(options: proxy_operator::provider::plugins::EngineOptions, text: &str) -> Providers {
     let (engine, _) = engine_with(options).await;
     let config = ProvidersConfig::parse(text).unwrap();
-    proxy_operator::registry::load_providers(
+    proxy_operator::provider::registry::load_providers(
         &engine,
         &plugins_dir(),
         &config,
@@ -1114,33 +1114,33 @@ fn operator_account(cp: &ControlPlane) -> kube::Client {
 /// One provider instance of the built plugin `plugin_type`, bound outside any providers config;
 /// `Err` is the grant error.
 async fn bound_provider(
-    options: proxy_operator::plugins::EngineOptions,
+    options: proxy_operator::provider::plugins::EngineOptions,
     plugin_type: &str,
     name: &str,
     config: &serde_json::Value,
     grants: serde_json::Value,
-) -> Result<proxy_operator::plugins::ProviderInstance, String> {
+) -> Result<proxy_operator::provider::plugins::ProviderInstance, String> {
     let (engine, _) = engine_with(options).await;
     let plugin = engine
         .load(&format!("{plugin_type}.wasm"), plugin_bytes(plugin_type))
         .await
         .unwrap();
-    let grants: proxy_operator::capabilities::Grants = serde_json::from_value(grants).unwrap();
-    proxy_operator::plugins::ProviderInstance::new(
+    let grants: proxy_operator::provider::capabilities::Grants = serde_json::from_value(grants).unwrap();
+    proxy_operator::provider::plugins::ProviderInstance::new(
         engine,
         name,
         plugin,
         config,
         &grants.validate().map_err(|e| e.to_string())?,
-        proxy_operator::plugins::ProviderInstanceOptions::default(),
+        proxy_operator::provider::plugins::ProviderInstanceOptions::default(),
     )
     .map_err(|e| e.to_string())
 }
 
 /// The provider error a call that must fail failed with.
 fn refused<T: std::fmt::Debug>(
-    result: Result<T, proxy_operator::plugins::CallError>,
-) -> proxy_operator::plugins::types::ProviderError {
+    result: Result<T, proxy_operator::provider::plugins::CallError>,
+) -> proxy_operator::provider::plugins::types::ProviderError {
     match result {
         Err(e) => e
             .provider_error()
@@ -1151,7 +1151,7 @@ fn refused<T: std::fmt::Debug>(
 }
 
 /// The provider ids a provider instance's `list` answers.
-async fn listed_ids(provider: &proxy_operator::plugins::ProviderInstance) -> Vec<String> {
+async fn listed_ids(provider: &proxy_operator::provider::plugins::ProviderInstance) -> Vec<String> {
     provider
         .list()
         .await
@@ -1423,7 +1423,7 @@ async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
     use proxy_operator::api::ProviderHealth;
-    use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
+    use proxy_operator::provider::providerhealth::{ProviderCheckMetrics, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-ph").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1496,7 +1496,7 @@ async fn provider_health_shows_each_provider_and_forgets_removed_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_check_reports_timeout_and_does_not_slow_reconciles() {
-    use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
+    use proxy_operator::provider::providerhealth::{ProviderCheckMetrics, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-hung").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1652,7 +1652,7 @@ async fn an_instance_created_after_its_proxy_was_deleted_is_collected() {
     let store = InstanceStore::start().await;
     // The operator gives up on a call after 1 s; the store completes creates after 3 s.
     *store.state.create_lag.lock().unwrap() = Duration::from_secs(3);
-    let options = proxy_operator::plugins::EngineOptions {
+    let options = proxy_operator::provider::plugins::EngineOptions {
         call_timeout: Duration::from_secs(1),
         ..test_options()
     };
@@ -1661,7 +1661,7 @@ async fn an_instance_created_after_its_proxy_was_deleted_is_collected() {
         &format!("providers:\n{}", store_provider("store", &store)),
     )
     .await;
-    let set = proxy_operator::providers::ProviderSet::new(providers);
+    let set = proxy_operator::provider::providers::ProviderSet::new(providers);
     let _operator = Operator::with_providers(ns.client(), &ns, set.clone());
     let api: Api<Proxy> = ns.api();
     apply_proxy(cp, ns.name(), "doomed", "store", "").await;
@@ -1709,7 +1709,7 @@ async fn an_instance_created_after_its_proxy_was_deleted_is_collected() {
 /// allow its store) recovers once the providers config is fixed, with no edit to the Proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_outside_the_spec_recovers_when_it_is_fixed() {
-    use proxy_operator::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
+    use proxy_operator::provider::registry::{PluginRegistry, RegistryMetrics, RegistryOptions};
     let cp = control_plane().await;
     let ns = cp.namespace("px-recover").await.unwrap();
     let store = InstanceStore::start().await;

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
 use proxy_operator::controller::{self, Context};
-use proxy_operator::providerhealth::{ProviderCheckMetrics, pass};
-use proxy_operator::registry::{PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions};
+use proxy_operator::provider::providerhealth::{ProviderCheckMetrics, pass};
+use proxy_operator::provider::registry::{PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions};
 use sha2::{Digest, Sha256};
 
 use super::common::{InstanceStore, engine_with, plugin_bytes, test_options};
@@ -363,7 +363,7 @@ async fn an_upload_one_instance_refuses_is_swapped_in_for_none() {
     );
     let mut setup = Setup::start(&ns, &config, None).await;
     setup.watch(&ns);
-    let health = tokio::spawn(proxy_operator::providerhealth::run(
+    let health = tokio::spawn(proxy_operator::provider::providerhealth::run(
         cp.client(),
         setup.registry.providers(),
         "po-swap".into(),

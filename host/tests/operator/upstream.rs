@@ -14,9 +14,9 @@ use harness::process::{Check, free_port, wait_for};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use proxy_operator::api::Proxy;
-use proxy_operator::credentials::ProxyLogin;
-use proxy_operator::plugins::EngineOptions;
-use proxy_operator::plugins::types::InstanceState;
+use proxy_operator::provider::credentials::ProxyLogin;
+use proxy_operator::provider::plugins::EngineOptions;
+use proxy_operator::provider::plugins::types::InstanceState;
 use reqwest::{Method, StatusCode};
 
 use super::common::operator_process::{OperatorProcess, OperatorSetup, TOKEN};

@@ -11,8 +11,8 @@ use axum::http::HeaderMap;
 use serde_json::json;
 
 use super::common::*;
-use proxy_operator::capabilities::Grants;
-use proxy_operator::plugins::{ProviderInstance, ProviderInstanceOptions};
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::plugins::{ProviderInstance, ProviderInstanceOptions};
 
 const ACCESS_KEY_ID: &str = "AKIDPROXYOPERATORTEST";
 const SECRET_ACCESS_KEY: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYsecretkey";

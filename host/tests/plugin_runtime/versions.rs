@@ -5,9 +5,9 @@
 //! and the versions supported.
 
 use crate::common::*;
-use proxy_operator::capabilities::Grants;
-use proxy_operator::plugins::types::{InstanceState, ProviderError};
-use proxy_operator::plugins::{LoadError, ProviderInstance, ProviderInstanceOptions};
+use proxy_operator::provider::capabilities::Grants;
+use proxy_operator::provider::plugins::types::{InstanceState, ProviderError};
+use proxy_operator::provider::plugins::{LoadError, ProviderInstance, ProviderInstanceOptions};
 use serde_json::json;
 use wasmtime::component::{Component, types::ComponentItem};
 
@@ -36,9 +36,9 @@ fn with_version(bytes: &[u8], version: &str) -> Vec<u8> {
 
 /// A provider instance of `plugin` with no config and no grants.
 fn without_grants(
-    engine: &std::sync::Arc<proxy_operator::plugins::PluginEngine>,
+    engine: &std::sync::Arc<proxy_operator::provider::plugins::PluginEngine>,
     name: &str,
-    plugin: std::sync::Arc<proxy_operator::plugins::LoadedPlugin>,
+    plugin: std::sync::Arc<proxy_operator::provider::plugins::LoadedPlugin>,
 ) -> ProviderInstance {
     ProviderInstance::new(
         engine.clone(),
@@ -144,7 +144,7 @@ async fn a_0_1_0_component_still_loads_and_works_beside_0_2_0() {
     let refused = provider
         .set_credentials(
             "next-px-1",
-            proxy_operator::plugins::types::ProxyCredentials {
+            proxy_operator::provider::plugins::types::ProxyCredentials {
                 username: "u".into(),
                 password_hash: "$6$salt$hash".into(),
             },
@@ -175,7 +175,7 @@ async fn another_major_or_minor_version_is_refused_naming_found_and_supported() 
     for version in ["0.3.1", "1.1.1", "0.0.1"] {
         let rewritten = with_version(&bytes, version);
         // Still a valid component, now claiming `version`: refused for its version alone.
-        let summary = proxy_operator::plugins::inspect_component(&engine, &rewritten)
+        let summary = proxy_operator::provider::plugins::inspect_component(&engine, &rewritten)
             .expect("the rewritten component still validates");
         assert_eq!(summary.wit_version.as_deref(), Some(version));
 

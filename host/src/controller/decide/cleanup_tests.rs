@@ -8,7 +8,7 @@ use rstest::rstest;
 use super::tests::{instance, loaded, not_loaded, provider_error, proxy, unknown, with};
 use super::*;
 use crate::api::Phase;
-use crate::plugins::types::{Instance, InstanceState, Owner};
+use crate::provider::plugins::types::{Instance, InstanceState, Owner};
 
 fn cleanup_summary(step: &CleanupStep) -> String {
     match step {

@@ -4,7 +4,7 @@ use rstest::rstest;
 
 use super::observed;
 use crate::api::{Proxy, ProxyStatus};
-use crate::plugins::types::{Instance, InstanceState};
+use crate::provider::plugins::types::{Instance, InstanceState};
 
 fn proxy() -> Proxy {
     serde_json::from_value(serde_json::json!({

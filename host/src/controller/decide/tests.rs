@@ -7,7 +7,7 @@ use rstest::rstest;
 use super::*;
 use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::api::conditions::{Type, status_of};
-use crate::plugins::types::{Instance, InstanceState};
+use crate::provider::plugins::types::{Instance, InstanceState};
 
 pub(super) fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {
     let mut proxy: Proxy = serde_json::from_value(serde_json::json!({

@@ -37,7 +37,7 @@ pub struct ProvisionedProxy {
     /// renewal; its leases run out.
     pub draining: bool,
     /// The credentials its squid requires (in a lease's `proxyUrl`); none for a proxy without.
-    pub login: Option<crate::credentials::ProxyLogin>,
+    pub login: Option<crate::provider::credentials::ProxyLogin>,
     /// How it is spoken to: HTTP, or SOCKS5 (an upstream one): a lease's `proxyUrl` scheme, and
     /// how the gateway connects through it.
     pub protocol: crate::support::socks::ProxyProtocol,
