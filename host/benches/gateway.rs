@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use harness::Squid;
 use harness::gateway::GatewayProcess;
 use proxy_operator::provider::credentials::ProxyLogin;
-use proxy_operator::leases::api::GatewayAccess;
-use proxy_operator::leases::{
+use proxy_operator::leasing::leases::api::GatewayAccess;
+use proxy_operator::leasing::leases::{
     self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, ProvisionedProxy,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

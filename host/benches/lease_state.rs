@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proxy_operator::leases::persist::{Durability, maintain};
-use proxy_operator::leases::{
+use proxy_operator::leasing::leases::persist::{Durability, maintain};
+use proxy_operator::leasing::leases::{
     LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, ProvisionedProxy,
     ProxyKey,
 };

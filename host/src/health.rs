@@ -22,8 +22,8 @@ use tracing::Instrument;
 
 use crate::api::{Phase, Proxy};
 use crate::provider::credentials::{CredentialsBook, ProxyLogin};
-use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-use crate::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
+use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
+use crate::leasing::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
 use crate::provider::providers::{ProviderSet, Providers};
 use crate::support::socks::ProxyProtocol;
 use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};

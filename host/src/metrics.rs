@@ -11,7 +11,7 @@ use crate::controller::ReconcileMetrics;
 pub struct Metrics {
     pub registry: Registry,
     pub reconcile: ReconcileMetrics,
-    pub leases: crate::leases::LeaseMetrics,
+    pub leases: crate::leasing::leases::LeaseMetrics,
     pub plugins: crate::provider::registry::RegistryMetrics,
     pub probes: crate::health::ProbeMetrics,
     pub gc: crate::gc::GcMetrics,
@@ -25,7 +25,7 @@ impl Metrics {
         let registry = Registry::new();
         Ok(Metrics {
             reconcile: ReconcileMetrics::register(&registry)?,
-            leases: crate::leases::LeaseMetrics::register(&registry)?,
+            leases: crate::leasing::leases::LeaseMetrics::register(&registry)?,
             plugins: crate::provider::registry::RegistryMetrics::register(&registry)?,
             probes: crate::health::ProbeMetrics::register(&registry)?,
             gc: crate::gc::GcMetrics::register(&registry)?,

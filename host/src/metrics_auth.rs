@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::leases::Auth;
-use crate::leases::auth::{AuthError, KubeAuthOptions, KubeReviewer};
+use crate::leasing::leases::Auth;
+use crate::leasing::leases::auth::{AuthError, KubeAuthOptions, KubeReviewer};
 
 /// A second header for the token, read when `Authorization` is absent: the API server's pod
 /// proxy (how `kubectl px status` reaches the leader's `/status/blocks.json`) drops
@@ -42,7 +42,7 @@ impl MetricsAuth {
     }
 
     /// Tokens reviewed by `reviewer` (the API server's own audience: what Prometheus presents).
-    pub fn with_reviewer(reviewer: Arc<dyn crate::leases::auth::Reviewer>) -> Arc<Self> {
+    pub fn with_reviewer(reviewer: Arc<dyn crate::leasing::leases::auth::Reviewer>) -> Arc<Self> {
         let options = KubeAuthOptions {
             audience: String::new(),
             cache_capacity: CACHE_CAPACITY,

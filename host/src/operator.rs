@@ -27,7 +27,7 @@ use crate::health::{HealthEngine, HealthOptions};
 use crate::support::kubeclient;
 use crate::support::leader::{self, LeaderView};
 use crate::support::leader_label::LeaderLabel;
-use crate::leases::{
+use crate::leasing::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
 use crate::metrics::Metrics;

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::leader::LeaderView;
-use crate::leases::LeaseStore;
+use crate::leasing::leases::LeaseStore;
 use crate::metrics_auth::MetricsAuth;
 
 /// A standby that has not read the Lease for this long is not ready: it cannot reach the API

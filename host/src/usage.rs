@@ -13,7 +13,7 @@ use prometheus::{CounterVec, HistogramOpts, HistogramVec, Opts, Registry};
 use tokio::sync::mpsc;
 
 use crate::api::Proxy;
-use crate::leases::FirstBlock;
+use crate::leasing::leases::FirstBlock;
 
 /// How often the leader adds the instance-seconds of the proxies that exist.
 pub const METER_INTERVAL: Duration = Duration::from_secs(5);
@@ -109,7 +109,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let now = crate::leases::store::now_ms();
+                let now = crate::leasing::leases::store::now_ms();
                 let existing = proxies.state().into_iter().filter_map(|p| billed(&p));
                 for ((provider, zone), seconds) in meter.advance(now, existing) {
                     metrics

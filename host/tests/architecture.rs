@@ -639,7 +639,7 @@ fn the_docs_quote_the_figures_of_the_code() {
     use proxy_operator::controller::decide::{
         POLL_PROVISIONING, RECHECK_OUTSIDE_SPEC, WAIT_FOR_PROVIDER,
     };
-    use proxy_operator::leases::store::{REPLICA_SILENCE, SHARED_HOLD};
+    use proxy_operator::leasing::leases::store::{REPLICA_SILENCE, SHARED_HOLD};
     use proxy_operator::provider::plugins::SUPPORTED_WIT_VERSIONS;
 
     let versions = SUPPORTED_WIT_VERSIONS.join(" and ");

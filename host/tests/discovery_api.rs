@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proxy_operator::leases::api::{GATEWAY_TOKEN_HEADER, GatewayAccess};
-use proxy_operator::leases::{
+use proxy_operator::leasing::leases::api::{GATEWAY_TOKEN_HEADER, GatewayAccess};
+use proxy_operator::leasing::leases::{
     self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, ProvisionedProxy, ProxyKey,
 };
 use reqwest::StatusCode;
@@ -1560,8 +1560,8 @@ async fn the_gateway_door_shares_proxies_by_the_lease_rules_and_only_for_the_gat
 
 #[tokio::test]
 async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
-    use proxy_operator::gateway::leader::{LeaderRoutes, LeaderTrust};
-    use proxy_operator::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
+    use proxy_operator::leasing::gateway::leader::{LeaderRoutes, LeaderTrust};
+    use proxy_operator::leasing::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
 
     let api = serve(options(), vec![pooled("g1", "gw")]).await;
     let base = format!("http://{}", api.addr);

@@ -11,7 +11,7 @@ use crate::api::conditions;
 use super::decide::{Effects, ProxyEvent};
 use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
 use crate::provider::credentials::{self, InvalidCredentials, ProxyLogin};
-use crate::leases::ProxyKey;
+use crate::leasing::leases::ProxyKey;
 use crate::provider::plugins::ProviderInstance;
 
 /// The condition that says whether the proxy requires the credentials its Secret holds.

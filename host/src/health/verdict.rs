@@ -12,7 +12,7 @@ use super::options::HealthOptions;
 use super::probe::ProbeFailure;
 use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::api::conditions::{self, Reason, Type};
-use crate::leases::ProxyKey;
+use crate::leasing::leases::ProxyKey;
 
 /// What the engine believes of one proxy.
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,7 @@ use super::exit::Failure;
 use super::fleet::key_of;
 use super::table::relative;
 use crate::api::Proxy;
-use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
+use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::pool::{DRAIN_REASON_ANNOTATION, RECYCLE_ANNOTATION};
 
 /// The drain reason `kubectl px drain` writes (the pool writes its own: `Recycled`, …).

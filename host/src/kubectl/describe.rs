@@ -10,7 +10,7 @@ use super::fleet::{
 };
 use super::table::{Tone, age, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
-use crate::leases::store::POOL_LABEL;
+use crate::leasing::leases::store::POOL_LABEL;
 
 /// A condition as shown.
 #[derive(Debug, Clone, PartialEq, Serialize)]

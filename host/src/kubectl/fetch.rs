@@ -17,7 +17,7 @@ use super::why::EventLine;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::support::kubeclient::list_all;
 use crate::support::leader_label::LEADER_LABEL;
-use crate::leases::LeasePersistence;
+use crate::leasing::leases::LeasePersistence;
 use crate::provider::providerhealth::OPERATOR_LABEL;
 use crate::status_page::blocks_json::TargetBlocks;
 

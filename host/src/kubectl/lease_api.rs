@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::exit::{Exit, Failure};
 use super::table::{bold, relative};
-use crate::leases::Outcome;
-use crate::leases::api::{GrantBody, ReportBody};
+use crate::leasing::leases::Outcome;
+use crate::leasing::leases::api::{GrantBody, ReportBody};
 
 /// Where a token came from, for the message when it is refused.
 #[derive(Debug, Clone, PartialEq)]

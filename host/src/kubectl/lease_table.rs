@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::table::rfc3339;
-use crate::leases::Snapshot;
+use crate::leasing::leases::Snapshot;
 
 /// A live lease as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -127,8 +127,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::leases::ProxyKey;
-    use crate::leases::store::Lease;
+    use crate::leasing::leases::ProxyKey;
+    use crate::leasing::leases::store::Lease;
 
     const NOW: u64 = 1_800_000_000_000;
 

@@ -19,8 +19,8 @@ use super::fleet::{self, key_of};
 use super::lease_api::{self, Answer, Discovery, Token};
 use super::why::{self, Leasing};
 use crate::api::{Proxy, ProxyPool};
-use crate::leases::Outcome;
-use crate::leases::store::{now_ms, persisted_target};
+use crate::leasing::leases::Outcome;
+use crate::leasing::leases::store::{now_ms, persisted_target};
 
 /// What a command printed and how it ends.
 struct Done {
@@ -525,7 +525,7 @@ async fn drain(global: &Global, name: &str, undo: bool) -> Result<Done, Failure>
     let value = json!({
         "proxy": key,
         "draining": !undo,
-        "pool": kube::ResourceExt::labels(&proxy).get(crate::leases::store::POOL_LABEL),
+        "pool": kube::ResourceExt::labels(&proxy).get(crate::leasing::leases::store::POOL_LABEL),
         "leaseExpiresAt": lease_until.map(super::table::rfc3339),
     });
     output(global.output, &value, || {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::gc::GcOptions;
 use crate::health::HealthOptions;
 use crate::support::leader::LeaderElection;
-use crate::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
+use crate::leasing::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
 #[derive(Debug, Clone, clap::Args)]
@@ -109,12 +109,12 @@ pub(crate) fn parse_statuses(value: &str) -> Result<Statuses, String> {
 
 impl GatewayAccessArgs {
     /// The gateway's door, when a token is set (blank counts as unset).
-    pub fn access(&self) -> Option<crate::leases::api::GatewayAccess> {
+    pub fn access(&self) -> Option<crate::leasing::leases::api::GatewayAccess> {
         let token = self.gateway_token.as_deref().map(str::trim)?;
         if token.is_empty() {
             return None;
         }
-        Some(crate::leases::api::GatewayAccess {
+        Some(crate::leasing::leases::api::GatewayAccess {
             token: token.to_string(),
             max_connections_per_proxy: self.gateway_max_connections_per_proxy,
             block_statuses: self.gateway_block_statuses.0.clone(),

@@ -22,15 +22,15 @@ use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::api::conditions::set_named;
 use crate::support::retry::{self, Backoffs, Wait};
 use crate::support::events;
-use crate::leases::store::PoolGateway;
-use crate::leases::store::ProxyUsage;
-use crate::leases::{LeaseStore, ProxyKey};
+use crate::leasing::leases::store::PoolGateway;
+use crate::leasing::leases::store::ProxyUsage;
+use crate::leasing::leases::{LeaseStore, ProxyKey};
 use crate::provider::providers::ProviderSet;
 
 /// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
 /// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
 /// pool is removing: it takes no new lease and is deleted once its lease ends.
-pub use crate::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
+pub use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 /// The hash of the template a pool's Proxy was made from.
 pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
 /// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`, …).
@@ -219,7 +219,7 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
         }
     };
     let members = members(pool, &proxies, &ctx.leases).await?;
-    let plan = decide::plan(&desired, &members, crate::leases::store::now_ms());
+    let plan = decide::plan(&desired, &members, crate::leasing::leases::store::now_ms());
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;
     write_status(pool, ctx, &desired, &plan).await?;
     Ok(match plan.requeue_after {

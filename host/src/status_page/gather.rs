@@ -12,8 +12,8 @@ use kube::ResourceExt;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::fleet::Fleet;
 use crate::support::leader::LeaderView;
-use crate::leases::LeaseStore;
-use crate::leases::store::{Lease, ProxyView};
+use crate::leasing::leases::LeaseStore;
+use crate::leasing::leases::store::{Lease, ProxyView};
 use crate::provider::providers::ProviderSet;
 
 use super::blocks_json::{RecentBlocks, TargetBlocks};
@@ -196,7 +196,7 @@ fn proxy_row(
     ProxyRow {
         pool: proxy
             .labels()
-            .get(crate::leases::store::POOL_LABEL)
+            .get(crate::leasing::leases::store::POOL_LABEL)
             .cloned()
             .unwrap_or_default(),
         provider: proxy.spec.provider.clone(),

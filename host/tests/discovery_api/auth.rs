@@ -13,7 +13,7 @@ use harness::{ControlPlane, TestNamespace};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use proxy_operator::leases::{
+use proxy_operator::leasing::leases::{
     self, Auth, Discovery, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions, LeaseStore,
     ProvisionedProxy, ProxyKey,
 };

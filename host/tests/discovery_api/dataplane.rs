@@ -8,11 +8,11 @@ use std::time::Duration;
 use harness::Squid;
 use harness::process::{Check, wait_for};
 use proxy_operator::provider::credentials::ProxyLogin;
-use proxy_operator::gateway::metrics::GatewayMetrics;
-use proxy_operator::gateway::options::GatewayOptions;
-use proxy_operator::gateway::policy::{DestinationPolicy, Networks};
-use proxy_operator::gateway::server::Gateway;
-use proxy_operator::gateway::{
+use proxy_operator::leasing::gateway::metrics::GatewayMetrics;
+use proxy_operator::leasing::gateway::options::GatewayOptions;
+use proxy_operator::leasing::gateway::policy::{DestinationPolicy, Networks};
+use proxy_operator::leasing::gateway::server::Gateway;
+use proxy_operator::leasing::gateway::{
     Destination, Report, Route, RouteError, RouteRequest, Routes, SessionReport, UpstreamLogin,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

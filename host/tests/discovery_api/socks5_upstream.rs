@@ -6,7 +6,7 @@
 
 use harness::socks::SocksServer;
 use proxy_operator::provider::credentials::ProxyLogin;
-use proxy_operator::leases::{LeaseOptions, ProvisionedProxy};
+use proxy_operator::leasing::leases::{LeaseOptions, ProvisionedProxy};
 use proxy_operator::support::socks::ProxyProtocol;
 
 use super::gateway::{PAGE, Site, curl, spawn_replica};

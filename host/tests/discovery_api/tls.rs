@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use harness::gateway::GatewayProcess;
 use harness::process::{Check, wait_for};
-use proxy_operator::leases::api::GatewayAccess;
-use proxy_operator::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore};
+use proxy_operator::leasing::leases::api::GatewayAccess;
+use proxy_operator::leasing::leases::{self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore};
 use proxy_operator::support::tls::{CertFiles, ReloadingCert};
 use reqwest::StatusCode;
 

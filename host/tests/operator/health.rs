@@ -10,7 +10,7 @@ use harness::{FileServer, Squid, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{Phase, Proxy};
 use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
-use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 
 use super::common::InstanceStore;
 use super::reload::until;

@@ -370,7 +370,7 @@ async fn run_squid(conf: &str, port: u16) -> (Proc, Scratch) {
 async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squid_conf() {
     use proxy_operator::api::{Phase, Proxy};
     use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
-    use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+    use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 
     let cp = control_plane().await;
     let ns = cp.namespace("px-k8s-e2e").await.unwrap();

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use proxy_operator::leases::store::GrantError;
-use proxy_operator::leases::{
+use proxy_operator::leasing::leases::store::GrantError;
+use proxy_operator::leasing::leases::{
     LeaseMetrics, LeaseOptions, LeasePersistence, LeaseRequest, LeaseStore, Outcome,
     ProvisionedProxy, ProxyKey,
 };
@@ -589,7 +589,7 @@ async fn etcd_alarms(cp: &harness::ControlPlane) -> serde_json::Value {
 
 /// A grant as the discovery API makes it in sync mode: answered once a write holding it is in
 /// the cluster.
-async fn grant_stored(store: &LeaseStore) -> proxy_operator::leases::store::Lease {
+async fn grant_stored(store: &LeaseStore) -> proxy_operator::leasing::leases::store::Lease {
     let (lease, _) = store.grant(&LeaseRequest::default()).unwrap();
     store
         .wait_stored(store.version(), Duration::from_secs(30))
@@ -609,7 +609,7 @@ async fn grant_stored(store: &LeaseStore) -> proxy_operator::leases::store::Leas
 async fn ten_thousand_leases_never_fill_a_small_etcd_and_all_survive_a_failover() {
     use std::sync::Arc;
 
-    use proxy_operator::leases::persist::{Durability, TABLE_LABEL, maintain};
+    use proxy_operator::leasing::leases::persist::{Durability, TABLE_LABEL, maintain};
 
     const QUOTA: u64 = 64 << 20;
     const LEASES: usize = 10_000;
@@ -677,7 +677,7 @@ async fn ten_thousand_leases_never_fill_a_small_etcd_and_all_survive_a_failover(
             })
         })
         .collect();
-    let mut held: Vec<proxy_operator::leases::store::Lease> = Vec::new();
+    let mut held: Vec<proxy_operator::leasing::leases::store::Lease> = Vec::new();
     for crawler in cycling {
         held.extend(crawler.await.unwrap());
     }

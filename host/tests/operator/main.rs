@@ -993,7 +993,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     assert!(store.state.instances.lock().unwrap().is_empty());
 
     // The lease table is written into and read back from the operator's own namespace.
-    use proxy_operator::leases::{LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
+    use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
     // Only the names of the default operator id are granted (deploy/rbac.yaml says so).
     let foreign = LeasePersistence::new(
         service_account.clone(),
@@ -1015,7 +1015,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     persistence.restore_into(&table).await.unwrap();
     // A journal segment (create), two checkpoints (create parts, patch the manifest, delete
     // what they cover by label), and a restore (get the manifest, list parts and segments).
-    table.set_provisioned(vec![proxy_operator::leases::ProvisionedProxy {
+    table.set_provisioned(vec![proxy_operator::leasing::leases::ProvisionedProxy {
         key: ("crawl".to_string(), "rbac-proxy".to_string()).into(),
         provider: "memory".into(),
         zone: None,
@@ -1030,7 +1030,7 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
         protocol: Default::default(),
     }]);
     table
-        .grant(&proxy_operator::leases::LeaseRequest::default())
+        .grant(&proxy_operator::leasing::leases::LeaseRequest::default())
         .unwrap();
     persistence.flush(&table).await.unwrap();
     persistence.checkpoint(&table).await.unwrap();

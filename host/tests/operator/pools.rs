@@ -363,7 +363,7 @@ async fn route(operator: &OperatorProcess, pool: &str) -> (StatusCode, serde_jso
         .post(format!("http://{}/v1/gateway/routes", operator.discovery))
         .bearer_auth(super::common::operator_process::TOKEN)
         .header(
-            proxy_operator::leases::api::GATEWAY_TOKEN_HEADER,
+            proxy_operator::leasing::leases::api::GATEWAY_TOKEN_HEADER,
             GATEWAY_TOKEN,
         )
         .body(serde_json::json!({"replica": "gw-0", "pool": pool}).to_string())

@@ -3,8 +3,8 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
-use crate::leases::ProxyKey;
-use crate::leases::store::{Lease, Snapshot};
+use crate::leasing::leases::ProxyKey;
+use crate::leasing::leases::store::{Lease, Snapshot};
 
 const NOW: u64 = 1_800_000_000_000;
 
@@ -100,7 +100,7 @@ fn fleet() -> Fleet {
             "crawl/egress-a".into(),
             [
                 (
-                    crate::leases::store::persisted_target("shop.example").unwrap(),
+                    crate::leasing::leases::store::persisted_target("shop.example").unwrap(),
                     NOW + 300_000,
                 ),
                 ("ff".repeat(16), NOW + 600_000),
@@ -141,7 +141,7 @@ fn fleet() -> Fleet {
         now_ms: NOW,
         target: Some((
             "shop.example".into(),
-            crate::leases::store::persisted_target("shop.example").unwrap(),
+            crate::leasing::leases::store::persisted_target("shop.example").unwrap(),
         )),
         recent_blocks: Some(Ok(vec![
             TargetBlocks {

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::{
     Destination, Report, Route, RouteError, RouteRequest, Routes, SessionReport, UpstreamLogin,
 };
-use crate::leases::api::GATEWAY_TOKEN_HEADER;
+use crate::leasing::leases::api::GATEWAY_TOKEN_HEADER;
 
 /// Deadline of one call to the leader; a route past it is the client's 503.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);

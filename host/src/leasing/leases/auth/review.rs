@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::leases::store::ProxyKey;
+use crate::leasing::leases::store::ProxyKey;
 
 /// The API group of ProxyPools: RBAC grants leasing as `create` on their `lease` subresource.
 pub const POOL_GROUP: &str = "proxy-operator.dev";

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leases::store::{Lease, Outcome, PoolKey, ProvisionedProxy};
+use crate::leasing::leases::store::{Lease, Outcome, PoolKey, ProvisionedProxy};
 use crate::support::socks::ProxyProtocol;
 
 /// Every field is optional, and `null` is the same as absent for each of them. Serialized as a

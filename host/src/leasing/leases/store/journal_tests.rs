@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::sessions::digest;
 use super::tests::{entry, key, store_of, with_session};
 use super::*;
-use crate::leases::journal::Change;
+use crate::leasing::leases::journal::Change;
 
 /// Sessions and per-target cooldowns are held in memory by the hundred thousand; a checkpoint
 /// keeps no sessions and only the newest target cooldowns, so it stays a few parts whatever
@@ -53,7 +53,7 @@ fn a_checkpoint_stays_small_whatever_sessions_and_target_cooldowns_are_held() {
 /// table: nothing a grant, renewal, release, block or deletion changed is missing.
 #[test]
 fn the_changes_replayed_onto_the_last_checkpoint_are_the_table() {
-    use crate::leases::journal::Replay;
+    use crate::leasing::leases::journal::Replay;
     let store = store_of(vec![
         entry("a1", Some("a")),
         entry("a2", Some("a")),

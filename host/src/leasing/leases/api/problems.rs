@@ -34,7 +34,7 @@ impl Problem {
         )
     }
 
-    pub(in crate::leases) fn headers_too_large(count: usize) -> Self {
+    pub(in crate::leasing::leases) fn headers_too_large(count: usize) -> Self {
         Problem::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "headers-too-large",

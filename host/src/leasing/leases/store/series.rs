@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{GrantError, Inner, LeaseRequest, LeaseStore, ProxyKey};
-use crate::leases::metrics::{ANY_PROVIDER, LeaseMetrics, NO_POOL, Series, UNKNOWN};
+use crate::leasing::leases::metrics::{ANY_PROVIDER, LeaseMetrics, NO_POOL, Series, UNKNOWN};
 
 /// The series of a pool label and provider, made once.
 pub(super) fn series_for(

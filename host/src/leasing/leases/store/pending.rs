@@ -1,7 +1,7 @@
 //! How far the table has reached the cluster: the changes the writer (`leases/persist.rs`) has
 //! not taken yet, and the version it last stored.
 
-use crate::leases::journal::Change;
+use crate::leasing::leases::journal::Change;
 
 /// Changes held for the writer at most; past it the next write is a whole checkpoint.
 pub const MAX_PENDING_CHANGES: usize = 100_000;

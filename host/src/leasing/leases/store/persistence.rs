@@ -12,7 +12,7 @@ use super::{
     CHECKPOINTED_TARGET_COOLDOWNS, Held, Inner, Lease, LeaseStore, NotStored, ProxyKey, Snapshot,
     now_ms,
 };
-use crate::leases::metrics::{NO_POOL, UNKNOWN};
+use crate::leasing::leases::metrics::{NO_POOL, UNKNOWN};
 
 impl LeaseStore {
     /// Loads persisted leases, cooldowns, sessions and block counts, and opens the store for

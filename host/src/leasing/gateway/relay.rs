@@ -152,7 +152,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::metrics::GatewayMetrics;
+    use crate::leasing::gateway::metrics::GatewayMetrics;
     use tokio::io::AsyncReadExt;
 
     fn meters() -> (GatewayMetrics, PoolBytes) {

@@ -22,7 +22,7 @@ use super::{
     Authorized, Discovery, JsonBody, Problem, checked_session, checked_target, parse_key,
     required_outcome,
 };
-use crate::leases::store::{LeaseRequest, NO_POOL, Outcome, PoolTraffic, ProxyKey};
+use crate::leasing::leases::store::{LeaseRequest, NO_POOL, Outcome, PoolTraffic, ProxyKey};
 
 /// Longest replica id (a Pod name is at most 253).
 const MAX_REPLICA_CHARS: usize = 253;
@@ -286,8 +286,8 @@ async fn replica_load(
                 "Too many gateway replicas",
                 format!(
                     "the leader keeps the loads of at most {} replicas; a silent one is forgotten after {} s",
-                    crate::leases::store::shared::MAX_REPLICAS,
-                    crate::leases::store::shared::REPLICA_SILENCE.as_secs()
+                    crate::leasing::leases::store::shared::MAX_REPLICAS,
+                    crate::leasing::leases::store::shared::REPLICA_SILENCE.as_secs()
                 ),
             )
         })?;

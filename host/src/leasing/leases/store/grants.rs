@@ -10,8 +10,8 @@ use super::{
     EndReason, Grant, GrantError, Held, Inner, Lease, LeaseError, LeaseRequest, LeaseStore,
     Outcome, ProvisionedProxy, ProxyKey, ProxyUsage, now_ms,
 };
-use crate::leases::journal::Change;
-use crate::leases::metrics::Series;
+use crate::leasing::leases::journal::Change;
+use crate::leasing::leases::metrics::Series;
 
 /// How long the id of an ended lease is remembered, so its holder gets 410 rather than 404.
 const REMEMBER_ENDED: Duration = Duration::from_secs(3600);

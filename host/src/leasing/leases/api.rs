@@ -29,9 +29,9 @@ pub const MAX_HEADERS: usize = 100;
 /// 431 that is no problem document: well above [`MAX_HEADERS`], so the refusal is ours. (hyper's
 /// default is 100, which made every request over it an empty 431.) Each parse reserves room for
 /// this many fields (64 bytes each), so it stays small.
-pub(in crate::leases) const TRANSPORT_MAX_HEADERS: usize = 1024;
+pub(in crate::leasing::leases) const TRANSPORT_MAX_HEADERS: usize = 1024;
 /// The OpenAPI document of this API, committed under docs/.
-pub const OPENAPI: &str = include_str!("../../../docs/discovery-api.openapi.json");
+pub const OPENAPI: &str = include_str!("../../../../docs/discovery-api.openapi.json");
 
 mod gateway;
 mod gateway_access;

@@ -9,7 +9,7 @@ use k8s_openapi::api::authentication::v1::{TokenReviewStatus, UserInfo};
 use super::cache::BoundedCache;
 use super::kube_reviewer::{access_spec, user_of};
 use super::*;
-use crate::leases::store::ProxyKey;
+use crate::leasing::leases::store::ProxyKey;
 
 fn key(ns: &str, name: &str) -> ProxyKey {
     ProxyKey {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::keys::FastMap;
 use super::series::series_for;
 use super::{EndReason, Inner, LeaseStore, PoolKey, ProvisionedProxy, ProxyKey, Slot};
-use crate::leases::metrics::NO_POOL;
+use crate::leasing::leases::metrics::NO_POOL;
 
 impl LeaseStore {
     /// Sets the pools that exist (every ProxyPool, from the pool controller). A pool is known if
