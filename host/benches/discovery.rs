@@ -31,7 +31,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{delete, post};
 use harness::{FileServer, Squid};
-use proxy_operator::health::probe;
+use proxy_operator::lifecycle::health::probe;
 use proxy_operator::leasing::leases::{
     self, Auth, Discovery, Durability, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions,
     LeasePersistence, LeaseRequest, LeaseStore, Outcome, ProvisionedProxy, ProxyKey,

@@ -4,7 +4,7 @@
 
 use prometheus::Registry;
 
-use crate::controller::ReconcileMetrics;
+use crate::lifecycle::controller::ReconcileMetrics;
 
 /// Every part's metrics, registered once in the operator's one registry.
 #[derive(Clone)]
@@ -13,8 +13,8 @@ pub struct Metrics {
     pub reconcile: ReconcileMetrics,
     pub leases: crate::leasing::leases::LeaseMetrics,
     pub plugins: crate::provider::registry::RegistryMetrics,
-    pub probes: crate::health::ProbeMetrics,
-    pub gc: crate::gc::GcMetrics,
+    pub probes: crate::lifecycle::health::ProbeMetrics,
+    pub gc: crate::lifecycle::gc::GcMetrics,
     pub provider_checks: crate::provider::providerhealth::ProviderCheckMetrics,
     pub usage: crate::usage::UsageMetrics,
 }
@@ -27,8 +27,8 @@ impl Metrics {
             reconcile: ReconcileMetrics::register(&registry)?,
             leases: crate::leasing::leases::LeaseMetrics::register(&registry)?,
             plugins: crate::provider::registry::RegistryMetrics::register(&registry)?,
-            probes: crate::health::ProbeMetrics::register(&registry)?,
-            gc: crate::gc::GcMetrics::register(&registry)?,
+            probes: crate::lifecycle::health::ProbeMetrics::register(&registry)?,
+            gc: crate::lifecycle::gc::GcMetrics::register(&registry)?,
             provider_checks: crate::provider::providerhealth::ProviderCheckMetrics::register(&registry)?,
             usage: crate::usage::UsageMetrics::register(&registry)?,
             registry,

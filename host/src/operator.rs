@@ -14,16 +14,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::args::{RunArgs, Transport};
-use crate::abandoned::AbandonedRecord;
+use crate::lifecycle::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyPool};
 use crate::provider::capabilities::kube::OperatorObjects;
 use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::provider::config::ProvidersConfig;
-use crate::controller::{self, Context};
+use crate::lifecycle::controller::{self, Context};
 use crate::provider::credentials::CredentialsBook;
 use crate::fleet::Fleet;
-use crate::gc;
-use crate::health::{HealthEngine, HealthOptions};
+use crate::lifecycle::gc;
+use crate::lifecycle::health::{HealthEngine, HealthOptions};
 use crate::support::kubeclient;
 use crate::support::leader::{self, LeaderView};
 use crate::support::leader_label::LeaderLabel;
@@ -32,7 +32,7 @@ use crate::leasing::leases::{
 };
 use crate::metrics::Metrics;
 use crate::provider::plugins::{EngineOptions, PluginEngine};
-use crate::pool::{self, PoolContext};
+use crate::lifecycle::pool::{self, PoolContext};
 use crate::probes::{self, ProbeState};
 use crate::provider::providerhealth;
 use crate::provider::registry::{PluginRegistry, RegistryOptions};
@@ -319,7 +319,7 @@ impl Operator {
         }
         // The proxies' credentials before the first probe or grant: a new leader knows them
         // before its controller has looked at every Proxy.
-        crate::controller::credentials::prefill(
+        crate::lifecycle::controller::credentials::prefill(
             client,
             args.proxy_namespace.as_deref(),
             &ctx.credentials,

@@ -636,7 +636,7 @@ fn grouped(n: u64) -> String {
 #[test]
 fn the_docs_quote_the_figures_of_the_code() {
     use proxy_operator::api::MAX_POOL_REPLICAS;
-    use proxy_operator::controller::decide::{
+    use proxy_operator::lifecycle::controller::decide::{
         POLL_PROVISIONING, RECHECK_OUTSIDE_SPEC, WAIT_FOR_PROVIDER,
     };
     use proxy_operator::leasing::leases::store::{REPLICA_SILENCE, SHARED_HOLD};

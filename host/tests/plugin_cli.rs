@@ -418,7 +418,7 @@ fn an_invalid_log_level_is_refused_naming_the_variable() {
     for good in [
         "info",
         "warn,proxy_operator=debug",
-        "proxy_operator::gc=trace",
+        "proxy_operator::lifecycle::gc=trace",
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-operator"))
             .args(["crds"])

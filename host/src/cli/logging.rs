@@ -69,7 +69,7 @@ mod tests {
         for good in [
             "info",
             "warn,proxy_operator=debug",
-            "proxy_operator::gc=trace",
+            "proxy_operator::lifecycle::gc=trace",
             "off",
         ] {
             assert!(filter(good).is_ok(), "{good}");

@@ -11,7 +11,7 @@ use super::fleet::key_of;
 use super::table::relative;
 use crate::api::Proxy;
 use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-use crate::pool::{DRAIN_REASON_ANNOTATION, RECYCLE_ANNOTATION};
+use crate::lifecycle::pool::{DRAIN_REASON_ANNOTATION, RECYCLE_ANNOTATION};
 
 /// The drain reason `kubectl px drain` writes (the pool writes its own: `Recycled`, …).
 pub const MANUAL: &str = "Manual";

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::gc::GcOptions;
-use crate::health::HealthOptions;
+use crate::lifecycle::gc::GcOptions;
+use crate::lifecycle::health::HealthOptions;
 use crate::support::leader::LeaderElection;
 use crate::leasing::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
 
@@ -505,7 +505,7 @@ impl GcArgs {
     pub fn options(
         &self,
         namespace: Option<String>,
-        abandoned: Option<crate::abandoned::AbandonedRecord>,
+        abandoned: Option<crate::lifecycle::abandoned::AbandonedRecord>,
     ) -> GcOptions {
         GcOptions {
             interval: self.gc_interval,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use harness::{FileServer, Squid, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
+use proxy_operator::lifecycle::health::{HealthEngine, HealthOptions, ProbeMetrics};
 use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 
 use super::common::InstanceStore;
@@ -311,8 +311,8 @@ async fn health_flipping_while_the_controller_reconciles_never_disagrees_with_re
 
     // One writer per field, as the API server records it.
     let live = api.get(&last.metadata.name.unwrap()).await.unwrap();
-    let controller = proxy_operator::controller::FIELD_MANAGER;
-    let engine = proxy_operator::health::FIELD_MANAGER;
+    let controller = proxy_operator::lifecycle::controller::FIELD_MANAGER;
+    let engine = proxy_operator::lifecycle::health::FIELD_MANAGER;
     assert_eq!(owners_of(&live, "f:phase"), [controller]);
     assert_eq!(owners_of(&live, r#"k:{"type":"Ready"}"#), [controller]);
     assert_eq!(owners_of(&live, r#"k:{"type":"Healthy"}"#), [engine]);

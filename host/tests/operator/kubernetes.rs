@@ -144,7 +144,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     let page = client.get(files.url("/page")).send().await.unwrap();
     assert_eq!(page.status(), 200);
     assert_eq!(page.text().await.unwrap(), "through squid");
-    let refused = proxy_operator::health::probe(
+    let refused = proxy_operator::lifecycle::health::probe(
         "127.0.0.1",
         port,
         proxy_operator::support::socks::ProxyProtocol::Http,
@@ -155,7 +155,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
     .await;
     assert_eq!(
         refused,
-        Err(proxy_operator::health::ProbeFailure::Status(403))
+        Err(proxy_operator::lifecycle::health::ProbeFailure::Status(403))
     );
     squid.kill();
 
@@ -177,7 +177,7 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them() {
     use proxy_operator::provider::credentials::ProxyLogin;
-    use proxy_operator::health::{ProbeFailure, probe};
+    use proxy_operator::lifecycle::health::{ProbeFailure, probe};
 
     let cp = control_plane().await;
     let ns = cp.namespace("px-k8s-creds").await.unwrap();
@@ -369,7 +369,7 @@ async fn run_squid(conf: &str, port: u16) -> (Proc, Scratch) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squid_conf() {
     use proxy_operator::api::{Phase, Proxy};
-    use proxy_operator::health::{HealthEngine, HealthOptions, ProbeMetrics};
+    use proxy_operator::lifecycle::health::{HealthEngine, HealthOptions, ProbeMetrics};
     use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 
     let cp = control_plane().await;

@@ -13,7 +13,7 @@ use proxy_operator::api::Proxy;
 use proxy_operator::provider::capabilities::libvirt::tunnel::SshMaterial;
 use proxy_operator::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use proxy_operator::provider::config::ProvidersConfig;
-use proxy_operator::controller::{self, Context, instance_name};
+use proxy_operator::lifecycle::controller::{self, Context, instance_name};
 use proxy_operator::provider::plugins::EngineOptions;
 use proxy_operator::provider::registry::load_providers;
 use sha2::{Digest, Sha256};

@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use harness::{ControlPlane, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use proxy_operator::abandoned::AbandonedRecord;
+use proxy_operator::lifecycle::abandoned::AbandonedRecord;
 use proxy_operator::api::{Phase, Proxy};
 use proxy_operator::provider::config::ProvidersConfig;
-use proxy_operator::controller::{self, Context, instance_name};
+use proxy_operator::lifecycle::controller::{self, Context, instance_name};
 use proxy_operator::provider::providers::Providers;
 use tokio::sync::OnceCell;
 
@@ -840,7 +840,7 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
         "skip-cleanup left the instance"
     );
     // The orphan GC, however eager, leaves it: the Proxy recorded that it was left on purpose.
-    let gc_options = proxy_operator::gc::GcOptions {
+    let gc_options = proxy_operator::lifecycle::gc::GcOptions {
         interval: Duration::from_secs(60),
         min_age: Duration::ZERO,
         dry_run: false,
@@ -851,8 +851,8 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
     };
     let providers =
         providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
-    let metrics = proxy_operator::gc::GcMetrics::register(&prometheus::Registry::new()).unwrap();
-    let reports = proxy_operator::gc::pass(
+    let metrics = proxy_operator::lifecycle::gc::GcMetrics::register(&prometheus::Registry::new()).unwrap();
+    let reports = proxy_operator::lifecycle::gc::pass(
         &ns.client(),
         &providers,
         "test-operator",
@@ -868,12 +868,12 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
         "the GC deleted it"
     );
     // Without the record it would have been collected.
-    let unrecorded = proxy_operator::gc::GcOptions {
+    let unrecorded = proxy_operator::lifecycle::gc::GcOptions {
         abandoned: None,
         dry_run: true,
         ..gc_options
     };
-    let reports = proxy_operator::gc::pass(
+    let reports = proxy_operator::lifecycle::gc::pass(
         &ns.client(),
         &providers,
         "test-operator",
@@ -1170,7 +1170,7 @@ fn store_provider(name: &str, store: &InstanceStore) -> String {
 /// mem-0` on every pass of an empty cluster).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_finds_no_orphans_with_the_sample_providers_config() {
-    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    use proxy_operator::lifecycle::gc::{GcMetrics, GcOptions, pass};
     let cp = control_plane().await;
     let sample = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -1205,7 +1205,7 @@ async fn gc_finds_no_orphans_with_the_sample_providers_config() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_deletes_only_old_orphans_with_this_operators_identity() {
-    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    use proxy_operator::lifecycle::gc::{GcMetrics, GcOptions, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-gc").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1307,7 +1307,7 @@ async fn gc_deletes_only_old_orphans_with_this_operators_identity() {
 /// deleted once older than `min_age`; the Proxy's own instance stays and the Proxy stays Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_deletes_a_live_proxys_duplicate_and_keeps_its_instance() {
-    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    use proxy_operator::lifecycle::gc::{GcMetrics, GcOptions, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-gc-dup").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1377,7 +1377,7 @@ async fn gc_deletes_a_live_proxys_duplicate_and_keeps_its_instance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_created_during_a_gc_pass_is_not_collected() {
-    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    use proxy_operator::lifecycle::gc::{GcMetrics, GcOptions, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-gc-race").await.unwrap();
     let store = InstanceStore::start().await;
@@ -1646,7 +1646,7 @@ async fn a_provider_id_patched_to_another_proxys_instance_is_not_deleted() {
 /// that appears afterwards is an orphan the next GC pass removes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_created_after_its_proxy_was_deleted_is_collected() {
-    use proxy_operator::gc::{GcMetrics, GcOptions, pass};
+    use proxy_operator::lifecycle::gc::{GcMetrics, GcOptions, pass};
     let cp = control_plane().await;
     let ns = cp.namespace("px-inflight").await.unwrap();
     let store = InstanceStore::start().await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::Api;
 use proxy_operator::api::{Proxy, ProxyPool};
-use proxy_operator::pool::{DRAINING_ANNOTATION, POOL_LABEL};
+use proxy_operator::lifecycle::pool::{DRAINING_ANNOTATION, POOL_LABEL};
 use reqwest::StatusCode;
 
 use super::common::operator_process::OperatorProcess;

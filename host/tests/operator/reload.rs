@@ -14,7 +14,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
-use proxy_operator::controller::{self, Context};
+use proxy_operator::lifecycle::controller::{self, Context};
 use proxy_operator::provider::providerhealth::{ProviderCheckMetrics, pass};
 use proxy_operator::provider::registry::{PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions};
 use sha2::{Digest, Sha256};

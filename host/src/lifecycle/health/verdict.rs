@@ -193,7 +193,7 @@ pub(crate) fn verdict_of<'a>(
     verdict
 }
 
-pub(crate) use crate::controller::credentials::key_of;
+pub(crate) use crate::lifecycle::controller::credentials::key_of;
 
 /// Provisioned, not being deleted: the proxies that are probed and may be leased.
 pub(crate) fn provisioned(proxy: &Proxy) -> Option<(&str, &ProxyStatus)> {

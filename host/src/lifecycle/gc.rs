@@ -15,7 +15,7 @@ use kube::api::ListParams;
 use kube::{Client, ResourceExt};
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use crate::abandoned::AbandonedRecord;
+use crate::lifecycle::abandoned::AbandonedRecord;
 use crate::provider::plugins::types::Instance;
 use crate::provider::plugins::{CallError, ProviderInstance};
 use crate::provider::providers::{ProviderSet, Providers};

@@ -22,7 +22,7 @@ use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
 };
 use crate::support::retry::{self, Backoffs, Wait};
-use crate::abandoned::AbandonedRecord;
+use crate::lifecycle::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyStatus};
 use crate::provider::credentials::CredentialsBook;
 use crate::support::digest::sha256_hex;

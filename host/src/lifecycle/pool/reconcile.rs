@@ -327,7 +327,7 @@ fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
             .is_some_and(|v| v == "true"),
         credentials_stale: proxy.status.as_ref().is_some_and(|s| {
             s.conditions.iter().any(|c| {
-                c.type_ == crate::controller::credentials::CONDITION
+                c.type_ == crate::lifecycle::controller::credentials::CONDITION
                     && c.status == "False"
                     && c.reason == "RotationFailed"
             })
@@ -463,7 +463,7 @@ fn new_proxy(pool: &ProxyPool, desired: &Desired, slot: &Slot) -> Proxy {
             owner_references: pool.controller_owner_ref(&()).map(|owner| vec![owner]),
             // The Proxy controller's finalizer from the start: it would otherwise add it by a
             // patch of every member as its first step (10 000 requests in a scale-up to 10 000).
-            finalizers: Some(vec![crate::controller::FINALIZER.to_string()]),
+            finalizers: Some(vec![crate::lifecycle::controller::FINALIZER.to_string()]),
             ..Default::default()
         },
         spec,
@@ -808,7 +808,7 @@ mod tests {
         // Made with the Proxy controller's finalizer: no patch adds it afterwards.
         assert_eq!(
             proxy.metadata.finalizers.as_deref(),
-            Some(&[crate::controller::FINALIZER.to_string()][..])
+            Some(&[crate::lifecycle::controller::FINALIZER.to_string()][..])
         );
         assert_ne!(
             member_name("web"),
