@@ -4,13 +4,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use proxy_operator::cli::command::{Cli, Command, LogFormat, PluginCommand};
-use proxy_operator::cli::plugin;
+use proxy_operator::faces::cli::command::{Cli, Command, LogFormat, PluginCommand};
+use proxy_operator::faces::cli::plugin;
 
 /// Logs to stderr, coloured only on a terminal without `NO_COLOR` (`logging::colour`). A
 /// `--log-level` that is not a filter is refused, not replaced by `info`.
 fn init_logging(cli: &Cli) -> Result<(), String> {
-    use proxy_operator::cli::logging;
+    use proxy_operator::faces::cli::logging;
     use std::io::IsTerminal;
     let filter = logging::filter(&cli.log_level)?;
     let no_color = std::env::var_os("NO_COLOR");
@@ -57,7 +57,7 @@ async fn main() -> ExitCode {
     if let Command::Completions { shell } = cli.command {
         use std::io::Write;
         let written =
-            std::io::stdout().write_all(&proxy_operator::cli::command::completions(shell));
+            std::io::stdout().write_all(&proxy_operator::faces::cli::command::completions(shell));
         return match written {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -71,7 +71,7 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     match &cli.command {
-        Command::Run(args) => match proxy_operator::cli::run::run((**args).clone()).await {
+        Command::Run(args) => match proxy_operator::faces::cli::run::run((**args).clone()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");
@@ -79,7 +79,7 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Gateway(args) => match proxy_operator::cli::gateway::run((**args).clone()).await {
+        Command::Gateway(args) => match proxy_operator::faces::cli::gateway::run((**args).clone()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");
@@ -113,11 +113,11 @@ async fn plugin_command(command: &PluginCommand) -> ExitCode {
         } => {
             let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
             let spec = spec.as_deref();
-            return proxy_operator::cli::plugin_test::command(file, config, spec, ssh, *json).await;
+            return proxy_operator::faces::cli::plugin_test::command(file, config, spec, ssh, *json).await;
         }
-        PluginCommand::New(args) => return proxy_operator::cli::scaffold::command(args),
+        PluginCommand::New(args) => return proxy_operator::faces::cli::scaffold::command(args),
         PluginCommand::DevApi { listen } => {
-            return proxy_operator::cli::dev_api::command(*listen).await;
+            return proxy_operator::faces::cli::dev_api::command(*listen).await;
         }
         PluginCommand::Inspect { file, config } => plugin::inspect(file, config.as_deref()).await,
         PluginCommand::Validate {

@@ -675,7 +675,7 @@ fn providers_use_only_documented_check_reasons() {
         ("plugins/upstream/src/lib.rs", &["check"]),
         ("plugins/examples/python/app.py", &["check"]),
         ("plugins/examples/js/app.js", &["check"]),
-        ("host/src/cli/scaffold/api.rs.tmpl", &["check"]),
+        ("host/src/faces/cli/scaffold/api.rs.tmpl", &["check"]),
     ];
     // Quoted words that are not reasons: object kinds the check lists.
     let not_reasons = ["Pod", "ConfigMap"];

@@ -2,5 +2,5 @@
 //! library's `kubectl` module.
 
 fn main() -> std::process::ExitCode {
-    proxy_operator::kubectl::main()
+    proxy_operator::faces::kubectl::main()
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
-use proxy_operator::cli::command::Cli;
+use proxy_operator::faces::cli::command::Cli;
 
 use super::repo;
 
@@ -214,7 +214,7 @@ fn the_configuration_doc_has_the_flags_as_clap_defines_them() {
     panic!(
         "{DOC}: the flag tables differ from the command line ({first}).\nRegenerate them with \
          `UPDATE_DOCS=1 cargo test -p proxy-operator --test deploy configuration_doc` and commit \
-         the doc; a flag's text is its doc comment in host/src/cli/."
+         the doc; a flag's text is its doc comment in host/src/faces/cli/."
     );
 }
 

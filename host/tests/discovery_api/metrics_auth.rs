@@ -13,8 +13,8 @@ use harness::process::free_port;
 use proxy_operator::support::leader::LeaderView;
 use proxy_operator::leasing::leases::auth::{Access, KubeReviewer, Review, Reviewer, User};
 use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
-use proxy_operator::metrics_auth::MetricsAuth;
-use proxy_operator::probes::{self, ProbeState};
+use proxy_operator::faces::metrics_auth::MetricsAuth;
+use proxy_operator::faces::probes::{self, ProbeState};
 use reqwest::StatusCode;
 use tokio_util::sync::CancellationToken;
 

@@ -13,7 +13,7 @@ const SDK_IN_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/sdk
 /// The operator's own lock file, written as the new crate's: the SDK's dependencies at the
 /// versions this source builds and tests with, already in the local cargo cache, so the first
 /// build needs no network (cargo trims the file to the crate's own dependencies).
-const WORKSPACE_LOCK: &str = include_str!("../../../Cargo.lock");
+const WORKSPACE_LOCK: &str = include_str!("../../../../Cargo.lock");
 
 /// The flags of `plugin new`.
 #[derive(Debug, Clone, clap::Args)]

@@ -21,7 +21,7 @@ use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::provider::config::ProvidersConfig;
 use crate::lifecycle::controller::{self, Context};
 use crate::provider::credentials::CredentialsBook;
-use crate::fleet::Fleet;
+use crate::faces::fleet::Fleet;
 use crate::lifecycle::gc;
 use crate::lifecycle::health::{HealthEngine, HealthOptions};
 use crate::support::kubeclient;
@@ -30,14 +30,14 @@ use crate::support::leader_label::LeaderLabel;
 use crate::leasing::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
-use crate::metrics::Metrics;
+use crate::faces::metrics::Metrics;
 use crate::provider::plugins::{EngineOptions, PluginEngine};
 use crate::lifecycle::pool::{self, PoolContext};
-use crate::probes::{self, ProbeState};
+use crate::faces::probes::{self, ProbeState};
 use crate::provider::providerhealth;
 use crate::provider::registry::{PluginRegistry, RegistryOptions};
 use crate::support::tls::ReloadingCert;
-use crate::{status_page, usage};
+use crate::faces::{status_page, usage};
 
 /// The operator, built and ready to run.
 pub struct Operator {

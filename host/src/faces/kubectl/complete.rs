@@ -139,7 +139,7 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
-    use crate::kubectl::args::Cli;
+    use crate::faces::kubectl::args::Cli;
 
     fn want_for(words: &[&str]) -> (Want, Option<String>) {
         let args: Vec<String> = words.iter().map(|w| w.to_string()).collect();

@@ -8,7 +8,7 @@ use super::lease_table::{LeaseFacts, LeaseView};
 use super::table::{Cell, Table, Tone, age, millis, relative, rfc3339};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
 use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-use crate::status_page::blocks_json::TargetBlocks;
+use crate::faces::status_page::blocks_json::TargetBlocks;
 
 /// What `status` looks at.
 #[derive(Debug, Clone, Default)]

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
-use crate::fleet::Fleet;
+use crate::faces::fleet::Fleet;
 use crate::support::leader::LeaderView;
 use crate::leasing::leases::LeaseStore;
 use crate::leasing::leases::store::{Lease, ProxyView};

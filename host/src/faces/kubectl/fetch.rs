@@ -19,7 +19,7 @@ use crate::support::kubeclient::list_all;
 use crate::support::leader_label::LEADER_LABEL;
 use crate::leasing::leases::LeasePersistence;
 use crate::provider::providerhealth::OPERATOR_LABEL;
-use crate::status_page::blocks_json::TargetBlocks;
+use crate::faces::status_page::blocks_json::TargetBlocks;
 
 /// The cluster as the kubeconfig (and `--kubeconfig`, `--context`) says, and the namespace to
 /// use: `-n`, else the context's, else `default`.
@@ -210,13 +210,13 @@ async fn get_blocks(url: &str, token: Option<&str>) -> Result<String, String> {
 
 /// GET `path` of the API server (the pod proxy), its body. The API server drops the
 /// `Authorization` it authenticated the user with, so the user's `token` goes to the metrics
-/// port in [`crate::metrics_auth::FORWARDED_TOKEN_HEADER`].
+/// port in [`crate::faces::metrics_auth::FORWARDED_TOKEN_HEADER`].
 async fn pod_proxy_get(client: &Client, path: &str, token: Option<&str>) -> Result<String, String> {
     // kube's client sends `http` requests; axum re-exports the same `http` crate.
     let mut request = axum::http::Request::get(path);
     if let Some(token) = token {
         request = request.header(
-            crate::metrics_auth::FORWARDED_TOKEN_HEADER,
+            crate::faces::metrics_auth::FORWARDED_TOKEN_HEADER,
             format!("Bearer {token}"),
         );
     }

@@ -19,7 +19,7 @@ use crate::leasing::gateway::options::GatewayOptions;
 use crate::leasing::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
 use crate::leasing::gateway::prefetch::Prefetching;
 use crate::leasing::gateway::server::Gateway;
-use crate::metrics_auth::MetricsAuth;
+use crate::faces::metrics_auth::MetricsAuth;
 
 /// A replica whose last load report to the leader is older than this is not ready: it could not
 /// route either.
@@ -41,7 +41,7 @@ pub struct GatewayArgs {
     #[arg(long, env = "DISCOVERY_PLAIN_HTTP", default_value_t = false)]
     pub discovery_plain_http: bool,
     #[command(flatten)]
-    pub metrics_auth: crate::operator::args::MetricsAuthArgs,
+    pub metrics_auth: crate::faces::operator::args::MetricsAuthArgs,
     /// The gateway's own token, the one the operator has as GATEWAY_TOKEN (from their Secret).
     #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
     pub gateway_token: String,
@@ -160,7 +160,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let https = https_port(&args).await?;
     let gateway = Arc::new(Gateway::new(routes.clone(), options, metrics));
     let stop = CancellationToken::new();
-    tokio::spawn(crate::operator::cancel_on_signal(stop.clone()));
+    tokio::spawn(crate::faces::operator::cancel_on_signal(stop.clone()));
 
     let reported = Arc::new(LastReport::new());
     let probes = serve_probes(
@@ -376,7 +376,7 @@ async fn serve_probes(
                 }
             }),
         )
-        .merge(auth.guard(crate::probes::metrics_router(registry)));
+        .merge(auth.guard(crate::faces::probes::metrics_router(registry)));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --metrics-addr {addr}"))?;

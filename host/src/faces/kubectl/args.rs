@@ -210,7 +210,7 @@ pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
     // The scripts complete the binary as it is on PATH (`kubectl-px`); `kubectl px` completes
     // through kubectl's own plugin completion (docs/kubectl-plugin.md).
     let mut command = Cli::command().bin_name(BIN);
-    crate::cli::command::completion_script(shell, &mut command, BIN)
+    crate::faces::cli::command::completion_script(shell, &mut command, BIN)
 }
 
 #[cfg(test)]

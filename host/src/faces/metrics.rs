@@ -16,7 +16,7 @@ pub struct Metrics {
     pub probes: crate::lifecycle::health::ProbeMetrics,
     pub gc: crate::lifecycle::gc::GcMetrics,
     pub provider_checks: crate::provider::providerhealth::ProviderCheckMetrics,
-    pub usage: crate::usage::UsageMetrics,
+    pub usage: crate::faces::usage::UsageMetrics,
 }
 
 impl Metrics {
@@ -30,7 +30,7 @@ impl Metrics {
             probes: crate::lifecycle::health::ProbeMetrics::register(&registry)?,
             gc: crate::lifecycle::gc::GcMetrics::register(&registry)?,
             provider_checks: crate::provider::providerhealth::ProviderCheckMetrics::register(&registry)?,
-            usage: crate::usage::UsageMetrics::register(&registry)?,
+            usage: crate::faces::usage::UsageMetrics::register(&registry)?,
             registry,
         })
     }

@@ -1,5 +1,5 @@
 //! `/healthz`, `/readyz`, `/leaderz` and `/metrics` on `--metrics-addr` (and the status page,
-//! `crate::status_page`).
+//! `crate::faces::status_page`).
 //!
 //! Every healthy replica is ready, so a Deployment's rolling update can finish and a
 //! PodDisruptionBudget counts both replicas: the leader once it serves leases, a standby while it
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::leader::LeaderView;
 use crate::leasing::leases::LeaseStore;
-use crate::metrics_auth::MetricsAuth;
+use crate::faces::metrics_auth::MetricsAuth;
 
 /// A standby that has not read the Lease for this long is not ready: it cannot reach the API
 /// server, so it could neither take over nor name the leader.

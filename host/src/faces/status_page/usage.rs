@@ -60,7 +60,7 @@ pub fn usage_of(families: &[MetricFamily]) -> Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::faces::metrics::Metrics;
 
     #[test]
     fn the_figures_are_the_registrys_own() {

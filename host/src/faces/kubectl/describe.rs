@@ -311,8 +311,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::kubectl::fleet::tests::proxy;
-    use crate::kubectl::lease_table::LeaseFacts;
+    use crate::faces::kubectl::fleet::tests::proxy;
+    use crate::faces::kubectl::lease_table::LeaseFacts;
 
     const NOW: u64 = 1_800_000_000_000;
 

@@ -56,19 +56,19 @@ pub struct MetricsAuthArgs {
 
 impl MetricsAuthArgs {
     /// `--metrics-insecure`'s check (anyone), said in the log.
-    pub fn auth_insecure(&self) -> std::sync::Arc<crate::metrics_auth::MetricsAuth> {
+    pub fn auth_insecure(&self) -> std::sync::Arc<crate::faces::metrics_auth::MetricsAuth> {
         tracing::warn!(
             "--metrics-insecure: /metrics and the status page are served to anyone who reaches the metrics port"
         );
-        crate::metrics_auth::MetricsAuth::insecure()
+        crate::faces::metrics_auth::MetricsAuth::insecure()
     }
 
     /// The check in front of /metrics and /status*, reviewing tokens with `client`.
-    pub fn auth(&self, client: &kube::Client) -> std::sync::Arc<crate::metrics_auth::MetricsAuth> {
+    pub fn auth(&self, client: &kube::Client) -> std::sync::Arc<crate::faces::metrics_auth::MetricsAuth> {
         if self.metrics_insecure {
             return self.auth_insecure();
         }
-        crate::metrics_auth::MetricsAuth::kubernetes(client.clone())
+        crate::faces::metrics_auth::MetricsAuth::kubernetes(client.clone())
     }
 }
 

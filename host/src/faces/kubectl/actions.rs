@@ -108,7 +108,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubectl::fleet::tests::proxy;
+    use crate::faces::kubectl::fleet::tests::proxy;
 
     #[test]
     fn the_patches_are_what_the_operator_reads() {

@@ -61,7 +61,7 @@ pub fn main() -> ExitCode {
         };
     }
     let no_color = std::env::var_os("NO_COLOR");
-    let colour = crate::cli::logging::colour(std::io::stdout().is_terminal(), no_color.as_deref());
+    let colour = crate::faces::cli::logging::colour(std::io::stdout().is_terminal(), no_color.as_deref());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
