@@ -390,24 +390,79 @@ fn no_import_cycles_between_files() {
     );
 }
 
-/// The top-level module a library file belongs to (`plugins/load.rs` → `plugins`).
-fn top_module(relative: &str) -> &str {
+/// The tiers of `host/src`, lowest first (docs/architecture.md, "Tiers"): a file may name files of
+/// its own tier and of the tiers below it, never above.
+const TIERS: &[&str] = &["support", "api", "provider", "leasing", "lifecycle", "faces"];
+
+/// The tier a library file belongs to (`provider/plugins/load.rs` → `provider`), by its folder.
+fn tier_of(relative: &str) -> Option<usize> {
     let first = relative.split('/').next().unwrap_or(relative);
-    first.strip_suffix(".rs").unwrap_or(first)
+    let first = first.strip_suffix(".rs").unwrap_or(first);
+    TIERS.iter().position(|t| *t == first)
 }
 
-/// The file graph contracted to top-level modules: `a → b` when a file of `a` names one of `b`.
+/// Every edge of the file graph that goes up a tier, as `from (tier) → to (tier)`, and every
+/// file outside a tier but the crate root.
+fn tier_violations(files: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (file, targets) in files {
+        if file == "lib.rs" {
+            continue;
+        }
+        let Some(from) = tier_of(file) else {
+            found.push(format!("{file} is in no tier (folders: {})", TIERS.join(", ")));
+            continue;
+        };
+        for target in targets {
+            match tier_of(target) {
+                Some(to) if to > from => found.push(format!(
+                    "{file} ({}) → {target} ({})",
+                    TIERS[from], TIERS[to]
+                )),
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn each_tier_imports_only_the_tiers_below_it() {
+    let files = import_graph(&library_files());
+    let violations = tier_violations(&files);
+    assert!(
+        violations.is_empty(),
+        "host/src's tiers, lowest first, are {TIERS:?}; these files name a higher tier (move \
+         the shared part down, or the file up):\n    {}",
+        violations.join("\n    ")
+    );
+}
+
+/// The module a library file belongs to: within a tier, the tier's module (`provider/plugins/
+/// load.rs` → `provider/plugins`); elsewhere the top-level module (`a/inner.rs` → `a`).
+fn top_module(relative: &str) -> String {
+    let mut parts = relative.split('/');
+    let first = parts.next().unwrap_or(relative);
+    let first = first.strip_suffix(".rs").unwrap_or(first);
+    match parts.next() {
+        Some(second) if tier_of(first).is_some() => {
+            format!("{first}/{}", second.strip_suffix(".rs").unwrap_or(second))
+        }
+        _ => first.to_string(),
+    }
+}
+
+/// The file graph contracted to modules (`top_module`): `a → b` when a file of `a` names one of `b`.
 fn module_graph(files: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (file, targets) in files {
         let from = top_module(file);
-        let edges = graph.entry(from.to_string()).or_default();
+        let edges = graph.entry(from.clone()).or_default();
         edges.extend(
             targets
                 .iter()
                 .map(|t| top_module(t))
-                .filter(|to| *to != from && *to != "lib")
-                .map(str::to_string),
+                .filter(|to| *to != from && to != "lib" && !TIERS.contains(&to.as_str())),
         );
     }
     graph
@@ -432,10 +487,10 @@ fn no_import_cycles_between_top_level_modules() {
                 .map(|(a, b)| {
                     let through: Vec<String> = files
                         .iter()
-                        .filter(|(f, _)| top_module(f) == a)
+                        .filter(|(f, _)| top_module(f) == *a)
                         .flat_map(|(f, ts)| {
                             ts.iter()
-                                .filter(|t| top_module(t) == b)
+                                .filter(|t| top_module(t) == *b)
                                 .map(move |t| format!("{f} → {t}"))
                         })
                         .collect();
@@ -597,6 +652,23 @@ fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     assert_eq!(
         cycles(&cyclic),
         [vec!["a/inner.rs".to_string(), "b.rs".to_string()]]
+    );
+    // A lower tier naming a higher one is found; the other way round is the rule.
+    let tiered = vec![
+        file("support.rs", "pub mod clock;\n"),
+        file("support/clock.rs", "pub struct Clock;\n"),
+        file("faces.rs", "pub mod page;\n"),
+        file(
+            "faces/page.rs",
+            "pub struct Page;\nfn f(_: crate::support::clock::Clock) {}\n",
+        ),
+    ];
+    assert!(tier_violations(&import_graph(&tiered)).is_empty());
+    let mut planted = tiered;
+    planted[1].text.push_str("fn g(_: crate::faces::page::Page) {}\n");
+    assert_eq!(
+        tier_violations(&import_graph(&planted)),
+        ["support/clock.rs (support) → faces/page.rs (faces)"]
     );
     let long = format!("fn long() {{\n{}}}\n", "    let _ = 1;\n".repeat(120));
     assert_eq!(function_lengths(&long), [("long".to_string(), 122)]);
