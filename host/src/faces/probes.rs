@@ -18,9 +18,9 @@ use axum::routing::get;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::leader::LeaderView;
-use crate::leasing::leases::LeaseStore;
 use crate::faces::metrics_auth::MetricsAuth;
+use crate::leasing::leases::LeaseStore;
+use crate::support::leader::LeaderView;
 
 /// A standby that has not read the Lease for this long is not ready: it cannot reach the API
 /// server, so it could neither take over nor name the leader.
