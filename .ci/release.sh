@@ -12,6 +12,8 @@
 #                                     image IMAGE_REPOSITORY, tag vx.y.z
 #   proxy-operator-x.y.z.cdx.json     a CycloneDX SBOM of the operator binary (cargo-cyclonedx,
 #                                     tests/fixtures/cargo-cyclonedx/install.sh)
+#   LICENSE                           the project's licence (Apache-2.0), also inside the chart
+#                                     package (and the krew archive, deploy/krew/package.sh)
 #   SHA256SUMS                        `sha256sum -c SHA256SUMS` checks a download
 #
 # VERSION is SemVer without a leading v and must be the workspace's version (Cargo.toml), which
@@ -128,7 +130,7 @@ grep -q "image: $repository@$digest\$" "$dist/install.yaml" ||
     die "install.yaml does not pin $repository@$digest (deploy/kustomization.yaml's images entry changed?)"
 log "  install.yaml: $(grep -c '^kind:' "$dist/install.yaml") objects in $(elapsed "$t") s"
 
-# 3. The chart with its links resolved, the release's repository and tag as the defaults.
+# 3. The chart with its links resolved (LICENSE among them), the release's repository and tag as the defaults.
 t=$(now)
 cp -rL "$repo/deploy/helm/proxy-operator" "$work/proxy-operator"
 values="$work/proxy-operator/values.yaml"
@@ -159,6 +161,7 @@ sbom="$src/host/proxy-operator_bin.cdx.json"
 mv "$sbom" "$dist/proxy-operator-$version.cdx.json"
 log "  SBOM: $(jq '.components | length' "$dist/proxy-operator-$version.cdx.json") components in $(elapsed "$t") s"
 
+cp "$repo/LICENSE" "$dist/LICENSE"
 (cd "$dist" && sha256sum -- * >SHA256SUMS)
 log "wrote $dist in $(elapsed "$total") s:"
 ls -l "$dist" >&2

@@ -1,6 +1,6 @@
 #!/bin/sh
-# Packs a built kubectl-px for krew: target/krew/kubectl-px_<os>_<arch>.tar.gz (the binary at
-# its root) and target/krew/px.yaml, deploy/krew/px.yaml with only that platform, its sha256
+# Packs a built kubectl-px for krew: target/krew/kubectl-px_<os>_<arch>.tar.gz (the binary and
+# the project's LICENSE at its root, as krew's checklist wants) and target/krew/px.yaml, deploy/krew/px.yaml with only that platform, its sha256
 # and a file:// URI, so that
 #   kubectl krew install --manifest=target/krew/px.yaml --archive=target/krew/kubectl-px_<os>_<arch>.tar.gz
 # installs it. KUBECTL_PX: the binary (default target/release/kubectl-px, built by
@@ -21,8 +21,9 @@ mkdir -p "$out"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 cp "$binary" "$stage/kubectl-px"
+cp "$root/LICENSE" "$stage/LICENSE"
 archive="$out/kubectl-px_${os}_${arch}.tar.gz"
-tar -C "$stage" -czf "$archive" kubectl-px
+tar -C "$stage" -czf "$archive" kubectl-px LICENSE
 sum=$(sha256sum "$archive" | cut -d' ' -f1)
 # Keep the manifest's head and the one platform block of this os/arch.
 awk -v os="$os" -v arch="$arch" -v sum="$sum" -v base="file://$out" '

@@ -6,7 +6,7 @@
 //! `cli.rs`: docs/configuration.md held to the command line and the providers config parser, and
 //! the shell completion script. `helm.rs`: the Helm chart renders the same objects, its lint and
 //! its values schema. `release.rs`: `make release`'s artifacts (install.yaml, the chart, the image
-//! archive, the SBOM, their sums) and `--version`.
+//! archive, the SBOM, the LICENSE, their sums) and `--version`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

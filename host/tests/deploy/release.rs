@@ -1,10 +1,10 @@
 //! `make release VERSION=…` (.ci/release.sh), with the test image as the release's image (the
 //! full Dockerfile build is make release's own and `make test-dockerfile`'s, docs/image.md):
 //! dist/ holds the image archive, install.yaml (the kustomization's objects, the image pinned by
-//! the archive's digest), the chart, a CycloneDX SBOM of the binary and SHA256SUMS over them,
-//! each read as a user would; a wrong VERSION is refused naming the fix. And `--version` names
-//! the commit the binary was built from. cluster_e2e/install_yaml.rs applies install.yaml to a
-//! real cluster.
+//! the archive's digest), the chart, a CycloneDX SBOM of the binary, the LICENSE and SHA256SUMS
+//! over them, each read as a user would; a wrong VERSION is refused naming the fix. And
+//! `--version` names the commit the binary was built from. cluster_e2e/install_yaml.rs applies
+//! install.yaml to a real cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -50,9 +50,26 @@ fn check_install_yaml(dist: &Path, digest: &str) {
     assert_eq!(crds, 3, "the CRDs are in install.yaml");
 }
 
-/// The packaged chart renders the release's image and version, the CRDs inside it.
+/// The packaged chart renders the release's image and version, the CRDs inside it, and carries
+/// the project's LICENSE (a file, not the repository's link).
 fn check_chart(dist: &Path) {
     let package = dist.join(format!("proxy-operator-{VERSION}.tgz"));
+    let license = Command::new("tar")
+        .arg("-xzOf")
+        .arg(&package)
+        .arg("proxy-operator/LICENSE")
+        .output()
+        .unwrap();
+    assert!(
+        license.status.success(),
+        "no proxy-operator/LICENSE in the chart package: {}",
+        String::from_utf8_lossy(&license.stderr)
+    );
+    assert_eq!(
+        license.stdout,
+        std::fs::read(repo().join("LICENSE")).unwrap(),
+        "the chart's LICENSE"
+    );
     let rendered = helm(&[
         "template",
         "proxy-operator",
@@ -152,9 +169,14 @@ fn make_release_writes_the_image_install_yaml_chart_sbom_and_their_sums() {
         image.clone(),
         format!("proxy-operator-{VERSION}.tgz"),
         format!("proxy-operator-{VERSION}.cdx.json"),
+        "LICENSE".to_owned(),
     ]
     .into();
     assert_eq!(files, expected);
+    assert_eq!(
+        std::fs::read(dist.path().join("LICENSE")).unwrap(),
+        std::fs::read(repo().join("LICENSE")).unwrap()
+    );
     assert_eq!(summed, files.iter().map(String::as_str).collect(), "{sums}");
 
     let digest = manifest_digest(&dist.path().join(&image));

@@ -14,7 +14,8 @@ fn manifest() -> Value {
 }
 
 /// The manifest krew reads: its kind, the plugin's name (`kubectl px`), this release's version,
-/// and for each of the four platforms an archive whose `kubectl-px` is the binary linked.
+/// the homepage (the chart's `home`), and for each of the four platforms an archive whose
+/// `kubectl-px` is the binary linked and whose LICENSE is installed beside it (krew's checklist).
 #[test]
 fn the_krew_manifest_names_the_binary_for_every_platform() {
     let manifest = manifest();
@@ -27,6 +28,20 @@ fn the_krew_manifest_names_the_binary_for_every_platform() {
     let spec = &manifest["spec"];
     assert_eq!(spec["version"], format!("v{}", env!("CARGO_PKG_VERSION")));
     assert!(!spec["shortDescription"].as_str().unwrap().is_empty());
+    // The chart's `home:` line (Chart.yaml is flat YAML there).
+    let chart = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/proxy-operator/Chart.yaml"),
+    )
+    .unwrap();
+    let home = chart
+        .lines()
+        .find_map(|l| l.strip_prefix("home: "))
+        .expect("Chart.yaml has home");
+    assert!(
+        spec["homepage"].as_str().unwrap().starts_with("https://"),
+        "{spec:#}"
+    );
+    assert_eq!(spec["homepage"], home, "krew's homepage, the chart's home");
     let mut platforms: Vec<String> = Vec::new();
     for platform in spec["platforms"].as_array().unwrap() {
         let labels = &platform["selector"]["matchLabels"];
@@ -44,7 +59,7 @@ fn the_krew_manifest_names_the_binary_for_every_platform() {
         assert_eq!(platform["sha256"], format!("SHA256_{os}_{arch}"));
         assert_eq!(
             platform["files"],
-            serde_json::json!([{"from": "kubectl-px", "to": "."}])
+            serde_json::json!([{"from": "kubectl-px", "to": "."}, {"from": "LICENSE", "to": "."}])
         );
     }
     platforms.sort();
@@ -55,7 +70,8 @@ fn the_krew_manifest_names_the_binary_for_every_platform() {
 }
 
 /// `deploy/krew/package.sh` packs the built binary: the archive holds `kubectl-px` at its root,
-/// byte for byte, and its manifest keeps this platform only, with the archive's sha256.
+/// byte for byte, and the project's LICENSE (Apache-2.0), and its manifest keeps this platform
+/// only, with the archive's sha256.
 #[test]
 fn the_packing_script_writes_an_archive_and_its_manifest() {
     let out = tempfile::tempdir().unwrap();
@@ -72,7 +88,10 @@ fn the_packing_script_writes_an_archive_and_its_manifest() {
         .arg(&archive)
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8(listing.stdout).unwrap(), "kubectl-px\n");
+    assert_eq!(
+        String::from_utf8(listing.stdout).unwrap(),
+        "kubectl-px\nLICENSE\n"
+    );
     let unpacked = tempfile::tempdir().unwrap();
     assert!(
         std::process::Command::new("tar")
@@ -87,6 +106,14 @@ fn the_packing_script_writes_an_archive_and_its_manifest() {
     assert!(
         std::fs::read(unpacked.path().join("kubectl-px")).unwrap()
             == std::fs::read(env!("CARGO_BIN_EXE_kubectl-px")).unwrap()
+    );
+    let license = std::fs::read_to_string(unpacked.path().join("LICENSE")).unwrap();
+    assert_eq!(
+        license,
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../LICENSE")).unwrap()
+    );
+    assert!(
+        license.contains("Apache License\n                           Version 2.0, January 2004")
     );
     let manifest: Value = proxy_operator::support::yaml::from_str(
         &std::fs::read_to_string(out.path().join("px.yaml")).unwrap(),
