@@ -9,7 +9,7 @@
 #                                     deploy/` renders, the image pinned by the archive's digest
 #                                     (IMAGE_REPOSITORY@sha256:…)
 #   proxy-operator-x.y.z.tgz          the Helm chart, packaged: version and appVersion x.y.z,
-#                                     image IMAGE_REPOSITORY, tag vx.y.z
+#                                     image IMAGE_REPOSITORY, tag vx.y.z (the appVersion's)
 #   proxy-operator-x.y.z.cdx.json     a CycloneDX SBOM of the operator binary (cargo-cyclonedx,
 #                                     tests/fixtures/cargo-cyclonedx/install.sh)
 #   LICENSE                           the project's licence (Apache-2.0), also inside the chart
@@ -130,12 +130,13 @@ grep -q "image: $repository@$digest\$" "$dist/install.yaml" ||
     die "install.yaml does not pin $repository@$digest (deploy/kustomization.yaml's images entry changed?)"
 log "  install.yaml: $(grep -c '^kind:' "$dist/install.yaml") objects in $(elapsed "$t") s"
 
-# 3. The chart with its links resolved (LICENSE among them), the release's repository and tag as the defaults.
+# 3. The chart with its links resolved (LICENSE among them), the release's repository as the
+# default; the image's tag defaults to v<appVersion>, set by --app-version.
 t=$(now)
 cp -rL "$repo/deploy/helm/proxy-operator" "$work/proxy-operator"
 values="$work/proxy-operator/values.yaml"
-sed -i -e "s/^  tag: dev\$/  tag: v$version/" -e "s|^  repository: proxy-operator\$|  repository: $repository|" "$values"
-grep -qx "  tag: v$version" "$values" || die "no '  tag: dev' line in $values to set"
+sed -i -e "s|^  repository: proxy-operator\$|  repository: $repository|" "$values"
+grep -qx '  tag: ""' "$values" || die "no '  tag: \"\"' line in $values: the chart would not default to the release's tag"
 grep -qx "  repository: $repository" "$values" || die "no '  repository: proxy-operator' line in $values to set"
 "$helm" lint --strict "$work/proxy-operator" >&2
 "$helm" package "$work/proxy-operator" --version "$version" --app-version "$version" -d "$dist" >&2

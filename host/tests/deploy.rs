@@ -5,8 +5,10 @@
 //! real cluster; this one also covers the monitoring objects, whose CRDs no test cluster has.
 //! `cli.rs`: docs/configuration.md held to the command line and the providers config parser, and
 //! the shell completion script. `helm.rs`: the Helm chart renders the same objects, its lint and
-//! its values schema. `release.rs`: `make release`'s artifacts (install.yaml, the chart, the image
-//! archive, the SBOM, the LICENSE, their sums) and `--version`.
+//! its values schema; `helm_values.rs`: the values a platform team sets (cloud identity, extra
+//! volumes, security contexts, replicaCount, NOTES.txt, namespaces kept on uninstall).
+//! `release.rs`: `make release`'s artifacts (install.yaml, the chart, the image archive, the
+//! SBOM, the LICENSE, their sums) and `--version`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,6 +19,8 @@ use serde_json::Value;
 mod cli;
 #[path = "deploy/helm.rs"]
 mod helm;
+#[path = "deploy/helm_values.rs"]
+mod helm_values;
 #[path = "deploy/release.rs"]
 mod release;
 #[path = "common/release.rs"]

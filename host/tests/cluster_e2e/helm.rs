@@ -5,8 +5,9 @@
 //! a kubernetes-provider Proxy `Ready`, leased through the discovery Service over https (trusting
 //! the Secret's CA), a page fetched through it → `helm upgrade` with another providers entry (its ProviderHealth
 //! appears: the operator reloads the config) and one replica (the Deployment follows) → leased
-//! and fetched again → `helm uninstall` removes the release's objects and keeps the CRDs
-//! (`crds.keep`). The helm is the fixture built from its Go module (tests/fixtures/helm).
+//! and fetched again → `helm uninstall` removes the release's objects and keeps the CRDs and the
+//! provider namespace (`crds.keep`, `providerNamespaces.keep`). The helm is the fixture built from
+//! its Go module (tests/fixtures/helm).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -90,8 +91,9 @@ pub(super) fn values(
         providers.push(entry("in-cluster-b"));
     }
     json!({
-        "image": {"pullPolicy": "Never"},
-        "replicas": replicas,
+        // The tag the node's imported image has (the chart's default is its release's).
+        "image": {"tag": "dev", "pullPolicy": "Never"},
+        "replicaCount": replicas,
         "providers": providers,
         "extraEnv": [
             {"name": "HEALTH_TARGET", "value": health_target},
@@ -321,7 +323,8 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
     ));
 
     // helm uninstall, once the Proxy is gone (its finalizer is the operator's): the release's
-    // objects go, the CRDs stay.
+    // objects go, the CRDs and the provider namespace the chart made stay (crds.keep,
+    // providerNamespaces.keep).
     kubectl(
         cluster,
         &[
@@ -355,7 +358,6 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         &["clusterrole/proxy-operator"],
         &["clusterrole/proxy-operator-metrics-reader"],
         &["flowschema/proxy-operator-leader-election"],
-        &["namespace/proxies"],
     ] {
         assert!(
             !exists(cluster, gone).await,
@@ -366,8 +368,12 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
         let crd = format!("crd/{kept}.proxy-operator.dev");
         assert!(exists(cluster, &[&crd]).await, "{crd} kept (crds.keep)");
     }
+    assert!(
+        exists(cluster, &["namespace/proxies"]).await,
+        "namespace/proxies kept (providerNamespaces.keep)"
+    );
     phases.done(&format!(
-        "helm uninstall in {:.1} s: the release's objects gone, the CRDs kept",
+        "helm uninstall in {:.1} s: the release's objects gone, the CRDs and namespace kept",
         uninstalled.elapsed().as_secs_f64()
     ));
 
@@ -393,6 +399,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
             "namespace",
             CRAWLERS,
             "proxy-operator",
+            "proxies",
             "--wait=true",
             "--timeout=180s",
         ],

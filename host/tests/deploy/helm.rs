@@ -23,7 +23,7 @@ const HELM_ONLY_LABELS: [&str; 4] = [
 ];
 const HELM_ONLY_ANNOTATIONS: [&str; 1] = ["helm.sh/resource-policy"];
 
-fn chart() -> PathBuf {
+pub(super) fn chart() -> PathBuf {
     repo().join("deploy/helm/proxy-operator")
 }
 
@@ -37,7 +37,7 @@ pub(super) fn helm(args: &[&str]) -> Output {
 }
 
 /// `helm template proxy-operator CHART --namespace proxy-operator` with more `args`, as objects.
-fn template(args: &[&str]) -> Vec<Value> {
+pub(super) fn template(args: &[&str]) -> Vec<Value> {
     let chart = chart();
     let mut all = vec![
         "template",
@@ -156,14 +156,38 @@ fn compare(kustomized: Vec<Value>, rendered: Vec<Value>) -> Vec<String> {
     out
 }
 
-/// The one difference by design: the operator's own Namespace is Helm's (`helm install
-/// --namespace`, labelled by the user: README), not an object of the release.
+/// A difference by design: the operator's own Namespace is Helm's (`helm install --namespace`,
+/// labelled by the user: README), not an object of the release.
 const BY_DESIGN: &str = "Namespace/proxy-operator: only in the kustomization";
 
+/// The chart's appVersion (Chart.yaml).
+fn app_version() -> String {
+    let text = std::fs::read_to_string(chart().join("Chart.yaml")).unwrap();
+    let chart = yaml_objects(&text).remove(0);
+    chart["appVersion"].as_str().unwrap().to_owned()
+}
+
+/// The other difference by design, in the operator's and the gateway's Deployment: the image's
+/// tag. The chart's default is its release's, `v<appVersion>` (the tag `make release` gives
+/// the image), the kustomization's `dev` (`make image`'s; install.yaml pins the release's
+/// digest); `image.tag=dev` renders the kustomization's.
+fn image_tag_by_design(deployment: &str) -> String {
+    format!(
+        "Deployment/proxy-operator/{deployment}: spec.template.spec.containers[0].image: \
+         kustomize \"proxy-operator:dev\", chart \"proxy-operator:v{}\"",
+        app_version()
+    )
+}
+
 fn assert_same(what: &str, kustomized: Vec<Value>, rendered: Vec<Value>) {
+    let by_design = [
+        BY_DESIGN.to_owned(),
+        image_tag_by_design("proxy-operator"),
+        image_tag_by_design("proxy-operator-gateway"),
+    ];
     let differ: Vec<String> = compare(kustomized, rendered)
         .into_iter()
-        .filter(|d| d != BY_DESIGN)
+        .filter(|d| !by_design.contains(d))
         .collect();
     assert!(
         differ.is_empty(),
@@ -187,11 +211,17 @@ fn helm_template_renders_what_kubectl_kustomize_deploy_does() {
     assert_eq!(
         compare(kustomized.clone(), changed),
         [
-            "Deployment/proxy-operator/proxy-operator: spec.replicas: kustomize 2, chart 3",
-            BY_DESIGN,
+            "Deployment/proxy-operator/proxy-operator: spec.replicas: kustomize 2, chart 3".into(),
+            image_tag_by_design("proxy-operator"),
+            BY_DESIGN.to_owned(),
         ]
     );
-    assert_same("default values", kustomized, rendered);
+    assert_same("default values", kustomized.clone(), rendered);
+    // With the kustomization's tag, the Namespace is the only difference.
+    assert_eq!(
+        compare(kustomized, template(&["--set", "image.tag=dev"])),
+        [BY_DESIGN]
+    );
 }
 
 #[test]
@@ -335,6 +365,18 @@ fn refusal(values: &str) -> String {
 fn the_values_schema_refuses_unknown_keys_and_wrong_types_naming_the_field() {
     for (values, names) in [
         ("replicas: two\n", &["'/replicas'", "want integer"][..]),
+        (
+            "replicaCount: two\n",
+            &["'/replicaCount'", "want integer"][..],
+        ),
+        (
+            "serviceAccount: {anotations: {}}\n",
+            &["'/serviceAccount'", "'anotations'"][..],
+        ),
+        (
+            "providerNamespaces: {kep: true}\n",
+            &["'/providerNamespaces'", "'kep'"][..],
+        ),
         ("image: {repositry: x}\n", &["'/image'", "'repositry'"][..]),
         ("replica: 3\n", &["'replica'"][..]),
         (
@@ -413,7 +455,11 @@ fn the_values_schema_takes_exactly_the_providers_config_fields_the_operator_does
 }
 
 /// `helm ARGS` against the shared control plane, Helm's own state in `home`.
-fn helm_against(cp: &harness::ControlPlane, home: &std::path::Path, args: &[&str]) -> Output {
+pub(super) fn helm_against(
+    cp: &harness::ControlPlane,
+    home: &std::path::Path,
+    args: &[&str],
+) -> Output {
     std::process::Command::new(harness::bins::helm_binary())
         .args(args)
         .env("KUBECONFIG", cp.kubeconfig())

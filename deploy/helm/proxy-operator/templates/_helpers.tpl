@@ -13,13 +13,29 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{/* The operator's image: repository@digest, or repository:tag. */}}
+{{/* The operator's image: repository@digest, or repository:tag; no tag: the release's,
+v<appVersion> (what `make release` tags). */}}
 {{- define "proxy-operator.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default (printf "v%s" (trimPrefix "v" .Chart.AppVersion)) }}
 {{- end -}}
+{{- end }}
+
+{{/* The operator's replicas: replicaCount, or the old key `replicas` when a values file still
+sets it (NOTES.txt says to rename it). */}}
+{{- define "proxy-operator.replicas" -}}
+{{- if and (hasKey .Values "replicas") (not (kindIs "invalid" .Values.replicas)) -}}
+{{ .Values.replicas }}
+{{- else -}}
+{{ .Values.replicaCount }}
+{{- end -}}
+{{- end }}
+
+{{/* The operator's ServiceAccount's name. */}}
+{{- define "proxy-operator.serviceAccountName" -}}
+{{ .Values.serviceAccount.name }}
 {{- end }}
 
 {{/* The distinct namespaces the providers' kube grants name. */}}
@@ -36,6 +52,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* The ServiceAccount the operator runs as, as a subject. */}}
 {{- define "proxy-operator.subject" -}}
 - kind: ServiceAccount
-  name: proxy-operator
+  name: {{ include "proxy-operator.serviceAccountName" . }}
   namespace: {{ .Release.Namespace }}
 {{- end }}
