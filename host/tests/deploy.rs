@@ -239,22 +239,46 @@ fn documented_metrics() -> BTreeSet<String> {
     names
 }
 
+/// Where the alerts' runbook_url point (the Helm chart: monitoring.runbookBaseUrl).
+pub(crate) const RUNBOOKS: &str =
+    "https://github.com/proxy-operator/proxy-operator/blob/main/docs/runbooks/";
+
 #[test]
 fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
     let objects = with_component("deploy/monitoring");
-    // Each ServiceMonitor scrapes with Prometheus's token, which its binding lets read /metrics.
+    let named = |k: &str| {
+        objects
+            .iter()
+            .find(|o| kind_and_name(o) == k)
+            .unwrap_or_else(|| panic!("{k} in deploy/monitoring"))
+    };
+    // Each ServiceMonitor hands Prometheus the token of the scraper ServiceAccount from its
+    // Secret (`authorization`, not the deprecated bearerTokenFile), which the binding lets read
+    // /metrics: any Prometheus scrapes with it.
     for monitor in objects.iter().filter(|o| o["kind"] == "ServiceMonitor") {
+        let endpoint = &monitor["spec"]["endpoints"][0];
         assert_eq!(
-            monitor["spec"]["endpoints"][0]["bearerTokenFile"],
-            "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            endpoint["authorization"],
+            serde_json::json!({"type": "Bearer", "credentials":
+                {"name": "proxy-operator-metrics-scraper-token", "key": "token"}}),
             "{monitor}"
         );
+        assert!(endpoint.get("bearerTokenFile").is_none(), "{monitor}");
     }
-    let binding = objects
-        .iter()
-        .find(|o| kind_and_name(o) == "ClusterRoleBinding/proxy-operator-metrics-reader")
-        .expect("Prometheus bound to the metrics reader");
+    let token = named("Secret/proxy-operator-metrics-scraper-token");
+    assert_eq!(token["type"], "kubernetes.io/service-account-token");
+    assert_eq!(
+        token["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        "proxy-operator-metrics-scraper"
+    );
+    named("ServiceAccount/proxy-operator-metrics-scraper");
+    let binding = named("ClusterRoleBinding/proxy-operator-metrics-reader");
     assert_eq!(binding["roleRef"]["name"], "proxy-operator-metrics-reader");
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "proxy-operator-metrics-scraper",
+                            "namespace": "proxy-operator"}])
+    );
     let documented = documented_metrics();
     let rule = objects
         .iter()
@@ -271,7 +295,20 @@ fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
             );
         }
         assert!(r["annotations"]["description"].is_string());
-        alerts.insert(r["alert"].as_str().unwrap().to_string());
+        // Every alert links its runbook, a page of docs/runbooks/ that exists.
+        let alert = r["alert"].as_str().unwrap();
+        assert_eq!(
+            r["annotations"]["runbook_url"],
+            format!("{RUNBOOKS}{alert}.md"),
+            "alert {alert}"
+        );
+        let page = std::fs::read_to_string(repo().join(format!("docs/runbooks/{alert}.md")))
+            .unwrap_or_else(|e| panic!("docs/runbooks/{alert}.md: {e}"));
+        assert!(
+            page.starts_with(&format!("# {alert}\n")),
+            "docs/runbooks/{alert}.md"
+        );
+        alerts.insert(alert.to_string());
     }
     // Capacity, provider health, reconcile errors, plugin load failures.
     for wanted in [

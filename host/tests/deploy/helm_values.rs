@@ -3,7 +3,8 @@
 //! gcp provider's) through values only, rendered and installed in a real API server; the
 //! ServiceAccount's name, priority, spread, affinity and the security contexts (OpenShift's
 //! assigned uid); `replicaCount` and the old `replicas`; NOTES.txt; the provider namespaces
-//! left in place by `helm uninstall`.
+//! left in place by `helm uninstall`; the monitoring objects' labels (kube-prometheus-stack's
+//! `release` selector), more metrics readers and the runbooks' address.
 
 use serde_json::{Value, json};
 
@@ -336,4 +337,74 @@ async fn installed_with_cloud_values_and_uninstalled_leaving_the_namespaces() {
         "the release's objects gone"
     );
     cp.stop().await;
+}
+
+#[test]
+fn monitoring_labels_readers_and_runbooks_come_from_values() {
+    let file = values_file(
+        r#"
+monitoring:
+  enabled: true
+  labels: {release: kube-prometheus-stack}
+  metricsReaders:
+    - {kind: ServiceAccount, name: prometheus-k8s, namespace: monitoring}
+  runbookBaseUrl: https://runbooks.example/proxy-operator/
+"#,
+    );
+    let objects = template(&["-f", file.path().to_str().unwrap()]);
+    let monitoring: Vec<&Value> = objects
+        .iter()
+        .filter(|o| ["ServiceMonitor", "PrometheusRule"].contains(&o["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        monitoring.len(),
+        3,
+        "two ServiceMonitors and the PrometheusRule"
+    );
+    for o in &monitoring {
+        assert_eq!(
+            o["metadata"]["labels"]["release"],
+            "kube-prometheus-stack",
+            "{}",
+            key(o)
+        );
+    }
+    for o in objects.iter().filter(|o| !monitoring.contains(o)) {
+        assert!(
+            o["metadata"]["labels"].get("release").is_none(),
+            "{} labelled",
+            key(o)
+        );
+    }
+    assert_eq!(
+        object(&objects, "ClusterRoleBinding/proxy-operator-metrics-reader")["subjects"],
+        json!([
+            {"kind": "ServiceAccount", "name": "proxy-operator-metrics-scraper", "namespace": "proxy-operator"},
+            {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+        ])
+    );
+    assert_eq!(
+        object(
+            &objects,
+            "Secret/proxy-operator/proxy-operator-metrics-scraper-token"
+        )["type"],
+        "kubernetes.io/service-account-token"
+    );
+    let rule = object(&objects, "PrometheusRule/proxy-operator/proxy-operator");
+    for r in rule["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        assert_eq!(
+            r["annotations"]["runbook_url"],
+            format!(
+                "https://runbooks.example/proxy-operator/{}.md",
+                r["alert"].as_str().unwrap()
+            )
+        );
+    }
+    // By default the chart's runbooks are the kustomization's.
+    let objects = template(&["--set", "monitoring.enabled=true"]);
+    let rule = object(&objects, "PrometheusRule/proxy-operator/proxy-operator");
+    let url = rule["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"]
+        .as_str()
+        .unwrap();
+    assert!(url.starts_with(crate::RUNBOOKS), "{url}");
 }
