@@ -73,6 +73,7 @@ test-phases:
 	.ci/phase clippy $(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# Every test target, the examples, the binaries and the soak bench, built once.
 	.ci/phase "test build" .ci/run-suites --build-only
+	.ci/phase "make dev's dep-info beside the binary (the README's order)" $(MAKE) --no-print-directory readme-order
 	.ci/phase "operator image (test build's binary)" $(MAKE) --no-print-directory test-image-of-build
 	.ci/phase "operator image (full Dockerfile build, when its recipe changed)" \
 		$(MAKE) --no-print-directory test-dockerfile
@@ -131,14 +132,30 @@ test-image: plugins
 	@$(MAKE) --no-print-directory test-image-of-build
 
 # The prebuilt image of the binary already built (what `make test` runs after its test build;
-# no cargo here: another cargo command could rebuild the binary with other features). A binary
-# `cargo test` built for the integration tests has no dep-info beside it (only `cargo build`
-# writes one there): build.sh then reads rustc's of the operator's crate in the build directory.
+# no cargo here: another cargo command could rebuild the binary with other features). The binary
+# is packaged from a hard link under target/test-image/, where no dep-info lies beside it, so
+# build.sh reads rustc's dep-info of the operator's crate in the build directory: the files the
+# test build compiled it from. Never the `proxy-operator.d` beside target/debug/proxy-operator:
+# only a `cargo build` (make dev's) writes that one, a later `cargo test` build replaces the
+# binary but not it, and it lists host/build.rs's watch files (.git/HEAD), which the image's
+# context leaves out (issue 53: `make dev` then `make test` failed here).
 test-image-of-build:
-	@archive="$$(OPERATOR_BINARY=target/debug/proxy-operator \
+	@mkdir -p target/test-image && ln -f target/debug/proxy-operator target/test-image/proxy-operator
+	@archive="$$(OPERATOR_BINARY=target/test-image/proxy-operator \
 		CARGO_BUILD_BUILD_DIR="$${CARGO_BUILD_BUILD_DIR:-target}" \
 		tests/fixtures/operator-image/build.sh)" && \
 		tests/fixtures/operator-image/check.sh "$$archive"
+
+# The README's order, `make dev` then `make test`, every time `make test` runs: `make dev`'s
+# `cargo build` leaves cargo's dep-info beside the binary (naming host/build.rs's watch files);
+# written as that build writes it when no `make dev` ran before, so the image phase after it
+# meets what a user's second command meets.
+.PHONY: readme-order
+readme-order:
+	@d=target/debug/proxy-operator.d; [ -f "$$d" ] || { mkdir -p target/debug && \
+		printf '%s: %s %s %s\n' "$(CURDIR)/target/debug/proxy-operator" "$(CURDIR)/.git/HEAD" \
+		"$(CURDIR)/.git/refs/heads/main" "$(CURDIR)/host/src/main.rs" >"$$d"; }; \
+		echo "$$d: $$(cat "$$d" | wc -w) paths, as make dev's cargo build leaves it"
 
 # The full Dockerfile build of both variants (CARGO_PROFILE=image-ci), checked, whenever what it depends on
 # besides the sources changed (Dockerfile, .dockerignore, Cargo files, toolchain, scripts) and
