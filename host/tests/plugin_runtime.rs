@@ -9,6 +9,9 @@ mod versions;
 // SigV4 signing of `valueFrom.awsCredentials` (issue #34).
 #[path = "plugin_runtime/aws_signing.rs"]
 mod aws_signing;
+// Keyless GCP: the metadata server's tokens (issue #53).
+#[path = "plugin_runtime/gcp_metadata.rs"]
+mod gcp_metadata;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -109,9 +109,12 @@ impl UpstreamSettings {
             );
         }
         let source = &credentials.password_from;
-        if source.gcp_service_account_key.is_some() || source.aws_credentials.is_some() {
+        if source.gcp_service_account_key.is_some()
+            || source.aws_credentials.is_some()
+            || source.gcp_metadata_server.is_some()
+        {
             return Err(
-                "upstream.credentials.passwordFrom: set `file` (a mounted Secret key) or `env`; a service-account key or AWS keys are not a password"
+                "upstream.credentials.passwordFrom: set `file` (a mounted Secret key) or `env`; a service-account key, a metadata-server token or AWS keys are not a password"
                     .into(),
             );
         }

@@ -64,7 +64,7 @@ pub enum HttpError {
 #[derive(Debug)]
 struct Credential {
     grant: ValidCredential,
-    /// Set for `gcpServiceAccountKey`: the tokens minted from it.
+    /// Set for `gcpServiceAccountKey` and `gcpMetadataServer`: the tokens minted or fetched.
     tokens: Option<gcp_token::GcpTokens>,
     /// Set for `awsCredentials`: the request is signed rather than given a header.
     signer: Option<aws_sign::AwsSigner>,
@@ -111,8 +111,14 @@ impl HttpCapability {
                 match &c.value {
                     SecretValue::GcpServiceAccountKey(path) => {
                         tokens = Some(
-                            gcp_token::GcpTokens::new(path)
+                            gcp_token::GcpTokens::from_key_file(path)
                                 .map_err(|e| failed("gcpServiceAccountKey", e.to_string()))?,
+                        );
+                    }
+                    SecretValue::GcpMetadataServer(url) => {
+                        tokens = Some(
+                            gcp_token::GcpTokens::from_metadata_server(url)
+                                .map_err(|e| failed("gcpMetadataServer", e.to_string()))?,
                         );
                     }
                     SecretValue::AwsCredentials(signing) => {

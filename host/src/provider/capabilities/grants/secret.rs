@@ -26,6 +26,76 @@ pub struct SecretSource {
     /// AWS keys: the host signs each request with SigV4 (`grants/aws.rs`).
     #[serde(default)]
     pub aws_credentials: Option<Box<AwsCredentialsSource>>,
+    /// The metadata server's tokens (GKE Workload Identity, a GCE VM's service account): the
+    /// value is an OAuth access token the host GETs from it and renews before it expires.
+    #[serde(default)]
+    pub gcp_metadata_server: Option<GcpMetadataServerSource>,
+}
+
+/// `valueFrom.gcpMetadataServer` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GcpMetadataServerSource {
+    /// `host[:port]` of the metadata server; `$GCE_METADATA_HOST` (as Google's client
+    /// libraries read it), else `metadata.google.internal`.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// The service account whose token is asked for; `default` (the Pod's Kubernetes
+    /// ServiceAccount's IAM binding under Workload Identity) when absent.
+    #[serde(default)]
+    pub service_account: Option<String>,
+}
+
+/// The metadata server's documented names: its DNS name and its IPv4 and IPv6 addresses.
+const METADATA_HOSTS: &[&str] = &[
+    "metadata.google.internal",
+    "169.254.169.254",
+    "[fd20:ce::254]",
+];
+
+impl GcpMetadataServerSource {
+    /// The token URL, checked: only the metadata server's own names or a loopback address (a
+    /// sidecar or a test) — the token is the operator's identity and plain HTTP carries it.
+    pub fn token_url(
+        &self,
+        environment: impl Fn(&str) -> Option<String>,
+    ) -> Result<url::Url, String> {
+        let host = self
+            .host
+            .clone()
+            .or_else(|| environment("GCE_METADATA_HOST"))
+            .unwrap_or_else(|| METADATA_HOSTS[0].to_string());
+        let account = self.service_account.as_deref().unwrap_or("default");
+        let account_ok = !account.is_empty()
+            && account.len() <= 128
+            && account
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "@.-_".contains(c));
+        if !account_ok {
+            return Err(format!(
+                "valueFrom.gcpMetadataServer.serviceAccount: `{account}` is not a service account; write `default` or its email, e.g. proxies@project.iam.gserviceaccount.com"
+            ));
+        }
+        let url = url::Url::parse(&format!(
+            "http://{host}/computeMetadata/v1/instance/service-accounts/{account}/token"
+        ))
+        .ok()
+        .filter(|u| u.path().ends_with("/token") && u.query().is_none() && u.username().is_empty())
+        .ok_or_else(|| format!("valueFrom.gcpMetadataServer.host: `{host}` is not host[:port]"))?;
+        let name = url.host_str().unwrap_or_default();
+        let loopback = name == "localhost"
+            || name
+                .trim_matches(['[', ']'])
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !(loopback || METADATA_HOSTS.contains(&name)) {
+            return Err(format!(
+                "valueFrom.gcpMetadataServer.host: `{host}` is not the metadata server; leave it out (metadata.google.internal), or name {} or a loopback address",
+                METADATA_HOSTS.join(", ")
+            ));
+        }
+        Ok(url)
+    }
 }
 
 impl std::fmt::Debug for SecretSource {
@@ -45,6 +115,8 @@ pub enum SecretValue {
     File(PathBuf),
     GcpServiceAccountKey(PathBuf),
     AwsCredentials(Box<AwsSigning>),
+    /// The metadata server's token URL (`gcpMetadataServer`, checked).
+    GcpMetadataServer(url::Url),
 }
 
 impl std::fmt::Debug for SecretValue {
@@ -59,12 +131,25 @@ impl std::fmt::Debug for SecretValue {
             SecretValue::AwsCredentials(signing) => {
                 write!(f, "awsCredentials:{}/{}", signing.region, signing.service)
             }
+            SecretValue::GcpMetadataServer(url) => write!(f, "gcpMetadataServer:{url}"),
         }
     }
 }
 
 impl SecretValue {
     pub(crate) fn from_source(source: &SecretSource) -> Result<Self, String> {
+        const EXACTLY_ONE: &str = "valueFrom: set exactly one of `env` (a variable name), `file` (a path), `gcpServiceAccountKey` (a key file path), `gcpMetadataServer` (GKE Workload Identity) or `awsCredentials` (SigV4 signing)";
+        if let Some(metadata) = &source.gcp_metadata_server {
+            let alone = source.env.is_none()
+                && source.file.is_none()
+                && source.gcp_service_account_key.is_none()
+                && source.aws_credentials.is_none();
+            if !alone {
+                return Err(EXACTLY_ONE.into());
+            }
+            let url = metadata.token_url(|name| std::env::var(name).ok())?;
+            return Ok(SecretValue::GcpMetadataServer(url));
+        }
         match (
             &source.env,
             &source.file,
@@ -83,7 +168,7 @@ impl SecretValue {
             (None, None, None, Some(aws)) => Ok(SecretValue::AwsCredentials(Box::new(
                 AwsSigning::parse(aws)?,
             ))),
-            _ => Err("valueFrom: set exactly one of `env` (a variable name), `file` (a path), `gcpServiceAccountKey` (a key file path) or `awsCredentials` (SigV4 signing)".into()),
+            _ => Err(EXACTLY_ONE.into()),
         }
     }
 }
@@ -174,9 +259,9 @@ pub(crate) fn read_secret(value: &SecretValue) -> Result<String, String> {
         SecretValue::File(path) => std::fs::read_to_string(path)
             .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
             .map_err(|e| format!("cannot read {}: {e}", path.display())),
-        SecretValue::GcpServiceAccountKey(_) | SecretValue::AwsCredentials(_) => {
-            Err("no source configured".into())
-        }
+        SecretValue::GcpServiceAccountKey(_)
+        | SecretValue::AwsCredentials(_)
+        | SecretValue::GcpMetadataServer(_) => Err("no source configured".into()),
     }
 }
 
@@ -522,6 +607,68 @@ mod tests {
             ..Default::default()
         };
         AwsSigning::parse(&irsa).unwrap();
+    }
+
+    #[test]
+    fn the_metadata_servers_token_url_and_its_refusals() {
+        let url = |host: Option<&str>, account: Option<&str>, env: Option<&str>| {
+            GcpMetadataServerSource {
+                host: host.map(str::to_string),
+                service_account: account.map(str::to_string),
+            }
+            .token_url(|name| {
+                (name == "GCE_METADATA_HOST")
+                    .then(|| env.map(str::to_string))
+                    .flatten()
+            })
+            .map(|u| u.to_string())
+        };
+        let base = "/computeMetadata/v1/instance/service-accounts";
+        assert_eq!(
+            url(None, None, None).unwrap(),
+            format!("http://metadata.google.internal{base}/default/token")
+        );
+        assert_eq!(
+            url(
+                None,
+                Some("p@x.iam.gserviceaccount.com"),
+                Some("127.0.0.1:8989")
+            )
+            .unwrap(),
+            format!("http://127.0.0.1:8989{base}/p@x.iam.gserviceaccount.com/token")
+        );
+        assert_eq!(
+            url(Some("169.254.169.254"), None, Some("127.0.0.1:1")).unwrap(),
+            format!("http://169.254.169.254{base}/default/token"),
+            "the field wins over the variable"
+        );
+        url(Some("[fd20:ce::254]"), None, None).unwrap();
+        url(Some("[::1]:8080"), None, None).unwrap();
+        for (host, account, says) in [
+            (Some("evil.example"), None, "is not the metadata server"),
+            (Some("192.168.1.10"), None, "is not the metadata server"),
+            (Some("a/b?c"), None, "is not host[:port]"),
+            (
+                None,
+                Some("../../../v1/project"),
+                "is not a service account",
+            ),
+            (None, Some(""), "is not a service account"),
+        ] {
+            let error = url(host, account, None).unwrap_err();
+            assert!(error.contains(says), "{host:?} {account:?}: {error}");
+        }
+        // With another source beside it, the usual "exactly one" refusal.
+        let both = SecretSource {
+            env: Some("X".into()),
+            gcp_metadata_server: Some(Default::default()),
+            ..Default::default()
+        };
+        assert!(
+            SecretValue::from_source(&both)
+                .unwrap_err()
+                .contains("exactly one")
+        );
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! OAuth 2.0 access tokens minted from a Google service-account key (the JWT bearer flow of
-//! RFC 7523, as Google documents it for server-to-server apps), for credentials with
-//! `valueFrom.gcpServiceAccountKey`. The key file stays with the host; a plugin only ever gets
-//! requests with the token already in its header, and never the token itself.
+//! OAuth 2.0 access tokens for Google Cloud: minted from a service-account key (the JWT bearer
+//! flow of RFC 7523, as Google documents it for server-to-server apps), for credentials with
+//! `valueFrom.gcpServiceAccountKey`; or fetched from the metadata server (GKE Workload
+//! Identity, a GCE VM's service account: `GET …/service-accounts/ACCOUNT/token` with
+//! `Metadata-Flavor: Google`), for `valueFrom.gcpMetadataServer` — no key file at all. The key
+//! and the tokens stay with the host; a plugin only ever gets requests with the token already in
+//! its header, and never the token itself.
 //!
 //! By hand rather than a Google auth crate: those bring their own HTTP and TLS stacks (hyper
 //! versions, ring), while this is one signed JWT and one POST with what the host already builds.
@@ -85,9 +88,16 @@ struct TokenAnswer {
     expires_in: u64,
 }
 
-/// The tokens of one key file, renewed when they are about to expire.
+/// Where the tokens come from.
+enum TokenSource {
+    KeyFile(PathBuf),
+    /// The metadata server's token URL (checked by the grant: its own names or loopback).
+    MetadataServer(url::Url),
+}
+
+/// The tokens of one key file or metadata server, renewed when they are about to expire.
 pub(crate) struct GcpTokens {
-    key_file: PathBuf,
+    source: TokenSource,
     client: reqwest::Client,
     /// Held while a token is minted, so concurrent calls wait for one request.
     cached: tokio::sync::Mutex<Option<(String, Instant)>>,
@@ -95,19 +105,32 @@ pub(crate) struct GcpTokens {
 
 impl std::fmt::Debug for GcpTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GcpTokens({})", self.key_file.display())
+        match &self.source {
+            TokenSource::KeyFile(path) => write!(f, "GcpTokens({})", path.display()),
+            TokenSource::MetadataServer(url) => write!(f, "GcpTokens({url})"),
+        }
     }
 }
 
 impl GcpTokens {
-    pub(crate) fn new(key_file: &Path) -> Result<Self, TokenError> {
+    pub(crate) fn from_key_file(key_file: &Path) -> Result<Self, TokenError> {
+        Self::new(TokenSource::KeyFile(key_file.to_path_buf()))
+    }
+
+    pub(crate) fn from_metadata_server(token_url: &url::Url) -> Result<Self, TokenError> {
+        Self::new(TokenSource::MetadataServer(token_url.clone()))
+    }
+
+    fn new(source: TokenSource) -> Result<Self, TokenError> {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .redirect(reqwest::redirect::Policy::none())
+            // The metadata server is reached directly, never through an HTTP(S)_PROXY.
+            .no_proxy()
             .build()
             .map_err(TokenError::Client)?;
         Ok(GcpTokens {
-            key_file: key_file.to_path_buf(),
+            source,
             client,
             cached: tokio::sync::Mutex::new(None),
         })
@@ -122,21 +145,62 @@ impl GcpTokens {
         {
             return Ok(token.clone());
         }
-        let (token, lifetime) = self.mint().await?;
+        let (token, lifetime) = match &self.source {
+            TokenSource::KeyFile(path) => self.mint(path).await?,
+            TokenSource::MetadataServer(url) => self.fetch(url).await?,
+        };
         *cached = Some((token.clone(), Instant::now() + lifetime));
         Ok(token)
     }
 
-    async fn mint(&self) -> Result<(String, Duration), TokenError> {
-        let text = tokio::fs::read_to_string(&self.key_file)
+    /// The metadata server's current token for its service account (it renews them itself;
+    /// `expires_in` says for how long this one holds).
+    async fn fetch(&self, url: &url::Url) -> Result<(String, Duration), TokenError> {
+        let failed = |source| TokenError::Endpoint {
+            uri: url.to_string(),
+            source,
+        };
+        let response = self
+            .client
+            .get(url.clone())
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .map_err(failed)?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(TokenError::Refused {
+                uri: url.to_string(),
+                account: url
+                    .path_segments()
+                    .and_then(|mut s| s.nth(4))
+                    .unwrap_or("default")
+                    .to_string(),
+                status,
+                body: body.chars().take(200).collect(),
+            });
+        }
+        let body = response.bytes().await.map_err(failed)?;
+        let answer: TokenAnswer =
+            serde_json::from_slice(&body).map_err(|source| TokenError::NoToken {
+                uri: url.to_string(),
+                source,
+            })?;
+        tracing::debug!(%url, expires_in = answer.expires_in, "fetched a GCP access token from the metadata server");
+        Ok((answer.access_token, Duration::from_secs(answer.expires_in)))
+    }
+
+    async fn mint(&self, key_file: &Path) -> Result<(String, Duration), TokenError> {
+        let text = tokio::fs::read_to_string(key_file)
             .await
             .map_err(|source| TokenError::ReadKey {
-                path: self.key_file.clone(),
+                path: key_file.to_path_buf(),
                 source,
             })?;
         let key: ServiceAccountKey =
             serde_json::from_str(&text).map_err(|source| TokenError::NotAKeyFile {
-                path: self.key_file.clone(),
+                path: key_file.to_path_buf(),
                 source,
             })?;
         let now = SystemTime::now()
