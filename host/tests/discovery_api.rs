@@ -29,6 +29,9 @@ mod socks5_upstream;
 // The metrics port behind TokenReview + SubjectAccessReview, against the real API server.
 #[path = "discovery_api/metrics_auth.rs"]
 mod metrics_auth;
+// Two teams on one fleet: what one may lease, join and learn of the other's.
+#[path = "discovery_api/tenancy.rs"]
+mod tenancy;
 #[path = "common/test_ca.rs"]
 mod test_ca;
 // The API over TLS: trusted, refused, renewed; the gateway trusting its CA.
@@ -1561,7 +1564,9 @@ async fn the_gateway_door_shares_proxies_by_the_lease_rules_and_only_for_the_gat
 #[tokio::test]
 async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
     use proxy_operator::leasing::gateway::leader::{LeaderRoutes, LeaderTrust};
-    use proxy_operator::leasing::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
+    use proxy_operator::leasing::gateway::{
+        Destination, Report, RouteError, RouteRequest, Routes, Routing,
+    };
 
     let api = serve(options(), vec![pooled("g1", "gw")]).await;
     let base = format!("http://{}", api.addr);
