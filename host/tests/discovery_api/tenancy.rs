@@ -111,6 +111,9 @@ fn with_login(namespace: &str, name: &str, pool: &str) -> (ProvisionedProxy, Pro
     (entry, login)
 }
 
+/// A grant body from B's pool and the proxy it names.
+type Body = fn(&str, &str) -> Value;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_teams_never_take_join_or_read_each_others_proxies() {
     let cp = control_plane().await;
@@ -231,7 +234,7 @@ async fn two_teams_never_take_join_or_read_each_others_proxies() {
 
     // B's probes of A's leased, cooling, free and non-existent proxies: one answer each way.
     let probed = [leased.as_str(), cooling.as_str(), free, "ghost"];
-    let ways: [(&str, fn(&str, &str) -> Value); 3] = [
+    let ways: [(&str, Body); 3] = [
         (
             "B's pool naming A's proxy",
             |pool_b, proxy| json!({"pool": pool_b, "proxy": proxy}),
