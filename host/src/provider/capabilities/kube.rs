@@ -16,8 +16,7 @@ use kube::api::{
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
 
-/// The label on every object a provider instance applies; its value is the instance's name.
-pub const PROVIDER_LABEL: &str = "proxy-operator.dev/provider";
+pub use crate::api::labels::PROVIDER_LABEL;
 /// The standard label naming the tool that manages an object.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "proxy-operator";
@@ -529,7 +528,9 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
     // Services (and Namespaces) are DNS-1035/1123 labels; most kinds are DNS-1123 subdomains.
     let label_kinds = ["Service", "Namespace"];
     if label_kinds.contains(&kind) {
-        if crate::support::names::is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        if crate::support::names::is_dns_label(name)
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+        {
             return Ok(());
         }
         return Err(KubeError::Invalid(format!(
