@@ -29,6 +29,9 @@ mod socks5_upstream;
 // The metrics port behind TokenReview + SubjectAccessReview, against the real API server.
 #[path = "discovery_api/metrics_auth.rs"]
 mod metrics_auth;
+// Two teams on one fleet: what one may lease, join and learn of the other's.
+#[path = "discovery_api/tenancy.rs"]
+mod tenancy;
 #[path = "common/test_ca.rs"]
 mod test_ca;
 // The API over TLS: trusted, refused, renewed; the gateway trusting its CA.

@@ -55,7 +55,7 @@ impl Drop for Served {
     }
 }
 
-fn options(allow_ttl: Duration, deny_ttl: Duration) -> KubeAuthOptions {
+pub(super) fn options(allow_ttl: Duration, deny_ttl: Duration) -> KubeAuthOptions {
     KubeAuthOptions {
         allow_ttl,
         deny_ttl,
@@ -84,7 +84,7 @@ async fn serve(auth: Auth, pool: Vec<ProvisionedProxy>) -> Served {
 }
 
 /// Reviews with the operator's own identity and rights (deploy/rbac.yaml).
-fn as_the_operator(cp: &ControlPlane, options: KubeAuthOptions) -> Auth {
+pub(super) fn as_the_operator(cp: &ControlPlane, options: KubeAuthOptions) -> Auth {
     let reviewer = KubeReviewer::new(cp.client_as(OPERATOR, &[]), &options.audience);
     Auth::none()
         .with_static_token(STATIC, None)
@@ -92,7 +92,7 @@ fn as_the_operator(cp: &ControlPlane, options: KubeAuthOptions) -> Auth {
 }
 
 /// A healthy proxy `namespace/name` in `pool`.
-fn proxy(namespace: &str, name: &str, pool: &str) -> ProvisionedProxy {
+pub(super) fn proxy(namespace: &str, name: &str, pool: &str) -> ProvisionedProxy {
     ProvisionedProxy {
         key: ProxyKey {
             namespace: namespace.into(),
@@ -128,7 +128,7 @@ pub(super) async fn service_account(ns: &TestNamespace, name: &str) {
 
 /// A Role in `ns` granting `create` on `proxypools/lease` (for `pools`, or every pool), bound
 /// to the ServiceAccount `sa` of `sa_namespace`.
-async fn grant_leases(
+pub(super) async fn grant_leases(
     ns: &TestNamespace,
     name: &str,
     pools: Option<&[&str]>,
@@ -349,34 +349,31 @@ async fn rbac_decides_which_pools_a_service_account_leases_from() {
             .await
         }
     };
+    // To anyone else a lease is an id never granted: 404 (a release: 204, releasing nothing).
     for other in [STATIC, stranger.as_str()] {
         report(other)
             .await
-            .assert_problem(StatusCode::FORBIDDEN, "forbidden");
-        // Read, renew and release too (each 403 documented for its operation).
+            .assert_problem(StatusCode::NOT_FOUND, "lease-not-found");
         for (method, path) in [
-            (reqwest::Method::DELETE, format!("/v1/leases/{id}")),
             (reqwest::Method::GET, format!("/v1/leases/{id}")),
             (reqwest::Method::POST, format!("/v1/leases/{id}/renew")),
         ] {
             call(api.addr, method, &path, other, None)
                 .await
-                .assert_problem(StatusCode::FORBIDDEN, "forbidden");
+                .assert_problem(StatusCode::NOT_FOUND, "lease-not-found");
         }
+        let path = format!("/v1/leases/{id}");
+        let released = call(api.addr, reqwest::Method::DELETE, &path, other, None).await;
+        assert_eq!(released.status, StatusCode::NO_CONTENT);
     }
-    assert_eq!(report(&crawler).await.status, StatusCode::OK);
+    assert_eq!(report(&crawler).await.status, StatusCode::OK, "still live");
     let by_static = grant(api.addr, STATIC, pool(&a, "pool-a2")).await;
     assert_eq!(by_static.status, StatusCode::CREATED, "{}", by_static.body);
     let static_id = by_static.body["id"].as_str().unwrap();
-    call(
-        api.addr,
-        reqwest::Method::DELETE,
-        &format!("/v1/leases/{static_id}"),
-        &crawler,
-        None,
-    )
-    .await
-    .assert_problem(StatusCode::FORBIDDEN, "forbidden");
+    let show = format!("/v1/leases/{static_id}");
+    call(api.addr, reqwest::Method::DELETE, &show, &crawler, None).await;
+    let kept = call(api.addr, reqwest::Method::GET, &show, STATIC, None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{}", kept.body);
     let released = call(
         api.addr,
         reqwest::Method::DELETE,

@@ -17,7 +17,7 @@ use crate::support::leader::LeaderView;
 use super::auth::{Auth, AuthError, Caller, Scope};
 use super::store::{
     EndReason, GrantError, Lease, LeaseError, LeaseRequest, LeaseStore, NotStored, Outcome,
-    ProvisionedProxy, ProxyKey, normalize_target, validate_session,
+    ProvisionedProxy, ProxyKey, Reach, normalize_target, validate_session,
 };
 
 /// Largest request body accepted; a lease request is a few hundred bytes.
@@ -145,14 +145,20 @@ impl Discovery {
         }
     }
 
-    /// Only the caller a lease was granted to may use it; an id that is no live lease is left
-    /// to the store's own answer.
+    /// Whether `id` is a lease (live or ended) granted to somebody other than `caller`:
+    /// only its holder may use it, and to anyone else it is answered as an id never granted
+    /// (`lease-not-found`; a release: `204`), so a lease id tells nobody else anything.
+    fn someone_elses(&self, caller: &Caller, id: &str) -> bool {
+        self.store
+            .holder(id)
+            .is_some_and(|holder| !Auth::holds(caller, holder.as_deref()))
+    }
+
+    /// [`Self::someone_elses`] as the answer of a lease that does not exist.
     fn check_holder(&self, caller: &Caller, id: &str) -> Result<(), Problem> {
-        match self.store.holder(id) {
-            Some(holder) => {
-                Auth::authorize_holder(caller, holder.as_deref(), id).map_err(Problem::from_auth)
-            }
-            None => Ok(()),
+        match self.someone_elses(caller, id) {
+            true => Err(Problem::from_lease_error(LeaseError::NotFound, id)),
+            false => Ok(()),
         }
     }
 
@@ -353,6 +359,8 @@ fn lease_request(body: GrantBody) -> Result<LeaseRequest, Problem> {
         target,
         ttl: body.ttl_seconds.map(Duration::from_secs),
         holder: None,
+        // Set from the caller's authorization before the table is asked.
+        reach: Reach::Nowhere,
     })
 }
 
@@ -388,7 +396,9 @@ async fn grant(
     JsonBody(body): JsonBody<GrantBody>,
 ) -> Result<Response, Problem> {
     let mut request = lease_request(body)?;
-    discovery
+    // Scope first: what the caller may lease from, for everything the request names; only
+    // then is the table asked, and only inside that.
+    request.reach = discovery
         .auth
         .authorize_lease(
             &caller,
@@ -483,7 +493,10 @@ async fn release(
     Authorized(caller): Authorized,
     LeaseId(id): LeaseId,
 ) -> Result<StatusCode, Problem> {
-    discovery.check_holder(&caller, &id)?;
+    if discovery.someone_elses(&caller, &id) {
+        // As for an id never granted: nothing of the caller's to release.
+        return Ok(StatusCode::NO_CONTENT);
+    }
     discovery
         .store
         .release(&id)

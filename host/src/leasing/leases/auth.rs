@@ -18,6 +18,8 @@ use subtle::ConstantTimeEq;
 
 use cache::BoundedCache;
 
+use super::store::Reach;
+
 pub use kube_reviewer::KubeReviewer;
 pub use review::{Access, POOL_GROUP, Review, ReviewError, Reviewer, Scope, User};
 
@@ -249,12 +251,18 @@ impl Auth {
         }
     }
 
-    /// Whether `caller` may lease from `scope`.
+    /// Whether `caller` may lease from `scope`; allowed, what the table may then look at for it
+    /// (the only way the discovery API makes a [`Reach`]).
     pub async fn authorize_lease(
         &self,
         caller: &Caller,
         scope: &Scope<'_>,
-    ) -> Result<(), AuthError> {
+    ) -> Result<Reach, AuthError> {
+        self.allow_lease(caller, scope).await?;
+        Ok(scope.reach())
+    }
+
+    async fn allow_lease(&self, caller: &Caller, scope: &Scope<'_>) -> Result<(), AuthError> {
         match caller {
             Caller::StaticToken => match &self.static_pools {
                 Some(pools) if !pools.allows(scope) => Err(AuthError::Forbidden(format!(
@@ -304,18 +312,10 @@ impl Auth {
     }
 
     /// Whether `caller` may act on (report on, renew, release, read) a lease granted to
-    /// `holder`: only the principal it was granted to.
-    pub fn authorize_holder(
-        caller: &Caller,
-        holder: Option<&str>,
-        id: &str,
-    ) -> Result<(), AuthError> {
-        if caller.holder() == holder {
-            return Ok(());
-        }
-        Err(AuthError::Forbidden(format!(
-            "lease {id} was granted to another caller; only the one it was granted to (the same ServiceAccount, or the static token) may use it"
-        )))
+    /// `holder`: only the principal it was granted to. To anyone else the lease is one that
+    /// was never granted.
+    pub fn holds(caller: &Caller, holder: Option<&str>) -> bool {
+        caller.holder() == holder
     }
 
     /// Allowed, or a denial naming the right `access` (built only then, off the hot path).

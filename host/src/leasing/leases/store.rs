@@ -17,6 +17,7 @@ mod pending;
 mod persistence;
 mod picking;
 mod pools;
+mod reach;
 pub(crate) mod records;
 mod report;
 mod requests;
@@ -45,6 +46,7 @@ pub use keys::{PoolKey, ProxyKey};
 pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
 pub use pending::{MAX_PENDING_CHANGES, NotStored, Pending};
+pub use reach::Reach;
 pub use records::{FirstBlock, Lease, Snapshot};
 pub use requests::{
     DRAINING_ANNOTATION, Grant, GrantError, LeaseError, LeaseRequest, POOL_LABEL, ProvisionedProxy,
@@ -101,7 +103,8 @@ struct Inner {
     /// the other pools' free proxies.
     free_by_pool: FastMap<PoolKey, BTreeSet<u64>>,
     next_seq: u64,
-    ended: FastMap<Arc<str>, EndReason>,
+    /// Ended ids: why, and whose (only its holder is told it ended).
+    ended: FastMap<Arc<str>, (EndReason, Option<String>)>,
     /// Ended ids by when they are forgotten (oldest first), to forget without scanning.
     /// One allocation per ended id, shared with `ended`.
     ended_order: std::collections::VecDeque<(u64, Arc<str>)>,
@@ -230,5 +233,7 @@ impl LeaseStore {
 
 #[cfg(test)]
 mod journal_tests;
+#[cfg(test)]
+mod scope_tests;
 #[cfg(test)]
 mod tests;

@@ -160,12 +160,14 @@ async fn route(
         .as_deref()
         .map(|p| parse_key("avoid", "Proxy", p))
         .transpose()?;
-    discovery
+    // Scope first, as for a grant: the table routes only inside what the client may lease.
+    let reach = discovery
         .auth
         .authorize_lease(&caller, &Scope::of_grant(pool.as_ref(), None))
         .await
         .map_err(Problem::from_auth)?;
     let filters = LeaseRequest {
+        reach,
         provider: body.provider,
         zone: body.zone,
         pool,

@@ -205,7 +205,7 @@ impl Problem {
                 "proxy-not-found",
                 "No such proxy",
                 format!(
-                    "proxy {}: no provisioned Proxy of that namespace/name",
+                    "proxy {}: no provisioned Proxy of that namespace/name that this caller may lease from (in the pool it names, else in the proxy's namespace)",
                     request
                         .proxy
                         .as_ref()

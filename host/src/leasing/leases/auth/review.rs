@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::leasing::leases::store::ProxyKey;
+use crate::leasing::leases::store::{ProxyKey, Reach};
 
 /// The API group of ProxyPools: RBAC grants leasing as `create` on their `lease` subresource.
 pub const POOL_GROUP: &str = "proxy-operator.dev";
@@ -31,11 +31,26 @@ pub enum Scope<'a> {
 }
 
 impl<'a> Scope<'a> {
+    /// What a grant (or a gateway route) leases from: its pool when it names one (a proxy it
+    /// names must then be of that pool), else the namespace of the proxy it names, else every
+    /// pool. What it names beyond that is checked against the [`Reach`] inside the table.
     pub fn of_grant(pool: Option<&'a ProxyKey>, proxy: Option<&'a ProxyKey>) -> Scope<'a> {
         match (pool, proxy) {
             (Some(pool), _) => Scope::Pool(pool),
             (None, Some(proxy)) => Scope::Namespace(&proxy.namespace),
             (None, None) => Scope::Cluster,
+        }
+    }
+}
+
+impl Scope<'_> {
+    /// The proxies the table may look at for a request allowed this scope: the same, as a
+    /// value the table keeps.
+    pub fn reach(&self) -> Reach {
+        match self {
+            Scope::Pool(pool) => Reach::Pool((*pool).clone()),
+            Scope::Namespace(namespace) => Reach::Namespace((*namespace).into()),
+            Scope::Cluster => Reach::Everywhere,
         }
     }
 }

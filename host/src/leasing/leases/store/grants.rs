@@ -133,13 +133,14 @@ impl LeaseStore {
         Ok(lease)
     }
 
-    /// The holder of a live lease (`Some(None)`: the static token); `None` when there is no
-    /// such live lease.
+    /// The holder of a live or a remembered ended lease (`Some(None)`: the static token);
+    /// `None` when no such lease is known.
     pub fn holder(&self, id: &str) -> Option<Option<String>> {
-        self.lock()
-            .leases
-            .get(id)
-            .map(|held| held.lease.holder.clone())
+        let inner = self.lock();
+        match inner.leases.get(id) {
+            Some(held) => Some(held.lease.holder.clone()),
+            None => inner.ended.get(id).map(|(_, holder)| holder.clone()),
+        }
     }
 
     /// A live lease and its proxy.
@@ -276,7 +277,7 @@ impl Inner {
                 Err(LeaseError::Ended(EndReason::Expired))
             }
             None => match self.ended.get(id) {
-                Some(reason) => Err(LeaseError::Ended(*reason)),
+                Some((reason, _)) => Err(LeaseError::Ended(*reason)),
                 None => Err(LeaseError::NotFound),
             },
         }
@@ -299,7 +300,7 @@ impl Inner {
             self.push_free(lease.proxy);
         }
         let id: Arc<str> = lease.id.into();
-        self.ended.insert(id.clone(), reason);
+        self.ended.insert(id.clone(), (reason, lease.holder));
         self.ended_order
             .push_back((now_ms() + REMEMBER_ENDED.as_millis() as u64, id));
         if self.ended_order.len() > MAX_ENDED

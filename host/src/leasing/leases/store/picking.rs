@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::sessions::{Digest, session_digest};
 use super::shared_use::SHARED_HOLD;
 use super::targets::target_digest;
-use super::{GrantError, Inner, LeaseRequest, PoolKey, ProxyKey, Slot};
+use super::{GrantError, Inner, LeaseRequest, PoolKey, ProxyKey, Reach, Slot};
 
 /// Retry-After when nothing is known to free up sooner.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -48,13 +48,14 @@ fn min_into(soonest: &mut Option<u64>, at: u64) {
     *soonest = Some(soonest.map_or(at, |s| s.min(at)));
 }
 
-/// Whether `slot`'s proxy is one the request's filters (not its target) allow.
+/// Whether `slot`'s proxy is one the request's reach and filters (not its target) allow.
 pub(super) fn matches(slot: &Slot, request: &LeaseRequest) -> bool {
     let entry = &slot.entry;
-    request
-        .pool
-        .as_ref()
-        .is_none_or(|p| slot.pool.as_ref() == Some(p))
+    request.reach.covers(&entry.key, slot.pool.as_ref())
+        && request
+            .pool
+            .as_ref()
+            .is_none_or(|p| slot.pool.as_ref() == Some(p))
         && request
             .provider
             .as_ref()
@@ -116,11 +117,7 @@ pub(super) fn pick(
     if !inner.ready {
         return Err(GrantError::NotReady);
     }
-    if let Some(pool) = &request.pool
-        && !inner.is_known(pool)
-    {
-        return Err(GrantError::UnknownPool);
-    }
+    check_pool(inner, request)?;
     if let Some(key) = &request.proxy {
         return pick_named(inner, key, request, wanted, now);
     }
@@ -142,11 +139,8 @@ pub(super) fn pick(
             }
         } else if let Some(id) = inner.leased.get(bound) {
             let lease = &inner.leases[id].lease;
-            // Only the same holder joins: a session key is no credential. Leased to another
-            // session, the session moves on.
-            if lease.session.as_deref() == request.session.as_deref()
-                && lease.holder == request.holder
-            {
+            // Leased to another session (or holder), the session moves on.
+            if joins(lease, request) {
                 return Ok(Picked::Joined(id.clone()));
             }
         }
@@ -154,7 +148,7 @@ pub(super) fn pick(
     let mut soonest: Option<u64> = None;
     let mut cooling = Vec::new();
     let mut found = None;
-    for (seq, key) in free_in_scope(inner, request.pool.as_ref()) {
+    for (seq, key) in free_in_scope(inner, narrowest_pool(request)) {
         match fit(inner, key, request, wanted, now) {
             Fit::Grant(expired) => {
                 found = Some((key.clone(), expired));
@@ -183,6 +177,25 @@ pub(super) fn pick(
     Err(nothing_free(inner, request, soonest, now))
 }
 
+/// The request's pool, inside its reach and known; else the answer of a pool that does not
+/// exist (one outside the reach is not told apart from it).
+pub(super) fn check_pool(inner: &Inner, request: &LeaseRequest) -> Result<(), GrantError> {
+    match &request.pool {
+        Some(pool) if !request.reach.covers_pool(pool) || !inner.is_known(pool) => {
+            Err(GrantError::UnknownPool)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The one pool a request can be granted from, if it is one: its own, or its reach's.
+pub(super) fn narrowest_pool(request: &LeaseRequest) -> Option<&PoolKey> {
+    match (&request.pool, &request.reach) {
+        (Some(pool), _) | (None, Reach::Pool(pool)) => Some(pool),
+        _ => None,
+    }
+}
+
 /// The free proxies of `pool` (or of every pool) by their place in the free order, longest
 /// free first, with their sequence numbers.
 pub(super) fn free_in_scope<'a>(
@@ -206,6 +219,8 @@ pub(super) fn free_in_scope<'a>(
         .chain(anywhere.into_iter().flatten())
 }
 
+/// The named proxy: first whether it is inside the request's reach at all (outside, whatever
+/// its state, it is answered as a proxy that does not exist), then its state.
 fn pick_named(
     inner: &Inner,
     key: &ProxyKey,
@@ -213,7 +228,11 @@ fn pick_named(
     wanted: &Wanted,
     now: u64,
 ) -> Result<Picked, GrantError> {
-    let Some(slot) = inner.pool.get(key) else {
+    let Some(slot) = inner
+        .pool
+        .get(key)
+        .filter(|slot| request.reach.covers(key, slot.pool.as_ref()))
+    else {
         return Err(GrantError::UnknownProxy);
     };
     if slot.entry.draining {
@@ -227,7 +246,7 @@ fn pick_named(
     }
     if let Some(id) = inner.leased.get(key) {
         let lease = &inner.leases[id].lease;
-        if request.session.is_some() && lease.session.as_deref() == request.session.as_deref() {
+        if joins(lease, request) {
             return Ok(Picked::Joined(id.clone()));
         }
         return Err(GrantError::Leased {
@@ -254,6 +273,14 @@ fn pick_named(
     Ok(Picked::New(key.clone()))
 }
 
+/// Whether `request` joins `lease`: the same session of the same holder (a session key is no
+/// credential: two holders choosing `shop1` are two sessions).
+pub(super) fn joins(lease: &super::Lease, request: &LeaseRequest) -> bool {
+    request.session.is_some()
+        && lease.session.as_deref() == request.session.as_deref()
+        && lease.holder == request.holder
+}
+
 /// The refusal when no matching proxy is free: `NoMatch` when no provisioned proxy could ever
 /// match, else `NoProxy` with the earliest end of a matching lease or cooldown (`soonest`, from
 /// the scan). A pool or a cluster with no proxies yet may grow, so that is `NoProxy` too.
@@ -263,9 +290,15 @@ pub(super) fn nothing_free(
     mut soonest: Option<u64>,
     now: u64,
 ) -> GrantError {
-    let in_scope = match &request.pool {
-        Some(pool) => inner.pooled.get(pool).copied().unwrap_or(0) as usize,
-        None => inner.pool.len(),
+    let pooled = |pool| inner.pooled.get(pool).copied().unwrap_or(0) as usize;
+    let in_scope = match (narrowest_pool(request), &request.reach) {
+        (Some(pool), _) => pooled(pool),
+        (None, Reach::Namespace(namespace)) => inner
+            .pool
+            .keys()
+            .filter(|k| *k.namespace == **namespace)
+            .count(),
+        (None, _) => inner.pool.len(),
     };
     if in_scope > 0 && !inner.pool.values().any(|slot| matches(slot, request)) {
         return GrantError::NoMatch;

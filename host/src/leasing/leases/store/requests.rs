@@ -65,6 +65,9 @@ pub struct LeaseRequest {
     pub ttl: Option<Duration>,
     /// Who the lease is granted to (a Kubernetes username; `None`: the static token).
     pub holder: Option<String>,
+    /// What the caller may lease from, decided before the table is asked: nothing outside it
+    /// is granted, joined, routed to or told apart from a proxy that does not exist.
+    pub reach: super::Reach,
 }
 
 /// A grant's answer.
@@ -85,7 +88,8 @@ pub enum GrantError {
     NoProxy { retry_after: Duration },
     /// No provisioned proxy, in any state, matches the request: waiting does not help.
     NoMatch,
-    /// The named pool is neither a ProxyPool nor named by any proxy.
+    /// The named pool is neither a ProxyPool nor named by any proxy, or is outside the
+    /// request's reach.
     UnknownPool,
     /// The named proxy cools down after a block (for the request's target) until then.
     CoolingDown { retry_after: Duration },
@@ -93,7 +97,8 @@ pub enum GrantError {
     Leased { retry_after: Duration },
     /// The named proxy is being removed by its pool.
     Draining,
-    /// The named proxy is not provisioned (or does not exist).
+    /// The named proxy is not provisioned (or does not exist), or is outside the request's
+    /// reach: the two are one answer, so a caller learns nothing of proxies it may not lease.
     UnknownProxy,
     /// The store has not restored its state yet (just started, or not the leader).
     NotReady,

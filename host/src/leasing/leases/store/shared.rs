@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use super::keys::FastMap;
 use super::outcomes::Outcome;
-use super::picking::{Fit, Wanted, fit_matching, free_in_scope, matches, nothing_free};
+use super::picking::{
+    Fit, Wanted, check_pool, fit_matching, free_in_scope, matches, narrowest_pool, nothing_free,
+};
 use super::sessions::session_digest;
 pub use super::shared_use::{
     MAX_REPLICAS, PoolGateway, REPLICA_SILENCE, ReplicaError, SHARED_HOLD,
@@ -25,8 +27,8 @@ use super::{
 /// What the gateway asks for one request or tunnel.
 #[derive(Clone, Debug, Default)]
 pub struct RouteRequest {
-    /// Pool, provider, zone, session, target (the destination host) and holder, as for a lease;
-    /// `proxy` and `ttl` are not used.
+    /// Pool, provider, zone, session, target (the destination host), holder and reach, as for
+    /// a lease; `proxy` and `ttl` are not used.
     pub filters: LeaseRequest,
     /// The gateway replica asking (its open connections are counted under this id).
     pub replica: String,
@@ -58,11 +60,7 @@ impl LeaseStore {
         if !inner.ready {
             return Err(GrantError::NotReady);
         }
-        if let Some(pool) = &filters.pool
-            && !inner.is_known(pool)
-        {
-            return Err(GrantError::UnknownPool);
-        }
+        check_pool(inner, filters)?;
         let chosen = choose(inner, request, &wanted, now)?;
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &chosen);
@@ -287,7 +285,7 @@ fn choose(
     // gateway use ranked (never a walk over the whole table under the lock).
     let mut soonest: Option<u64> = None;
     let mut free_fit = None;
-    for (_, key) in free_in_scope(inner, filters.pool.as_ref()) {
+    for (_, key) in free_in_scope(inner, narrowest_pool(filters)) {
         match usable(inner, key) {
             Ok(_) => {
                 free_fit = Some(key);
