@@ -11,6 +11,7 @@ pub mod leader;
 pub(crate) mod leader_label;
 pub(crate) mod metric_samples;
 pub(crate) mod names;
+pub mod printable;
 pub mod retry;
 pub mod socks;
 pub mod tls;
