@@ -79,9 +79,14 @@ pub struct GatewayArgs {
     /// comma-separated suffixes; by default none.
     #[arg(long, env = "GATEWAY_ALLOWED_HOST_SUFFIXES", default_value = "")]
     pub allowed_host_suffixes: HostSuffixes,
-    /// Client connections open at once, in all.
+    /// Client connections open at once, in all, once they presented their token.
     #[arg(long, env = "GATEWAY_MAX_CLIENTS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_clients: u64,
+    /// Client connections that have not presented their token yet (in their TLS handshake,
+    /// before their request head or SOCKS5 login is complete), at once: a room of their own,
+    /// so clients that never finish their handshake cannot take --max-clients' places.
+    #[arg(long, env = "GATEWAY_MAX_HANDSHAKING", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_handshaking: u64,
     /// Client connections open at once with one token.
     #[arg(long, env = "GATEWAY_MAX_CLIENTS_PER_TOKEN", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_clients_per_token: u32,
@@ -112,6 +117,7 @@ impl GatewayArgs {
         Ok(GatewayOptions {
             idle_timeout: self.idle_timeout,
             max_clients: self.max_clients as usize,
+            max_handshaking: self.max_handshaking as usize,
             max_clients_per_token: self.max_clients_per_token,
             policy: DestinationPolicy {
                 ports: self.allowed_ports.0.clone(),
