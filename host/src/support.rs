@@ -9,6 +9,7 @@ pub mod events;
 pub(crate) mod kubeclient;
 pub mod leader;
 pub(crate) mod leader_label;
+pub mod listener;
 pub(crate) mod metric_samples;
 pub(crate) mod names;
 pub mod printable;

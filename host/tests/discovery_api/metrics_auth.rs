@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::routing::get;
 use harness::TestNamespace;
 use harness::process::free_port;
-use proxy_operator::support::leader::LeaderView;
-use proxy_operator::leasing::leases::auth::{Access, KubeReviewer, Review, Reviewer, User};
-use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 use proxy_operator::faces::metrics_auth::MetricsAuth;
 use proxy_operator::faces::probes::{self, ProbeState};
+use proxy_operator::leasing::leases::auth::{Access, KubeReviewer, Review, Reviewer, User};
+use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+use proxy_operator::support::leader::LeaderView;
 use reqwest::StatusCode;
 use tokio_util::sync::CancellationToken;
 
@@ -78,9 +78,17 @@ async fn serve(reviewer: KubeReviewer) -> Port {
         leases,
         grants_wait_for_writes: false,
     };
-    probes::serve(&stop, addr, registry, state, pages, &auth)
-        .await
-        .unwrap();
+    probes::serve(
+        &stop,
+        addr,
+        registry,
+        state,
+        pages,
+        &auth,
+        Default::default(),
+    )
+    .await
+    .unwrap();
     Port {
         addr,
         stop,
@@ -286,6 +294,7 @@ async fn insecure_serves_the_metrics_to_anyone() {
         state,
         pages,
         &MetricsAuth::insecure(),
+        Default::default(),
     )
     .await
     .unwrap();

@@ -2,7 +2,6 @@
 //! own, holding no state: every route is the leader's choice, asked through the discovery API.
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,13 +12,14 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use crate::faces::metrics_auth::MetricsAuth;
 use crate::leasing::gateway::leader::{LeaderRoutes, LeaderTrust};
 use crate::leasing::gateway::metrics::GatewayMetrics;
 use crate::leasing::gateway::options::GatewayOptions;
 use crate::leasing::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
 use crate::leasing::gateway::prefetch::Prefetching;
 use crate::leasing::gateway::server::Gateway;
-use crate::faces::metrics_auth::MetricsAuth;
+use crate::support::listener::{ListenerBounds, serve_router};
 
 /// A replica whose last load report to the leader is older than this is not ready: it could not
 /// route either.
@@ -42,6 +42,8 @@ pub struct GatewayArgs {
     pub discovery_plain_http: bool,
     #[command(flatten)]
     pub metrics_auth: crate::faces::operator::args::MetricsAuthArgs,
+    #[command(flatten)]
+    pub listener: crate::faces::operator::args::ListenerArgs,
     /// The gateway's own token, the one the operator has as GATEWAY_TOKEN (from their Secret).
     #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
     pub gateway_token: String,
@@ -110,7 +112,8 @@ impl GatewayArgs {
         );
         anyhow::ensure!(
             !self.load_report_interval.is_zero()
-                && self.load_report_interval < crate::leasing::leases::store::shared::REPLICA_SILENCE,
+                && self.load_report_interval
+                    < crate::leasing::leases::store::shared::REPLICA_SILENCE,
             "--load-report-interval must be more than 0s and less than {} s (the leader forgets a replica silent that long)",
             crate::leasing::leases::store::shared::REPLICA_SILENCE.as_secs()
         );
@@ -169,14 +172,17 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     tokio::spawn(crate::faces::operator::cancel_on_signal(stop.clone()));
 
     let reported = Arc::new(LastReport::new());
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {}", args.metrics_addr))?;
     let probes = serve_probes(
         &stop,
-        args.metrics_addr,
+        metrics_listener,
         registry,
         reported.clone(),
         &metrics_auth,
-    )
-    .await?;
+        args.listener.bounds()?,
+    );
     let pushing = tokio::spawn(push_loads(
         leader,
         gateway.clone(),
@@ -354,13 +360,16 @@ fn bytes_since(
         .collect()
 }
 
-async fn serve_probes(
+/// `/healthz`, `/readyz` and `/metrics` on `listener` (`--metrics-addr`) within `bounds`, until
+/// `stop`.
+fn serve_probes(
     stop: &CancellationToken,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     registry: prometheus::Registry,
     reported: Arc<LastReport>,
     auth: &Arc<MetricsAuth>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    bounds: ListenerBounds,
+) -> tokio::task::JoinHandle<()> {
     let app = axum::Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route(
@@ -383,20 +392,13 @@ async fn serve_probes(
             }),
         )
         .merge(auth.guard(crate::faces::probes::metrics_router(registry)));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding --metrics-addr {addr}"))?;
     let stop = stop.clone();
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}
-            result = axum::serve(listener, app).into_future() => {
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "gateway probe server failed");
-                }
-            }
+            () = serve_router(listener, app, bounds) => {}
         }
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -415,5 +417,26 @@ mod tests {
             bytes_since(&totals, &taken),
             BTreeMap::from([("ns/a".to_string(), (50, 0)), ("ns/b".into(), (1, 2))])
         );
+    }
+
+    /// The gateway's metrics port against the slow loris (docs/security.md, "Every listener
+    /// bounded").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_metrics_port_is_bounded_against_a_slow_loris() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bounds = crate::support::listener::tests::test_bounds();
+        let stop = CancellationToken::new();
+        let server = serve_probes(
+            &stop,
+            listener,
+            prometheus::Registry::new(),
+            Arc::new(LastReport::new()),
+            &MetricsAuth::insecure(),
+            bounds,
+        );
+        crate::support::listener::tests::slow_loris(addr, &bounds, "/healthz", "").await;
+        stop.cancel();
+        server.await.unwrap();
     }
 }
