@@ -26,7 +26,7 @@ use crate::lifecycle::gc;
 use crate::lifecycle::health::{HealthEngine, HealthOptions};
 use crate::support::kubeclient;
 use crate::support::leader::{self, LeaderView};
-use crate::support::leader_label::LeaderLabel;
+use crate::faces::leader_label::LeaderLabel;
 use crate::leasing::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
