@@ -712,8 +712,8 @@ async fn the_openapi_document_is_served_and_covers_every_route() {
             .map(|v| v.as_str().unwrap())
             .collect();
     let source = [
-        include_str!("../src/leases/api.rs"),
-        include_str!("../src/leases/api/problems.rs"),
+        include_str!("../src/leasing/leases/api.rs"),
+        include_str!("../src/leasing/leases/api/problems.rs"),
     ]
     .concat();
     let answered: HashSet<String> = source

@@ -5,7 +5,7 @@
 //! PodDisruptionBudget counts both replicas: the leader once it serves leases, a standby while it
 //! can read the leader's Lease (it knows whom to name to a crawler that reaches it, and it could
 //! take over). Crawlers reach only the leader: the discovery Service selects the label the
-//! leader puts on its own Pod ([`crate::support::leader_label`]). `/leaderz` answers 200 only on the
+//! leader puts on its own Pod ([`crate::faces::leader_label`]). `/leaderz` answers 200 only on the
 //! replica that serves leases.
 
 use std::sync::Arc;

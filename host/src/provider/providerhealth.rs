@@ -24,8 +24,7 @@ use crate::provider::plugins::types::{CheckTarget, PluginInfo};
 use crate::provider::providers::{NotLoaded, ProviderSet, Providers};
 
 const FIELD_MANAGER: &str = "proxy-operator";
-/// Label marking the ProviderHealth objects of one operator installation.
-pub const OPERATOR_LABEL: &str = "proxy-operator.dev/operator-id";
+pub use crate::api::labels::OPERATOR_LABEL;
 
 /// Gauges of the latest checks.
 #[derive(Clone)]

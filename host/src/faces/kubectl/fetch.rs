@@ -16,7 +16,7 @@ use super::table::{millis, rfc3339};
 use super::why::EventLine;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::support::kubeclient::list_all;
-use crate::support::leader_label::LEADER_LABEL;
+use crate::faces::leader_label::LEADER_LABEL;
 use crate::leasing::leases::LeasePersistence;
 use crate::provider::providerhealth::OPERATOR_LABEL;
 use crate::faces::status_page::blocks_json::TargetBlocks;

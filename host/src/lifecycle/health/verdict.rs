@@ -185,7 +185,7 @@ pub(crate) fn verdict_of<'a>(
 ) -> &'a mut Verdict {
     let uid = proxy.uid().unwrap_or_default();
     let verdict = verdicts
-        .entry(key_of(proxy))
+        .entry(ProxyKey::of(proxy))
         .or_insert_with(|| Verdict::from_status(uid.clone(), proxy.status.as_ref(), options));
     if verdict.uid != uid {
         *verdict = Verdict::from_status(uid, proxy.status.as_ref(), options);
@@ -193,7 +193,6 @@ pub(crate) fn verdict_of<'a>(
     verdict
 }
 
-pub(crate) use crate::lifecycle::controller::credentials::key_of;
 
 /// Provisioned, not being deleted: the proxies that are probed and may be leased.
 pub(crate) fn provisioned(proxy: &Proxy) -> Option<(&str, &ProxyStatus)> {

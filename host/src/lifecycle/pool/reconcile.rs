@@ -31,16 +31,10 @@ use crate::provider::providers::ProviderSet;
 /// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
 /// pool is removing: it takes no new lease and is deleted once its lease ends.
 pub use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-/// The hash of the template a pool's Proxy was made from.
-pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
-/// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`, …).
-pub const DRAIN_REASON_ANNOTATION: &str = "proxy-operator.dev/drain-reason";
-/// `"true"` on a Proxy of a pool: replace it (`kubectl px recycle`). The pool makes a new one
-/// and drains this one within its budget (`maxSurge`, `maxUnavailable`), as for an expired one.
-pub const RECYCLE_ANNOTATION: &str = "proxy-operator.dev/recycle";
-/// Deleting a pool deletes its Proxies first (each through its own finalizer), also where no
-/// garbage collector runs.
-pub const POOL_FINALIZER: &str = "proxy-operator.dev/pool-cleanup";
+pub use crate::api::labels::TEMPLATE_LABEL;
+pub use crate::api::labels::DRAIN_REASON_ANNOTATION;
+pub use crate::api::labels::RECYCLE_ANNOTATION;
+pub use crate::api::labels::POOL_FINALIZER;
 /// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
@@ -172,22 +166,19 @@ fn error_policy(
         | F::RemoveFinalizer(e) => retry::after_api_error(e),
         F::UnnamedObject | F::InvalidFinalizer => Wait::Backoff { at_least: None },
     };
-    let after = ctx.backoffs.after_failure(key_of(&pool), wait);
+    let after = ctx.backoffs.after_failure(ProxyKey::of(&*pool), wait);
     tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), error = %error, retry_in = ?after, "pool reconcile error");
     Action::requeue(after)
 }
 
-fn key_of(pool: &ProxyPool) -> (String, String) {
-    (pool.namespace().unwrap_or_default(), pool.name_any())
-}
 
 #[tracing::instrument(skip_all, fields(pool = %pool.name_any(), namespace = ?pool.namespace()))]
 async fn reconcile(
     pool: Arc<ProxyPool>,
     ctx: Arc<PoolContext>,
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
-    let key = key_of(&pool);
-    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &key.0);
+    let key = ProxyKey::of(&*pool);
+    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let result = finalizer(&api, POOL_FINALIZER, pool, |event| async {
         match event {
             Finalizer::Apply(pool) => apply(&pool, &ctx).await,

@@ -126,8 +126,7 @@ fn own_pods(labels: &mut Value, field: &str, (key, own): OwnLabel) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const PROVIDER_LABEL: &str = "proxy-operator.dev/provider";
+    use crate::api::labels::PROVIDER_LABEL;
 
     fn service(spec: Value) -> Value {
         json!({"spec": spec})
