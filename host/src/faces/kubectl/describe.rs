@@ -5,8 +5,8 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::fleet::{
-    BlockRow, Fleet, PoolRow, ProviderRow, ProxyRow, block_rows, blocks_table, qualified_name, lease_state,
-    phase_text, phase_tone, pool_row, provider_row, proxies_table, proxy_row,
+    BlockRow, Fleet, PoolRow, ProviderRow, ProxyRow, block_rows, blocks_table, lease_state,
+    phase_text, phase_tone, pool_row, provider_row, proxies_table, proxy_row, qualified_name,
 };
 use super::table::{Tone, age, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
@@ -143,7 +143,12 @@ fn conditions_text(out: &mut String, conditions: &[ConditionView], colour: bool)
 pub fn render_pool(view: &PoolView, now_ms: u64, colour: bool) -> String {
     let p = &view.pool;
     let mut out = String::new();
-    field(&mut out, "Pool", &qualified_name(&p.namespace, &p.name), colour);
+    field(
+        &mut out,
+        "Pool",
+        &qualified_name(&p.namespace, &p.name),
+        colour,
+    );
     field(
         &mut out,
         "Replicas",
@@ -250,7 +255,12 @@ pub fn render_proxy(view: &ProxyView, now_ms: u64, colour: bool) -> String {
     let p = &view.proxy;
     let mut out = String::new();
     let dash = |v: Option<&str>| v.unwrap_or("-").to_string();
-    field(&mut out, "Proxy", &qualified_name(&p.namespace, &p.name), colour);
+    field(
+        &mut out,
+        "Proxy",
+        &qualified_name(&p.namespace, &p.name),
+        colour,
+    );
     painted_field(
         &mut out,
         "Phase",

@@ -7,7 +7,7 @@
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::fleet::{qualified_name, phase_text};
+use super::fleet::{phase_text, qualified_name};
 use super::table::{Tone, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy};
 use crate::support::printable::printable;
