@@ -1561,7 +1561,9 @@ async fn the_gateway_door_shares_proxies_by_the_lease_rules_and_only_for_the_gat
 #[tokio::test]
 async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
     use proxy_operator::leasing::gateway::leader::{LeaderRoutes, LeaderTrust};
-    use proxy_operator::leasing::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
+    use proxy_operator::leasing::gateway::{
+        Destination, Report, RouteError, RouteRequest, Routes, Routing,
+    };
 
     let api = serve(options(), vec![pooled("g1", "gw")]).await;
     let base = format!("http://{}", api.addr);

@@ -21,9 +21,9 @@ use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
 use crate::api::{Phase, Proxy};
-use crate::provider::credentials::{CredentialsBook, ProxyLogin};
 use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leasing::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
+use crate::provider::credentials::{CredentialsBook, ProxyLogin};
 use crate::provider::providers::{ProviderSet, Providers};
 use crate::support::socks::ProxyProtocol;
 use verdict::{ExitIp, Verdict, provisioned, status_port, verdict_of};

@@ -52,7 +52,8 @@ impl ProviderEntry {
         self.upstream
             .clone()
             .or_else(|| {
-                (self.provider_type == crate::provider::upstream::UPSTREAM_TYPE).then(Default::default)
+                (self.provider_type == crate::provider::upstream::UPSTREAM_TYPE)
+                    .then(Default::default)
             })
             .map(|settings| settings.with_listed(&self.config))
     }

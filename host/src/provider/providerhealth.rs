@@ -17,8 +17,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use prometheus::{GaugeVec, Opts, Registry};
 
-use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
 use crate::api::conditions;
+use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
 use crate::provider::plugins::ProviderInstance;
 use crate::provider::plugins::types::{CheckTarget, PluginInfo};
 use crate::provider::providers::{NotLoaded, ProviderSet, Providers};

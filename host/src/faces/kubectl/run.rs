@@ -61,7 +61,8 @@ pub fn main() -> ExitCode {
         };
     }
     let no_color = std::env::var_os("NO_COLOR");
-    let colour = crate::faces::cli::logging::colour(std::io::stdout().is_terminal(), no_color.as_deref());
+    let colour =
+        crate::faces::cli::logging::colour(std::io::stdout().is_terminal(), no_color.as_deref());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -538,7 +539,8 @@ async fn recycle(global: &Global, name: &str) -> Result<Done, Failure> {
     let (api, proxy) = the_proxy(&cluster, name).await?;
     let pool = actions::check_recyclable(&proxy)?;
     let proxy = actions::apply(&api, name, &actions::recycle_patch(), "recycling Proxy").await?;
-    let value = json!({"proxy": qualified_name(&cluster.namespace, name), "pool": pool, "recycle": true});
+    let value =
+        json!({"proxy": qualified_name(&cluster.namespace, name), "pool": pool, "recycle": true});
     output(global.output, &value, || actions::recycled(&proxy, &pool))
 }
 

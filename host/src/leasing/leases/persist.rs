@@ -58,9 +58,9 @@ const MANIFEST_KEY: &str = "manifest.json";
 const PART_KEY: &str = "part";
 const SEGMENT_KEY: &str = "changes";
 const FIELD_MANAGER: &str = "proxy-operator-leases";
-pub use crate::api::labels::TABLE_LABEL;
-use crate::api::labels::OBJECT_LABEL;
 use crate::api::labels::GENERATION_LABEL;
+use crate::api::labels::OBJECT_LABEL;
+pub use crate::api::labels::TABLE_LABEL;
 
 /// The manifest's content.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

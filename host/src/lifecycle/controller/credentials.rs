@@ -7,11 +7,11 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
-use crate::api::conditions;
 use super::decide::{Effects, ProxyEvent};
+use crate::api::conditions;
 use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
-use crate::provider::credentials::{self, InvalidCredentials, ProxyLogin};
 use crate::leasing::leases::ProxyKey;
+use crate::provider::credentials::{self, InvalidCredentials, ProxyLogin};
 use crate::provider::plugins::ProviderInstance;
 
 /// The condition that says whether the proxy requires the credentials its Secret holds.

@@ -16,23 +16,23 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::ReconcileMetrics;
-use crate::api::conditions;
 use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
 };
-use crate::support::retry::{self, Backoffs, Wait};
-use crate::lifecycle::abandoned::AbandonedRecord;
+use crate::api::conditions;
 use crate::api::{Proxy, ProxyKey, ProxyStatus};
+use crate::lifecycle::abandoned::AbandonedRecord;
 use crate::provider::credentials::CredentialsBook;
-use crate::support::digest::sha256_hex;
-use crate::support::events;
 use crate::provider::plugins::types::{InstanceSpec, Owner, ProviderError};
 use crate::provider::plugins::{CallError, Deletion, ProviderInstance};
 use crate::provider::providers::{ProviderSet, Providers};
+use crate::support::digest::sha256_hex;
+use crate::support::events;
+use crate::support::retry::{self, Backoffs, Wait};
 
-pub use crate::api::labels::FINALIZER;
 pub use super::decide::SKIP_CLEANUP_ANNOTATION;
+pub use crate::api::labels::FINALIZER;
 /// The field manager of the controller's status writes: the only writer of `phase` and `Ready`.
 pub const FIELD_MANAGER: &str = "proxy-operator";
 
@@ -56,7 +56,7 @@ pub struct Context {
     /// loses and regains leadership runs the controller again).
     secrets: std::sync::RwLock<Store<Secret>>,
     /// Each Proxy's backoff after failed requests to the API server.
-    backoffs: Backoffs,
+    backoffs: Backoffs<ProxyKey>,
 }
 
 impl Context {
@@ -215,7 +215,6 @@ fn error_policy(
     tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?after, "reconcile error");
     Action::requeue(after)
 }
-
 
 /// What a failed reconcile asks for: the provider's wish, or a backoff after the API server's
 /// refusal (adding or removing the finalizer, reading or writing the Proxy).

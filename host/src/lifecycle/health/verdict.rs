@@ -10,8 +10,8 @@ use kube::ResourceExt;
 
 use super::options::HealthOptions;
 use super::probe::ProbeFailure;
-use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::api::conditions::{self, Reason, Type};
+use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::leasing::leases::ProxyKey;
 
 /// What the engine believes of one proxy.
@@ -192,7 +192,6 @@ pub(crate) fn verdict_of<'a>(
     }
     verdict
 }
-
 
 /// Provisioned, not being deleted: the proxies that are probed and may be leased.
 pub(crate) fn provisioned(proxy: &Proxy) -> Option<(&str, &ProxyStatus)> {

@@ -18,23 +18,23 @@ use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
 #[cfg(test)]
 use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
-use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::api::conditions::set_named;
-use crate::support::retry::{self, Backoffs, Wait};
-use crate::support::events;
+use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::leasing::leases::store::PoolGateway;
 use crate::leasing::leases::store::ProxyUsage;
 use crate::leasing::leases::{LeaseStore, ProxyKey};
 use crate::provider::providers::ProviderSet;
+use crate::support::events;
+use crate::support::retry::{self, Backoffs, Wait};
 
+pub use crate::api::labels::DRAIN_REASON_ANNOTATION;
+pub use crate::api::labels::POOL_FINALIZER;
+pub use crate::api::labels::RECYCLE_ANNOTATION;
+pub use crate::api::labels::TEMPLATE_LABEL;
 /// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
 /// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
 /// pool is removing: it takes no new lease and is deleted once its lease ends.
 pub use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-pub use crate::api::labels::TEMPLATE_LABEL;
-pub use crate::api::labels::DRAIN_REASON_ANNOTATION;
-pub use crate::api::labels::RECYCLE_ANNOTATION;
-pub use crate::api::labels::POOL_FINALIZER;
 /// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
@@ -47,7 +47,7 @@ pub struct PoolContext {
     /// Lease ends and `blocked` counts of the pool's proxies; told which pools exist.
     pub leases: Arc<LeaseStore>,
     /// Each pool's backoff after failed requests to the API server.
-    backoffs: Backoffs,
+    backoffs: Backoffs<ProxyKey>,
 }
 
 impl PoolContext {
@@ -170,7 +170,6 @@ fn error_policy(
     tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), error = %error, retry_in = ?after, "pool reconcile error");
     Action::requeue(after)
 }
-
 
 #[tracing::instrument(skip_all, fields(pool = %pool.name_any(), namespace = ?pool.namespace()))]
 async fn reconcile(

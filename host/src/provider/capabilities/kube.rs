@@ -528,7 +528,9 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
     // Services (and Namespaces) are DNS-1035/1123 labels; most kinds are DNS-1123 subdomains.
     let label_kinds = ["Service", "Namespace"];
     if label_kinds.contains(&kind) {
-        if crate::support::names::is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        if crate::support::names::is_dns_label(name)
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+        {
             return Ok(());
         }
         return Err(KubeError::Invalid(format!(

@@ -137,12 +137,15 @@ fn token_directory_of<'d>(
 ) -> Option<(PathBuf, &'d str)> {
     let written = lexically_normal(path);
     let resolved = std::fs::canonicalize(path).ok();
-    [Some(written), resolved].into_iter().flatten().find_map(|p| {
-        directories
-            .iter()
-            .find(|dir| p.starts_with(dir))
-            .map(|dir| (p.clone(), *dir))
-    })
+    [Some(written), resolved]
+        .into_iter()
+        .flatten()
+        .find_map(|p| {
+            directories
+                .iter()
+                .find(|dir| p.starts_with(dir))
+                .map(|dir| (p.clone(), *dir))
+        })
 }
 
 /// `path` with `.` dropped and `..` folded into its parent, without touching the disk.
@@ -456,7 +459,9 @@ mod tests {
                 "own ServiceAccount token",
             ),
             (
-                file("/etc/creds/../../var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token"),
+                file(
+                    "/etc/creds/../../var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token",
+                ),
                 "own ServiceAccount token",
             ),
             (
@@ -476,7 +481,10 @@ mod tests {
         ] {
             let refused = SecretValue::from_source(&source).unwrap_err();
             assert!(refused.contains(says), "{refused}");
-            assert!(refused.contains("mounted Secret"), "names the fix: {refused}");
+            assert!(
+                refused.contains("mounted Secret"),
+                "names the fix: {refused}"
+            );
         }
         // Static AWS keys are read through the same check.
         let aws = AwsCredentialsSource {
@@ -488,7 +496,11 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(AwsSigning::parse(&aws).unwrap_err().contains("GATEWAY_TOKEN"));
+        assert!(
+            AwsSigning::parse(&aws)
+                .unwrap_err()
+                .contains("GATEWAY_TOKEN")
+        );
         // Near misses stay allowed; IRSA's own field still reads its projected token.
         for allowed in [
             file("/etc/proxy-operator/credentials/token"),
