@@ -439,6 +439,56 @@ fn the_gateway_component_runs_the_gateway_and_opens_the_leaders_door() {
         find("ClusterRoleBinding/proxy-operator-gateway-metrics-auth")["subjects"][0]["name"],
         "proxy-operator-gateway"
     );
+    // Its token is mounted because it is used (the /metrics reviews, `MetricsAuth::kubernetes`
+    // in `cli/gateway.rs`), by the gateway's Pod only: the ServiceAccount mounts it nowhere
+    // else, the only rights bound to it are the two reviews, and no other binding names it
+    // (docs/security.md, "The gateway"; docs/gateway.md says the same).
+    assert_eq!(
+        gateway_deployment["spec"]["template"]["spec"]["automountServiceAccountToken"],
+        true
+    );
+    assert_eq!(
+        find("ServiceAccount/proxy-operator-gateway")["automountServiceAccountToken"],
+        false
+    );
+    assert_eq!(
+        find("ClusterRoleBinding/proxy-operator-gateway-metrics-auth")["roleRef"]["name"],
+        "proxy-operator-gateway-metrics-auth"
+    );
+    let rules = &find("ClusterRole/proxy-operator-gateway-metrics-auth")["rules"];
+    assert_eq!(
+        rules,
+        &serde_json::json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+        ])
+    );
+    let bound_to_the_gateway: Vec<String> = objects
+        .iter()
+        .filter(|o| {
+            o["subjects"].as_array().is_some_and(|subjects| {
+                subjects
+                    .iter()
+                    .any(|s| s["name"] == "proxy-operator-gateway" && s["kind"] == "ServiceAccount")
+            })
+        })
+        .map(kind_and_name)
+        .collect();
+    assert_eq!(
+        bound_to_the_gateway,
+        ["ClusterRoleBinding/proxy-operator-gateway-metrics-auth"]
+    );
+    for doc in ["docs/security.md", "docs/gateway.md"] {
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        assert!(
+            !text.contains("mount no ServiceAccount token"),
+            "{doc} says the gateway mounts no token, but it mounts one"
+        );
+        assert!(
+            text.contains("automountServiceAccountToken"),
+            "{doc} says which token the gateway mounts"
+        );
+    }
     // It calls the leader over TLS, trusting the CA of the discovery API's Secret.
     let value = |name: &str| gateway[name]["value"].as_str().unwrap().to_string();
     assert!(value("DISCOVERY_URL").starts_with("https://proxy-operator-discovery."));

@@ -133,6 +133,7 @@ impl Operator {
         let sync = self.args.lease.lease_durability == Durability::Sync;
         let transport = self.args.lease.transport()?;
         let metrics_auth = self.args.metrics_auth.auth(&self.client);
+        let bounds = self.args.listener.bounds()?;
         // Every replica keeps the fleet's caches: its status page, and the leader's meter.
         let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
         let status = status_page::Sources {
@@ -155,6 +156,7 @@ impl Operator {
                 },
                 status_page::router(status),
                 &metrics_auth,
+                bounds,
             )
             .await?,
         ];
@@ -177,6 +179,7 @@ impl Operator {
                     self.args.lease.discovery_addr,
                     Arc::new(discovery),
                     transport,
+                    bounds,
                 )
                 .await?,
             );
@@ -547,6 +550,7 @@ async fn serve_discovery(
     addr: std::net::SocketAddr,
     discovery: Arc<Discovery>,
     transport: Transport,
+    bounds: crate::support::listener::ListenerBounds,
 ) -> anyhow::Result<JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -563,11 +567,14 @@ async fn serve_discovery(
             let acceptor = cert.acceptor()?;
             // Dropped with the server: the task below ends both.
             let watch = cert.watch(crate::support::tls::RELOAD_EVERY);
-            let serve = leases::serve_tls(listener, router, Some(acceptor));
+            let serve = leases::serve_tls(listener, router, Some(acceptor), bounds);
             return Ok(spawn_until(stop, async move {
                 tokio::join!(watch, serve);
             }));
         }
     };
-    Ok(spawn_until(stop, leases::serve_tls(listener, router, tls)))
+    Ok(spawn_until(
+        stop,
+        leases::serve_tls(listener, router, tls, bounds),
+    ))
 }

@@ -8,7 +8,6 @@
 //! leader puts on its own Pod ([`crate::faces::leader_label`]). `/leaderz` answers 200 only on the
 //! replica that serves leases.
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::faces::metrics_auth::MetricsAuth;
 use crate::leasing::leases::LeaseStore;
 use crate::support::leader::LeaderView;
+use crate::support::listener::{ListenerBounds, serve_router};
 
 /// A standby that has not read the Lease for this long is not ready: it cannot reach the API
 /// server, so it could neither take over nor name the leader.
@@ -116,7 +116,28 @@ pub async fn serve(
     state: ProbeState,
     pages: axum::Router,
     auth: &Arc<MetricsAuth>,
+    bounds: ListenerBounds,
 ) -> anyhow::Result<JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {addr}"))?;
+    tracing::info!(%addr, "serving /metrics, /status, /healthz, /readyz, /leaderz");
+    Ok(serve_on(
+        stop, listener, registry, state, pages, auth, bounds,
+    ))
+}
+
+/// As [`serve`], on a bound `listener`, within `bounds` (docs/security.md, "Every listener
+/// bounded").
+pub fn serve_on(
+    stop: &CancellationToken,
+    listener: tokio::net::TcpListener,
+    registry: prometheus::Registry,
+    state: ProbeState,
+    pages: axum::Router,
+    auth: &Arc<MetricsAuth>,
+    bounds: ListenerBounds,
+) -> JoinHandle<()> {
     let (ready_state, leader_state) = (state.clone(), state);
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -135,21 +156,13 @@ pub async fn serve(
             }),
         )
         .merge(auth.guard(metrics_router(registry).merge(pages)));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding --metrics-addr {addr}"))?;
-    tracing::info!(%addr, "serving /metrics, /status, /healthz, /readyz, /leaderz");
     let stop = stop.clone();
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}
-            result = axum::serve(listener, app).into_future() => {
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "probe server failed");
-                }
-            }
+            () = serve_router(listener, app, bounds) => {}
         }
-    }))
+    })
 }
 
 /// `/metrics` of `registry` (the operator's and the gateway's), to put behind a check.
@@ -253,5 +266,36 @@ mod tests {
             let said = if ready { r.unwrap() } else { r.unwrap_err() };
             assert!(said.contains(words), "{facts:?}: {said}");
         }
+    }
+
+    /// The operator's metrics/status port against the slow loris (docs/security.md, "Every
+    /// listener bounded").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_metrics_port_is_bounded_against_a_slow_loris() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bounds = crate::support::listener::tests::test_bounds();
+        let stop = CancellationToken::new();
+        let leases = LeaseStore::new(
+            Default::default(),
+            crate::leasing::leases::LeaseMetrics::register(&prometheus::Registry::new()).unwrap(),
+            None,
+        );
+        let server = serve_on(
+            &stop,
+            listener,
+            prometheus::Registry::new(),
+            ProbeState {
+                view: LeaderView::always_serving(),
+                leases: Arc::new(leases),
+                grants_wait_for_writes: false,
+            },
+            axum::Router::new(),
+            &MetricsAuth::insecure(),
+            bounds,
+        );
+        crate::support::listener::tests::slow_loris(addr, &bounds, "/healthz", "").await;
+        stop.cancel();
+        server.await.unwrap();
     }
 }

@@ -48,14 +48,26 @@ pub struct Destination {
 }
 
 /// One request for an upstream.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RouteRequest {
     pub routing: Routing,
-    /// The client's password: a token the discovery API accepts. Never logged.
+    /// The client's password: a token the discovery API accepts. Never logged: `Debug` prints
+    /// `<redacted>` in its place.
     pub token: String,
     pub destination: Destination,
     /// An upstream not to use (`namespace/name`): the one that just failed, on the retry.
     pub avoid: Option<String>,
+}
+
+impl std::fmt::Debug for RouteRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteRequest")
+            .field("routing", &self.routing)
+            .field("token", &"<redacted>")
+            .field("destination", &self.destination)
+            .field("avoid", &self.avoid)
+            .finish()
+    }
 }
 
 /// The credentials the gateway logs in to an upstream squid with.
@@ -163,4 +175,36 @@ pub trait Routes: Send + Sync + 'static {
         &self,
         report: &SessionReport,
     ) -> impl Future<Output = Result<String, RouteError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A route request in a log line or a panic message never carries the client's token
+    /// (docs/security.md, "The gateway").
+    #[test]
+    fn a_route_requests_debug_never_prints_the_token() {
+        let request = RouteRequest {
+            routing: Routing {
+                pool: Some(("crawlers".into(), "egress".into())),
+                session: Some("a1".into()),
+                ..Default::default()
+            },
+            token: "s3cr3t-t0ken-value".into(),
+            destination: Destination {
+                host: "example.com".into(),
+                port: 443,
+            },
+            avoid: Some("crawlers/egress-1".into()),
+        };
+        for shown in [format!("{request:?}"), format!("{request:#?}")] {
+            assert!(!shown.contains("s3cr3t"), "{shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
+            assert!(
+                shown.contains("example.com") && shown.contains("crawlers/egress-1"),
+                "{shown}"
+            );
+        }
+    }
 }

@@ -275,6 +275,21 @@ impl PluginRegistry {
                     continue;
                 }
             };
+            if let Some(reason) = &resolved.refused_upload {
+                // An upload over a built-in that the config did not pin: reported as a bad
+                // upload is (event, metric, log, the instance's problem); the built-in serves.
+                self.metrics
+                    .load_errors
+                    .with_label_values(&[&entry.provider_type])
+                    .inc();
+                out.changes.push(Change::Refused {
+                    provider: entry.name.clone(),
+                    plugin_type: entry.provider_type.clone(),
+                    reason: reason.clone(),
+                    from_configmap: true,
+                });
+                out.problems.insert(entry.name.clone(), reason.clone());
+            }
             if let Some((old_entry, old)) = &previous
                 && old_entry == entry
                 && old.plugin().sha256 == plugin.sha256

@@ -78,9 +78,17 @@ async fn serve(reviewer: KubeReviewer) -> Port {
         leases,
         grants_wait_for_writes: false,
     };
-    probes::serve(&stop, addr, registry, state, pages, &auth)
-        .await
-        .unwrap();
+    probes::serve(
+        &stop,
+        addr,
+        registry,
+        state,
+        pages,
+        &auth,
+        Default::default(),
+    )
+    .await
+    .unwrap();
     Port {
         addr,
         stop,
@@ -286,6 +294,7 @@ async fn insecure_serves_the_metrics_to_anyone() {
         state,
         pages,
         &MetricsAuth::insecure(),
+        Default::default(),
     )
     .await
     .unwrap();

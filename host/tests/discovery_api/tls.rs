@@ -64,6 +64,7 @@ impl TlsApi {
                 listener,
                 leases::router(Arc::new(discovery)),
                 Some(acceptor),
+                Default::default(),
             )),
             tokio::spawn(cert.watch(Duration::from_millis(100))),
         ];

@@ -74,9 +74,29 @@ impl Drop for Setup {
 impl Setup {
     /// A registry reading plugins from ConfigMap `plugins` of `ns` only (empty plugins dir).
     async fn start(ns: &TestNamespace, config: &str, download_dir: Option<&Path>) -> Setup {
+        Setup::start_with_builtins(ns, config, download_dir, &[]).await
+    }
+
+    /// As [`Setup::start`], with `<type>.wasm` built-in plugins in the plugins dir.
+    async fn start_with_builtins(
+        ns: &TestNamespace,
+        config: &str,
+        download_dir: Option<&Path>,
+        builtins: &[(&str, Vec<u8>)],
+    ) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let config_file = dir.path().join("providers.yaml");
         std::fs::write(&config_file, config).unwrap();
+        if !builtins.is_empty() {
+            std::fs::create_dir(dir.path().join("no-builtins")).unwrap();
+        }
+        for (plugin_type, bytes) in builtins {
+            std::fs::write(
+                dir.path().join(format!("no-builtins/{plugin_type}.wasm")),
+                bytes,
+            )
+            .unwrap();
+        }
         let (engine, _) = engine_with(test_options()).await;
         let metrics = prometheus::Registry::new();
         let registry = PluginRegistry::start(
@@ -610,4 +630,99 @@ async fn the_providers_config_is_reloaded_only_when_valid() {
     setup.registry.reload_config().await.unwrap();
     let current = setup.registry.providers().current();
     assert!(current.get("first").is_none() && current.get("second").is_some());
+}
+
+/// A plugin in the ConfigMap replaces a built-in plugin of its type only when the providers
+/// config pins the replacement's sha256; otherwise the upload is refused naming both digests,
+/// reported as a bad upload is (an event on the ConfigMap, the load-error metric, the instance's
+/// problem and the log), and the built-in keeps serving (docs/security.md, "The plugins
+/// ConfigMap").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_plugin_replaces_a_built_in_only_when_pinned() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-builtin").await.unwrap();
+    let store = InstanceStore::start().await;
+    let (built_in, upload) = (version(1), version(2));
+    let mut setup = Setup::start_with_builtins(
+        &ns,
+        &format!("providers:\n{}", config_entry("own", "builtin", &store, "")),
+        None,
+        &[("builtin", built_in.clone())],
+    )
+    .await;
+    assert_eq!(setup.serving_sha("own"), Some(sha(&built_in)));
+
+    // Unpinned: refused, the built-in serves and answers.
+    setup.watch(&ns);
+    setup.put("builtin.wasm", upload.clone()).await;
+    until("the upload refused", || setup.load_errors("builtin") >= 1).await;
+    assert_eq!(setup.serving_sha("own"), Some(sha(&built_in)));
+    let current = setup.registry.providers().current();
+    let problem = current
+        .problem("own")
+        .expect("the refusal is the instance's problem");
+    assert!(
+        problem.contains(&sha(&upload))
+            && problem.contains(&sha(&built_in))
+            && problem.contains("does not pin it"),
+        "{problem}"
+    );
+    current
+        .get("own")
+        .unwrap()
+        .list()
+        .await
+        .expect("the built-in still answers");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = cp
+            .kubectl_run(
+                &["get", "events.events.k8s.io", "-n", ns.name(), "-o", "json"],
+                None,
+            )
+            .await
+            .unwrap();
+        if events.contains("PluginLoadFailed") && events.contains(&sha(&built_in)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no PluginLoadFailed event: {events}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Pinned to the upload: it replaces the built-in.
+    let pinned = format!("  plugin: {{sha256: {}}}\n", sha(&upload));
+    std::fs::write(
+        setup.config_file(),
+        format!(
+            "providers:\n{}",
+            config_entry("own", "builtin", &store, &pinned)
+        ),
+    )
+    .unwrap();
+    setup.registry.reload_config().await.unwrap();
+    assert_eq!(setup.serving_sha("own"), Some(sha(&upload)));
+    assert!(
+        setup
+            .registry
+            .providers()
+            .current()
+            .problem("own")
+            .is_none()
+    );
+
+    // Pinned to the built-in: the upload is refused again, the built-in serves.
+    let pinned = format!("  plugin: {{sha256: {}}}\n", sha(&built_in));
+    std::fs::write(
+        setup.config_file(),
+        format!(
+            "providers:\n{}",
+            config_entry("own", "builtin", &store, &pinned)
+        ),
+    )
+    .unwrap();
+    setup.registry.reload_config().await.unwrap();
+    assert_eq!(setup.serving_sha("own"), Some(sha(&built_in)));
 }

@@ -2,7 +2,6 @@
 //! own, holding no state: every route is the leader's choice, asked through the discovery API.
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +19,7 @@ use crate::leasing::gateway::options::GatewayOptions;
 use crate::leasing::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
 use crate::leasing::gateway::prefetch::Prefetching;
 use crate::leasing::gateway::server::Gateway;
+use crate::support::listener::{ListenerBounds, serve_router};
 
 /// A replica whose last load report to the leader is older than this is not ready: it could not
 /// route either.
@@ -42,6 +42,8 @@ pub struct GatewayArgs {
     pub discovery_plain_http: bool,
     #[command(flatten)]
     pub metrics_auth: crate::faces::operator::args::MetricsAuthArgs,
+    #[command(flatten)]
+    pub listener: crate::faces::operator::args::ListenerArgs,
     /// The gateway's own token, the one the operator has as GATEWAY_TOKEN (from their Secret).
     #[arg(long, env = "GATEWAY_TOKEN", hide_env_values = true)]
     pub gateway_token: String,
@@ -79,9 +81,14 @@ pub struct GatewayArgs {
     /// comma-separated suffixes; by default none.
     #[arg(long, env = "GATEWAY_ALLOWED_HOST_SUFFIXES", default_value = "")]
     pub allowed_host_suffixes: HostSuffixes,
-    /// Client connections open at once, in all.
+    /// Client connections open at once, in all, once they presented their token.
     #[arg(long, env = "GATEWAY_MAX_CLIENTS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_clients: u64,
+    /// Client connections that have not presented their token yet (in their TLS handshake,
+    /// before their request head or SOCKS5 login is complete), at once: a room of their own,
+    /// so clients that never finish their handshake cannot take --max-clients' places.
+    #[arg(long, env = "GATEWAY_MAX_HANDSHAKING", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_handshaking: u64,
     /// Client connections open at once with one token.
     #[arg(long, env = "GATEWAY_MAX_CLIENTS_PER_TOKEN", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_clients_per_token: u32,
@@ -113,6 +120,7 @@ impl GatewayArgs {
         Ok(GatewayOptions {
             idle_timeout: self.idle_timeout,
             max_clients: self.max_clients as usize,
+            max_handshaking: self.max_handshaking as usize,
             max_clients_per_token: self.max_clients_per_token,
             policy: DestinationPolicy {
                 ports: self.allowed_ports.0.clone(),
@@ -164,14 +172,17 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     tokio::spawn(crate::faces::operator::cancel_on_signal(stop.clone()));
 
     let reported = Arc::new(LastReport::new());
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {}", args.metrics_addr))?;
     let probes = serve_probes(
         &stop,
-        args.metrics_addr,
+        metrics_listener,
         registry,
         reported.clone(),
         &metrics_auth,
-    )
-    .await?;
+        args.listener.bounds()?,
+    );
     let pushing = tokio::spawn(push_loads(
         leader,
         gateway.clone(),
@@ -349,13 +360,16 @@ fn bytes_since(
         .collect()
 }
 
-async fn serve_probes(
+/// `/healthz`, `/readyz` and `/metrics` on `listener` (`--metrics-addr`) within `bounds`, until
+/// `stop`.
+fn serve_probes(
     stop: &CancellationToken,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     registry: prometheus::Registry,
     reported: Arc<LastReport>,
     auth: &Arc<MetricsAuth>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    bounds: ListenerBounds,
+) -> tokio::task::JoinHandle<()> {
     let app = axum::Router::new()
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
         .route(
@@ -378,20 +392,13 @@ async fn serve_probes(
             }),
         )
         .merge(auth.guard(crate::faces::probes::metrics_router(registry)));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding --metrics-addr {addr}"))?;
     let stop = stop.clone();
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}
-            result = axum::serve(listener, app).into_future() => {
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "gateway probe server failed");
-                }
-            }
+            () = serve_router(listener, app, bounds) => {}
         }
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -410,5 +417,26 @@ mod tests {
             bytes_since(&totals, &taken),
             BTreeMap::from([("ns/a".to_string(), (50, 0)), ("ns/b".into(), (1, 2))])
         );
+    }
+
+    /// The gateway's metrics port against the slow loris (docs/security.md, "Every listener
+    /// bounded").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_metrics_port_is_bounded_against_a_slow_loris() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bounds = crate::support::listener::tests::test_bounds();
+        let stop = CancellationToken::new();
+        let server = serve_probes(
+            &stop,
+            listener,
+            prometheus::Registry::new(),
+            Arc::new(LastReport::new()),
+            &MetricsAuth::insecure(),
+            bounds,
+        );
+        crate::support::listener::tests::slow_loris(addr, &bounds, "/healthz", "").await;
+        stop.cancel();
+        server.await.unwrap();
     }
 }

@@ -11,6 +11,7 @@ use super::fleet::{
 use super::table::{Tone, age, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
 use crate::leasing::leases::store::POOL_LABEL;
+use crate::support::printable::printable;
 
 /// A condition as shown.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -99,8 +100,14 @@ fn notes(fleet: &Fleet) -> Vec<String> {
         .collect()
 }
 
-/// `label:` padded so the values line up.
+/// `label:` padded so the values line up; `value` without its control characters (its parts
+/// are a plugin's or the cluster's words: [`printable`]).
 fn field(out: &mut String, label: &str, value: &str, colour: bool) {
+    painted_field(out, &printable(label), &printable(value), colour)
+}
+
+/// As [`field`], for a value whose parts were made [`printable`] before [`paint`] coloured them.
+fn painted_field(out: &mut String, label: &str, value: &str, colour: bool) {
     out.push_str(&format!(
         "{}{}{value}\n",
         bold(&format!("{label}:"), colour),
@@ -118,12 +125,16 @@ fn conditions_text(out: &mut String, conditions: &[ConditionView], colour: bool)
         let message = if c.message.is_empty() {
             String::new()
         } else {
-            format!(": {}", c.message)
+            format!(": {}", printable(&c.message))
         };
-        field(
+        painted_field(
             out,
-            &c.type_,
-            &format!("{} {}{message}", paint(&c.status, tone, colour), c.reason),
+            &printable(&c.type_),
+            &format!(
+                "{} {}{message}",
+                paint(&printable(&c.status), tone, colour),
+                printable(&c.reason)
+            ),
             colour,
         );
     }
@@ -174,7 +185,7 @@ pub fn render_pool(view: &PoolView, now_ms: u64, colour: bool) -> String {
         );
     }
     for note in &view.notes {
-        out.push_str(&format!("\nNote: {note}\n"));
+        out.push_str(&format!("\nNote: {}\n", printable(note)));
     }
     out
 }
@@ -250,7 +261,7 @@ pub fn render_proxy(view: &ProxyView, now_ms: u64, colour: bool) -> String {
         &qualified_name(&p.namespace, &p.name),
         colour,
     );
-    field(
+    painted_field(
         &mut out,
         "Phase",
         &paint(&phase_text(p.phase), phase_tone(p.phase), colour),
@@ -311,13 +322,13 @@ pub fn render_proxy(view: &ProxyView, now_ms: u64, colour: bool) -> String {
     }
     conditions_text(&mut out, &view.conditions, colour);
     for note in &view.notes {
-        out.push_str(&format!("\nNote: {note}\n"));
+        out.push_str(&format!("\nNote: {}\n", printable(note)));
     }
     out
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use serde_json::json;
 
     use super::*;
@@ -401,5 +412,78 @@ Provisioned: False Quota: Create at provider store: quota: HTTP 429: full; retry
             text.contains("Note: the lease table could not be read (forbidden)"),
             "{text}"
         );
+    }
+
+    /// `text` without the SGR sequences `paint` and `bold` add (`ESC [ digits m`), so what is
+    /// left of any escape came from somewhere else.
+    pub(in crate::faces::kubectl) fn without_own_colours(text: &str) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("\x1b[") {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + 2..];
+            let digits = after
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(after.len());
+            if digits > 0 && after[digits..].starts_with('m') {
+                rest = &after[digits + 1..];
+            } else {
+                out.push('\x1b');
+                rest = &rest[at + 1..];
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// A plugin's message in a Proxy's last error and conditions, and a ProviderHealth's, reach
+    /// `kubectl px status` without their control sequences, coloured or not, and the fleet's
+    /// tables likewise (docs/security.md, "What a reader is shown").
+    #[test]
+    fn a_plugins_control_sequences_never_reach_the_terminal() {
+        let hostile = "quota\x1b]52;c;Y3VybCBldmlsLnNo\x07 full\u{9b}2J\r\x1b[1Aok";
+        let stuck = proxy(
+            "stuck",
+            None,
+            json!({"phase": "Pending", "lastError": hostile, "address": "10.0.0.1\x1b[8m",
+                   "conditions": [{"type": "Ready\x1b[0m", "status": "False\x07",
+                                   "reason": "Quota\u{202e}", "message": hostile,
+                                   "lastTransitionTime": "2027-01-15T08:00:00Z"}]}),
+        );
+        let health: ProviderHealth = serde_json::from_value(json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "ProviderHealth",
+            "metadata": {"name": "store"},
+            "spec": {"providerType": "test"},
+            "status": {"targetsSummary": hostile, "conditions": [
+                {"type": "Ready", "status": "False", "reason": "Check\x1b]0;x\x07",
+                 "message": hostile, "lastTransitionTime": "2027-01-15T08:00:00Z"},
+                {"type": "PluginLoaded", "status": "True", "reason": "Loaded",
+                 "message": hostile, "lastTransitionTime": "2027-01-15T08:00:00Z"}]},
+        }))
+        .unwrap();
+        let fleet = Fleet {
+            proxies: vec![stuck.clone()],
+            providers: vec![health.clone()],
+            now_ms: NOW,
+            ..Default::default()
+        };
+        let view = proxy_view(&stuck, Some(&health), &fleet);
+        for colour in [false, true] {
+            let texts = [
+                render_proxy(&view, NOW, colour),
+                super::super::fleet::render(&super::super::fleet::view(&fleet), true, NOW, colour),
+            ];
+            for text in texts {
+                let text = without_own_colours(&text);
+                assert!(!text.contains("52;c;"), "{text:?}");
+                assert!(
+                    !text
+                        .chars()
+                        .any(|c| c.is_control() && c != '\n' || c == '\u{202e}'),
+                    "{text:?}"
+                );
+                assert!(text.contains("quota full ok"), "{text:?}");
+            }
+        }
     }
 }

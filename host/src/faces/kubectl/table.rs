@@ -1,6 +1,8 @@
 //! Tables and times as `kubectl px` prints them: columns padded to their widest cell, three
 //! spaces apart as kubectl's, colour only when asked (a terminal without `NO_COLOR`). Pure.
 
+use crate::support::printable::printable;
+
 /// How a cell reads at a glance; only a coloured table shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tone {
@@ -47,9 +49,11 @@ pub struct Cell {
 }
 
 impl Cell {
+    /// A cell of `text` without its control characters ([`printable`]): a cell's text is a
+    /// plugin's or the cluster's, and only [`paint`] adds escape sequences.
     pub fn new(text: impl Into<String>, tone: Tone) -> Self {
         Cell {
-            text: text.into(),
+            text: printable(&text.into()),
             tone,
         }
     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::fleet::{phase_text, qualified_name};
 use super::table::{Tone, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy};
+use crate::support::printable::printable;
 
 /// The troubleshooting guide, as the causes point into it.
 pub const TROUBLESHOOTING: &str = "docs/troubleshooting.md";
@@ -564,7 +565,7 @@ pub fn render(explanation: &Explanation, now_ms: u64, colour: bool) -> String {
             paint("Ready", Tone::Good, colour)
         ));
         if let Some(leasing) = &explanation.leasing {
-            out.push_str(&format!("; {leasing}"));
+            out.push_str(&format!("; {}", printable(leasing)));
         }
         out.push_str(".\n\n");
     } else {
@@ -583,7 +584,8 @@ pub fn render(explanation: &Explanation, now_ms: u64, colour: bool) -> String {
     for step in &explanation.steps {
         let says = match step.state {
             StepState::NotReached => paint("not reached", Tone::Dim, colour),
-            _ => step.says.clone(),
+            // The step's words carry a plugin's message or a condition's.
+            _ => printable(&step.says),
         };
         out.push_str(&format!(
             "  {} {:width$}  {says}\n",
@@ -615,9 +617,9 @@ pub fn render(explanation: &Explanation, now_ms: u64, colour: bool) -> String {
             out.push_str(&format!(
                 "  {} {} {}{times}: {}\n",
                 e.at_ms.map_or("-".into(), |t| relative(t, now_ms)),
-                paint(&e.type_, tone, colour),
-                e.reason,
-                e.message
+                paint(&printable(&e.type_), tone, colour),
+                printable(&e.reason),
+                printable(&e.message)
             ));
         }
     }

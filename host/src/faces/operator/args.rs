@@ -41,6 +41,8 @@ pub struct RunArgs {
     pub gateway: GatewayAccessArgs,
     #[command(flatten)]
     pub metrics_auth: MetricsAuthArgs,
+    #[command(flatten)]
+    pub listener: ListenerArgs,
 }
 
 /// Who may read /metrics and the status page (docs/metrics.md).
@@ -72,6 +74,50 @@ impl MetricsAuthArgs {
             return self.auth_insecure();
         }
         crate::faces::metrics_auth::MetricsAuth::kubernetes(client.clone())
+    }
+}
+
+/// The bounds of every HTTP listener: the discovery API and the metrics/status port of `run`,
+/// the metrics port of `gateway` (docs/security.md, "Every listener bounded"). Each listener
+/// counts its own connections.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenerArgs {
+    /// Time a client has to send a request's complete head (line and headers), counted from
+    /// when the connection waits for a request, so it also bounds an idle keep-alive
+    /// connection; past it the connection is closed.
+    #[arg(long, env = "LISTENER_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = crate::support::durations::parse)]
+    pub listener_header_read_timeout: Duration,
+    /// A connection with no byte either way for this long is closed (a body trickled slowly,
+    /// an answer nobody reads).
+    #[arg(long, env = "LISTENER_IDLE_TIMEOUT", default_value = "60s", value_parser = crate::support::durations::parse)]
+    pub listener_idle_timeout: Duration,
+    /// Connections one listener holds open at most; one more is closed as soon as it is
+    /// accepted.
+    #[arg(long, env = "LISTENER_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub listener_max_connections: u32,
+    /// Connections one listener holds open at most from one IP address (so one client cannot
+    /// take them all).
+    #[arg(long, env = "LISTENER_MAX_CONNECTIONS_PER_PEER", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub listener_max_connections_per_peer: u32,
+    /// Bytes of a request's head (line and headers) one connection may send; more is answered
+    /// 431 and closed. At least 8 KiB.
+    #[arg(long, env = "LISTENER_MAX_HEAD_BYTES", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(8192..=16_777_216))]
+    pub listener_max_head_bytes: u32,
+}
+
+impl ListenerArgs {
+    pub fn bounds(&self) -> anyhow::Result<crate::support::listener::ListenerBounds> {
+        anyhow::ensure!(
+            !self.listener_header_read_timeout.is_zero() && !self.listener_idle_timeout.is_zero(),
+            "--listener-header-read-timeout and --listener-idle-timeout must be above zero"
+        );
+        Ok(crate::support::listener::ListenerBounds {
+            header_read_timeout: self.listener_header_read_timeout,
+            idle_timeout: self.listener_idle_timeout,
+            max_connections: self.listener_max_connections as usize,
+            max_connections_per_peer: self.listener_max_connections_per_peer as usize,
+            max_head_bytes: self.listener_max_head_bytes as usize,
+        })
     }
 }
 

@@ -4,9 +4,13 @@
 
 use std::fmt::Write as _;
 
+use crate::support::printable::printable;
+
 /// `text` with `&`, `<`, `>`, `"` and `'` escaped: safe in element content and in a quoted
-/// attribute value.
+/// attribute value; control characters and their escape sequences are stripped first
+/// ([`printable`]: a page copied into a terminal, or a plugin's message with a bidi override).
 pub fn esc(text: &str) -> String {
+    let text = printable(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -477,7 +477,9 @@ mod tests {
 
     #[test]
     fn no_text_from_the_cluster_a_plugin_or_a_crawler_becomes_markup() {
-        let evil = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>&";
+        // Markup, and the control sequences of docs/security.md ("What a reader is shown"):
+        // OSC 52 (the clipboard), CSI (clear the screen) in its C1 form, a bidi override.
+        let evil = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>&\x1b]52;c;ZXZpbA==\x07\u{9b}2J\u{202e}\r";
         let mut s = sample();
         s.generated_at = evil.into();
         s.replica = Replica::Standby {
@@ -528,6 +530,10 @@ mod tests {
         for raw in ["<script>alert", "<img", "onerror=alert(2)>", "\"'>"] {
             assert!(!html.contains(raw), "{raw} in\n{html}");
         }
+        for c in ['\x1b', '\x07', '\u{9b}', '\u{202e}', '\r'] {
+            assert!(!html.contains(c), "{c:?} in the page");
+        }
+        assert!(!html.contains("52;c;"), "the OSC 52 payload in the page");
         // The page's own markup only: one script, its own.
         assert_eq!(html.matches("<script").count(), 1);
         assert!(

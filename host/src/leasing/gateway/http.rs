@@ -10,6 +10,7 @@ use tracing::{debug, warn};
 
 use super::client_report::{self, ClientReport, GATEWAY_HOST};
 use super::head::{HeadError, read_head};
+use super::load::HandshakePermit;
 use super::metrics::{Outcome, Protocol};
 use super::relay::relay;
 use super::upstream::{
@@ -73,8 +74,14 @@ struct Parsed {
 }
 
 /// Serves one client connection.
-pub async fn handle<R: Routes, C: ClientStream>(ctx: &Context<'_, R>, mut client: C) {
-    let (protocol, outcome) = match serve(ctx, &mut client).await {
+/// `handshake`: the connection's place in the handshake room, given back for one of the
+/// total's once its head (with the token) is read.
+pub async fn handle<R: Routes, C: ClientStream>(
+    ctx: &Context<'_, R>,
+    mut client: C,
+    handshake: HandshakePermit<'_>,
+) {
+    let (protocol, outcome) = match serve(ctx, &mut client, handshake).await {
         Ok(done) => done,
         Err((protocol, answer)) => {
             send(&mut client, &answer).await;
@@ -94,6 +101,7 @@ pub async fn refuse_busy<C: ClientStream>(mut client: C) {
 async fn serve<R: Routes, C: ClientStream>(
     ctx: &Context<'_, R>,
     client: &mut C,
+    handshake: HandshakePermit<'_>,
 ) -> Result<(Protocol, Outcome), (Protocol, Answer)> {
     let read = tokio::time::timeout(
         ctx.options.handshake_timeout,
@@ -118,6 +126,13 @@ async fn serve<R: Routes, C: ClientStream>(
     let protocol = parsed.protocol;
     let fail = |answer: Answer| (protocol, answer);
     let (routing, token) = credentials(parsed.authorization.as_deref()).map_err(fail)?;
+    let Some(_client) = ctx.clients.connect() else {
+        return Err(fail(
+            Answer::new(429, "too many client connections open", Outcome::Refused)
+                .with("Retry-After", "1"),
+        ));
+    };
+    drop(handshake);
     let Some(_permit) = ctx.clients.token(&token) else {
         let body = "too many connections open with this token";
         return Err(fail(

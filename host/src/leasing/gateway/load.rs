@@ -10,13 +10,21 @@ use sha2::{Digest, Sha256};
 
 use super::metrics::GatewayMetrics;
 
-/// Open client connections, in all and per token.
+/// Open client connections: those still in their handshake (no token presented yet) in a
+/// room of their own, then those with a token, in all and per token.
 pub struct ClientLoad {
     max_total: usize,
     max_per_token: u32,
+    max_handshaking: usize,
+    handshaking: AtomicUsize,
     open: AtomicUsize,
     per_token: Mutex<HashMap<[u8; 32], u32>>,
     gauge: IntGauge,
+}
+
+/// One client connection that has not presented its token yet; counted until dropped.
+pub struct HandshakePermit<'a> {
+    load: &'a ClientLoad,
 }
 
 /// One open client connection; counted until dropped.
@@ -31,17 +39,41 @@ pub struct TokenPermit<'a> {
 }
 
 impl ClientLoad {
-    pub fn new(max_total: usize, max_per_token: u32, metrics: &GatewayMetrics) -> Self {
+    pub fn new(
+        max_total: usize,
+        max_per_token: u32,
+        max_handshaking: usize,
+        metrics: &GatewayMetrics,
+    ) -> Self {
         ClientLoad {
             max_total,
             max_per_token,
+            max_handshaking,
+            handshaking: AtomicUsize::new(0),
             open: AtomicUsize::new(0),
             per_token: Mutex::new(HashMap::new()),
             gauge: metrics.clients.clone(),
         }
     }
 
-    /// A new client connection, or `None` when `max_total` are open.
+    /// A connection just accepted, until it presents its token (its request head, its SOCKS5
+    /// login), or `None` when `max_handshaking` are that far: a client that never finishes its
+    /// handshake holds a place of this smaller room, never one of `max_total`.
+    pub fn handshake(&self) -> Option<HandshakePermit<'_>> {
+        self.handshaking
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_handshaking).then_some(n + 1)
+            })
+            .ok()?;
+        Some(HandshakePermit { load: self })
+    }
+
+    /// Connections in their handshake now.
+    pub fn handshaking(&self) -> usize {
+        self.handshaking.load(Ordering::Acquire)
+    }
+
+    /// A client connection that presented its token, or `None` when `max_total` are open.
     pub fn connect(&self) -> Option<ClientPermit<'_>> {
         let counted = self
             .open
@@ -79,6 +111,12 @@ impl ClientLoad {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .len()
+    }
+}
+
+impl Drop for HandshakePermit<'_> {
+    fn drop(&mut self) {
+        self.load.handshaking.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -178,7 +216,7 @@ mod tests {
     #[test]
     fn client_bounds_in_all_and_per_token() {
         let metrics = GatewayMetrics::unregistered().unwrap();
-        let load = ClientLoad::new(3, 2, &metrics);
+        let load = ClientLoad::new(3, 2, 1, &metrics);
         let a = load.connect().unwrap();
         let b = load.connect().unwrap();
         let c = load.connect().unwrap();
@@ -202,10 +240,34 @@ mod tests {
         assert_eq!(metrics.clients.get(), 0);
     }
 
+    /// Connections still in their handshake have a room of their own: filling it leaves every
+    /// place of the total to clients that presented a token (docs/security.md, "The gateway").
+    #[test]
+    fn handshakes_have_a_smaller_room_of_their_own() {
+        let metrics = GatewayMetrics::unregistered().unwrap();
+        let load = ClientLoad::new(3, 3, 2, &metrics);
+        let h1 = load.handshake().unwrap();
+        let h2 = load.handshake().unwrap();
+        assert!(
+            load.handshake().is_none(),
+            "a third handshake is over its room"
+        );
+        assert_eq!(load.handshaking(), 2);
+        // Nothing of the total is taken by them.
+        assert_eq!(load.open(), 0);
+        let clients: Vec<_> = (0..3).map(|_| load.connect().unwrap()).collect();
+        assert!(load.connect().is_none());
+        // A handshake that ends gives its place back.
+        drop(h1);
+        let h3 = load.handshake().unwrap();
+        drop((h2, h3, clients));
+        assert_eq!((load.handshaking(), load.open()), (0, 0));
+    }
+
     #[test]
     fn a_zero_per_token_bound_refuses_and_keeps_nothing() {
         let metrics = GatewayMetrics::unregistered().unwrap();
-        let load = ClientLoad::new(10, 0, &metrics);
+        let load = ClientLoad::new(10, 0, 1, &metrics);
         assert!(load.token("t").is_none());
         assert_eq!(load.tokens(), 0);
     }

@@ -36,7 +36,12 @@ enum Port {
 impl<R: Routes> Gateway<R> {
     pub fn new(routes: Arc<R>, options: GatewayOptions, metrics: GatewayMetrics) -> Self {
         Gateway {
-            clients: ClientLoad::new(options.max_clients, options.max_clients_per_token, &metrics),
+            clients: ClientLoad::new(
+                options.max_clients,
+                options.max_clients_per_token,
+                options.max_handshaking,
+                &metrics,
+            ),
             upstreams: UpstreamLoad::new(&metrics),
             routes,
             options,
@@ -132,7 +137,9 @@ impl<R: Routes> Gateway<R> {
     }
 
     async fn connection(&self, stream: TcpStream, port: Port) {
-        let Some(_permit) = self.clients.connect() else {
+        // A place of the handshake room until the client presents its token; the handlers
+        // then take one of `max_clients` and give this back.
+        let Some(handshake) = self.clients.handshake() else {
             let protocol = match port {
                 Port::Http => {
                     http::refuse_busy(stream).await;
@@ -148,12 +155,12 @@ impl<R: Routes> Gateway<R> {
         };
         let ctx = self.context();
         match port {
-            Port::Http => http::handle(&ctx, stream).await,
-            Port::Socks => socks5::handle(&ctx, stream).await,
+            Port::Http => http::handle(&ctx, stream, handshake).await,
+            Port::Socks => socks5::handle(&ctx, stream, handshake).await,
             Port::Https(tls) => {
-                let handshake = tls.accept(stream);
-                match tokio::time::timeout(self.options.handshake_timeout, handshake).await {
-                    Ok(Ok(stream)) => http::handle(&ctx, stream).await,
+                let accepting = tls.accept(stream);
+                match tokio::time::timeout(self.options.handshake_timeout, accepting).await {
+                    Ok(Ok(stream)) => http::handle(&ctx, stream, handshake).await,
                     // A client that does not trust the certificate, or speaks plain HTTP.
                     Ok(Err(e)) => tracing::debug!("gateway TLS handshake failed: {e}"),
                     Err(_) => tracing::debug!("gateway TLS handshake timed out"),

@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::load::HandshakePermit;
 use super::metrics::{Outcome, Protocol};
 use super::relay::relay;
 use super::upstream::{Context, Refusal, open_tunnel};
@@ -166,7 +167,13 @@ async fn request(client: &mut TcpStream) -> Result<Destination, Handshake> {
 }
 
 /// One client connection on the SOCKS5 port.
-pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
+/// `handshake`: the connection's place in the handshake room, given back for one of the
+/// total's once its login and request are read.
+pub async fn handle<R: Routes>(
+    ctx: &Context<'_, R>,
+    mut client: TcpStream,
+    place: HandshakePermit<'_>,
+) {
     let handshake = async {
         let (routing, token) = login(&mut client).await?;
         let destination = request(&mut client).await?;
@@ -184,6 +191,12 @@ pub async fn handle<R: Routes>(ctx: &Context<'_, R>, mut client: TcpStream) {
                 return;
             }
         };
+    let Some(_client) = ctx.clients.connect() else {
+        let _ = send_reply(&mut client, Reply::GeneralFailure).await;
+        ctx.metrics.request(Protocol::Socks5, Outcome::Refused);
+        return;
+    };
+    drop(place);
     let Some(_token_permit) = ctx.clients.token(&token) else {
         let _ = send_reply(&mut client, Reply::GeneralFailure).await;
         ctx.metrics.request(Protocol::Socks5, Outcome::Refused);

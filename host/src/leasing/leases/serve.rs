@@ -1,5 +1,6 @@
 //! The discovery API's server: hyper's HTTP/1.1 with the header limits of `api.rs`, over plain
-//! TCP or TLS (docs/discovery-api.md, "TLS").
+//! TCP or TLS (docs/discovery-api.md, "TLS"), within the listener bounds of
+//! [`crate::support::listener`].
 
 use axum::Router;
 use axum::extract::Request;
@@ -10,33 +11,42 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use super::api::{MAX_HEADERS, Problem, TRANSPORT_MAX_HEADERS};
+use crate::support::listener::{
+    ConnectionLimits, ListenerBounds, accept, http1, within_idle_timeout,
+};
 
 /// Serves `router` (the discovery API's) on `listener` over plain HTTP until the task is
-/// dropped. Like `axum::serve`, with the header limits: every answer to a request that reaches
-/// the operator, including one with too many header fields, is a problem document.
+/// dropped, within the default [`ListenerBounds`]. Like `axum::serve`, with the header limits:
+/// every answer to a request that reaches the operator, including one with too many header
+/// fields, is a problem document.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router) {
-    serve_tls(listener, router, None).await
+    serve_tls(listener, router, None, ListenerBounds::default()).await
 }
 
 /// As [`serve`], over TLS when `tls` is given: each connection's handshake first (within
-/// [`crate::support::tls::HANDSHAKE_TIMEOUT`]), with the certificate the acceptor holds at that moment.
+/// [`crate::support::tls::HANDSHAKE_TIMEOUT`]), with the certificate the acceptor holds at that
+/// moment; every connection within `bounds` (its place taken at accept, before the handshake:
+/// docs/security.md, "Every listener bounded").
 pub async fn serve_tls(
     mut listener: tokio::net::TcpListener,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    bounds: ListenerBounds,
 ) {
+    let limits = ConnectionLimits::new(bounds);
     loop {
-        let (stream, peer) = axum::serve::Listener::accept(&mut listener).await;
+        let (stream, peer, admitted) = accept(&mut listener, &limits, "discovery API").await;
         let router = router.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _admitted = admitted;
             let Some(tls) = tls else {
-                return serve_connection(stream, router).await;
+                return serve_connection(stream, router, bounds).await;
             };
             match tokio::time::timeout(crate::support::tls::HANDSHAKE_TIMEOUT, tls.accept(stream))
                 .await
             {
-                Ok(Ok(stream)) => serve_connection(stream, router).await,
+                Ok(Ok(stream)) => serve_connection(stream, router, bounds).await,
                 // A client that does not trust the certificate, or speaks plain HTTP: its
                 // error, said at debug (a scanner could fill the log otherwise).
                 Ok(Err(e)) => tracing::debug!(%peer, "discovery API TLS handshake failed: {e}"),
@@ -46,7 +56,7 @@ pub async fn serve_tls(
     }
 }
 
-async fn serve_connection<I>(io: I, router: Router)
+async fn serve_connection<I>(io: I, router: Router, bounds: ListenerBounds)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -73,13 +83,34 @@ where
             answered
         }
     });
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.max_headers(TRANSPORT_MAX_HEADERS);
-    if let Err(e) = http
-        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
-        .with_upgrades()
-        .await
-    {
-        tracing::trace!("discovery API connection: {e}");
+    within_idle_timeout(io, bounds.idle_timeout, |io| async move {
+        let mut http = http1(&bounds);
+        http.max_headers(TRANSPORT_MAX_HEADERS);
+        if let Err(e) = http
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .with_upgrades()
+            .await
+        {
+            tracing::trace!("discovery API connection: {e}");
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The discovery API's listener against the slow loris (docs/security.md, "Every listener
+    /// bounded"): its own server and service, a route answering 200.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_discovery_api_is_bounded_against_a_slow_loris() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/v1/ok", axum::routing::get(|| async { "ok" }));
+        let bounds = crate::support::listener::tests::test_bounds();
+        let server = tokio::spawn(serve_tls(listener, router, None, bounds));
+        crate::support::listener::tests::slow_loris(addr, &bounds, "/v1/ok", "").await;
+        server.abort();
     }
 }

@@ -37,6 +37,9 @@ pub(super) struct Resolved {
     pub source: String,
     pub bytes: Arc<Vec<u8>>,
     pub from_configmap: bool,
+    /// A ConfigMap upload that would have replaced the built-in plugin without the providers
+    /// config pinning it: refused (reported like a bad upload), and the built-in serves.
+    pub refused_upload: Option<String>,
 }
 
 pub(super) enum Unresolved {
@@ -66,6 +69,7 @@ impl Sources {
                 source: url,
                 bytes: Arc::new(bytes),
                 from_configmap: false,
+                refused_upload: None,
             }
         } else if let Some(packed) = configmap.get(&entry.provider_type) {
             let (namespace, name) = self.options.configmap.clone().unwrap_or_default();
@@ -77,11 +81,14 @@ impl Sources {
                 .unpack(MAX_PLUGIN_BYTES)
                 .await
                 .map_err(|e| Unresolved::Refused(format!("{source}: {e}"), true))?;
-            Resolved {
+            let uploaded = Resolved {
                 source,
                 bytes: Arc::new(bytes),
                 from_configmap: true,
-            }
+                refused_upload: None,
+            };
+            self.unless_it_replaces_a_built_in(entry, pin.as_deref(), uploaded)
+                .await
         } else {
             let path = self
                 .options
@@ -92,6 +99,7 @@ impl Sources {
                     source: path.display().to_string(),
                     bytes: Arc::new(bytes),
                     from_configmap: false,
+                    refused_upload: None,
                 },
                 Err(_) => {
                     let mut places = vec![format!(
@@ -124,6 +132,48 @@ impl Sources {
             }
         }
         Ok(resolved)
+    }
+
+    /// `uploaded` (a ConfigMap plugin), unless it would replace a built-in plugin of its type
+    /// that the providers config did not pin it over: a plugin in the ConfigMap (which anybody
+    /// who may write that ConfigMap controls) replaces the operator's own only when the platform
+    /// engineer pinned the replacement's sha256 (`plugin.sha256`). Otherwise the built-in serves
+    /// (or the built-in the pin names), and the refusal names both digests. A type with no
+    /// built-in is the ConfigMap's to bring (the pin, if any, is checked by the caller).
+    async fn unless_it_replaces_a_built_in(
+        &self,
+        entry: &ProviderEntry,
+        pin: Option<&str>,
+        uploaded: Resolved,
+    ) -> Resolved {
+        let found = sha256_hex(&uploaded.bytes);
+        if pin == Some(found.as_str()) {
+            return uploaded;
+        }
+        let path = self
+            .options
+            .plugins_dir
+            .join(format!("{}.wasm", entry.provider_type));
+        let Ok(built_in) = tokio::fs::read(&path).await else {
+            return uploaded;
+        };
+        let built_in_sha = sha256_hex(&built_in);
+        if pin.is_some_and(|pin| pin != built_in_sha) {
+            // Pinned to neither: the caller refuses the upload against the pin.
+            return uploaded;
+        }
+        let refusal = format!(
+            "{} (sha256 {found}) would replace the built-in plugin `{}` (sha256 {built_in_sha}), \
+             but the providers config does not pin it: the built-in keeps serving; to use the \
+             upload, set `plugin: {{sha256: {found}}}` on provider instance {}",
+            uploaded.source, entry.provider_type, entry.name
+        );
+        Resolved {
+            source: path.display().to_string(),
+            bytes: Arc::new(built_in),
+            from_configmap: false,
+            refused_upload: Some(refusal),
+        }
     }
 
     /// A URL plugin: from the download directory if it is there with the right digest, else

@@ -395,3 +395,35 @@ fn every_anchor_is_an_entry_of_the_troubleshooting_guide() {
         );
     }
 }
+
+/// What a plugin says reaches the reader without its control sequences (docs/security.md,
+/// "What a reader is shown"): in the steps and the events, coloured or not.
+#[test]
+fn a_plugins_control_sequences_never_reach_the_terminal() {
+    let hostile = "quota\x1b]52;c;Y3VybCBldmlsLnNo\x07 full\u{9b}2J\r\x1b[1Aok";
+    let stuck = proxy(not_provisioned("Pending", "Quota", hostile));
+    let events = vec![EventLine {
+        type_: "Warning\x1b[8m".into(),
+        reason: "Quota\u{202e}".into(),
+        message: hostile.into(),
+        count: 1,
+        at_ms: Some(NOW - 30_000),
+        at: None,
+    }];
+    let explanation = explain(&stuck, None, events, &Leasing::default(), NOW);
+    for colour in [false, true] {
+        let text = crate::faces::kubectl::describe::tests::without_own_colours(&render(
+            &explanation,
+            NOW,
+            colour,
+        ));
+        assert!(!text.contains("52;c;"), "{text:?}");
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(text.contains("quota full ok"), "{text:?}");
+    }
+}
