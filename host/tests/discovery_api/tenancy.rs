@@ -22,6 +22,66 @@ use super::auth::{as_the_operator, control_plane, grant_leases, options, proxy, 
 const AUDIENCE: &str = "proxy-operator";
 const GATEWAY: &str = "gateway-s3cret";
 
+/// The ServiceAccount, Role and RoleBinding of docs/tenancy.md's "Set up a new team" block,
+/// created as written but in `ns` (the Namespace is `ns` itself; the ProxyPool is the operator's
+/// to serve, which this test's table stands in for). The block says `team-a`, `crawler`,
+/// `pool-a`: the names this test leases with.
+async fn apply_the_docs_new_team_block(ns: &harness::TestNamespace) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::PostParams;
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tenancy.md"),
+    )
+    .unwrap();
+    let section = docs
+        .split("## Set up a new team")
+        .nth(1)
+        .expect("docs/tenancy.md has a section \"Set up a new team\"");
+    let block = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the section's yaml block");
+    let block = block.replace("team-a", ns.name());
+    let mut made = Vec::new();
+    for document in block.split("\n---\n") {
+        let object: Value = proxy_operator::support::yaml::from_str(document).unwrap();
+        let post = PostParams::default();
+        match object["kind"].as_str().unwrap() {
+            "ServiceAccount" => {
+                let sa: ServiceAccount = serde_json::from_value(object).unwrap();
+                ns.api::<ServiceAccount>().create(&post, &sa).await.unwrap();
+            }
+            "Role" => {
+                let role: Role = serde_json::from_value(object).unwrap();
+                ns.api::<Role>().create(&post, &role).await.unwrap();
+            }
+            "RoleBinding" => {
+                let binding: RoleBinding = serde_json::from_value(object).unwrap();
+                ns.api::<RoleBinding>()
+                    .create(&post, &binding)
+                    .await
+                    .unwrap();
+            }
+            "Namespace" | "ProxyPool" => continue,
+            other => panic!("docs/tenancy.md's block has a {other}: apply it here too"),
+        }
+        made.push(
+            document
+                .lines()
+                .find(|l| l.starts_with("kind:"))
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    assert_eq!(
+        made,
+        ["kind: ServiceAccount", "kind: Role", "kind: RoleBinding"],
+        "the block's RBAC, as this test applies it"
+    );
+}
+
 /// An answer, as a probing client sees all of it.
 #[derive(Debug)]
 struct Answer {
@@ -121,9 +181,10 @@ async fn two_teams_never_take_join_or_read_each_others_proxies() {
         cp.namespace("team-a").await.unwrap(),
         cp.namespace("team-b").await.unwrap(),
     );
-    service_account(&a, "crawler").await;
+    // Team A as docs/tenancy.md sets a team up (its copy-paste block, in A's namespace); team B
+    // by the same rights written here.
+    apply_the_docs_new_team_block(&a).await;
     service_account(&b, "crawler").await;
-    grant_leases(&a, "lease-pool-a", Some(&["pool-a"]), a.name(), "crawler").await;
     grant_leases(&b, "lease-pool-b", Some(&["pool-b"]), b.name(), "crawler").await;
     let token_a = a
         .service_account_token("crawler", AUDIENCE, 600)
