@@ -194,7 +194,7 @@ mod tests {
         // The draft's capability interfaces are the released ones (`with:`), linked under the
         // draft's names beside the released versions'; its changed record and new function
         // type-check against its own bindings.
-        let draft = stub_component(&engine, "src/plugins/bindings/draft_v0.3.0");
+        let draft = stub_component(&engine, "src/provider/plugins/bindings/draft_v0.3.0");
         let pre = linker.instantiate_pre(&draft).expect("the draft links");
         since_v0_3_0_draft::ProviderPluginPre::new(pre).expect("the draft type-checks");
 

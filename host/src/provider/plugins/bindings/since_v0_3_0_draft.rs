@@ -10,7 +10,7 @@ use crate::provider::plugins::state::HostState;
 
 wasmtime::component::bindgen!({
     world: "provider-plugin",
-    path: "src/plugins/bindings/draft_v0.3.0",
+    path: "src/provider/plugins/bindings/draft_v0.3.0",
     imports: { default: async },
     exports: { default: async },
     with: {
