@@ -26,7 +26,7 @@ async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> P
         ..test_options()
     };
     let grants = serde_json::json!({
-        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]}
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"], "images": [config["image"]]}
     });
     bound_provider(options, "kubernetes", "in-cluster", &config, grants)
         .await
@@ -176,8 +176,8 @@ async fn a_proxy_is_a_squid_pod_whose_config_real_squid_serves() {
 /// and `set-credentials` rewrites the file in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_with_credentials_requires_them_and_set_credentials_rotates_them() {
-    use proxy_operator::provider::credentials::ProxyLogin;
     use proxy_operator::lifecycle::health::{ProbeFailure, probe};
+    use proxy_operator::provider::credentials::ProxyLogin;
 
     let cp = control_plane().await;
     let ns = cp.namespace("px-k8s-creds").await.unwrap();
@@ -369,8 +369,8 @@ async fn run_squid(conf: &str, port: u16) -> (Proc, Scratch) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squid_conf() {
     use proxy_operator::api::{Phase, Proxy};
-    use proxy_operator::lifecycle::health::{HealthEngine, HealthOptions, ProbeMetrics};
     use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+    use proxy_operator::lifecycle::health::{HealthEngine, HealthOptions, ProbeMetrics};
 
     let cp = control_plane().await;
     let ns = cp.namespace("px-k8s-e2e").await.unwrap();
@@ -382,7 +382,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             ..test_options()
         },
         &format!(
-        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], allowDestinations: [127.0.0.1/32], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy]}}}}\n",
+        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], allowDestinations: [127.0.0.1/32], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy], images: [\"registry.example/squid:6\"]}}}}\n",
         target.addr().port(),
         ns.name(),
         ),
@@ -491,7 +491,7 @@ async fn the_kubernetes_provider_is_conformant() {
     })
     .await;
     let grants = serde_json::from_value(serde_json::json!({
-        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]}
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"], "images": ["registry.example/squid:6"]}
     }))
     .unwrap();
     let config =
