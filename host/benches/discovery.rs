@@ -31,11 +31,11 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{delete, post};
 use harness::{FileServer, Squid};
-use proxy_operator::lifecycle::health::probe;
 use proxy_operator::leasing::leases::{
     self, Auth, Discovery, Durability, KubeAuthOptions, KubeReviewer, LeaseMetrics, LeaseOptions,
     LeasePersistence, LeaseRequest, LeaseStore, Outcome, ProvisionedProxy, ProxyKey,
 };
+use proxy_operator::lifecycle::health::probe;
 
 const CLIENTS: usize = 64;
 const PROXIES: usize = 1000;

@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 
 use harness::Squid;
 use harness::gateway::GatewayProcess;
-use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leasing::leases::api::GatewayAccess;
 use proxy_operator::leasing::leases::{
     self, Discovery, LeaseMetrics, LeaseOptions, LeaseStore, ProvisionedProxy,
 };
+use proxy_operator::provider::credentials::ProxyLogin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

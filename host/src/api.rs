@@ -3,6 +3,7 @@
 
 pub(crate) mod conditions;
 mod keys;
+pub mod labels;
 mod provider_health;
 mod proxy;
 mod proxy_pool;

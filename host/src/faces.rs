@@ -6,6 +6,7 @@
 pub mod cli;
 pub(crate) mod fleet;
 pub mod kubectl;
+pub(crate) mod leader_label;
 pub(crate) mod metrics;
 pub mod metrics_auth;
 pub(crate) mod operator;

@@ -79,14 +79,16 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Gateway(args) => match proxy_operator::faces::cli::gateway::run((**args).clone()).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
+        Command::Gateway(args) => {
+            match proxy_operator::faces::cli::gateway::run((**args).clone()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
         Command::Crds { out } => match write_crds(out.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -113,7 +115,10 @@ async fn plugin_command(command: &PluginCommand) -> ExitCode {
         } => {
             let ssh = ssh_key.as_deref().zip(known_hosts.as_deref());
             let spec = spec.as_deref();
-            return proxy_operator::faces::cli::plugin_test::command(file, config, spec, ssh, *json).await;
+            return proxy_operator::faces::cli::plugin_test::command(
+                file, config, spec, ssh, *json,
+            )
+            .await;
         }
         PluginCommand::New(args) => return proxy_operator::faces::cli::scaffold::command(args),
         PluginCommand::DevApi { listen } => {

@@ -8,7 +8,6 @@ pub(crate) mod durations;
 pub mod events;
 pub(crate) mod kubeclient;
 pub mod leader;
-pub(crate) mod leader_label;
 pub(crate) mod metric_samples;
 pub(crate) mod names;
 pub mod retry;

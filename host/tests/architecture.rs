@@ -392,7 +392,14 @@ fn no_import_cycles_between_files() {
 
 /// The tiers of `host/src`, lowest first (docs/architecture.md, "Tiers"): a file may name files of
 /// its own tier and of the tiers below it, never above.
-const TIERS: &[&str] = &["support", "api", "provider", "leasing", "lifecycle", "faces"];
+const TIERS: &[&str] = &[
+    "support",
+    "api",
+    "provider",
+    "leasing",
+    "lifecycle",
+    "faces",
+];
 
 /// The tier a library file belongs to (`provider/plugins/load.rs` → `provider`), by its folder.
 fn tier_of(relative: &str) -> Option<usize> {
@@ -410,7 +417,10 @@ fn tier_violations(files: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
             continue;
         }
         let Some(from) = tier_of(file) else {
-            found.push(format!("{file} is in no tier (folders: {})", TIERS.join(", ")));
+            found.push(format!(
+                "{file} is in no tier (folders: {})",
+                TIERS.join(", ")
+            ));
             continue;
         };
         for target in targets {
@@ -665,7 +675,9 @@ fn the_checker_finds_a_planted_cycle_and_a_long_function() {
     ];
     assert!(tier_violations(&import_graph(&tiered)).is_empty());
     let mut planted = tiered;
-    planted[1].text.push_str("fn g(_: crate::faces::page::Page) {}\n");
+    planted[1]
+        .text
+        .push_str("fn g(_: crate::faces::page::Page) {}\n");
     assert_eq!(
         tier_violations(&import_graph(&planted)),
         ["support/clock.rs (support) → faces/page.rs (faces)"]
@@ -708,10 +720,10 @@ fn grouped(n: u64) -> String {
 #[test]
 fn the_docs_quote_the_figures_of_the_code() {
     use proxy_operator::api::MAX_POOL_REPLICAS;
+    use proxy_operator::leasing::leases::store::{REPLICA_SILENCE, SHARED_HOLD};
     use proxy_operator::lifecycle::controller::decide::{
         POLL_PROVISIONING, RECHECK_OUTSIDE_SPEC, WAIT_FOR_PROVIDER,
     };
-    use proxy_operator::leasing::leases::store::{REPLICA_SILENCE, SHARED_HOLD};
     use proxy_operator::provider::plugins::SUPPORTED_WIT_VERSIONS;
 
     let versions = SUPPORTED_WIT_VERSIONS.join(" and ");

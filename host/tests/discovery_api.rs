@@ -712,8 +712,8 @@ async fn the_openapi_document_is_served_and_covers_every_route() {
             .map(|v| v.as_str().unwrap())
             .collect();
     let source = [
-        include_str!("../src/leases/api.rs"),
-        include_str!("../src/leases/api/problems.rs"),
+        include_str!("../src/leasing/leases/api.rs"),
+        include_str!("../src/leasing/leases/api/problems.rs"),
     ]
     .concat();
     let answered: HashSet<String> = source
@@ -1561,7 +1561,9 @@ async fn the_gateway_door_shares_proxies_by_the_lease_rules_and_only_for_the_gat
 #[tokio::test]
 async fn the_gateway_asks_the_leader_for_routes_through_its_door() {
     use proxy_operator::leasing::gateway::leader::{LeaderRoutes, LeaderTrust};
-    use proxy_operator::leasing::gateway::{Destination, Report, RouteError, RouteRequest, Routes, Routing};
+    use proxy_operator::leasing::gateway::{
+        Destination, Report, RouteError, RouteRequest, Routes, Routing,
+    };
 
     let api = serve(options(), vec![pooled("g1", "gw")]).await;
     let base = format!("http://{}", api.addr);

@@ -593,7 +593,10 @@ async fn an_import_cut_by_a_dropped_ssh_connection_fails_clearly_then_starts_ove
     };
     let base_path = libvirtd.pool_path().join(format!(
         "{}base-big.img",
-        proxy_operator::provider::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+        proxy_operator::provider::capabilities::libvirt::volume_prefix(
+            "proxy-operator",
+            "kvm-test"
+        )
     ));
 
     relay.cut_after(CUT_AFTER);
@@ -861,7 +864,10 @@ async fn an_ssh_drop_during_the_copy_to_the_base_never_hands_out_a_half_copied_b
     };
     let base = libvirtd.pool_path().join(format!(
         "{}base-copy.img",
-        proxy_operator::provider::capabilities::libvirt::volume_prefix("proxy-operator", "kvm-test")
+        proxy_operator::provider::capabilities::libvirt::volume_prefix(
+            "proxy-operator",
+            "kvm-test"
+        )
     ));
     let import = {
         let (hv, ctx, pool, source) = (hv.clone(), ctx.clone(), pool.clone(), source.clone());

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use proxy_operator::provider::capabilities::Grants;
 use proxy_operator::provider::capabilities::log::LOG_BURST;
-use proxy_operator::provider::plugins::bounds::{MAX_CHECK_TARGETS, MAX_LIST_INSTANCES, MAX_MESSAGE_BYTES};
+use proxy_operator::provider::plugins::bounds::{
+    MAX_CHECK_TARGETS, MAX_LIST_INSTANCES, MAX_MESSAGE_BYTES,
+};
 use proxy_operator::provider::plugins::types::{InstanceSpec, Owner, ProviderError};
 use proxy_operator::provider::plugins::{CallError, ProviderInstance, ProviderInstanceOptions};
 use rstest::rstest;

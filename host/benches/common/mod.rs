@@ -38,7 +38,11 @@ pub fn operator_run<'c>(
 
 /// A million sessions (each bound by a grant) and a million per-target cooldowns (each from a
 /// `blocked` report naming a target), as crawlers' traffic makes them, put into `store`.
-pub fn hold_state(store: &proxy_operator::leasing::leases::LeaseStore, sessions: usize, cooldowns: usize) {
+pub fn hold_state(
+    store: &proxy_operator::leasing::leases::LeaseStore,
+    sessions: usize,
+    cooldowns: usize,
+) {
     use proxy_operator::leasing::leases::{LeaseRequest, Outcome};
     for i in 0..sessions {
         let (lease, _) = store

@@ -44,6 +44,14 @@ impl From<ProxyKey> for KeyFields {
 pub type PoolKey = ProxyKey;
 
 impl ProxyKey {
+    /// The key of a Proxy, a ProxyPool or any namespaced object: its namespace and name.
+    pub fn of(object: &impl kube::ResourceExt) -> ProxyKey {
+        ProxyKey {
+            namespace: object.namespace().unwrap_or_default().into(),
+            name: object.name_any().into(),
+        }
+    }
+
     /// `namespace/name`, as `Display` writes it.
     pub fn parse(text: &str) -> Option<ProxyKey> {
         match text.split_once('/') {

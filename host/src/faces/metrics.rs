@@ -29,7 +29,9 @@ impl Metrics {
             plugins: crate::provider::registry::RegistryMetrics::register(&registry)?,
             probes: crate::lifecycle::health::ProbeMetrics::register(&registry)?,
             gc: crate::lifecycle::gc::GcMetrics::register(&registry)?,
-            provider_checks: crate::provider::providerhealth::ProviderCheckMetrics::register(&registry)?,
+            provider_checks: crate::provider::providerhealth::ProviderCheckMetrics::register(
+                &registry,
+            )?,
             usage: crate::faces::usage::UsageMetrics::register(&registry)?,
             registry,
         })

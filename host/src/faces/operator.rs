@@ -14,30 +14,30 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::args::{RunArgs, Transport};
-use crate::lifecycle::abandoned::AbandonedRecord;
 use crate::api::{Proxy, ProxyPool};
-use crate::provider::capabilities::kube::OperatorObjects;
-use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
-use crate::provider::config::ProvidersConfig;
-use crate::lifecycle::controller::{self, Context};
-use crate::provider::credentials::CredentialsBook;
 use crate::faces::fleet::Fleet;
-use crate::lifecycle::gc;
-use crate::lifecycle::health::{HealthEngine, HealthOptions};
-use crate::support::kubeclient;
-use crate::support::leader::{self, LeaderView};
-use crate::support::leader_label::LeaderLabel;
+use crate::faces::leader_label::LeaderLabel;
+use crate::faces::metrics::Metrics;
+use crate::faces::probes::{self, ProbeState};
+use crate::faces::{status_page, usage};
 use crate::leasing::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
-use crate::faces::metrics::Metrics;
-use crate::provider::plugins::{EngineOptions, PluginEngine};
+use crate::lifecycle::abandoned::AbandonedRecord;
+use crate::lifecycle::controller::{self, Context};
+use crate::lifecycle::gc;
+use crate::lifecycle::health::{HealthEngine, HealthOptions};
 use crate::lifecycle::pool::{self, PoolContext};
-use crate::faces::probes::{self, ProbeState};
+use crate::provider::capabilities::kube::OperatorObjects;
+use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
+use crate::provider::config::ProvidersConfig;
+use crate::provider::credentials::CredentialsBook;
+use crate::provider::plugins::{EngineOptions, PluginEngine};
 use crate::provider::providerhealth;
 use crate::provider::registry::{PluginRegistry, RegistryOptions};
+use crate::support::kubeclient;
+use crate::support::leader::{self, LeaderView};
 use crate::support::tls::ReloadingCert;
-use crate::faces::{status_page, usage};
 
 /// The operator, built and ready to run.
 pub struct Operator {

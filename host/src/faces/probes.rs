@@ -5,7 +5,7 @@
 //! PodDisruptionBudget counts both replicas: the leader once it serves leases, a standby while it
 //! can read the leader's Lease (it knows whom to name to a crawler that reaches it, and it could
 //! take over). Crawlers reach only the leader: the discovery Service selects the label the
-//! leader puts on its own Pod ([`crate::support::leader_label`]). `/leaderz` answers 200 only on the
+//! leader puts on its own Pod ([`crate::faces::leader_label`]). `/leaderz` answers 200 only on the
 //! replica that serves leases.
 
 use std::future::IntoFuture;
@@ -18,9 +18,9 @@ use axum::routing::get;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::leader::LeaderView;
-use crate::leasing::leases::LeaseStore;
 use crate::faces::metrics_auth::MetricsAuth;
+use crate::leasing::leases::LeaseStore;
+use crate::support::leader::LeaderView;
 
 /// A standby that has not read the Lease for this long is not ready: it cannot reach the API
 /// server, so it could neither take over nor name the leader.

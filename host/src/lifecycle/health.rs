@@ -21,12 +21,12 @@ use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
 use crate::api::{Phase, Proxy};
-use crate::provider::credentials::{CredentialsBook, ProxyLogin};
 use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leasing::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
+use crate::provider::credentials::{CredentialsBook, ProxyLogin};
 use crate::provider::providers::{ProviderSet, Providers};
 use crate::support::socks::ProxyProtocol;
-use verdict::{ExitIp, Verdict, key_of, provisioned, status_port, verdict_of};
+use verdict::{ExitIp, Verdict, provisioned, status_port, verdict_of};
 
 pub use options::HealthOptions;
 pub use probe::{ProbeFailure, exit_ip, probe};
@@ -166,7 +166,7 @@ impl HealthEngine {
     fn login_of(&self, proxy: &Proxy) -> Option<ProxyLogin> {
         let applied = proxy.status.as_ref()?.credentials.as_ref()?;
         self.credentials
-            .applied(&key_of(proxy), &applied.fingerprint)
+            .applied(&ProxyKey::of(proxy), &applied.fingerprint)
     }
 
     /// Watches Proxies (in `namespace`, or all) and probes them until aborted. `suspects` are
@@ -246,7 +246,7 @@ impl HealthEngine {
             .state()
             .into_iter()
             .filter(|p| provisioned(p).is_some())
-            .filter(|p| only.is_none_or(|k| *k == key_of(p)))
+            .filter(|p| only.is_none_or(|k| *k == ProxyKey::of(&**p)))
             .map(|proxy| {
                 let address = provisioned(&proxy).expect("filtered above").0;
                 let due = self.options.exit_ip_url.is_some()
@@ -269,7 +269,7 @@ impl HealthEngine {
                 let protocol = protocol_in(&providers, &proxy);
                 let span = tracing::debug_span!(
                     "probe",
-                    proxy = %key_of(&proxy),
+                    proxy = %ProxyKey::of(&*proxy),
                     provider = %proxy.spec.provider
                 );
                 async move {
@@ -312,13 +312,13 @@ impl HealthEngine {
             }
             // Not a health failure: the proxy carried the probe. Asked again next round.
             Some(Err(e)) => {
-                tracing::debug!(proxy = %key_of(&proxy), error = %e, "cannot learn the exit IP")
+                tracing::debug!(proxy = %ProxyKey::of(&*proxy), error = %e, "cannot learn the exit IP")
             }
             None => {}
         }
         if before != verdict.healthy {
             tracing::info!(
-                proxy = %key_of(&proxy),
+                proxy = %ProxyKey::of(&*proxy),
                 healthy = ?verdict.healthy,
                 failure = ?verdict.last_failure,
                 "health changed"
@@ -346,7 +346,7 @@ impl HealthEngine {
                         .await
                     {
                         // The next round compares again and retries.
-                        tracing::debug!(proxy = %key_of(&proxy), error = %e, "cannot write health status");
+                        tracing::debug!(proxy = %ProxyKey::of(&*proxy), error = %e, "cannot write health status");
                     }
                 }
             })
@@ -377,7 +377,7 @@ impl HealthEngine {
                 .map(|p| format!("{p:?}"))
                 .unwrap_or_else(|| "Pending".into());
             *counts.entry((phase, provider)).or_default() += 1;
-            let key = key_of(&proxy);
+            let key = ProxyKey::of(&*proxy);
             let Some((address, status)) = provisioned(&proxy) else {
                 continue;
             };

@@ -45,8 +45,7 @@ impl std::fmt::Debug for ProxyCredentials {
 /// The Secret keys.
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
-/// On every credentials Secret, the UID of its Proxy: the controller watches these only.
-pub const SECRET_LABEL: &str = "proxy-operator.dev/credentials-for";
+pub use crate::api::labels::SECRET_LABEL;
 /// Length of a generated password (alphanumeric: ~190 bits, and no character a URL must escape).
 const PASSWORD_LENGTH: usize = 32;
 /// The longest password the operator accepts from a Secret; squid's helper reads at most 255.

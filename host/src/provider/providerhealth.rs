@@ -17,15 +17,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use prometheus::{GaugeVec, Opts, Registry};
 
-use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
 use crate::api::conditions;
+use crate::api::{ProviderHealth, ProviderHealthStatus, TargetVerdict};
 use crate::provider::plugins::ProviderInstance;
 use crate::provider::plugins::types::{CheckTarget, PluginInfo};
 use crate::provider::providers::{NotLoaded, ProviderSet, Providers};
 
 const FIELD_MANAGER: &str = "proxy-operator";
-/// Label marking the ProviderHealth objects of one operator installation.
-pub const OPERATOR_LABEL: &str = "proxy-operator.dev/operator-id";
+pub use crate::api::labels::OPERATOR_LABEL;
 
 /// Gauges of the latest checks.
 #[derive(Clone)]

@@ -26,10 +26,10 @@ pub use sources::{MAX_PLUGIN_BYTES, PackedPlugin, PluginFiles, RegistryOptions, 
 use sources::{Sources, Unresolved};
 
 use crate::provider::config::{ConfigError, ProviderEntry, ProvidersConfig};
-use crate::support::digest::{sha256_hex, short};
-use crate::support::events;
 use crate::provider::plugins::{LoadedPlugin, PluginEngine, ProviderInstance};
 use crate::provider::providers::{ProviderSet, Providers, bind_entry};
+use crate::support::digest::{sha256_hex, short};
+use crate::support::events;
 
 /// Counts plugins that could not be (re)loaded.
 #[derive(Clone)]

@@ -49,14 +49,19 @@ pub fn delay(wait: Wait, next_backoff: impl FnOnce() -> Duration) -> Duration {
     }
 }
 
-/// Each object's backoff (by namespace and name), from its first failed reconcile to its next
-/// successful one.
-#[derive(Default)]
-pub struct Backoffs(Mutex<HashMap<(String, String), DefaultBackoff>>);
+/// Each object's backoff (by its key: the controllers use `api::ProxyKey`), from its first
+/// failed reconcile to its next successful one.
+pub struct Backoffs<K>(Mutex<HashMap<K, DefaultBackoff>>);
 
-impl Backoffs {
+impl<K> Default for Backoffs<K> {
+    fn default() -> Self {
+        Backoffs(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Backoffs<K> {
     /// The delay before reconciling `key` again after a failure that asks for `wait`.
-    pub fn after_failure(&self, key: (String, String), wait: Wait) -> Duration {
+    pub fn after_failure(&self, key: K, wait: Wait) -> Duration {
         let mut backoffs = self.0.lock().unwrap_or_else(|e| e.into_inner());
         delay(wait, || {
             backoffs
@@ -69,7 +74,7 @@ impl Backoffs {
     }
 
     /// `key` reconciled: its next failure waits the shortest step again.
-    pub fn succeeded(&self, key: &(String, String)) {
+    pub fn succeeded(&self, key: &K) {
         let mut backoffs = self.0.lock().unwrap_or_else(|e| e.into_inner());
         backoffs.remove(key);
     }

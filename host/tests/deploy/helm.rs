@@ -91,7 +91,8 @@ fn normalized(objects: Vec<Value>) -> BTreeMap<String, Value> {
                 .as_str()
                 .unwrap()
                 .to_owned();
-            object["data"]["providers.yaml"] = proxy_operator::support::yaml::from_str(&text).unwrap();
+            object["data"]["providers.yaml"] =
+                proxy_operator::support::yaml::from_str(&text).unwrap();
         }
         let previous = by_key.insert(key(&object), object);
         assert!(previous.is_none(), "{:?} twice", previous.map(|o| key(&o)));

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use harness::Squid;
 use harness::process::{Check, wait_for};
-use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leasing::gateway::metrics::GatewayMetrics;
 use proxy_operator::leasing::gateway::options::GatewayOptions;
 use proxy_operator::leasing::gateway::policy::{DestinationPolicy, Networks};
@@ -15,6 +14,7 @@ use proxy_operator::leasing::gateway::server::Gateway;
 use proxy_operator::leasing::gateway::{
     Destination, Report, Route, RouteError, RouteRequest, Routes, SessionReport, UpstreamLogin,
 };
+use proxy_operator::provider::credentials::ProxyLogin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;

@@ -13,9 +13,9 @@ use std::time::Duration;
 use harness::gateway::GatewayProcess;
 use harness::process::{Check, Scratch, free_port, wait_for};
 use harness::squid::Squid;
-use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leasing::leases::store::PoolGateway;
 use proxy_operator::leasing::leases::{LeaseOptions, ProvisionedProxy};
+use proxy_operator::provider::credentials::ProxyLogin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Api, GATEWAY_TOKEN, TOKEN, key, pooled, serve};

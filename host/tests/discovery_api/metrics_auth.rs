@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::routing::get;
 use harness::TestNamespace;
 use harness::process::free_port;
-use proxy_operator::support::leader::LeaderView;
-use proxy_operator::leasing::leases::auth::{Access, KubeReviewer, Review, Reviewer, User};
-use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
 use proxy_operator::faces::metrics_auth::MetricsAuth;
 use proxy_operator::faces::probes::{self, ProbeState};
+use proxy_operator::leasing::leases::auth::{Access, KubeReviewer, Review, Reviewer, User};
+use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+use proxy_operator::support::leader::LeaderView;
 use reqwest::StatusCode;
 use tokio_util::sync::CancellationToken;
 

@@ -5,8 +5,8 @@
 //! client and the site never see the login; a wrong login is the upstream's failure.
 
 use harness::socks::SocksServer;
-use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::leasing::leases::{LeaseOptions, ProvisionedProxy};
+use proxy_operator::provider::credentials::ProxyLogin;
 use proxy_operator::support::socks::ProxyProtocol;
 
 use super::gateway::{PAGE, Site, curl, spawn_replica};

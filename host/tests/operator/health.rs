@@ -9,8 +9,8 @@ use std::time::Duration;
 use harness::{FileServer, Squid, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::lifecycle::health::{HealthEngine, HealthOptions, ProbeMetrics};
 use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeaseStore};
+use proxy_operator::lifecycle::health::{HealthEngine, HealthOptions, ProbeMetrics};
 
 use super::common::InstanceStore;
 use super::reload::until;

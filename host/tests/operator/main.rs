@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use harness::{ControlPlane, TestNamespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use proxy_operator::lifecycle::abandoned::AbandonedRecord;
 use proxy_operator::api::{Phase, Proxy};
-use proxy_operator::provider::config::ProvidersConfig;
+use proxy_operator::lifecycle::abandoned::AbandonedRecord;
 use proxy_operator::lifecycle::controller::{self, Context, instance_name};
+use proxy_operator::provider::config::ProvidersConfig;
 use proxy_operator::provider::providers::Providers;
 use tokio::sync::OnceCell;
 
@@ -851,7 +851,8 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
     };
     let providers =
         providers_for(&format!("providers:\n{}", store_provider("store", &store))).await;
-    let metrics = proxy_operator::lifecycle::gc::GcMetrics::register(&prometheus::Registry::new()).unwrap();
+    let metrics =
+        proxy_operator::lifecycle::gc::GcMetrics::register(&prometheus::Registry::new()).unwrap();
     let reports = proxy_operator::lifecycle::gc::pass(
         &ns.client(),
         &providers,
@@ -993,7 +994,9 @@ async fn the_operator_works_with_only_the_permissions_of_deploy_rbac() {
     assert!(store.state.instances.lock().unwrap().is_empty());
 
     // The lease table is written into and read back from the operator's own namespace.
-    use proxy_operator::leasing::leases::{LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore};
+    use proxy_operator::leasing::leases::{
+        LeaseMetrics, LeaseOptions, LeasePersistence, LeaseStore,
+    };
     // Only the names of the default operator id are granted (deploy/rbac.yaml says so).
     let foreign = LeasePersistence::new(
         service_account.clone(),
@@ -1085,7 +1088,10 @@ async fn providers_for(text: &str) -> Providers {
 }
 
 /// The providers of a providers config, on an engine with `options` (e.g. a kube client).
-async fn providers_with(options: proxy_operator::provider::plugins::EngineOptions, text: &str) -> Providers {
+async fn providers_with(
+    options: proxy_operator::provider::plugins::EngineOptions,
+    text: &str,
+) -> Providers {
     let (engine, _) = engine_with(options).await;
     let config = ProvidersConfig::parse(text).unwrap();
     proxy_operator::provider::registry::load_providers(
@@ -1125,7 +1131,8 @@ async fn bound_provider(
         .load(&format!("{plugin_type}.wasm"), plugin_bytes(plugin_type))
         .await
         .unwrap();
-    let grants: proxy_operator::provider::capabilities::Grants = serde_json::from_value(grants).unwrap();
+    let grants: proxy_operator::provider::capabilities::Grants =
+        serde_json::from_value(grants).unwrap();
     proxy_operator::provider::plugins::ProviderInstance::new(
         engine,
         name,

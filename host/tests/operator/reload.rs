@@ -16,7 +16,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use proxy_operator::api::{ProviderHealth, Proxy};
 use proxy_operator::lifecycle::controller::{self, Context};
 use proxy_operator::provider::providerhealth::{ProviderCheckMetrics, pass};
-use proxy_operator::provider::registry::{PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions};
+use proxy_operator::provider::registry::{
+    PackedPlugin, PluginRegistry, RegistryMetrics, RegistryOptions,
+};
 use sha2::{Digest, Sha256};
 
 use super::common::{InstanceStore, engine_with, plugin_bytes, test_options};

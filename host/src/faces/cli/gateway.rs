@@ -13,13 +13,13 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use crate::faces::metrics_auth::MetricsAuth;
 use crate::leasing::gateway::leader::{LeaderRoutes, LeaderTrust};
 use crate::leasing::gateway::metrics::GatewayMetrics;
 use crate::leasing::gateway::options::GatewayOptions;
 use crate::leasing::gateway::policy::{DestinationPolicy, HostSuffixes, Networks, Ports};
 use crate::leasing::gateway::prefetch::Prefetching;
 use crate::leasing::gateway::server::Gateway;
-use crate::faces::metrics_auth::MetricsAuth;
 
 /// A replica whose last load report to the leader is older than this is not ready: it could not
 /// route either.
@@ -105,7 +105,8 @@ impl GatewayArgs {
         );
         anyhow::ensure!(
             !self.load_report_interval.is_zero()
-                && self.load_report_interval < crate::leasing::leases::store::shared::REPLICA_SILENCE,
+                && self.load_report_interval
+                    < crate::leasing::leases::store::shared::REPLICA_SILENCE,
             "--load-report-interval must be more than 0s and less than {} s (the leader forgets a replica silent that long)",
             crate::leasing::leases::store::shared::REPLICA_SILENCE.as_secs()
         );

@@ -61,7 +61,8 @@ pub(crate) fn read_yaml<T: serde::de::DeserializeOwned>(
 ) -> anyhow::Result<T> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {what} {}", path.display()))?;
-    crate::support::yaml::from_str(&text).with_context(|| format!("parsing {what} {}", path.display()))
+    crate::support::yaml::from_str(&text)
+        .with_context(|| format!("parsing {what} {}", path.display()))
 }
 
 /// The SSH key and known_hosts files of `plugin run --ssh-key … --known-hosts …`.
@@ -317,8 +318,13 @@ pub async fn validate_providers_config(
         // One entry at a time, so each is reported; its index keeps the operator's wording.
         let mut alone = config.clone();
         alone.providers = vec![entry.clone()];
-        let bound =
-            crate::provider::registry::load_providers(&engine, plugins_dir, &alone, providers_config).await;
+        let bound = crate::provider::registry::load_providers(
+            &engine,
+            plugins_dir,
+            &alone,
+            providers_config,
+        )
+        .await;
         let mut report = serde_json::json!({"name": entry.name, "type": entry.provider_type});
         match bound {
             Ok(_) => report["valid"] = true.into(),

@@ -7,7 +7,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::exit::Failure;
-use super::fleet::key_of;
+use super::fleet::qualified_name;
 use super::table::relative;
 use crate::api::Proxy;
 use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
@@ -40,7 +40,7 @@ fn pool_of(proxy: &Proxy) -> Option<String> {
 /// What a drain does to this Proxy, said after it is set. `lease_until_ms`: its lease's end,
 /// when the lease table says it is leased.
 pub fn drained(proxy: &Proxy, undo: bool, lease_until_ms: Option<u64>, now_ms: u64) -> String {
-    let key = key_of(&proxy.namespace().unwrap_or_default(), &proxy.name_any());
+    let key = qualified_name(&proxy.namespace().unwrap_or_default(), &proxy.name_any());
     let lease = match lease_until_ms {
         Some(until) => format!("its lease ends {}", relative(until, now_ms)),
         None => "it holds no lease".to_string(),
@@ -66,7 +66,7 @@ pub fn check_recyclable(proxy: &Proxy) -> Result<String, Failure> {
     pool_of(proxy).ok_or_else(|| {
         Failure::error(format!(
             "{} is in no pool: nothing would make its replacement; `kubectl px drain {}` stops its leases, `kubectl delete px {}` removes it",
-            key_of(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
+            qualified_name(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
             proxy.name_any(),
             proxy.name_any()
         ))
@@ -76,7 +76,7 @@ pub fn check_recyclable(proxy: &Proxy) -> Result<String, Failure> {
 pub fn recycled(proxy: &Proxy, pool: &str) -> String {
     format!(
         "{} will be replaced: pool {pool} makes a new Proxy, then drains this one within its maxSurge and maxUnavailable and deletes it once its lease ends.\n",
-        key_of(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
+        qualified_name(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
     )
 }
 

@@ -5,8 +5,8 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::fleet::{
-    BlockRow, Fleet, PoolRow, ProviderRow, ProxyRow, block_rows, blocks_table, key_of, lease_state,
-    phase_text, phase_tone, pool_row, provider_row, proxies_table, proxy_row,
+    BlockRow, Fleet, PoolRow, ProviderRow, ProxyRow, block_rows, blocks_table, lease_state,
+    phase_text, phase_tone, pool_row, provider_row, proxies_table, proxy_row, qualified_name,
 };
 use super::table::{Tone, age, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
@@ -132,7 +132,12 @@ fn conditions_text(out: &mut String, conditions: &[ConditionView], colour: bool)
 pub fn render_pool(view: &PoolView, now_ms: u64, colour: bool) -> String {
     let p = &view.pool;
     let mut out = String::new();
-    field(&mut out, "Pool", &key_of(&p.namespace, &p.name), colour);
+    field(
+        &mut out,
+        "Pool",
+        &qualified_name(&p.namespace, &p.name),
+        colour,
+    );
     field(
         &mut out,
         "Replicas",
@@ -192,7 +197,7 @@ pub struct ProxyView {
 pub fn proxy_view(proxy: &Proxy, health: Option<&ProviderHealth>, fleet: &Fleet) -> ProxyView {
     let row = proxy_row(proxy, &fleet.leases);
     let status = proxy.status.clone().unwrap_or_default();
-    let key = key_of(&row.namespace, &row.name);
+    let key = qualified_name(&row.namespace, &row.name);
     ProxyView {
         ready: row.phase == Some(Phase::Ready),
         conditions: conditions_of(&status.conditions),
@@ -239,7 +244,12 @@ pub fn render_proxy(view: &ProxyView, now_ms: u64, colour: bool) -> String {
     let p = &view.proxy;
     let mut out = String::new();
     let dash = |v: Option<&str>| v.unwrap_or("-").to_string();
-    field(&mut out, "Proxy", &key_of(&p.namespace, &p.name), colour);
+    field(
+        &mut out,
+        "Proxy",
+        &qualified_name(&p.namespace, &p.name),
+        colour,
+    );
     field(
         &mut out,
         "Phase",

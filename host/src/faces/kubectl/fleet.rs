@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::lease_table::{LeaseFacts, LeaseView};
 use super::table::{Cell, Table, Tone, age, millis, relative, rfc3339};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
-use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::faces::status_page::blocks_json::TargetBlocks;
+use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 
 /// What `status` looks at.
 #[derive(Debug, Clone, Default)]
@@ -131,7 +131,8 @@ pub struct FleetView {
     pub notes: Vec<String>,
 }
 
-pub fn key_of(namespace: &str, name: &str) -> String {
+/// `namespace/name`, as the kubectl plugin prints a Proxy or a pool (and keys its maps).
+pub fn qualified_name(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
@@ -158,7 +159,7 @@ pub fn pool_row(pool: &ProxyPool, fleet: &Fleet) -> PoolRow {
         .filter(|p| {
             fleet
                 .leases
-                .cooling_until(&key_of(&namespace, &p.name_any()))
+                .cooling_until(&qualified_name(&namespace, &p.name_any()))
                 .is_some()
         })
         .count();
@@ -203,7 +204,7 @@ pub fn provider_row(health: &ProviderHealth) -> ProviderRow {
 pub fn proxy_row(proxy: &Proxy, leases: &LeaseFacts) -> ProxyRow {
     let namespace = proxy.namespace().unwrap_or_default();
     let name = proxy.name_any();
-    let key = key_of(&namespace, &name);
+    let key = qualified_name(&namespace, &name);
     let status = proxy.status.clone().unwrap_or_default();
     let created_ms = proxy.metadata.creation_timestamp.as_ref().map(millis);
     let cooling = leases.cooling_until(&key);
@@ -245,7 +246,7 @@ pub fn block_rows(fleet: &Fleet) -> Vec<BlockRow> {
         .filter_map(|proxy| {
             let namespace = proxy.namespace().unwrap_or_default();
             let name = proxy.name_any();
-            let key = key_of(&namespace, &name);
+            let key = qualified_name(&namespace, &name);
             let blocked = fleet.leases.blocked(&key);
             let cooling = fleet.leases.cooling_until(&key);
             let (targets, latest) = fleet.leases.targets_cooling(&key);

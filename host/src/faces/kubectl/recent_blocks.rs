@@ -7,9 +7,9 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::table::{Cell, Table, Tone};
-use crate::support::leader_label::LEADER_LABEL;
-use crate::leasing::leases::blocks::{NO_TARGET, OTHER_TARGET};
+use crate::faces::leader_label::LEADER_LABEL;
 use crate::faces::status_page::blocks_json::{BLOCKS_JSON_PATH, RecentBlocks, TargetBlocks};
+use crate::leasing::leases::blocks::{NO_TARGET, OTHER_TARGET};
 
 /// The name of the operator container's metrics port (`deploy/operator.yaml`).
 pub const METRICS_PORT_NAME: &str = "metrics";

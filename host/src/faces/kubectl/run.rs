@@ -15,7 +15,7 @@ use super::complete::{self, Want};
 use super::describe;
 use super::exit::{Exit, Failure};
 use super::fetch::{self, Cluster};
-use super::fleet::{self, key_of};
+use super::fleet::{self, qualified_name};
 use super::lease_api::{self, Answer, Discovery, Token};
 use super::why::{self, Leasing};
 use crate::api::{Proxy, ProxyPool};
@@ -61,7 +61,8 @@ pub fn main() -> ExitCode {
         };
     }
     let no_color = std::env::var_os("NO_COLOR");
-    let colour = crate::faces::cli::logging::colour(std::io::stdout().is_terminal(), no_color.as_deref());
+    let colour =
+        crate::faces::cli::logging::colour(std::io::stdout().is_terminal(), no_color.as_deref());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -508,7 +509,7 @@ async fn drain(global: &Global, name: &str, undo: bool) -> Result<Done, Failure>
     let (api, _) = the_proxy(&cluster, name).await?;
     let proxy = actions::apply(&api, name, &actions::drain_patch(undo), "draining Proxy").await?;
     let now = now_ms();
-    let key = key_of(&cluster.namespace, name);
+    let key = qualified_name(&cluster.namespace, name);
     let lease_until = if undo {
         None
     } else {
@@ -538,7 +539,8 @@ async fn recycle(global: &Global, name: &str) -> Result<Done, Failure> {
     let (api, proxy) = the_proxy(&cluster, name).await?;
     let pool = actions::check_recyclable(&proxy)?;
     let proxy = actions::apply(&api, name, &actions::recycle_patch(), "recycling Proxy").await?;
-    let value = json!({"proxy": key_of(&cluster.namespace, name), "pool": pool, "recycle": true});
+    let value =
+        json!({"proxy": qualified_name(&cluster.namespace, name), "pool": pool, "recycle": true});
     output(global.output, &value, || actions::recycled(&proxy, &pool))
 }
 
@@ -559,7 +561,7 @@ async fn scale(global: &Global, name: &str, replicas: i32) -> Result<Done, Failu
         "scaling ProxyPool",
     )
     .await?;
-    let key = key_of(&cluster.namespace, name);
+    let key = qualified_name(&cluster.namespace, name);
     let value = json!({"pool": key, "from": from, "to": replicas});
     output(global.output, &value, || {
         actions::scaled(&key, from, replicas)

@@ -7,7 +7,7 @@
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::fleet::{key_of, phase_text};
+use super::fleet::{phase_text, qualified_name};
 use super::table::{Tone, bold, paint, relative};
 use crate::api::{Phase, ProviderHealth, Proxy};
 
@@ -484,7 +484,7 @@ pub fn explain(
         );
     }
     Explanation {
-        proxy: key_of(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
+        proxy: qualified_name(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
         phase: facts.phase,
         ready,
         steps: steps.steps,

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::leasing::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
 use crate::lifecycle::gc::GcOptions;
 use crate::lifecycle::health::HealthOptions;
 use crate::support::leader::LeaderElection;
-use crate::leasing::leases::{Durability, KubeAuthOptions, LeaseOptions, TokenPools};
 
 /// Flags of `run`; each has an environment fallback for Deployments.
 #[derive(Debug, Clone, clap::Args)]
@@ -64,7 +64,10 @@ impl MetricsAuthArgs {
     }
 
     /// The check in front of /metrics and /status*, reviewing tokens with `client`.
-    pub fn auth(&self, client: &kube::Client) -> std::sync::Arc<crate::faces::metrics_auth::MetricsAuth> {
+    pub fn auth(
+        &self,
+        client: &kube::Client,
+    ) -> std::sync::Arc<crate::faces::metrics_auth::MetricsAuth> {
         if self.metrics_insecure {
             return self.auth_insecure();
         }

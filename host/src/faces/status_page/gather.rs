@@ -11,10 +11,10 @@ use kube::ResourceExt;
 
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
 use crate::faces::fleet::Fleet;
-use crate::support::leader::LeaderView;
 use crate::leasing::leases::LeaseStore;
 use crate::leasing::leases::store::{Lease, ProxyView};
 use crate::provider::providers::ProviderSet;
+use crate::support::leader::LeaderView;
 
 use super::blocks_json::{RecentBlocks, TargetBlocks};
 use super::snapshot::{

@@ -58,12 +58,9 @@ const MANIFEST_KEY: &str = "manifest.json";
 const PART_KEY: &str = "part";
 const SEGMENT_KEY: &str = "changes";
 const FIELD_MANAGER: &str = "proxy-operator-leases";
-/// Which table an object belongs to (its value: the table's name, or a digest of a long one).
-pub const TABLE_LABEL: &str = "proxy-operator.dev/lease-table";
-/// `journal` or `checkpoint`.
-const OBJECT_LABEL: &str = "proxy-operator.dev/lease-object";
-/// The checkpoint generation an object was written under.
-const GENERATION_LABEL: &str = "proxy-operator.dev/lease-generation";
+use crate::api::labels::GENERATION_LABEL;
+use crate::api::labels::OBJECT_LABEL;
+pub use crate::api::labels::TABLE_LABEL;
 
 /// The manifest's content.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

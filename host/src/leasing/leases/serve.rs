@@ -33,7 +33,9 @@ pub async fn serve_tls(
             let Some(tls) = tls else {
                 return serve_connection(stream, router).await;
             };
-            match tokio::time::timeout(crate::support::tls::HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+            match tokio::time::timeout(crate::support::tls::HANDSHAKE_TIMEOUT, tls.accept(stream))
+                .await
+            {
                 Ok(Ok(stream)) => serve_connection(stream, router).await,
                 // A client that does not trust the certificate, or speaks plain HTTP: its
                 // error, said at debug (a scanner could fill the log otherwise).

@@ -7,23 +7,15 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
-use crate::api::conditions;
 use super::decide::{Effects, ProxyEvent};
+use crate::api::conditions;
 use crate::api::{CredentialsStatus, Proxy, ProxyStatus};
-use crate::provider::credentials::{self, InvalidCredentials, ProxyLogin};
 use crate::leasing::leases::ProxyKey;
+use crate::provider::credentials::{self, InvalidCredentials, ProxyLogin};
 use crate::provider::plugins::ProviderInstance;
 
 /// The condition that says whether the proxy requires the credentials its Secret holds.
 pub const CONDITION: &str = "CredentialsCurrent";
-
-/// The key of a Proxy in the credentials book.
-pub fn key_of(proxy: &Proxy) -> ProxyKey {
-    ProxyKey {
-        namespace: proxy.namespace().unwrap_or_default().into(),
-        name: proxy.name_any().into(),
-    }
-}
 
 /// The Proxy's credentials from its Secret, which is made (with a random password) when it does
 /// not exist or has no password. `Ok(Err(_))`: the Secret holds something unusable.
@@ -229,7 +221,7 @@ pub async fn keep_current(
     proxy: &Proxy,
     effects: &mut Effects,
 ) -> Result<(), kube::Error> {
-    let key = key_of(proxy);
+    let key = ProxyKey::of(proxy);
     let Some(recorded) = effects.status.credentials.clone() else {
         book.remove(&key);
         return Ok(());

@@ -16,24 +16,23 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::ReconcileMetrics;
-use crate::api::conditions;
 use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
 };
-use crate::support::retry::{self, Backoffs, Wait};
+use crate::api::conditions;
+use crate::api::{Proxy, ProxyKey, ProxyStatus};
 use crate::lifecycle::abandoned::AbandonedRecord;
-use crate::api::{Proxy, ProxyStatus};
 use crate::provider::credentials::CredentialsBook;
-use crate::support::digest::sha256_hex;
-use crate::support::events;
 use crate::provider::plugins::types::{InstanceSpec, Owner, ProviderError};
 use crate::provider::plugins::{CallError, Deletion, ProviderInstance};
 use crate::provider::providers::{ProviderSet, Providers};
+use crate::support::digest::sha256_hex;
+use crate::support::events;
+use crate::support::retry::{self, Backoffs, Wait};
 
-/// The finalizer that keeps a Proxy until its instance is deleted.
-pub const FINALIZER: &str = "proxy-operator.dev/cleanup";
 pub use super::decide::SKIP_CLEANUP_ANNOTATION;
+pub use crate::api::labels::FINALIZER;
 /// The field manager of the controller's status writes: the only writer of `phase` and `Ready`.
 pub const FIELD_MANAGER: &str = "proxy-operator";
 
@@ -57,7 +56,7 @@ pub struct Context {
     /// loses and regains leadership runs the controller again).
     secrets: std::sync::RwLock<Store<Secret>>,
     /// Each Proxy's backoff after failed requests to the API server.
-    backoffs: Backoffs,
+    backoffs: Backoffs<ProxyKey>,
 }
 
 impl Context {
@@ -212,13 +211,9 @@ fn error_policy(
 ) -> Action {
     let after = ctx
         .backoffs
-        .after_failure(key_of(&proxy), wait_after(error));
+        .after_failure(ProxyKey::of(&*proxy), wait_after(error));
     tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?after, "reconcile error");
     Action::requeue(after)
-}
-
-fn key_of(proxy: &Proxy) -> (String, String) {
-    (proxy.namespace().unwrap_or_default(), proxy.name_any())
 }
 
 /// What a failed reconcile asks for: the provider's wish, or a backoff after the API server's
@@ -242,8 +237,8 @@ async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
     let started = std::time::Instant::now();
-    let key = key_of(&proxy);
-    let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.0);
+    let key = ProxyKey::of(&*proxy);
+    let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let result = match live_for_cleanup(&api, proxy).await {
         Ok(Some(proxy)) => finalizer(&api, FINALIZER, proxy, |event| async {
             match event {
@@ -477,7 +472,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
                     }
                     status.credentials = Some(credentials::applied_for(provider, proxy, &login));
                     let uid = proxy.uid().unwrap_or_default();
-                    ctx.credentials.set(credentials::key_of(proxy), &uid, login);
+                    ctx.credentials.set(ProxyKey::of(proxy), &uid, login);
                 }
                 Err(invalid) => {
                     let effects = credentials::invalid_secret(proxy, status, &invalid);
@@ -555,7 +550,7 @@ async fn create_instance(
 
 async fn cleanup(proxy: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action, Error> {
     // Its Secret goes with it (owned by the Proxy); its credentials are of no more use here.
-    ctx.credentials.remove(&credentials::key_of(proxy));
+    ctx.credentials.remove(&ProxyKey::of(proxy));
     let providers = ctx.providers.current();
     let (recorded, deleting) =
         match decide::decide_cleanup(proxy, &lookup(&providers, &proxy.spec.provider)) {

@@ -10,8 +10,8 @@ use kube::ResourceExt;
 
 use super::options::HealthOptions;
 use super::probe::ProbeFailure;
-use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::api::conditions::{self, Reason, Type};
+use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::leasing::leases::ProxyKey;
 
 /// What the engine believes of one proxy.
@@ -185,15 +185,13 @@ pub(crate) fn verdict_of<'a>(
 ) -> &'a mut Verdict {
     let uid = proxy.uid().unwrap_or_default();
     let verdict = verdicts
-        .entry(key_of(proxy))
+        .entry(ProxyKey::of(proxy))
         .or_insert_with(|| Verdict::from_status(uid.clone(), proxy.status.as_ref(), options));
     if verdict.uid != uid {
         *verdict = Verdict::from_status(uid, proxy.status.as_ref(), options);
     }
     verdict
 }
-
-pub(crate) use crate::lifecycle::controller::credentials::key_of;
 
 /// Provisioned, not being deleted: the proxies that are probed and may be leased.
 pub(crate) fn provisioned(proxy: &Proxy) -> Option<(&str, &ProxyStatus)> {

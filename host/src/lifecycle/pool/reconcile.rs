@@ -18,29 +18,23 @@ use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
 #[cfg(test)]
 use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
-use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::api::conditions::set_named;
-use crate::support::retry::{self, Backoffs, Wait};
-use crate::support::events;
+use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::leasing::leases::store::PoolGateway;
 use crate::leasing::leases::store::ProxyUsage;
 use crate::leasing::leases::{LeaseStore, ProxyKey};
 use crate::provider::providers::ProviderSet;
+use crate::support::events;
+use crate::support::retry::{self, Backoffs, Wait};
 
+pub use crate::api::labels::DRAIN_REASON_ANNOTATION;
+pub use crate::api::labels::POOL_FINALIZER;
+pub use crate::api::labels::RECYCLE_ANNOTATION;
+pub use crate::api::labels::TEMPLATE_LABEL;
 /// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
 /// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
 /// pool is removing: it takes no new lease and is deleted once its lease ends.
 pub use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-/// The hash of the template a pool's Proxy was made from.
-pub const TEMPLATE_LABEL: &str = "proxy-operator.dev/pool-template";
-/// Why the pool drains it (`Recycled`, `Expired`, `TemplateChanged`, `ScaleDown`, …).
-pub const DRAIN_REASON_ANNOTATION: &str = "proxy-operator.dev/drain-reason";
-/// `"true"` on a Proxy of a pool: replace it (`kubectl px recycle`). The pool makes a new one
-/// and drains this one within its budget (`maxSurge`, `maxUnavailable`), as for an expired one.
-pub const RECYCLE_ANNOTATION: &str = "proxy-operator.dev/recycle";
-/// Deleting a pool deletes its Proxies first (each through its own finalizer), also where no
-/// garbage collector runs.
-pub const POOL_FINALIZER: &str = "proxy-operator.dev/pool-cleanup";
 /// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
@@ -53,7 +47,7 @@ pub struct PoolContext {
     /// Lease ends and `blocked` counts of the pool's proxies; told which pools exist.
     pub leases: Arc<LeaseStore>,
     /// Each pool's backoff after failed requests to the API server.
-    backoffs: Backoffs,
+    backoffs: Backoffs<ProxyKey>,
 }
 
 impl PoolContext {
@@ -172,13 +166,9 @@ fn error_policy(
         | F::RemoveFinalizer(e) => retry::after_api_error(e),
         F::UnnamedObject | F::InvalidFinalizer => Wait::Backoff { at_least: None },
     };
-    let after = ctx.backoffs.after_failure(key_of(&pool), wait);
+    let after = ctx.backoffs.after_failure(ProxyKey::of(&*pool), wait);
     tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), error = %error, retry_in = ?after, "pool reconcile error");
     Action::requeue(after)
-}
-
-fn key_of(pool: &ProxyPool) -> (String, String) {
-    (pool.namespace().unwrap_or_default(), pool.name_any())
 }
 
 #[tracing::instrument(skip_all, fields(pool = %pool.name_any(), namespace = ?pool.namespace()))]
@@ -186,8 +176,8 @@ async fn reconcile(
     pool: Arc<ProxyPool>,
     ctx: Arc<PoolContext>,
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
-    let key = key_of(&pool);
-    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &key.0);
+    let key = ProxyKey::of(&*pool);
+    let api: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let result = finalizer(&api, POOL_FINALIZER, pool, |event| async {
         match event {
             Finalizer::Apply(pool) => apply(&pool, &ctx).await,

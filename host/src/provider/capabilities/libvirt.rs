@@ -275,7 +275,8 @@ mod tests {
     use super::*;
 
     fn grant(yaml: &str) -> Result<LibvirtCapability, String> {
-        let grant: LibvirtGrant = crate::support::yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        let grant: LibvirtGrant =
+            crate::support::yaml::from_str(yaml).map_err(|e| e.to_string())?;
         let grant = ValidLibvirtGrant::parse(&grant).map_err(|e| e.to_string())?;
         // Material that is never used: opening a handle connects nothing.
         let material = tunnel::SshMaterial {

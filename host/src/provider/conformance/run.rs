@@ -10,7 +10,9 @@ use super::configs::{bad_configs, schema_errors};
 use super::report::Report;
 use crate::provider::capabilities::ValidGrants;
 use crate::provider::plugins::types::{InstanceSpec, Owner};
-use crate::provider::plugins::{LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions};
+use crate::provider::plugins::{
+    LoadedPlugin, PluginEngine, ProviderInstance, ProviderInstanceOptions,
+};
 
 /// What the suite runs against: a loaded plugin, the author's good config and its grants.
 pub struct Subject {

@@ -21,7 +21,9 @@ use super::memory::{MemoryBound, MemoryLimiter};
 use super::state::HostState;
 use super::types::Capability;
 use super::types::{CheckTarget, Instance, InstanceSpec, ProviderError, ProxyCredentials};
-use crate::provider::capabilities::{CallContext, Declared, GrantError, HostResources, ValidGrants};
+use crate::provider::capabilities::{
+    CallContext, Declared, GrantError, HostResources, ValidGrants,
+};
 
 /// Per-provider-instance settings.
 #[derive(Debug, Clone)]

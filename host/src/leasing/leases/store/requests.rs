@@ -11,12 +11,8 @@ use super::keys::{PoolKey, ProxyKey};
 use super::outcomes::EndReason;
 use super::records::Lease;
 
-/// The label a ProxyPool puts on the Proxies it makes; its value is the pool's name (the pool is
-/// in the Proxy's namespace).
-pub const POOL_LABEL: &str = "proxy-operator.dev/pool";
-/// The annotation (`"true"`) the pool controller puts on a Proxy it is about to remove: no new
-/// lease, session or renewal on it.
-pub const DRAINING_ANNOTATION: &str = "proxy-operator.dev/draining";
+pub use crate::api::labels::DRAINING_ANNOTATION;
+pub use crate::api::labels::POOL_LABEL;
 
 /// A provisioned proxy as the health engine sees it.
 #[derive(Clone, Debug, PartialEq)]

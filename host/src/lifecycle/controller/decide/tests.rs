@@ -5,8 +5,8 @@ use std::time::Duration;
 use rstest::rstest;
 
 use super::*;
-use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::api::conditions::{Type, status_of};
+use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::provider::plugins::types::{Instance, InstanceState};
 
 pub(super) fn proxy(generation: i64, status: Option<ProxyStatus>) -> Proxy {

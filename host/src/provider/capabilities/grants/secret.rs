@@ -71,8 +71,14 @@ impl SecretValue {
             &source.gcp_service_account_key,
             &source.aws_credentials,
         ) {
-            (Some(name), None, None, None) => Ok(SecretValue::Env(name.clone())),
-            (None, Some(path), None, None) => Ok(SecretValue::File(path.clone())),
+            (Some(name), None, None, None) => {
+                refuse_own_variable(name)?;
+                Ok(SecretValue::Env(name.clone()))
+            }
+            (None, Some(path), None, None) => {
+                refuse_own_token_file(path)?;
+                Ok(SecretValue::File(path.clone()))
+            }
             (None, None, Some(path), None) => Ok(SecretValue::GcpServiceAccountKey(path.clone())),
             (None, None, None, Some(aws)) => Ok(SecretValue::AwsCredentials(Box::new(
                 AwsSigning::parse(aws)?,
@@ -80,6 +86,82 @@ impl SecretValue {
             _ => Err("valueFrom: set exactly one of `env` (a variable name), `file` (a path), `gcpServiceAccountKey` (a key file path) or `awsCredentials` (SigV4 signing)".into()),
         }
     }
+}
+
+/// The operator's own token variables. A credential source is sent by the host to hosts a
+/// plugin chooses within its grant: naming one of these would hand the operator's identity (the
+/// discovery API's or the gateway's token) to whoever runs such a host.
+pub const OWN_TOKEN_VARIABLES: &[&str] = &["DISCOVERY_TOKEN", "GATEWAY_TOKEN"];
+
+/// Where Kubernetes mounts a Pod's ServiceAccount tokens: the default token, the projected
+/// tokens of the Kubernetes docs' example, IRSA's and EKS Pod Identity's. The same reason as
+/// [`OWN_TOKEN_VARIABLES`]: the operator's tokens are its identity at the API server and clouds.
+/// (IRSA's and Pod Identity's own fields, `webIdentityTokenFile` and `authorizationTokenFile`,
+/// still read them: those go only to STS or the agent, never to a plugin's host.)
+pub const OWN_TOKEN_DIRECTORIES: &[&str] = &[
+    "/var/run/secrets/kubernetes.io/serviceaccount",
+    "/run/secrets/kubernetes.io/serviceaccount",
+    "/var/run/secrets/tokens",
+    "/run/secrets/tokens",
+    "/var/run/secrets/eks.amazonaws.com/serviceaccount",
+    "/run/secrets/eks.amazonaws.com/serviceaccount",
+    "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount",
+    "/run/secrets/pods.eks.amazonaws.com/serviceaccount",
+];
+
+fn refuse_own_variable(name: &str) -> Result<(), String> {
+    if OWN_TOKEN_VARIABLES.contains(&name) {
+        return Err(format!(
+            "valueFrom.env: `{name}` is the operator's own token; a provider's credential must come from a variable or a mounted Secret of its own (e.g. `file: /etc/proxy-operator/credentials/<name>`)"
+        ));
+    }
+    Ok(())
+}
+
+fn refuse_own_token_file(path: &std::path::Path) -> Result<(), String> {
+    match token_directory_of(path, OWN_TOKEN_DIRECTORIES) {
+        Some((p, dir)) => Err(format!(
+            "valueFrom.file: `{}` is the operator's own ServiceAccount token (`{}` is under {dir}); a provider's credential must come from a mounted Secret of its own (e.g. `/etc/proxy-operator/credentials/<name>`)",
+            path.display(),
+            p.display()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The token directory `path` is in, judged both on the path as written (`..` and `.` folded)
+/// and on where its links lead (a kubelet mount is `token -> ..data/token`), with that path.
+fn token_directory_of<'d>(
+    path: &std::path::Path,
+    directories: &[&'d str],
+) -> Option<(PathBuf, &'d str)> {
+    let written = lexically_normal(path);
+    let resolved = std::fs::canonicalize(path).ok();
+    [Some(written), resolved]
+        .into_iter()
+        .flatten()
+        .find_map(|p| {
+            directories
+                .iter()
+                .find(|dir| p.starts_with(dir))
+                .map(|dir| (p.clone(), *dir))
+        })
+}
+
+/// `path` with `.` dropped and `..` folded into its parent, without touching the disk.
+fn lexically_normal(path: &std::path::Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// The secret of an `env` or `file` source, read now so a rotated Secret file is picked up;
@@ -349,6 +431,114 @@ fn container_keys(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn file(path: &str) -> SecretSource {
+        SecretSource {
+            file: Some(path.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_credential_source_may_not_name_the_operators_own_tokens() {
+        for (source, says) in [
+            (
+                file("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+                "the operator's own ServiceAccount token",
+            ),
+            (
+                file("/run/secrets/kubernetes.io/serviceaccount/../serviceaccount/./token"),
+                "under /run/secrets/kubernetes.io/serviceaccount",
+            ),
+            (
+                file("/var/run/secrets/tokens/vault-token"),
+                "under /var/run/secrets/tokens",
+            ),
+            (
+                file("/var/run/secrets/eks.amazonaws.com/serviceaccount/token"),
+                "own ServiceAccount token",
+            ),
+            (
+                file(
+                    "/etc/creds/../../var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token",
+                ),
+                "own ServiceAccount token",
+            ),
+            (
+                SecretSource {
+                    env: Some("DISCOVERY_TOKEN".into()),
+                    ..Default::default()
+                },
+                "`DISCOVERY_TOKEN` is the operator's own token",
+            ),
+            (
+                SecretSource {
+                    env: Some("GATEWAY_TOKEN".into()),
+                    ..Default::default()
+                },
+                "`GATEWAY_TOKEN` is the operator's own token",
+            ),
+        ] {
+            let refused = SecretValue::from_source(&source).unwrap_err();
+            assert!(refused.contains(says), "{refused}");
+            assert!(
+                refused.contains("mounted Secret"),
+                "names the fix: {refused}"
+            );
+        }
+        // Static AWS keys are read through the same check.
+        let aws = AwsCredentialsSource {
+            region: "eu-west-1".into(),
+            access_key_id_from: Some(file("/etc/aws/id")),
+            secret_access_key_from: Some(SecretSource {
+                env: Some("GATEWAY_TOKEN".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(
+            AwsSigning::parse(&aws)
+                .unwrap_err()
+                .contains("GATEWAY_TOKEN")
+        );
+        // Near misses stay allowed; IRSA's own field still reads its projected token.
+        for allowed in [
+            file("/etc/proxy-operator/credentials/token"),
+            file("/var/run/secrets/kubernetes.io/other"),
+            file("/var/run/secrets/tokens-of-mine/key"),
+            SecretSource {
+                env: Some("GCP_TOKEN".into()),
+                ..Default::default()
+            },
+        ] {
+            SecretValue::from_source(&allowed).unwrap();
+        }
+        let irsa = AwsCredentialsSource {
+            region: "eu-west-1".into(),
+            web_identity_token_file: Some(
+                "/var/run/secrets/eks.amazonaws.com/serviceaccount/token".into(),
+            ),
+            role_arn: Some("arn:aws:iam::123456789012:role/proxy-operator".into()),
+            ..Default::default()
+        };
+        AwsSigning::parse(&irsa).unwrap();
+    }
+
+    #[test]
+    fn a_link_into_a_token_directory_is_judged_by_where_it_leads() {
+        let root = std::env::temp_dir().join(format!("own-token-{}", std::process::id()));
+        let tokens = root.join("tokens");
+        std::fs::create_dir_all(&tokens).unwrap();
+        std::fs::write(tokens.join("token"), "a-jwt").unwrap();
+        let link = root.join("innocent");
+        std::os::unix::fs::symlink(tokens.join("token"), &link).unwrap();
+        let tokens = std::fs::canonicalize(&tokens).unwrap();
+        let directories = [tokens.to_str().unwrap()];
+        let (resolved, dir) = token_directory_of(&link, &directories).expect("the link is refused");
+        assert_eq!((resolved, dir), (tokens.join("token"), directories[0]));
+        assert!(token_directory_of(&root.join("elsewhere"), &directories).is_none());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn container_credentials_come_from_the_section_or_the_environment() {

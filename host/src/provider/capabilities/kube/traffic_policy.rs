@@ -114,8 +114,7 @@ fn own_pods(labels: &mut Value, field: &str, (key, own): OwnLabel) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const PROVIDER_LABEL: &str = "proxy-operator.dev/provider";
+    use crate::api::labels::PROVIDER_LABEL;
 
     /// The Service and NetworkPolicy policies by kind, as `object_policy` dispatches them.
     fn confine(_: &str, kind: &str, data: &mut Value, own: OwnLabel) -> Result<(), String> {

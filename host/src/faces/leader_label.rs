@@ -12,8 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-/// On the leader's Pod only; the discovery Service selects `proxy-operator.dev/leader=true`.
-pub const LEADER_LABEL: &str = "proxy-operator.dev/leader";
+pub use crate::api::labels::LEADER_LABEL;
 
 /// How long one label write may take: a leader must not wait on a slow API server to serve.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
