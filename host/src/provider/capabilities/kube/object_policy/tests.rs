@@ -3,7 +3,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::provider::capabilities::grants::{KNOWN_KINDS, KindPolicy};
 
-const KEY: &str = "proxy-operator.dev/provider";
+const KEY: &str = crate::api::labels::PROVIDER_LABEL;
 const OWN: OwnLabel = (KEY, "p");
 
 fn confined(policy: KindPolicy, mut object: Value) -> Result<Value, String> {
