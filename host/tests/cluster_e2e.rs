@@ -218,6 +218,7 @@ fn write_overlay(squid_image: &str, health_target: &str) -> PathBuf {
       kube:
         namespace: proxies
         kinds: ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]
+        images: ["{squid_image}"]
 "#
     );
     let kustomization = json!({

@@ -752,7 +752,7 @@ async fn plugin_test_passes_the_kubernetes_provider_against_the_cluster_of_kubec
         dir.path(),
         "entry.yaml",
         &format!(
-            "type: kubernetes\nconfig: {{image: \"registry.example/squid:6\"}}\ngrants:\n  kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy]}}\n",
+            "type: kubernetes\nconfig: {{image: \"registry.example/squid:6\"}}\ngrants:\n  kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy], images: [\"registry.example/squid:6\"]}}\n",
             ns.name()
         ),
     );

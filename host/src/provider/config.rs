@@ -291,6 +291,14 @@ mod tests {
         "providers:\n- {name: a, type: test, config: [1]}",
         "providers[0] (a).config: must be a mapping (the provider's settings), found a list"
     )]
+    #[case::kind_without_a_policy(
+        "providers:\n- name: a\n  type: test\n  grants: {kube: {namespace: p, kinds: [v1/Pod, rbac.authorization.k8s.io/v1/RoleBinding]}}",
+        "providers[0] (a).grants.kube.kinds[1]: `rbac.authorization.k8s.io/v1/RoleBinding` is not a kind the host has a policy for"
+    )]
+    #[case::image_without_a_tag(
+        "providers:\n- name: a\n  type: test\n  grants: {kube: {namespace: p, kinds: [v1/Pod], images: [docker.io/ubuntu/squid]}}",
+        "providers[0] (a).grants.kube.images[0]: `docker.io/ubuntu/squid` names no tag or digest"
+    )]
     #[case::bad_grant_pattern(
         "providers:\n- name: a\n  type: test\n  grants: {http: {allow: [\"ftp://x\"]}}",
         "providers[0] (a).grants.http.allow[0]: `ftp://x`: scheme must be http or https"

@@ -83,6 +83,7 @@ pub(super) fn values(
             "grants": {"kube": {
                 "namespace": "proxies",
                 "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"],
+                "images": [squid_image],
             }},
         })
     };

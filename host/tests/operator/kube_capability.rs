@@ -35,7 +35,8 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
     let cp = control_plane().await;
     let ns = cp.namespace("px-kube-cap").await.unwrap();
     let other = cp.namespace("px-kube-other").await.unwrap();
-    let grant = serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "v1/Pod", "rbac.authorization.k8s.io/v1/ClusterRole"]}});
+    let grant =
+        serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "v1/Pod"]}});
     let provider = kube_provider(ns.client(), "kube-store", grant.clone())
         .await
         .unwrap();
@@ -104,7 +105,19 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
         "not deleted"
     );
 
-    // Another namespace, a kind not granted, a cluster-scoped kind: refused.
+    // A cluster-scoped kind cannot even be granted: no kind of the host's list is (#47).
+    let cluster_scoped = serde_json::json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "rbac.authorization.k8s.io/v1/ClusterRole"]}});
+    let Err(error) = kube_provider(ns.client(), "kube-cluster", cluster_scoped).await else {
+        panic!("a ClusterRole grant was bound");
+    };
+    assert!(
+        error.contains(
+            "`rbac.authorization.k8s.io/v1/ClusterRole` is not a kind the host has a policy for"
+        ),
+        "{error}"
+    );
+
+    // Another namespace, a kind not granted (a cluster-scoped one too): refused.
     let refusals = [
         (
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": other.name()}}),
@@ -124,7 +137,7 @@ async fn a_plugin_keeps_objects_in_its_namespace_and_nothing_else() {
         ),
         (
             serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "a"}}),
-            "cluster-scoped",
+            "not in grants.kube.kinds",
         ),
     ];
     for (object, why) in refusals {

@@ -60,7 +60,7 @@ async fn kube_plugin(
         "test",
         "kube-sandbox",
         &json!({ "endpoint": "kube:" }),
-        json!({"kube": {"namespace": namespace, "kinds": kinds}}),
+        json!({"kube": {"namespace": namespace, "kinds": kinds, "images": ["squid:6"]}}),
     )
     .await
     .unwrap()
@@ -240,7 +240,7 @@ async fn a_grant_of_the_operators_own_namespace_is_refused() {
         "test",
         "kube-sandbox",
         &json!({ "endpoint": "kube:" }),
-        json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "coordination.k8s.io/v1/Lease"]}}),
+        json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", "v1/Pod"]}}),
     )
     .await
     .unwrap_err();
@@ -734,4 +734,329 @@ async fn creates_past_the_instances_quota_are_refused() {
     let maps: Api<ConfigMap> = Api::namespaced(ns.client(), ns.name());
     assert!(maps.get_opt("big-2").await.unwrap().is_none());
     assert!(maps.get_opt("small-1").await.unwrap().is_none());
+}
+
+/// Issue #47: the grant passed every kind but three through unchanged, so a platform granting a
+/// RoleBinding, a ServiceAccount, an Ingress or a Gateway route let a plugin make one that no
+/// policy of the host looked at. A grant names kinds the host has a policy for, or the provider
+/// instance is not bound (and the providers config is refused: `config.rs`), naming the kind
+/// and the list.
+#[rstest]
+#[case::role_binding("rbac.authorization.k8s.io/v1/RoleBinding")]
+#[case::service_account("v1/ServiceAccount")]
+#[case::ingress("networking.k8s.io/v1/Ingress")]
+#[case::gateway_route("gateway.networking.k8s.io/v1/HTTPRoute")]
+#[case::daemon_set("apps/v1/DaemonSet")]
+#[case::persistent_volume_claim("v1/PersistentVolumeClaim")]
+#[case::lease("coordination.k8s.io/v1/Lease")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_without_a_policy_of_the_host_cannot_be_granted(#[case] kind: &str) {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-kube-kinds").await.unwrap();
+    let options = EngineOptions {
+        kube: Some(ns.client()),
+        ..test_options()
+    };
+    let Err(error) = bound_provider(
+        options,
+        "test",
+        "kube-sandbox",
+        &json!({ "endpoint": "kube:" }),
+        json!({"kube": {"namespace": ns.name(), "kinds": ["v1/ConfigMap", kind]}}),
+    )
+    .await
+    else {
+        panic!("{kind} was granted");
+    };
+    assert!(
+        error.starts_with(&format!(
+            "grants.kube.kinds[1]: `{kind}` is not a kind the host has a policy for"
+        )) && error.contains("grant only kinds of this list: v1/Pod, v1/ConfigMap"),
+        "{error}"
+    );
+}
+
+/// Another provider instance's squid Pod (`victim`), as the kubernetes provider makes it, and
+/// its Service: what a hostile instance's objects must not adopt, delete, join or shield.
+async fn another_instances_squid(ns: &TestNamespace) {
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: victim-squid\n  namespace: {ns}\n  labels: {{proxy-operator.dev/provider: victim, plugin.proxy-operator.dev/proxy: px-1, plugin.proxy-operator.dev/component: egress-proxy}}\n\
+         spec: {{containers: [{{name: squid, image: squid:6}}]}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: victim-squid, namespace: {ns}}}\n\
+         spec: {{selector: {{proxy-operator.dev/provider: victim, plugin.proxy-operator.dev/proxy: px-1}}, ports: [{{port: 3128}}]}}\n",
+        ns = ns.name()
+    );
+    control_plane()
+        .await
+        .kubectl_run(&["apply", "-f", "-"], Some(&manifest))
+        .await
+        .unwrap();
+}
+
+/// The victim's labels, as a template or selector of the hostile instance would carry them.
+fn victims_labels() -> Value {
+    json!({
+        "proxy-operator.dev/provider": "victim",
+        "plugin.proxy-operator.dev/proxy": "px-1",
+        "plugin.proxy-operator.dev/component": "egress-proxy",
+    })
+}
+
+/// A Pod template of the hostile instance: restricted, its own ConfigMap, labelled `labels`.
+fn template_labelled(labels: Value) -> Value {
+    let pod = restricted_pod("x", "own-conf");
+    json!({"metadata": {"labels": labels}, "spec": pod["spec"]})
+}
+
+/// Issue #47: templates were confined only in objects with both `spec.template` and
+/// `spec.selector`, so a ReplicationController of `replicas: 0` whose template (and so its
+/// default selector) carried another instance's labels adopted and deleted that instance's squid
+/// Pods; a Job's Pods joined its Service; a PodDisruptionBudget could hold its Pods from
+/// eviction. Each is refused naming the field, nothing is made, and the victim's Pod, Service
+/// and endpoints are unchanged.
+#[rstest]
+#[case::replication_controller_adopts_by_its_template("v1", "ReplicationController", json!({"replicas": 0, "template": template_labelled(victims_labels())}), "spec.template.metadata.labels: label `proxy-operator.dev/provider` \"victim\"")]
+#[case::replication_controller_adopts_by_its_selector("v1", "ReplicationController", json!({"replicas": 0, "selector": victims_labels(), "template": template_labelled(json!({"plugin.proxy-operator.dev/proxy": "px-1"}))}), "spec.selector.proxy-operator.dev/provider \"victim\"")]
+#[case::job_joins_its_service("batch/v1", "Job", json!({"template": with(template_labelled(victims_labels()), "/spec/restartPolicy", json!("Never"))}), "spec.template.metadata.labels: label `proxy-operator.dev/provider` \"victim\"")]
+#[case::cronjob_joins_its_service("batch/v1", "CronJob", json!({"schedule": "* * * * *", "jobTemplate": {"spec": {"template": with(template_labelled(victims_labels()), "/spec/restartPolicy", json!("Never"))}}}), "spec.jobTemplate.spec.template.metadata.labels: label `proxy-operator.dev/provider` \"victim\"")]
+#[case::pod_template_of_the_victim("v1", "PodTemplate", json!(null), "template.metadata.labels: label `proxy-operator.dev/provider` \"victim\"")]
+#[case::deployment_template_of_the_victim("apps/v1", "Deployment", json!({"replicas": 0, "selector": {"matchLabels": {"plugin.proxy-operator.dev/proxy": "px-1"}}, "template": template_labelled(victims_labels())}), "spec.template.metadata.labels: label `proxy-operator.dev/provider` \"victim\"")]
+#[case::disruption_budget_shields_its_pods("policy/v1", "PodDisruptionBudget", json!({"maxUnavailable": 0, "selector": {"matchLabels": victims_labels()}}), "spec.selector.matchLabels.proxy-operator.dev/provider \"victim\"")]
+#[case::statefulset_claims_storage("apps/v1", "StatefulSet", json!({"replicas": 0, "serviceName": "x", "selector": {"matchLabels": {"plugin.proxy-operator.dev/app": "x"}}, "template": template_labelled(json!({"plugin.proxy-operator.dev/app": "x"})), "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}), "spec.volumeClaimTemplates is not allowed")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_reaching_another_instances_pods_is_refused_and_they_are_unchanged(
+    #[case] api_version: &str,
+    #[case] kind: &str,
+    #[case] spec: Value,
+    #[case] says: &str,
+) {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-kube-nested").await.unwrap();
+    another_instances_squid(&ns).await;
+    let before = selected_by(&ns, "victim-squid").await;
+    let provider = kube_plugin(
+        ns.client(),
+        ns.name(),
+        &["v1/ConfigMap", &format!("{api_version}/{kind}")],
+        OperatorObjects::default(),
+    )
+    .await;
+    let own = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "own-conf"}, "data": {"squid.conf": ""}});
+    apply(&provider, &own).await.unwrap();
+    let mut object =
+        json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "hostile"}});
+    if kind == "PodTemplate" {
+        object["template"] = template_labelled(victims_labels());
+    } else {
+        object["spec"] = spec;
+    }
+    match apply(&provider, &object).await {
+        Err(ProviderError::Denied(m)) => assert!(m.contains(says), "{m}"),
+        other => panic!("{kind}: expected a denial, got {other:?}"),
+    }
+    let made = cp
+        .kubectl_run(
+            &[
+                "get",
+                kind,
+                "hostile",
+                "-n",
+                ns.name(),
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(made.trim().is_empty(), "{kind} hostile was made: {made}");
+    assert_eq!(
+        selected_by(&ns, "victim-squid").await,
+        before,
+        "the victim's Pod and its Service's endpoints are unchanged"
+    );
+}
+
+/// The victim Pod's labels, owner references and deletion mark, and its Service's endpoints.
+async fn selected_by(ns: &TestNamespace, name: &str) -> (Value, Vec<String>) {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let pods: Api<Pod> = Api::namespaced(ns.client(), ns.name());
+    let pod = pods.get(name).await.unwrap();
+    let slices: Api<EndpointSlice> = Api::namespaced(ns.client(), ns.name());
+    let listed = slices
+        .list(
+            &kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={name}")),
+        )
+        .await
+        .unwrap();
+    (
+        json!({
+            "labels": pod.metadata.labels,
+            "ownerReferences": pod.metadata.owner_references,
+            "deletionTimestamp": pod.metadata.deletion_timestamp,
+        }),
+        listed
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect(),
+    )
+}
+
+/// Issue #47: each kind of the list, applied by the instance, keeps to its own Pods: every
+/// template carries its label (the API server's stored object says so) and every selector
+/// selects by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_the_list_is_made_confined_to_the_instance() {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-kube-confined").await.unwrap();
+    let provider = kube_plugin(
+        ns.client(),
+        ns.name(),
+        &[
+            "v1/ConfigMap",
+            "v1/ReplicationController",
+            "batch/v1/Job",
+            "batch/v1/CronJob",
+            "v1/PodTemplate",
+            "policy/v1/PodDisruptionBudget",
+            "apps/v1/Deployment",
+        ],
+        OperatorObjects::default(),
+    )
+    .await;
+    let own = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "own-conf"}, "data": {"squid.conf": ""}});
+    apply(&provider, &own).await.unwrap();
+    let mine = json!({"plugin.proxy-operator.dev/app": "squid"});
+    let job_template = with(
+        template_labelled(mine.clone()),
+        "/spec/restartPolicy",
+        json!("Never"),
+    );
+    let objects = [
+        (
+            json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "rc"}, "spec": {"replicas": 0, "template": template_labelled(mine.clone())}}),
+            vec![".spec.template.metadata.labels", ".spec.selector"],
+        ),
+        (
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job"}, "spec": {"suspend": true, "template": job_template}}),
+            vec![".spec.template.metadata.labels"],
+        ),
+        (
+            json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "cron"}, "spec": {"schedule": "* * * * *", "suspend": true, "jobTemplate": {"spec": {"template": job_template}}}}),
+            vec![
+                ".spec.jobTemplate.metadata.labels",
+                ".spec.jobTemplate.spec.template.metadata.labels",
+            ],
+        ),
+        (
+            json!({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "tpl"}, "template": template_labelled(mine.clone())}),
+            vec![".template.metadata.labels"],
+        ),
+        (
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "pdb"}, "spec": {"maxUnavailable": 1, "selector": {}}}),
+            vec![".spec.selector.matchLabels"],
+        ),
+        (
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "deploy"}, "spec": {"replicas": 0, "selector": {"matchLabels": mine}, "template": template_labelled(json!({"plugin.proxy-operator.dev/app": "squid"}))}}),
+            vec![
+                ".spec.selector.matchLabels",
+                ".spec.template.metadata.labels",
+            ],
+        ),
+    ];
+    for (object, paths) in objects {
+        let kind = object["kind"].as_str().unwrap();
+        let name = object["metadata"]["name"].as_str().unwrap();
+        apply(&provider, &object)
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {e:?}"));
+        for path in paths {
+            let jsonpath = format!("jsonpath={{{path}.proxy-operator\\.dev/provider}}");
+            let value = cp
+                .kubectl_run(&["get", kind, name, "-n", ns.name(), "-o", &jsonpath], None)
+                .await
+                .unwrap();
+            assert_eq!(value.trim(), "kube-sandbox", "{kind} {path}");
+        }
+    }
+}
+
+/// Issue #47: a plugin's Pods ran any image. Every container, at every depth, runs an image of
+/// `grants.kube.images` (here `squid:6`); nothing is made otherwise.
+#[rstest]
+#[case::pod("/spec/containers/0/image", "docker.io/library/alpine:3", false)]
+#[case::another_tag_of_the_granted_image("/spec/containers/0/image", "squid:latest", false)]
+#[case::another_registry("/spec/containers/0/image", "registry.example/library/squid:6", false)]
+#[case::init_container("/spec/initContainers", "curlimages/curl:8", false)]
+#[case::in_a_cronjob("/spec/containers/0/image", "docker.io/library/alpine:3", true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_of_an_image_the_grant_does_not_list_is_refused(
+    #[case] at: &str,
+    #[case] image: &str,
+    #[case] in_a_cronjob: bool,
+) {
+    let cp = control_plane().await;
+    let ns = cp.namespace("px-kube-images").await.unwrap();
+    let provider = kube_plugin(
+        ns.client(),
+        ns.name(),
+        &["v1/Pod", "v1/ConfigMap", "batch/v1/CronJob"],
+        OperatorObjects::default(),
+    )
+    .await;
+    let own = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "own-conf"}, "data": {"squid.conf": ""}});
+    apply(&provider, &own).await.unwrap();
+    let value = if at.ends_with("initContainers") {
+        json!([{"name": "fetch", "image": image, "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}])
+    } else {
+        json!(image)
+    };
+    let pod = with(restricted_pod("imaged", "own-conf"), at, value);
+    let (object, field) = if in_a_cronjob {
+        let template = with(
+            json!({"spec": pod["spec"]}),
+            "/spec/restartPolicy",
+            json!("Never"),
+        );
+        (
+            json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "imaged"}, "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}),
+            "spec.jobTemplate.spec.template.spec.containers[0].image",
+        )
+    } else if at.ends_with("initContainers") {
+        (pod, "spec.initContainers[0].image")
+    } else {
+        (pod, "spec.containers[0].image")
+    };
+    match apply(&provider, &object).await {
+        Err(ProviderError::Denied(m)) => assert!(
+            m.contains(&format!(
+                "{field} `{image}` is not in grants.kube.images (squid:6)"
+            )),
+            "{m}"
+        ),
+        other => panic!("{image}: expected a denial, got {other:?}"),
+    }
+    let kind = object["kind"].as_str().unwrap();
+    let made = cp
+        .kubectl_run(
+            &[
+                "get",
+                kind,
+                "imaged",
+                "-n",
+                ns.name(),
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(made.trim().is_empty(), "{kind} imaged was made: {made}");
+    apply(&provider, &restricted_pod("imaged", "own-conf"))
+        .await
+        .expect("the granted image is admitted");
 }

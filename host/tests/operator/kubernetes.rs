@@ -26,7 +26,7 @@ async fn kubernetes_provider(ns: &TestNamespace, config: serde_json::Value) -> P
         ..test_options()
     };
     let grants = serde_json::json!({
-        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]}
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"], "images": [config["image"]]}
     });
     bound_provider(options, "kubernetes", "in-cluster", &config, grants)
         .await
@@ -382,7 +382,7 @@ async fn a_proxy_of_the_kubernetes_provider_becomes_healthy_through_its_own_squi
             ..test_options()
         },
         &format!(
-        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], allowDestinations: [127.0.0.1/32], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy]}}}}\n",
+        "providers:\n- name: in-cluster\n  type: kubernetes\n  config: {{image: \"registry.example/squid:6\", allowFrom: [127.0.0.0/8], connectPorts: [{}], allowDestinations: [127.0.0.1/32], address: Pod}}\n  grants: {{kube: {{namespace: {}, kinds: [v1/Pod, v1/ConfigMap, v1/Service, networking.k8s.io/v1/NetworkPolicy], images: [\"registry.example/squid:6\"]}}}}\n",
         target.addr().port(),
         ns.name(),
         ),
@@ -491,7 +491,7 @@ async fn the_kubernetes_provider_is_conformant() {
     })
     .await;
     let grants = serde_json::from_value(serde_json::json!({
-        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"]}
+        "kube": {"namespace": ns.name(), "kinds": ["v1/Pod", "v1/ConfigMap", "v1/Service", "networking.k8s.io/v1/NetworkPolicy"], "images": ["registry.example/squid:6"]}
     }))
     .unwrap();
     let config =

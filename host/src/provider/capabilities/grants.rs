@@ -13,8 +13,9 @@ use serde::Deserialize;
 pub use error::GrantError;
 pub use http::{CredentialGrant, HttpGrant, ValidCredential, ValidHttpGrant};
 pub use kube::{
-    DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_QUOTA_MEBIBYTES, DEFAULT_QUOTA_OBJECTS, KubeGrant,
-    KubeKind, QuotaGrant, SchedulingGrant, Toleration, ValidKubeGrant,
+    DEFAULT_IMAGES, DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_QUOTA_MEBIBYTES, DEFAULT_QUOTA_OBJECTS,
+    ImagePattern, ImageRef, KNOWN_KINDS, KindPolicy, KnownKind, KubeGrant, KubeGrantError,
+    KubeKind, QuotaGrant, SchedulingGrant, Toleration, ValidKubeGrant, known_kinds_list,
 };
 pub use libvirt::{
     DEFAULT_REMOTE_SOCKET, DEFAULT_SSH_SECRET, DomainLimits, HypervisorGrant, LibvirtGrant,

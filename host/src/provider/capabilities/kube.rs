@@ -3,9 +3,12 @@
 //! instance, and a plugin sees, changes and deletes only objects with that label: a namespace
 //! shared with people or other provider instances stays theirs. Secrets cannot be granted (a
 //! plugin never sees a secret); every Pod a plugin makes passes the allow-list of
-//! [`pod_policy`] (no host access, no API token, no Secret, only its own ConfigMaps); Services
-//! and NetworkPolicies reach only its own Pods ([`traffic_policy`]); and the
-//! operator's own objects ([`OperatorObjects`]) are out of reach whatever the grant.
+//! [`pod_policy`] (no host access, no API token, no Secret, only its own ConfigMaps, only the
+//! granted images); only kinds the host knows can be granted, and each is confined by its
+//! policy ([`object_policy`]: its templates carry the instance's label, its selectors select
+//! only the instance's Pods; Services and NetworkPolicies reach only its own Pods,
+//! [`traffic_policy`]); and the operator's own objects ([`OperatorObjects`]) are out of reach
+//! whatever the grant.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,6 +27,7 @@ pub const MANAGED_BY: &str = "proxy-operator";
 pub const MAX_OBJECT_BYTES: usize = 1024 * 1024;
 
 pub mod metadata_policy;
+pub mod object_policy;
 mod operator_objects;
 
 /// Objects per page of a `list` (each at most [`MAX_OBJECT_BYTES`]).
@@ -71,8 +75,8 @@ pub struct KubeCapability {
     declared: bool,
     /// Objects no plugin may touch, whatever its grant.
     operator_objects: Arc<OperatorObjects>,
-    /// Where the grant lets the plugin's Pods be scheduled.
-    scheduling: pod_policy::Scheduling,
+    /// Where the grant lets the plugin's Pods be scheduled, and what they may run.
+    pods: pod_policy::PodGrant,
     /// The most bytes of objects one `list` answers.
     list_budget: usize,
     /// Per kind: the most objects and bytes of them this instance may keep.
@@ -116,10 +120,13 @@ impl KubeCapability {
             resolved: Arc::default(),
             declared,
             operator_objects,
-            scheduling: grant
-                .map(|g| pod_policy::Scheduling {
-                    node_selector_keys: g.node_selector_keys.clone(),
-                    tolerations: g.tolerations.clone(),
+            pods: grant
+                .map(|g| pod_policy::PodGrant {
+                    scheduling: pod_policy::Scheduling {
+                        node_selector_keys: g.node_selector_keys.clone(),
+                        tolerations: g.tolerations.clone(),
+                    },
+                    images: g.images.clone(),
                 })
                 .unwrap_or_default(),
             list_budget: DEFAULT_LIST_BUDGET,
@@ -201,14 +208,24 @@ impl KubeCapability {
                 types.kind
             ))
         };
+        let Some(policy) = object_policy::KindPolicy::of(&types.api_version, &types.kind) else {
+            // Not reached: a grant names only kinds the host knows (`grants::KNOWN_KINDS`).
+            return Err(refused(format!(
+                "{}/{} has no policy of the host",
+                types.api_version, types.kind
+            )));
+        };
         metadata_policy::check(
             object.metadata.labels.as_ref(),
             object.metadata.annotations.as_ref(),
             &object.data,
-            &[PROVIDER_LABEL, MANAGED_BY_LABEL],
+            &[
+                (PROVIDER_LABEL, self.provider.as_str()),
+                (MANAGED_BY_LABEL, MANAGED_BY),
+            ],
         )
         .map_err(refused)?;
-        let references = pod_policy::check(&object.data, &self.scheduling).map_err(|problem| {
+        let references = pod_policy::check(&object.data, &self.pods).map_err(|problem| {
             KubeError::Denied(format!(
                 "{} {name}: {problem}; see docs/security.md (kube) for what a plugin's Pods may be",
                 types.kind
@@ -232,9 +249,7 @@ impl KubeCapability {
                 .await?;
         }
         let own = (PROVIDER_LABEL, self.provider.as_str());
-        traffic_policy::confine(&types.api_version, &types.kind, &mut object.data, own)
-            .map_err(refused)?;
-        metadata_policy::confine_workload(&mut object.data, own).map_err(refused)?;
+        object_policy::confine(policy, &mut object.data, own).map_err(refused)?;
         let labels = object.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(PROVIDER_LABEL.into(), self.provider.clone());
         labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
@@ -585,6 +600,7 @@ mod tests {
             kinds: kinds.iter().map(|k| k.to_string()).collect(),
             scheduling: None,
             quota: None,
+            images: None,
         }
     }
 
@@ -612,6 +628,67 @@ mod tests {
         assert!(
             error(grant("proxies", &["discovery.k8s.io/v1/EndpointSlice"]))
                 .contains("EndpointSlice cannot")
+        );
+        // Issue #47: only kinds the host has a policy for; the refusal names the kind and the list.
+        for (index, unknown) in [
+            "rbac.authorization.k8s.io/v1/RoleBinding",
+            "v1/ServiceAccount",
+            "networking.k8s.io/v1/Ingress",
+            "gateway.networking.k8s.io/v1/HTTPRoute",
+            "apps/v1/DaemonSet",
+            "coordination.k8s.io/v1/Lease",
+            "rbac.authorization.k8s.io/v1/ClusterRole",
+            "example.com/v1/Widget",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut kinds = vec!["v1/Pod"; index];
+            kinds.push(unknown);
+            let message = error(grant("proxies", &kinds));
+            assert!(
+                message.starts_with(&format!(
+                    "grants.kube.kinds[{index}]: `{unknown}` is not a kind the host has a policy for"
+                )) && message.contains("v1/Pod, v1/ConfigMap, v1/Service")
+                    && message.contains("policy/v1/PodDisruptionBudget"),
+                "{message}"
+            );
+        }
+        let images = |images: &[&str]| KubeGrant {
+            images: Some(images.iter().map(|i| i.to_string()).collect()),
+            ..grant("proxies", &["v1/Pod"])
+        };
+        assert!(error(images(&[])).starts_with("grants.kube.images: empty"));
+        for (entry, says) in [
+            (
+                "squid",
+                "grants.kube.images[0]: `squid` names no tag or digest",
+            ),
+            ("registry.example:5000/squid", "names no tag or digest"),
+            ("docker.io/ubuntu/squid*:6", "not an image reference"),
+            (
+                "docker.io/ubuntu/squid:6*",
+                "`*` stands only for a whole tag",
+            ),
+            ("squid:*@sha256:*", "`*` stands only for a whole tag"),
+            ("Squid:6", "not an image reference"),
+            ("squid:6 ", "not an image reference"),
+            ("squid@md5:00", "a digest is sha256:<hex>"),
+        ] {
+            assert!(
+                error(images(&[entry])).contains(says),
+                "{entry}: {}",
+                error(images(&[entry]))
+            );
+        }
+        let default = ValidKubeGrant::parse(&grant("proxies", &["v1/Pod"])).unwrap();
+        assert_eq!(
+            default
+                .images
+                .iter()
+                .map(|i| i.text.as_str())
+                .collect::<Vec<_>>(),
+            crate::provider::capabilities::grants::DEFAULT_IMAGES
         );
         let ok = bound(&grant("proxies", &["v1/Pod", "apps/v1/Deployment"]));
         assert_eq!(ok.namespace(), "proxies");

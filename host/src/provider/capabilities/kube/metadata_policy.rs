@@ -5,25 +5,31 @@
 //! annotations steer other controllers and the API server (`pod-deletion-cost`, the AppArmor and
 //! seccomp annotations, `kubectl.kubernetes.io/*`). So it is an allow-list: the keys under
 //! [`PLUGIN_PREFIX`], which nothing but plugins reads, plus the host's own labels, which the
-//! host sets itself.
+//! host sets itself and which may carry only the instance's own values (in the object and in
+//! every template inside it: a template labelled as another provider instance's would make Pods
+//! that its Services and selectors take for theirs).
 
-use serde_json::{Map, Value, json};
-
-use super::traffic_policy::OwnLabel;
+use serde_json::{Map, Value};
 
 /// The label and annotation prefix a plugin owns: nothing else in the cluster reads it.
 pub const PLUGIN_PREFIX: &str = "plugin.proxy-operator.dev/";
 
 /// Checks the object's own labels and annotations (`metadata`) and those of every template in
-/// `data` (the object without its metadata); `host_labels` are the label keys the host sets.
+/// `data` (the object without its metadata); `host_labels` are the labels the host sets, each
+/// with the only value it may have here.
 pub fn check(
     metadata_labels: Option<&std::collections::BTreeMap<String, String>>,
     metadata_annotations: Option<&std::collections::BTreeMap<String, String>>,
     data: &Value,
-    host_labels: &[&str],
+    host_labels: &[HostLabel],
 ) -> Result<(), String> {
-    for key in metadata_labels.into_iter().flat_map(|l| l.keys()) {
-        check_label("metadata.labels", key, host_labels)?;
+    for (key, value) in metadata_labels.into_iter().flatten() {
+        check_label(
+            "metadata.labels",
+            key,
+            &Value::from(value.as_str()),
+            host_labels,
+        )?;
     }
     for key in metadata_annotations.into_iter().flat_map(|a| a.keys()) {
         check_annotation("metadata.annotations", key)?;
@@ -34,8 +40,8 @@ pub fn check(
         match metadata.get("labels") {
             None | Some(Value::Null) => {}
             Some(Value::Object(labels)) => {
-                for key in labels.keys() {
-                    check_label(&format!("{path}.labels"), key, host_labels)?;
+                for (key, value) in labels {
+                    check_label(&format!("{path}.labels"), key, value, host_labels)?;
                 }
             }
             Some(_) => return Err(format!("{path}.labels must be a map of labels")),
@@ -53,9 +59,25 @@ pub fn check(
     Ok(())
 }
 
-fn check_label(at: &str, key: &str, host_labels: &[&str]) -> Result<(), String> {
-    if key.starts_with(PLUGIN_PREFIX) || host_labels.contains(&key) {
+/// A label the host sets, and its value for this provider instance.
+pub type HostLabel<'a> = (&'a str, &'a str);
+
+fn check_label(
+    at: &str,
+    key: &str,
+    value: &Value,
+    host_labels: &[HostLabel],
+) -> Result<(), String> {
+    if key.starts_with(PLUGIN_PREFIX) {
         return Ok(());
+    }
+    if let Some((_, own)) = host_labels.iter().find(|(host, _)| *host == key) {
+        if value.as_str() == Some(own) || value.is_null() {
+            return Ok(());
+        }
+        return Err(format!(
+            "{at}: label `{key}` {value} is not this provider instance's (`{own}`); the host sets it, and a template labelled as another instance's would make Pods its Services and controllers take for theirs"
+        ));
     }
     Err(format!(
         "{at}: label `{key}` is not allowed; a plugin's labels are under {PLUGIN_PREFIX} (any other label can make somebody's Service, ReplicaSet or NetworkPolicy select the object)"
@@ -102,65 +124,17 @@ fn find_templates<'a>(
     }
 }
 
-/// A workload (an object with `spec.selector` and `spec.template`) manages the Pods its selector
-/// matches: both are confined to the provider instance's label, so its Pods carry it and it never
-/// adopts (and deletes) somebody else's Pods.
-pub fn confine_workload(data: &mut Value, (key, own): OwnLabel) -> Result<(), String> {
-    let Some(spec) = data.get_mut("spec").and_then(Value::as_object_mut) else {
-        return Ok(());
-    };
-    let is_workload = spec.get("template").is_some_and(Value::is_object)
-        && spec.get("selector").is_some_and(Value::is_object);
-    if !is_workload {
-        return Ok(());
-    }
-    if let Some(Value::Object(selector)) = spec.get_mut("selector") {
-        let labels = selector.entry("matchLabels").or_insert_with(|| json!({}));
-        if labels.is_null() {
-            *labels = json!({});
-        }
-        let Some(labels) = labels.as_object_mut() else {
-            return Err("spec.selector.matchLabels must be a map of labels".into());
-        };
-        if let Some(other) = labels.get(key).and_then(Value::as_str)
-            && other != own
-        {
-            return Err(format!(
-                "spec.selector.matchLabels.{key} `{other}` selects another provider instance's Pods"
-            ));
-        }
-        labels.insert(key.into(), json!(own));
-    }
-    let Some(Value::Object(template)) = spec.get_mut("template") else {
-        return Ok(());
-    };
-    let metadata = template.entry("metadata").or_insert_with(|| json!({}));
-    if metadata.is_null() {
-        *metadata = json!({});
-    }
-    let Some(metadata) = metadata.as_object_mut() else {
-        return Err("spec.template.metadata must be a map".into());
-    };
-    let labels = metadata.entry("labels").or_insert_with(|| json!({}));
-    if labels.is_null() {
-        *labels = json!({});
-    }
-    let Some(labels) = labels.as_object_mut() else {
-        return Err("spec.template.metadata.labels must be a map of labels".into());
-    };
-    labels.insert(key.into(), json!(own));
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
+    use serde_json::json;
+
     use super::*;
 
-    const HOST: &[&str] = &[
-        "proxy-operator.dev/provider",
-        "app.kubernetes.io/managed-by",
+    const HOST: &[HostLabel] = &[
+        ("proxy-operator.dev/provider", "p"),
+        ("app.kubernetes.io/managed-by", "proxy-operator"),
     ];
 
     fn map(key: &str) -> BTreeMap<String, String> {
@@ -169,15 +143,18 @@ mod tests {
 
     #[test]
     fn only_plugin_owned_and_host_labels_pass() {
-        for ok in [
-            "plugin.proxy-operator.dev/proxy",
-            "proxy-operator.dev/provider",
-        ] {
-            assert!(
-                check(Some(&map(ok)), None, &json!({}), HOST).is_ok(),
-                "{ok}"
-            );
-        }
+        let own = BTreeMap::from([
+            (
+                "plugin.proxy-operator.dev/proxy".to_string(),
+                "x".to_string(),
+            ),
+            ("proxy-operator.dev/provider".to_string(), "p".to_string()),
+            (
+                "app.kubernetes.io/managed-by".to_string(),
+                "proxy-operator".to_string(),
+            ),
+        ]);
+        assert!(check(Some(&own), None, &json!({}), HOST).is_ok());
         for refused in [
             "app",
             "app.kubernetes.io/name",
@@ -247,29 +224,49 @@ mod tests {
         );
     }
 
+    /// Issue #47: a template (a Job's, a CronJob's, a ReplicationController's, a PodTemplate's)
+    /// labelled as another provider instance's made Pods that instance's Service and selectors
+    /// took for theirs. Host labels carry the instance's own values, at every depth.
     #[test]
-    fn a_workloads_selector_and_template_carry_the_instances_label() {
-        let own = ("proxy-operator.dev/provider", "p");
-        let mut deployment = json!({"spec": {"selector": {"matchLabels": {"plugin.proxy-operator.dev/app": "squid"}}, "template": {"spec": {}}}});
-        confine_workload(&mut deployment, own).unwrap();
-        assert_eq!(
-            deployment["spec"]["selector"]["matchLabels"]["proxy-operator.dev/provider"],
-            "p"
-        );
-        assert_eq!(
-            deployment["spec"]["template"]["metadata"]["labels"]["proxy-operator.dev/provider"],
-            "p"
-        );
-        let mut foreign = json!({"spec": {"selector": {"matchLabels": {"proxy-operator.dev/provider": "q"}}, "template": {}}});
+    fn host_labels_carry_only_the_instances_own_values_at_every_depth() {
+        let foreign = json!({"proxy-operator.dev/provider": "other", "plugin.proxy-operator.dev/component": "egress-proxy"});
+        let cases = [
+            (
+                json!({"spec": {"template": {"metadata": {"labels": foreign}}}}),
+                "spec.template.metadata.labels",
+            ),
+            (
+                json!({"spec": {"jobTemplate": {"metadata": {"labels": foreign}}}}),
+                "spec.jobTemplate.metadata.labels",
+            ),
+            (
+                json!({"spec": {"jobTemplate": {"spec": {"template": {"metadata": {"labels": foreign}}}}}}),
+                "spec.jobTemplate.spec.template.metadata.labels",
+            ),
+            (
+                json!({"template": {"metadata": {"labels": foreign}}}),
+                "template.metadata.labels",
+            ),
+            (
+                json!({"spec": {"template": {"metadata": {"labels": {"app.kubernetes.io/managed-by": "helm"}}}}}),
+                "spec.template.metadata.labels: label `app.kubernetes.io/managed-by` \"helm\"",
+            ),
+            (
+                json!({"spec": {"template": {"metadata": {"labels": {"proxy-operator.dev/provider": 7}}}}}),
+                "spec.template.metadata.labels: label `proxy-operator.dev/provider` 7",
+            ),
+        ];
+        for (object, says) in cases {
+            let error = check(None, None, &object, HOST).unwrap_err();
+            assert!(error.starts_with(says), "{object}: {error}");
+        }
+        let top = map("proxy-operator.dev/provider");
         assert!(
-            confine_workload(&mut foreign, own)
+            check(Some(&top), None, &json!({}), HOST)
                 .unwrap_err()
-                .contains("another provider instance")
+                .contains("label `proxy-operator.dev/provider` \"x\" is not this provider instance's (`p`)")
         );
-        let mut odd = json!({"spec": {"selector": {"matchLabels": []}, "template": {}}});
-        assert!(confine_workload(&mut odd, own).is_err());
-        let mut not_a_workload = json!({"spec": {"selector": {"a": "b"}}});
-        confine_workload(&mut not_a_workload, own).unwrap();
-        assert_eq!(not_a_workload, json!({"spec": {"selector": {"a": "b"}}}));
+        let own = json!({"spec": {"template": {"metadata": {"labels": {"proxy-operator.dev/provider": "p", "app.kubernetes.io/managed-by": "proxy-operator"}}}}});
+        assert!(check(None, None, &own, HOST).is_ok());
     }
 }

@@ -6,13 +6,15 @@
 //! never reach through a Pod: the node (`nodeName`, host namespaces, host paths and ports, probes
 //! that make the kubelet call another host), the API (a ServiceAccount token, projected or
 //! mounted), Secrets (volumes, `env`, `envFrom`, image pull Secrets), and ConfigMaps it does not
-//! own (their names are returned, so the caller can check ownership against the cluster).
+//! own (their names are returned, so the caller can check ownership against the cluster); and
+//! every container runs an image the grant lists (`grants.kube.images`).
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 
 pub use crate::provider::capabilities::grants::Toleration;
+use crate::provider::capabilities::grants::{ImagePattern, ImageRef};
 
 /// What the Pods of an object reference that only the cluster can vet.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -30,16 +32,52 @@ pub struct Scheduling {
     pub tolerations: Vec<Toleration>,
 }
 
+/// What the grant lets a plugin's Pods be: where they run, and from which images.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PodGrant {
+    pub scheduling: Scheduling,
+    /// `grants.kube.images`: a container's image must be one of these.
+    pub images: Vec<ImagePattern>,
+}
+
 /// Checks every Pod spec in `object`; `Err` is the first problem, naming the field.
-pub fn check(object: &Value, scheduling: &Scheduling) -> Result<PodReferences, String> {
+pub fn check(object: &Value, grant: &PodGrant) -> Result<PodReferences, String> {
     let mut references = PodReferences::default();
     let mut specs = Vec::new();
     find_pod_specs(object, String::new(), &mut specs);
     for (path, spec) in specs {
         check_pod_spec(&path, spec, &mut references)?;
-        check_scheduling(&path, spec, scheduling)?;
+        check_scheduling(&path, spec, &grant.scheduling)?;
+        check_images(&path, spec, &grant.images)?;
     }
     Ok(references)
+}
+
+/// Every container (init containers too) runs an image of `grants.kube.images`.
+fn check_images(path: &str, spec: &Value, images: &[ImagePattern]) -> Result<(), String> {
+    for list in ["initContainers", "containers"] {
+        for (index, container) in items(&spec[list]).enumerate() {
+            let at = format!("{path}.{list}[{index}].image");
+            let Some(text) = container["image"].as_str() else {
+                return Err(format!("{at} is missing; name one of grants.kube.images"));
+            };
+            let admitted = ImageRef::parse(text)
+                .is_ok_and(|image| images.iter().any(|pattern| pattern.admits(&image)));
+            if !admitted {
+                let granted: Vec<&str> = images.iter().map(|p| p.text.as_str()).collect();
+                return Err(format!(
+                    "{at} `{}` is not in grants.kube.images ({}); a plugin's Pods run only the images the grant lists",
+                    text.escape_debug(),
+                    if granted.is_empty() {
+                        "none".to_string()
+                    } else {
+                        granted.join(", ")
+                    }
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `nodeSelector` by the granted keys only, and only the granted tolerations (a toleration is

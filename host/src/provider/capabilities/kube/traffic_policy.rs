@@ -10,22 +10,9 @@ use serde_json::{Map, Value, json};
 /// The label (key, value) every Pod of the plugin's provider instance carries.
 pub type OwnLabel<'a> = (&'a str, &'a str);
 
-/// Checks a Service or NetworkPolicy and confines its selector to the Pods with the `own` label;
-/// other kinds pass unchanged. `Err` names the field.
-pub fn confine(
-    api_version: &str,
-    kind: &str,
-    data: &mut Value,
-    own: OwnLabel,
-) -> Result<(), String> {
-    match (api_version, kind) {
-        ("v1", "Service") => confine_service(data, own),
-        ("networking.k8s.io/v1", "NetworkPolicy") => confine_network_policy(data, own),
-        _ => Ok(()),
-    }
-}
-
-fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
+/// Checks a Service and confines its selector to the Pods with the `own` label (the kind's
+/// policy, [`super::object_policy`], calls it). `Err` names the field.
+pub fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
     let spec = spec_of(data)?;
     if spec.get("type").is_some_and(|t| t == "ExternalName")
         || spec.get("externalName").is_some_and(|n| !n.is_null())
@@ -64,7 +51,8 @@ fn confine_service(data: &mut Value, own: OwnLabel) -> Result<(), String> {
     }
 }
 
-fn confine_network_policy(data: &mut Value, own: OwnLabel) -> Result<(), String> {
+/// Confines a NetworkPolicy's `podSelector` to the Pods with the `own` label.
+pub fn confine_network_policy(data: &mut Value, own: OwnLabel) -> Result<(), String> {
     let spec = spec_of(data)?;
     let selector = spec.entry("podSelector").or_insert_with(|| json!({}));
     if selector.is_null() {
@@ -127,6 +115,15 @@ fn own_pods(labels: &mut Value, field: &str, (key, own): OwnLabel) -> Result<(),
 mod tests {
     use super::*;
     use crate::api::labels::PROVIDER_LABEL;
+
+    /// The Service and NetworkPolicy policies by kind, as `object_policy` dispatches them.
+    fn confine(_: &str, kind: &str, data: &mut Value, own: OwnLabel) -> Result<(), String> {
+        match kind {
+            "Service" => confine_service(data, own),
+            "NetworkPolicy" => confine_network_policy(data, own),
+            other => panic!("{other} is not a traffic kind"),
+        }
+    }
 
     fn service(spec: Value) -> Value {
         json!({"spec": spec})
@@ -281,8 +278,5 @@ mod tests {
             .unwrap_err()
             .contains("spec.podSelector.matchLabels")
         );
-        let mut pod = json!({"spec": {"containers": []}});
-        confine("v1", "Pod", &mut pod, (PROVIDER_LABEL, "p")).unwrap();
-        assert_eq!(pod, json!({"spec": {"containers": []}}));
     }
 }

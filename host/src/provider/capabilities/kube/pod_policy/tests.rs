@@ -2,6 +2,14 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// The grant of the tests: the image `squid:6` (`docker.io/library/squid:6`) only.
+fn squid_only() -> PodGrant {
+    PodGrant {
+        scheduling: Scheduling::default(),
+        images: vec![ImagePattern::parse("squid:6").unwrap()],
+    }
+}
+
 /// A Pod that passes: the restricted profile, no token, an own ConfigMap and an emptyDir.
 fn allowed_pod() -> Value {
     json!({
@@ -51,14 +59,14 @@ fn with(at: &str, value: Value) -> Value {
 
 #[test]
 fn the_restricted_pod_passes_and_its_configmaps_are_returned() {
-    let refs = check(&allowed_pod(), &Scheduling::default()).unwrap();
+    let refs = check(&allowed_pod(), &squid_only()).unwrap();
     assert_eq!(
         refs.configmaps.into_iter().collect::<Vec<_>>(),
         ["env-conf", "px-squid"]
     );
     // Not a Pod at all.
     assert_eq!(
-        check(&json!({"data": {"a": "b"}}), &Scheduling::default()),
+        check(&json!({"data": {"a": "b"}}), &squid_only()),
         Ok(PodReferences::default())
     );
 }
@@ -118,8 +126,15 @@ fn the_restricted_pod_passes_and_its_configmaps_are_returned() {
 #[case::secret_env_from("/spec/containers/0/envFrom", json!([{"secretRef": {"name": "kvm-ssh"}}]), "envFrom[0].secretRef")]
 #[case::probe_elsewhere("/spec/containers/0/readinessProbe", json!({"httpGet": {"host": "169.254.169.254", "path": "/", "port": 80}}), "readinessProbe.httpGet.host")]
 #[case::hook_elsewhere("/spec/containers/0/lifecycle", json!({"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 22}}}), "lifecycle.preStop.tcpSocket.host")]
+#[case::image_not_granted("/spec/containers/0/image", json!("docker.io/library/alpine:3"), "spec.containers[0].image `docker.io/library/alpine:3` is not in grants.kube.images (squid:6)")]
+#[case::image_another_tag("/spec/containers/0/image", json!("squid:7"), "containers[0].image `squid:7` is not in grants.kube.images")]
+#[case::image_latest("/spec/containers/0/image", json!("squid"), "image `squid` is not in grants.kube.images")]
+#[case::image_by_digest("/spec/containers/0/image", json!("squid:6@sha256:0000000000000000000000000000000000000000000000000000000000000000"), "is not in grants.kube.images")]
+#[case::image_of_another_registry("/spec/containers/0/image", json!("registry.example/library/squid:6"), "is not in grants.kube.images")]
+#[case::image_missing("/spec/containers/0/image", json!(null), "spec.containers[0].image is missing")]
+#[case::init_container_image("/spec/initContainers", json!([{"name": "fetch", "image": "curlimages/curl:8", "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]), "spec.initContainers[0].image `curlimages/curl:8` is not in grants.kube.images")]
 fn every_escape_names_its_field(#[case] at: &str, #[case] value: Value, #[case] says: &str) {
-    let problem = check(&with(at, value), &Scheduling::default()).expect_err("refused");
+    let problem = check(&with(at, value), &squid_only()).expect_err("refused");
     assert!(problem.contains(says), "{problem}");
 }
 
@@ -129,7 +144,7 @@ fn init_containers_and_every_workload_template_are_held_to_the_same_rules() {
         json!({"name": "init", "image": "busybox", "securityContext": {"privileged": true}});
     let pod = with("/spec/initContainers", json!([bad_container]));
     assert!(
-        check(&pod, &Scheduling::default())
+        check(&pod, &squid_only())
             .unwrap_err()
             .contains("spec.initContainers[0]")
     );
@@ -139,37 +154,96 @@ fn init_containers_and_every_workload_template_are_held_to_the_same_rules() {
     bad_spec["hostNetwork"] = json!(true);
     let deployment = json!({"kind": "Deployment", "spec": {"template": {"spec": bad_spec}}});
     assert!(
-        check(&deployment, &Scheduling::default())
+        check(&deployment, &squid_only())
             .unwrap_err()
             .contains("spec.template.spec.hostNetwork")
     );
     let cronjob = json!({"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template": {"spec": bad_spec}}}}});
     assert!(
-        check(&cronjob, &Scheduling::default())
+        check(&cronjob, &squid_only())
             .unwrap_err()
             .contains("spec.jobTemplate.spec.template.spec.hostNetwork")
     );
     // A Pod spec wherever a custom resource keeps it.
     let custom = json!({"kind": "Workflow", "spec": {"steps": [{"pod": bad_spec}]}});
     assert!(
-        check(&custom, &Scheduling::default())
+        check(&custom, &squid_only())
             .unwrap_err()
             .contains("spec.steps[0].pod.hostNetwork")
     );
     let fine = json!({"kind": "Deployment", "spec": {"template": {"spec": spec}}});
-    assert!(check(&fine, &Scheduling::default()).is_ok());
+    assert!(check(&fine, &squid_only()).is_ok());
+}
+
+#[test]
+fn images_pass_as_the_grant_names_them() {
+    let grant = |entries: &[&str]| PodGrant {
+        images: entries
+            .iter()
+            .map(|e| ImagePattern::parse(e).unwrap())
+            .collect(),
+        ..PodGrant::default()
+    };
+    let digest = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
+    for (image, entries) in [
+        ("squid:6", &["docker.io/library/squid:6"][..]),
+        ("docker.io/library/squid:6", &["squid:6"][..]),
+        ("index.docker.io/library/squid:6", &["squid:6"][..]),
+        (
+            "ubuntu/squid:6.6-24.04_beta",
+            &["docker.io/ubuntu/squid:*"][..],
+        ),
+        (
+            &format!("ubuntu/squid@{digest}"),
+            &["docker.io/ubuntu/squid@sha256:*"][..],
+        ),
+        (
+            &format!("ubuntu/squid:6@{digest}"),
+            &[&format!("ubuntu/squid@{digest}")[..]][..],
+        ),
+        (
+            "registry.example:5000/squid:6",
+            &["registry.example:5000/squid:6"][..],
+        ),
+    ] {
+        let pod = with("/spec/containers/0/image", json!(image));
+        assert!(
+            check(&pod, &grant(entries)).is_ok(),
+            "{image} by {entries:?}"
+        );
+    }
+    for (image, entries) in [
+        ("ubuntu/squid:6", &["docker.io/ubuntu/squid@sha256:*"][..]),
+        (&format!("ubuntu/squid:6@{digest}"), &["ubuntu/squid:6"][..]),
+        ("ubuntu/squid-evil:6", &["docker.io/ubuntu/squid:*"][..]),
+        (
+            "evil.example/ubuntu/squid:6",
+            &["docker.io/ubuntu/squid:*"][..],
+        ),
+        ("squid:*", &["squid:6"][..]),
+        ("squid:6", &[][..]),
+    ] {
+        let pod = with("/spec/containers/0/image", json!(image));
+        assert!(
+            check(&pod, &grant(entries)).is_err(),
+            "{image} by {entries:?}"
+        );
+    }
 }
 
 #[test]
 fn scheduling_fields_pass_only_as_the_grant_configures_them() {
-    let granted = Scheduling {
-        node_selector_keys: vec!["topology.kubernetes.io/zone".into(), "egress".into()],
-        tolerations: vec![Toleration {
-            key: "dedicated".into(),
-            operator: Some("Equal".into()),
-            value: "proxies".into(),
-            effect: "NoSchedule".into(),
-        }],
+    let granted = PodGrant {
+        scheduling: Scheduling {
+            node_selector_keys: vec!["topology.kubernetes.io/zone".into(), "egress".into()],
+            tolerations: vec![Toleration {
+                key: "dedicated".into(),
+                operator: Some("Equal".into()),
+                value: "proxies".into(),
+                effect: "NoSchedule".into(),
+            }],
+        },
+        ..squid_only()
     };
     let pod = with(
         "/spec/nodeSelector",
