@@ -276,19 +276,7 @@ impl PluginRegistry {
                 }
             };
             if let Some(reason) = &resolved.refused_upload {
-                // An upload over a built-in that the config did not pin: reported as a bad
-                // upload is (event, metric, log, the instance's problem); the built-in serves.
-                self.metrics
-                    .load_errors
-                    .with_label_values(&[&entry.provider_type])
-                    .inc();
-                out.changes.push(Change::Refused {
-                    provider: entry.name.clone(),
-                    plugin_type: entry.provider_type.clone(),
-                    reason: reason.clone(),
-                    from_configmap: true,
-                });
-                out.problems.insert(entry.name.clone(), reason.clone());
+                self.report_refused_upload(&mut out, entry, reason);
             }
             if let Some((old_entry, old)) = &previous
                 && old_entry == entry
@@ -351,6 +339,22 @@ impl PluginRegistry {
             Providers::from_parts(out.instances, out.not_loaded, out.problems),
             out.changes,
         ))
+    }
+
+    /// An upload over a built-in that the config did not pin: reported as a bad upload is
+    /// (event, metric, log, the instance's problem) while the built-in serves.
+    fn report_refused_upload(&self, out: &mut Assembly, entry: &ProviderEntry, reason: &str) {
+        self.metrics
+            .load_errors
+            .with_label_values(&[&entry.provider_type])
+            .inc();
+        out.changes.push(Change::Refused {
+            provider: entry.name.clone(),
+            plugin_type: entry.provider_type.clone(),
+            reason: reason.to_string(),
+            from_configmap: true,
+        });
+        out.problems.insert(entry.name.clone(), reason.to_string());
     }
 
     /// The component an entry names, resolved, digest-checked and loaded (compiled once per
