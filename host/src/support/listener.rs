@@ -14,8 +14,11 @@
 //!   [`ListenerBounds::max_connections_per_peer`] from one IP address; past either a connection
 //!   is closed as soon as it is accepted, before anything is read from it.
 //!
-//! Worst case per listener: `max_connections × max_head_bytes` of unfinished heads (1024 × 64 KiB
-//! = 64 MiB with the defaults), and a peer alone `max_connections_per_peer ×` that (4 MiB).
+//! Worst case per listener: `max_connections × max_head_bytes` of unfinished heads (4096 × 64 KiB
+//! = 256 MiB with the defaults, for at most the header-read timeout), and a peer alone
+//! `max_connections_per_peer ×` that (32 MiB). The per-peer default is not small: a crawler host
+//! with many workers, a NAT or a gateway replica is one address (96 concurrent grants from one
+//! host are a tested case).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -45,8 +48,8 @@ impl Default for ListenerBounds {
         ListenerBounds {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-            max_connections: 1024,
-            max_connections_per_peer: 64,
+            max_connections: 4096,
+            max_connections_per_peer: 512,
             max_head_bytes: 64 << 10,
         }
     }

@@ -93,11 +93,12 @@ pub struct ListenerArgs {
     pub listener_idle_timeout: Duration,
     /// Connections one listener holds open at most; one more is closed as soon as it is
     /// accepted.
-    #[arg(long, env = "LISTENER_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, env = "LISTENER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub listener_max_connections: u32,
     /// Connections one listener holds open at most from one IP address (so one client cannot
-    /// take them all).
-    #[arg(long, env = "LISTENER_MAX_CONNECTIONS_PER_PEER", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    /// take them all; a crawler host with many workers, a NAT or a gateway replica is one
+    /// address, hence far more than a browser's handful).
+    #[arg(long, env = "LISTENER_MAX_CONNECTIONS_PER_PEER", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub listener_max_connections_per_peer: u32,
     /// Bytes of a request's head (line and headers) one connection may send; more is answered
     /// 431 and closed. At least 8 KiB.
