@@ -21,12 +21,23 @@ pub fn operator_image_archive(binary: &str) -> PathBuf {
     let build_dir = std::env::var_os("CARGO_BUILD_BUILD_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join("target"));
+    // The binary as `make test-image-of-build` packages it: a hard link where no dep-info lies
+    // beside it, so build.sh reads rustc's in the build directory. The `.d` a `cargo build`
+    // (make dev's) leaves beside target/debug/proxy-operator names .git/HEAD, which the image's
+    // context leaves out (docs/image.md). One link per process: suites run side by side.
+    let packaged = repo().join(format!("target/test-image/release-{}", std::process::id()));
+    std::fs::create_dir_all(packaged.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(&packaged);
+    if std::fs::hard_link(binary, &packaged).is_err() {
+        std::fs::copy(binary, &packaged).unwrap();
+    }
     let out = Command::new(&script)
-        .env("OPERATOR_BINARY", binary)
+        .env("OPERATOR_BINARY", &packaged)
         .env("PLUGINS_DIR", repo().join("target/plugins"))
         .env("CARGO_BUILD_BUILD_DIR", build_dir)
         .output()
         .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    let _ = std::fs::remove_file(&packaged);
     assert!(
         out.status.success(),
         "building the operator image failed (run .ci/install-fixtures.sh):\n{}",
