@@ -18,7 +18,12 @@ const ACCESS_KEY_ID: &str = "AKIDPROXYOPERATORTEST";
 const SECRET_ACCESS_KEY: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYsecretkey";
 const SESSION_TOKEN: &str = "FwoGZXIvYXdzEXAMPLEsessiontoken";
 
-async fn echoing_provider(store: &InstanceStore, grants: serde_json::Value) -> ProviderInstance {
+/// The test plugin, whose `misbehave: echo` create sends a request to the store's `/echo` (which
+/// records its headers) and answers with what it saw, bound with `grants`.
+pub(super) async fn echoing_provider(
+    store: &InstanceStore,
+    grants: serde_json::Value,
+) -> ProviderInstance {
     let (engine, _) = engine_with(test_options()).await;
     let plugin = load_test_plugin(&engine).await;
     let grants: Grants = serde_json::from_value(grants).unwrap();

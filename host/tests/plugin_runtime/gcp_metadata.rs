@@ -10,26 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 
+use super::aws_signing::echoing_provider;
 use super::common::*;
 use proxy_operator::provider::capabilities::Grants;
-use proxy_operator::provider::plugins::{ProviderInstance, ProviderInstanceOptions};
 
 const TOKEN: &str = "ya29.metadata-server-token-for-the-test";
-
-async fn echoing_provider(store: &InstanceStore, grants: serde_json::Value) -> ProviderInstance {
-    let (engine, _) = engine_with(test_options()).await;
-    let plugin = load_test_plugin(&engine).await;
-    let grants: Grants = serde_json::from_value(grants).unwrap();
-    ProviderInstance::new(
-        engine,
-        "gcp-keyless",
-        plugin,
-        &json!({ "endpoint": store.url() }),
-        &grants.validate().unwrap(),
-        ProviderInstanceOptions::default(),
-    )
-    .unwrap()
-}
 
 /// A metadata server on loopback: the token for `proxies@…` when asked with the flavor header,
 /// 403 (as the real one answers) without it; every request counted.
