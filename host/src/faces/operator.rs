@@ -136,6 +136,8 @@ impl Operator {
         let bounds = self.args.listener.bounds()?;
         // Every replica keeps the fleet's caches: its status page, and the leader's meter.
         let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
+        // /metrics reads from here on whether this replica leads and the pools it sees.
+        self.metrics.fleet.attach(&fleet, &view);
         let status = status_page::Sources {
             fleet: fleet.clone(),
             leases: self.leases.clone(),
