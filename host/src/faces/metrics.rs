@@ -51,11 +51,8 @@ fn with_build_info(registry: Registry) -> prometheus::Result<Registry> {
         ),
         &["version", "commit"],
     )?;
-    info.with_label_values(&[
-        env!("CARGO_PKG_VERSION"),
-        crate::support::version::REVISION,
-    ])
-    .set(1);
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), crate::support::version::REVISION])
+        .set(1);
     registry.register(Box::new(info))?;
     Ok(registry)
 }
