@@ -49,7 +49,9 @@ backports_pkgs=(
 # chromium: the headless browser of the gateway's browser test (host/tests/discovery_api/browser.rs).
 # dante-server, microsocks: real SOCKS5 servers standing in for a vendor's SOCKS5 proxies (dante
 # without a login, microsocks with one; tests/harness/src/socks.rs, host/tests/operator/upstream_socks5.rs).
-plain_pkgs=(curl chromium squid dante-server microsocks openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
+# prometheus: its promtool checks the PrometheusRule's alerts and runs their unit tests
+# (host/tests/deploy/alerts.rs); the server it also installs is stopped and disabled below.
+plain_pkgs=(prometheus curl chromium squid dante-server microsocks openssh-server openssh-client pkg-config python3-venv genisoimage libarchive-tools xorriso
     busybox-static syslinux syslinux-common mtools dosfstools
     debootstrap e2fsprogs passt ovmf iptables
     containerd runc containernetworking-plugins umoci gcc
@@ -125,6 +127,12 @@ else
     fi
     mapfile -t still < <(missing "${backports_pkgs[@]}" "${plain_pkgs[@]}")
     ((${#still[@]} == 0)) || { log "still missing after apt-get: ${still[*]}"; exit 1; }
+fi
+# Debian's prometheus package starts its server (:9090) where systemd runs; the tests need only
+# promtool, and a server of its own on the metrics port would be in the way.
+if [[ -d /run/systemd/system ]] && systemctl is-enabled --quiet prometheus.service 2>/dev/null; then
+    as_root systemctl disable --now prometheus.service
+    log "  disabled Debian's prometheus.service (only promtool is used)"
 fi
 step_done
 

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub(crate) mod fleet;
+pub(crate) mod fleet_metrics;
 pub mod kubectl;
 pub(crate) mod leader_label;
 pub(crate) mod metrics;

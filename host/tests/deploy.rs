@@ -7,6 +7,7 @@
 //! the shell completion script. `helm.rs`: the Helm chart renders the same objects, its lint and
 //! its values schema; `helm_values.rs`: the values a platform team sets (cloud identity, extra
 //! volumes, security contexts, replicaCount, NOTES.txt, namespaces kept on uninstall).
+//! `alerts.rs`: `promtool check rules` and `promtool test rules` on the alerts.
 //! `release.rs`: `make release`'s artifacts (install.yaml, the chart, the image archive, the
 //! SBOM, the LICENSE, their sums) and `--version`.
 
@@ -15,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+#[path = "deploy/alerts.rs"]
+mod alerts;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/helm.rs"]
@@ -310,9 +313,11 @@ fn the_monitoring_component_alerts_and_charts_only_documented_metrics() {
         );
         alerts.insert(alert.to_string());
     }
-    // Capacity, provider health, reconcile errors, plugin load failures.
+    // Capacity (the fleet's and each pool's), provider health, reconcile errors, plugin load
+    // failures.
     for wanted in [
         "ProxyOperatorNoLeasableCapacity",
+        "ProxyOperatorPoolExhausted",
         "ProxyOperatorProviderUnhealthy",
         "ProxyOperatorReconcileErrors",
         "ProxyOperatorPluginLoadFailed",

@@ -2,7 +2,7 @@
 //! bounded: plugin and provider-instance names come from the operator's own config, functions and
 //! error kinds from fixed sets.
 
-use prometheus::Registry;
+use prometheus::{IntGaugeVec, Opts, Registry};
 
 use crate::lifecycle::controller::ReconcileMetrics;
 
@@ -17,6 +17,8 @@ pub struct Metrics {
     pub gc: crate::lifecycle::gc::GcMetrics,
     pub provider_checks: crate::provider::providerhealth::ProviderCheckMetrics,
     pub usage: crate::faces::usage::UsageMetrics,
+    /// The leader gauge and the pools' gauges, read at scrape time once attached.
+    pub fleet: crate::faces::fleet_metrics::FleetMetrics,
 }
 
 impl Metrics {
@@ -33,7 +35,50 @@ impl Metrics {
                 &registry,
             )?,
             usage: crate::faces::usage::UsageMetrics::register(&registry)?,
-            registry,
+            fleet: crate::faces::fleet_metrics::FleetMetrics::register(&registry)?,
+            registry: with_build_info(registry)?,
         })
+    }
+}
+
+/// `proxy_operator_build_info{version, commit}` = 1 (support/version.rs), registered in
+/// `registry`.
+fn with_build_info(registry: Registry) -> prometheus::Result<Registry> {
+    let info = IntGaugeVec::new(
+        Opts::new(
+            "proxy_operator_build_info",
+            "Always 1: the operator's version and the git commit it was built from.",
+        ),
+        &["version", "commit"],
+    )?;
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), crate::support::version::REVISION])
+        .set(1);
+    registry.register(Box::new(info))?;
+    Ok(registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_says_which_build_and_whether_this_replica_leads() {
+        let metrics = Metrics::register().unwrap();
+        let families = metrics.registry.gather();
+        let family = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name() == name)
+                .unwrap_or_else(|| panic!("{name} registered"))
+        };
+        let info = &family("proxy_operator_build_info").get_metric()[0];
+        let label = crate::support::metric_samples::label_value;
+        assert_eq!(label(info, "version"), env!("CARGO_PKG_VERSION"));
+        assert_eq!(label(info, "commit"), crate::support::version::REVISION);
+        assert!(!label(info, "commit").is_empty());
+        assert_eq!(info.get_gauge().get_value(), 1.0);
+        // A standby's figure until the operator attaches its leader view.
+        let leader = &family("proxy_operator_leader").get_metric()[0];
+        assert_eq!(leader.get_gauge().get_value(), 0.0);
     }
 }

@@ -135,7 +135,7 @@ impl Operator {
         let metrics_auth = self.args.metrics_auth.auth(&self.client);
         let bounds = self.args.listener.bounds()?;
         // Every replica keeps the fleet's caches: its status page, and the leader's meter.
-        let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
+        let (fleet, watches) = self.watch_fleet(&view);
         let status = status_page::Sources {
             fleet: fleet.clone(),
             leases: self.leases.clone(),
@@ -217,6 +217,20 @@ impl Operator {
             let _ = task.await;
         }
         result
+    }
+
+    /// The fleet's caches and the watches that fill them; from here on /metrics reads from them
+    /// (and `view`) whether this replica leads and the pools it sees.
+    fn watch_fleet(
+        &self,
+        view: &LeaderView,
+    ) -> (
+        Fleet,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
+        self.metrics.fleet.attach(&fleet, view);
+        (fleet, watches)
     }
 
     /// Terms of leadership until shutdown: after a lost one, a standby again.

@@ -589,9 +589,25 @@ async fn shutdown_stops_accepting_and_lets_open_tunnels_finish_and_metrics_count
     let world = World::start(1000).await;
     let (mut tunnel, status) = connect_tunnel(world.http, world.origin, "session-a").await;
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // The load on upstreams is per pool (never per proxy): one connection, one proxy in use.
     let connections = "proxy_operator_gateway_connections";
-    let upstream_a = [("proxy", "proxies/upstream-a")];
-    assert_eq!(sample(&world.metrics, connections, &upstream_a), 1.0);
+    let pool = [("pool", "proxies/dataplane")];
+    assert_eq!(sample(&world.metrics, connections, &pool), 1.0);
+    for family in [
+        "proxy_operator_gateway_proxies_in_use",
+        "proxy_operator_gateway_proxy_connections_max",
+    ] {
+        assert_eq!(sample(&world.metrics, family, &pool), 1.0, "{family}");
+    }
+    assert!(
+        !world
+            .metrics
+            .gather()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .any(|m| m.get_label().iter().any(|l| l.name() == "proxy")),
+        "no series names a proxy"
+    );
     assert_eq!(
         sample(&world.metrics, "proxy_operator_gateway_clients", &[]),
         1.0
@@ -624,9 +640,17 @@ async fn shutdown_stops_accepting_and_lets_open_tunnels_finish_and_metrics_count
         .expect("serve returns once the last tunnel closed")
         .unwrap();
     assert_eq!(
-        sample(&world.metrics, connections, &upstream_a),
+        sample(&world.metrics, connections, &pool),
         0.0,
         "the series goes with the last connection"
+    );
+    assert!(
+        !world
+            .metrics
+            .gather()
+            .iter()
+            .any(|f| f.name() == connections && !f.get_metric().is_empty()),
+        "no pool series left"
     );
     let requests = "proxy_operator_gateway_requests_total";
     let ok = [("protocol", "connect"), ("outcome", "ok")];

@@ -194,6 +194,8 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
         );
     }
     for family in [
+        "proxy_operator_build_info",
+        "proxy_operator_leader",
         "proxy_operator_proxies",
         "proxy_operator_probe_duration_seconds",
         "proxy_operator_leases_granted_total",
@@ -211,6 +213,23 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
             "{family} missing from /metrics:\n{text}"
         );
     }
+    // This replica leads, and says which build it is.
+    let gauge = |name: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) => (v, s.labels.clone()),
+                ref other => panic!("{other:?}"),
+            })
+            .unwrap_or_else(|| panic!("{name} in\n{text}"))
+    };
+    assert_eq!(gauge("proxy_operator_leader").0, 1.0);
+    let (info, labels) = gauge("proxy_operator_build_info");
+    assert_eq!(info, 1.0);
+    assert_eq!(labels.get("version"), Some(env!("CARGO_PKG_VERSION")));
+    assert!(labels.get("commit").is_some_and(|c| !c.is_empty()));
     // Labelled by pool and provider since pools came; one lease held in all.
     let active: f64 = scrape
         .samples

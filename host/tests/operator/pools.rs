@@ -76,6 +76,53 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// `proxy_operator_pool_replicas` of `pool` in this world's namespace on the operator's
+    /// /metrics, as (desired, ready, leased); `None` when the pool has no series.
+    async fn pool_series(&self, pool: &str) -> Option<(f64, f64, f64)> {
+        let text = reqwest::get(format!("http://{}/metrics", self.operator.metrics))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("the Prometheus text format");
+        let value = |state: &str| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| {
+                    s.metric == "proxy_operator_pool_replicas"
+                        && s.labels.get("namespace") == Some(self.world.ns.name())
+                        && s.labels.get("pool") == Some(pool)
+                        && s.labels.get("state") == Some(state)
+                })
+                .map(|s| match s.value {
+                    prometheus_parse::Value::Gauge(v) => v,
+                    ref other => panic!("{other:?}"),
+                })
+        };
+        Some((value("desired")?, value("ready")?, value("leased")?))
+    }
+
+    /// Waits until [`Self::pool_series`] of `pool` is `want`.
+    async fn wait_pool_series(&self, pool: &str, want: Option<(f64, f64, f64)>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = self.pool_series(pool).await;
+            if seen == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "proxy_operator_pool_replicas of {pool}: {seen:?}, want {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 fn counts(pool: &ProxyPool) -> (i32, i32, i32, i32) {
     let status = pool.status.clone().unwrap_or_default();
     (
@@ -180,6 +227,8 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
         fewest_ready >= 3,
         "Ready dropped to {fewest_ready} during the roll"
     );
+    // /metrics says the same per pool: 3 desired, 3 Ready, 1 leased.
+    s.wait_pool_series("web", Some((3.0, 3.0, 1.0))).await;
     assert_eq!(
         counts(&pool).2,
         1,
@@ -257,6 +306,8 @@ async fn a_pool_scales_rolls_within_its_budget_and_drains_a_leased_proxy_only_af
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // And its series are gone from /metrics.
+    s.wait_pool_series("web", None).await;
 }
 
 /// Bad input: refused by the API server where a schema can say it, a condition naming the field

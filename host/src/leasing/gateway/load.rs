@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use prometheus::{IntGauge, IntGaugeVec};
+use prometheus::IntGauge;
 use sha2::{Digest, Sha256};
 
-use super::metrics::GatewayMetrics;
+use super::bytes::NO_POOL;
+use super::metrics::{GatewayMetrics, UpstreamCounts};
 
 /// Open client connections: those still in their handshake (no token presented yet) in a
 /// room of their own, then those with a token, in all and per token.
@@ -143,11 +144,11 @@ impl Drop for TokenPermit<'_> {
     }
 }
 
-/// Open connections to each upstream proxy (`namespace/name`), for the leader to balance on and
-/// for `proxy_operator_gateway_connections`.
+/// Open connections to each upstream proxy (`namespace/name`), for the leader to balance on;
+/// the metrics sum them per pool when scraped (`proxy_operator_gateway_connections{pool}` and
+/// its two siblings), so no series names a proxy.
 pub struct UpstreamLoad {
-    counts: Mutex<HashMap<String, u32>>,
-    gauge: IntGaugeVec,
+    counts: UpstreamCounts,
 }
 
 /// One open connection to an upstream; counted until dropped.
@@ -159,20 +160,18 @@ pub struct UpstreamGuard<'a> {
 impl UpstreamLoad {
     pub fn new(metrics: &GatewayMetrics) -> Self {
         UpstreamLoad {
-            counts: Mutex::new(HashMap::new()),
-            gauge: metrics.connections.clone(),
+            counts: metrics.upstreams.counts.clone(),
         }
     }
 
-    /// Counts a connection to `proxy` until the guard drops.
-    pub fn acquire(&self, proxy: &str) -> UpstreamGuard<'_> {
+    /// Counts a connection to `proxy` of `pool` (`namespace/name`; `None`: in no pool) until
+    /// the guard drops.
+    pub fn acquire(&self, proxy: &str, pool: Option<&str>) -> UpstreamGuard<'_> {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let count = counts.entry(proxy.to_string()).or_insert(0);
-        *count += 1;
-        // Set under the lock, so a series removed at 0 is never set again out of order.
-        self.gauge
-            .with_label_values(&[proxy])
-            .set(i64::from(*count));
+        let entry = counts
+            .entry(proxy.to_string())
+            .or_insert_with(|| (pool.unwrap_or(NO_POOL).to_string(), 0));
+        entry.1 += 1;
         UpstreamGuard {
             load: self,
             proxy: proxy.to_string(),
@@ -182,7 +181,8 @@ impl UpstreamLoad {
     /// `(proxy, open connections)` for every upstream with one open, by name.
     pub fn snapshot(&self) -> Vec<(String, u32)> {
         let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<(String, u32)> = counts.iter().map(|(p, n)| (p.clone(), *n)).collect();
+        let mut all: Vec<(String, u32)> =
+            counts.iter().map(|(p, (_, n))| (p.clone(), *n)).collect();
         all.sort();
         all
     }
@@ -190,26 +190,22 @@ impl UpstreamLoad {
 
 impl Drop for UpstreamGuard<'_> {
     fn drop(&mut self) {
-        let load = self.load;
-        let mut counts = load.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(count) = counts.get_mut(&self.proxy) else {
+        let mut counts = self.load.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, count)) = counts.get_mut(&self.proxy) else {
             return;
         };
         *count -= 1;
         if *count == 0 {
+            // Gone with the last connection: the map holds only the proxies in use.
             counts.remove(&self.proxy);
-            // Gone with the last connection: series stay bounded by the fleet in use.
-            let _ = load.gauge.remove_label_values(&[&self.proxy]);
-        } else {
-            load.gauge
-                .with_label_values(&[&self.proxy])
-                .set(i64::from(*count));
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use prometheus::core::Collector;
 
@@ -272,24 +268,88 @@ mod tests {
         assert_eq!(load.tokens(), 0);
     }
 
+    /// (pool, connections, proxies in use, busiest) as /metrics reads them.
+    fn pool_series(metrics: &GatewayMetrics) -> Vec<(String, i64, i64, i64)> {
+        let families = metrics.upstreams.collect();
+        let names: Vec<&str> = families.iter().map(|f| f.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "proxy_operator_gateway_connections",
+                "proxy_operator_gateway_proxies_in_use",
+                "proxy_operator_gateway_proxy_connections_max"
+            ]
+        );
+        // Each family's values by pool.
+        let by_pool = |family: usize| -> BTreeMap<String, i64> {
+            families[family]
+                .get_metric()
+                .iter()
+                .map(|m| {
+                    let pool = crate::support::metric_samples::label_value(m, "pool");
+                    (pool, m.get_gauge().get_value() as i64)
+                })
+                .collect()
+        };
+        let (connections, in_use, busiest) = (by_pool(0), by_pool(1), by_pool(2));
+        assert_eq!(connections.len(), in_use.len());
+        assert_eq!(connections.len(), busiest.len());
+        connections
+            .into_iter()
+            .map(|(pool, n)| (pool.clone(), n, in_use[&pool], busiest[&pool]))
+            .collect()
+    }
     #[test]
-    fn upstream_counts_and_series_go_at_zero() {
+    fn upstream_counts_per_proxy_and_series_per_pool_that_go_at_zero() {
         let metrics = GatewayMetrics::unregistered().unwrap();
         let load = UpstreamLoad::new(&metrics);
-        let a = load.acquire("ns/a");
-        let a2 = load.acquire("ns/a");
-        let b = load.acquire("ns/b");
+        let a = load.acquire("ns/a", Some("ns/crawl"));
+        let a2 = load.acquire("ns/a", Some("ns/crawl"));
+        let b = load.acquire("ns/b", Some("ns/crawl"));
+        let c = load.acquire("ns/c", None);
         assert_eq!(
             load.snapshot(),
-            [("ns/a".to_string(), 2), ("ns/b".to_string(), 1)]
+            [
+                ("ns/a".to_string(), 2),
+                ("ns/b".to_string(), 1),
+                ("ns/c".to_string(), 1)
+            ]
         );
-        assert_eq!(metrics.connections.with_label_values(&["ns/a"]).get(), 2);
-        drop((a, b));
+        assert_eq!(
+            pool_series(&metrics),
+            [
+                ("none".to_string(), 1, 1, 1),
+                ("ns/crawl".to_string(), 3, 2, 2)
+            ]
+        );
+        drop((a, b, c));
         assert_eq!(load.snapshot(), [("ns/a".to_string(), 1)]);
-        let families = metrics.connections.collect();
-        assert_eq!(families[0].get_metric().len(), 1, "ns/b's series is gone");
+        assert_eq!(
+            pool_series(&metrics),
+            [("ns/crawl".to_string(), 1, 1, 1)],
+            "the pool `none` has no series once its last connection closed"
+        );
         drop(a2);
         assert!(load.snapshot().is_empty());
-        assert!(metrics.connections.collect()[0].get_metric().is_empty());
+        assert!(pool_series(&metrics).is_empty());
+    }
+
+    /// 10 000 proxies in use (a fleet's worth) make one series per family for their pool.
+    #[test]
+    fn a_fleet_of_proxies_makes_series_per_pool_not_per_proxy() {
+        let metrics = GatewayMetrics::unregistered().unwrap();
+        let load = UpstreamLoad::new(&metrics);
+        let names: Vec<String> = (0..10_000).map(|i| format!("ns/p{i}")).collect();
+        let guards: Vec<_> = names
+            .iter()
+            .map(|p| load.acquire(p, Some("ns/crawl")))
+            .collect();
+        let busiest = load.acquire("ns/p7", Some("ns/crawl"));
+        assert_eq!(
+            pool_series(&metrics),
+            [("ns/crawl".to_string(), 10_001, 10_000, 2)]
+        );
+        drop((guards, busiest));
+        assert!(pool_series(&metrics).is_empty());
     }
 }

@@ -1,11 +1,14 @@
-//! Gateway metrics. Labels are fixed sets (protocol, outcome, direction), the fleet's proxies,
-//! whose series go when no connection is open on them, and its pools (as the leader's route
-//! names them, or `none`), so the series stay bounded by the fleet; never a client, token,
-//! session or destination.
+//! Gateway metrics. Labels are fixed sets (protocol, outcome, direction) and the fleet's pools
+//! (as the leader's route names them, or `none`), so the series stay bounded by the pools, not
+//! the proxies; never a proxy, client, token, session or destination. The load on upstream
+//! proxies is summed per pool at scrape time (connections, proxies in use, the busiest one's
+//! connections), and a pool's series go when no connection is open on it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::bytes::{ByteMeter, NO_POOL, PoolBytes};
@@ -60,10 +63,70 @@ impl Outcome {
     }
 }
 
+/// Open connections per upstream proxy (`namespace/name`): its pool's label and the count.
+/// Shared by the gateway's [`super::load::UpstreamLoad`] and read at scrape time.
+pub(crate) type UpstreamCounts = Arc<Mutex<HashMap<String, (String, u32)>>>;
+
+/// The per-pool load families, computed from [`UpstreamCounts`] when Prometheus asks.
+#[derive(Clone)]
+pub(crate) struct UpstreamGauges {
+    pub(crate) counts: UpstreamCounts,
+    templates: [IntGaugeVec; 3],
+}
+
+fn upstream_gauges() -> prometheus::Result<[IntGaugeVec; 3]> {
+    let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["pool"]);
+    Ok([
+        gauge(
+            "proxy_operator_gateway_connections",
+            "Connections the gateway has open to the upstream proxies of each pool (namespace/name, or none).",
+        )?,
+        gauge(
+            "proxy_operator_gateway_proxies_in_use",
+            "Upstream proxies of each pool with at least one gateway connection open.",
+        )?,
+        gauge(
+            "proxy_operator_gateway_proxy_connections_max",
+            "Connections open to the busiest upstream proxy of each pool.",
+        )?,
+    ])
+}
+
+/// Per pool: (connections, proxies in use, the most on one proxy).
+pub(crate) fn pool_load(counts: &HashMap<String, (String, u32)>) -> BTreeMap<String, [u32; 3]> {
+    let mut pools: BTreeMap<String, [u32; 3]> = BTreeMap::new();
+    for (pool, count) in counts.values().filter(|(_, n)| *n > 0) {
+        let entry = pools.entry(pool.clone()).or_default();
+        entry[0] += count;
+        entry[1] += 1;
+        entry[2] = entry[2].max(*count);
+    }
+    pools
+}
+
+impl Collector for UpstreamGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.templates.iter().flat_map(|g| g.desc()).collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let Ok(gauges) = upstream_gauges() else {
+            return Vec::new();
+        };
+        let load = pool_load(&self.counts.lock().unwrap_or_else(|e| e.into_inner()));
+        for (pool, figures) in load {
+            for (gauge, value) in gauges.iter().zip(figures) {
+                gauge.with_label_values(&[&pool]).set(i64::from(value));
+            }
+        }
+        gauges.iter().flat_map(|g| g.collect()).collect()
+    }
+}
+
 /// Counters and gauges of the gateway.
 #[derive(Clone)]
 pub struct GatewayMetrics {
-    pub(crate) connections: IntGaugeVec,
+    pub(crate) upstreams: UpstreamGauges,
     pub(crate) requests: IntCounterVec,
     pub(crate) clients: IntGauge,
     bytes: IntCounterVec,
@@ -73,7 +136,7 @@ impl GatewayMetrics {
     /// Creates and registers the gateway metrics.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let metrics = Self::unregistered()?;
-        registry.register(Box::new(metrics.connections.clone()))?;
+        registry.register(Box::new(metrics.upstreams.clone()))?;
         registry.register(Box::new(metrics.requests.clone()))?;
         registry.register(Box::new(metrics.clients.clone()))?;
         registry.register(Box::new(metrics.bytes.clone()))?;
@@ -83,13 +146,10 @@ impl GatewayMetrics {
     /// The same metrics, not exported anywhere (tests).
     pub fn unregistered() -> prometheus::Result<Self> {
         Ok(GatewayMetrics {
-            connections: IntGaugeVec::new(
-                Opts::new(
-                    "proxy_operator_gateway_connections",
-                    "Connections the gateway has open to each upstream proxy (namespace/name).",
-                ),
-                &["proxy"],
-            )?,
+            upstreams: UpstreamGauges {
+                counts: UpstreamCounts::default(),
+                templates: upstream_gauges()?,
+            },
             requests: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_gateway_requests_total",

@@ -104,7 +104,7 @@ pub async fn open_tunnel<'a, R: Routes>(
         let route = choose(ctx, &request, failed.as_deref()).await?;
         match connect_tunnel(ctx.options.connect_timeout, &route, &request.destination).await {
             Ok((stream, leftover)) => {
-                let _guard = ctx.upstreams.acquire(&route.proxy);
+                let _guard = ctx.upstreams.acquire(&route.proxy, route.pool.as_deref());
                 return Ok(Tunnel {
                     stream,
                     leftover,
@@ -292,7 +292,7 @@ pub async fn forward<R: Routes, C: ClientStream>(
         let route = choose(ctx, &request, failed.as_deref()).await?;
         let attempt = match connect(ctx.options.connect_timeout, &route).await {
             Ok(mut upstream) => {
-                let _guard = ctx.upstreams.acquire(&route.proxy);
+                let _guard = ctx.upstreams.acquire(&route.proxy, route.pool.as_deref());
                 let timeout = ctx.options.connect_timeout;
                 let destination = &request.destination;
                 let opened = match route.protocol {
