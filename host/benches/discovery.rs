@@ -404,7 +404,10 @@ fn pool_store_in(namespace: &str, pool: &str) -> Arc<LeaseStore> {
         None,
     ));
     store.restore(Default::default());
-    let labels = BTreeMap::from([(leases::store::POOL_LABEL.to_string(), pool.to_string())]);
+    let labels = BTreeMap::from([(
+        proxy_operator::api::labels::POOL_LABEL.to_string(),
+        pool.to_string(),
+    )]);
     store.set_provisioned(
         proxies()
             .into_iter()

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-pub use crate::api::labels::LEADER_LABEL;
+use crate::api::labels::LEADER_LABEL;
 
 /// How long one label write may take: a leader must not wait on a slow API server to serve.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);

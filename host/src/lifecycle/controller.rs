@@ -8,6 +8,5 @@ mod reconcile;
 
 pub use metrics::ReconcileMetrics;
 pub use reconcile::{
-    Context, FIELD_MANAGER, FINALIZER, SKIP_CLEANUP_ANNOTATION, StatusWrite, instance_name, run,
-    run_until, write_status,
+    Context, FIELD_MANAGER, StatusWrite, instance_name, run, run_until, write_status,
 };

@@ -20,8 +20,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
+use crate::api::labels::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::api::{Phase, Proxy};
-use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::leasing::leases::{LeaseStore, ProvisionedProxy, ProxyKey};
 use crate::provider::credentials::{CredentialsBook, ProxyLogin};
 use crate::provider::providers::{ProviderSet, Providers};

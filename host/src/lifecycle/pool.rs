@@ -6,8 +6,5 @@ pub mod decide;
 mod reconcile;
 mod spec;
 
-pub use reconcile::{
-    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_FINALIZER, POOL_LABEL, PoolContext,
-    RECYCLE_ANNOTATION, TEMPLATE_LABEL, run_until,
-};
+pub use reconcile::{PoolContext, run_until};
 pub use spec::{Invalid, resolve, template_hash};

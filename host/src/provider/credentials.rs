@@ -45,7 +45,7 @@ impl std::fmt::Debug for ProxyCredentials {
 /// The Secret keys.
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
-pub use crate::api::labels::SECRET_LABEL;
+use crate::api::labels::SECRET_LABEL;
 /// Length of a generated password (alphanumeric: ~190 bits, and no character a URL must escape).
 const PASSWORD_LENGTH: usize = 32;
 /// The longest password the operator accepts from a Secret; squid's helper reads at most 255.

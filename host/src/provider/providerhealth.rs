@@ -24,7 +24,7 @@ use crate::provider::plugins::types::{CheckTarget, PluginInfo};
 use crate::provider::providers::{NotLoaded, ProviderSet, Providers};
 
 const FIELD_MANAGER: &str = "proxy-operator";
-pub use crate::api::labels::OPERATOR_LABEL;
+use crate::api::labels::OPERATOR_LABEL;
 
 /// Gauges of the latest checks.
 #[derive(Clone)]

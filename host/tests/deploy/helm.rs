@@ -36,11 +36,12 @@ pub(super) fn helm(args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("{}: {e}", helm.display()))
 }
 
-/// `helm template proxy-operator CHART --namespace proxy-operator` with more `args`, as objects.
-pub(super) fn template(args: &[&str]) -> Vec<Value> {
+/// `helm COMMAND proxy-operator CHART --namespace proxy-operator` with more `args`: its output,
+/// the command having succeeded.
+pub(super) fn on_the_chart(command: &str, args: &[&str]) -> String {
     let chart = chart();
     let mut all = vec![
-        "template",
+        command,
         "proxy-operator",
         chart.to_str().unwrap(),
         "--namespace",
@@ -54,8 +55,13 @@ pub(super) fn template(args: &[&str]) -> Vec<Value> {
         all.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `helm template proxy-operator CHART --namespace proxy-operator` with more `args`, as objects.
+pub(super) fn template(args: &[&str]) -> Vec<Value> {
     // An empty document (a template that renders nothing) is left out.
-    yaml_objects(&String::from_utf8(out.stdout).unwrap())
+    yaml_objects(&on_the_chart("template", args))
 }
 
 /// An object's identity: `Kind/name`, or `Kind/namespace/name` for a namespaced one.

@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use super::helm::{chart, helm, helm_against, key, template};
+use super::helm::{chart, helm_against, key, on_the_chart, template};
 use super::yaml_objects;
 
 /// IRSA's annotation, the gcp provider's key from the Secret `gcp-key` (docs/providers/gcp.md),
@@ -193,24 +193,9 @@ fn the_security_contexts_keep_restricted_and_drop_the_fixed_uid_for_openshift() 
 
 /// `helm install --dry-run=client` (no cluster): the rendered manifest and NOTES.txt.
 fn dry_run(args: &[&str]) -> String {
-    let chart = chart();
-    let mut all = vec![
-        "install",
-        "proxy-operator",
-        chart.to_str().unwrap(),
-        "--namespace",
-        "proxy-operator",
-        "--dry-run=client",
-    ];
+    let mut all = vec!["--dry-run=client"];
     all.extend_from_slice(args);
-    let out = helm(&all);
-    assert!(
-        out.status.success(),
-        "helm {}: {}",
-        all.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    on_the_chart("install", &all)
 }
 
 fn notes(output: &str) -> &str {

@@ -16,8 +16,8 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use harness::Squid;
 use kube::api::{Api, ListParams};
+use proxy_operator::api::labels::POOL_LABEL;
 use proxy_operator::api::{Proxy, ProxyPool};
-use proxy_operator::lifecycle::pool::POOL_LABEL;
 use serde_json::Value;
 
 use super::common::operator_process::{OperatorProcess, TOKEN};

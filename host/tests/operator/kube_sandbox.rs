@@ -854,23 +854,7 @@ async fn an_object_reaching_another_instances_pods_is_refused_and_they_are_uncha
         Err(ProviderError::Denied(m)) => assert!(m.contains(says), "{m}"),
         other => panic!("{kind}: expected a denial, got {other:?}"),
     }
-    let made = cp
-        .kubectl_run(
-            &[
-                "get",
-                kind,
-                "hostile",
-                "-n",
-                ns.name(),
-                "--ignore-not-found",
-                "-o",
-                "name",
-            ],
-            None,
-        )
-        .await
-        .unwrap();
-    assert!(made.trim().is_empty(), "{kind} hostile was made: {made}");
+    assert_not_made(cp, &ns, kind, "hostile").await;
     assert_eq!(
         selected_by(&ns, "victim-squid").await,
         before,
@@ -1039,12 +1023,20 @@ async fn a_pod_of_an_image_the_grant_does_not_list_is_refused(
         other => panic!("{image}: expected a denial, got {other:?}"),
     }
     let kind = object["kind"].as_str().unwrap();
+    assert_not_made(cp, &ns, kind, "imaged").await;
+    apply(&provider, &restricted_pod("imaged", "own-conf"))
+        .await
+        .expect("the granted image is admitted");
+}
+
+/// No object `kind`/`name` exists in `ns` (a refused create made nothing), as kubectl sees it.
+async fn assert_not_made(cp: &ControlPlane, ns: &TestNamespace, kind: &str, name: &str) {
     let made = cp
         .kubectl_run(
             &[
                 "get",
                 kind,
-                "imaged",
+                name,
                 "-n",
                 ns.name(),
                 "--ignore-not-found",
@@ -1055,8 +1047,5 @@ async fn a_pod_of_an_image_the_grant_does_not_list_is_refused(
         )
         .await
         .unwrap();
-    assert!(made.trim().is_empty(), "{kind} imaged was made: {made}");
-    apply(&provider, &restricted_pod("imaged", "own-conf"))
-        .await
-        .expect("the granted image is admitted");
+    assert!(made.trim().is_empty(), "{kind} {name} was made: {made}");
 }

@@ -628,7 +628,8 @@ async fn grant_stored(store: &LeaseStore) -> proxy_operator::leasing::leases::st
 async fn ten_thousand_leases_never_fill_a_small_etcd_and_all_survive_a_failover() {
     use std::sync::Arc;
 
-    use proxy_operator::leasing::leases::persist::{Durability, TABLE_LABEL, maintain};
+    use proxy_operator::api::labels::TABLE_LABEL;
+    use proxy_operator::leasing::leases::persist::{Durability, maintain};
 
     const QUOTA: u64 = 64 << 20;
     const LEASES: usize = 10_000;

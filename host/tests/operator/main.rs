@@ -246,7 +246,7 @@ async fn a_proxy_applied_with_kubectl_becomes_ready_and_deleting_it_deletes_the_
             .metadata
             .finalizers
             .unwrap()
-            .contains(&controller::FINALIZER.to_string())
+            .contains(&proxy_operator::api::labels::FINALIZER.to_string())
     );
 
     let stored = store
@@ -828,7 +828,7 @@ async fn deletion_finishes_when_get_fails_and_skip_cleanup_leaves_the_instance()
 
     let annotation = format!(
         "  annotations:\n    {}: \"true\"\n",
-        controller::SKIP_CLEANUP_ANNOTATION
+        proxy_operator::api::labels::SKIP_CLEANUP_ANNOTATION
     );
     apply_proxy(cp, ns.name(), "kept", "store", &annotation).await;
     wait_for(&api, "kept", "Ready", |p| phase(p) == Some(Phase::Ready)).await;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::Api;
+use proxy_operator::api::labels::{DRAINING_ANNOTATION, POOL_LABEL};
 use proxy_operator::api::{Proxy, ProxyPool};
-use proxy_operator::lifecycle::pool::{DRAINING_ANNOTATION, POOL_LABEL};
 use reqwest::StatusCode;
 
 use super::common::operator_process::OperatorProcess;

@@ -10,8 +10,9 @@ use super::exit::Failure;
 use super::fleet::qualified_name;
 use super::table::relative;
 use crate::api::Proxy;
-use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
-use crate::lifecycle::pool::{DRAIN_REASON_ANNOTATION, RECYCLE_ANNOTATION};
+use crate::api::labels::{
+    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_LABEL, RECYCLE_ANNOTATION,
+};
 
 /// The drain reason `kubectl px drain` writes (the pool writes its own: `Recycled`, …).
 pub const MANUAL: &str = "Manual";

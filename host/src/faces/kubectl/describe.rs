@@ -9,8 +9,8 @@ use super::fleet::{
     phase_text, phase_tone, pool_row, provider_row, proxies_table, proxy_row, qualified_name,
 };
 use super::table::{Tone, age, bold, paint, relative};
+use crate::api::labels::POOL_LABEL;
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
-use crate::leasing::leases::store::POOL_LABEL;
 use crate::support::printable::printable;
 
 /// A condition as shown.

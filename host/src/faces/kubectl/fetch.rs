@@ -14,11 +14,11 @@ use super::lease_table::LeaseFacts;
 use super::recent_blocks;
 use super::table::{millis, rfc3339};
 use super::why::EventLine;
+use crate::api::labels::LEADER_LABEL;
+use crate::api::labels::OPERATOR_LABEL;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
-use crate::faces::leader_label::LEADER_LABEL;
 use crate::faces::status_page::blocks_json::TargetBlocks;
 use crate::leasing::leases::LeasePersistence;
-use crate::provider::providerhealth::OPERATOR_LABEL;
 use crate::support::kubeclient::list_all;
 
 /// The cluster as the kubeconfig (and `--kubeconfig`, `--context`) says, and the namespace to

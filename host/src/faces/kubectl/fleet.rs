@@ -6,9 +6,9 @@ use serde::Serialize;
 
 use super::lease_table::{LeaseFacts, LeaseView};
 use super::table::{Cell, Table, Tone, age, millis, relative, rfc3339};
+use crate::api::labels::{DRAINING_ANNOTATION, POOL_LABEL};
 use crate::api::{Phase, ProviderHealth, Proxy, ProxyPool};
 use crate::faces::status_page::blocks_json::TargetBlocks;
-use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
 
 /// What `status` looks at.
 #[derive(Debug, Clone, Default)]

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::table::{Cell, Table, Tone};
-use crate::faces::leader_label::LEADER_LABEL;
+use crate::api::labels::LEADER_LABEL;
 use crate::faces::status_page::blocks_json::{BLOCKS_JSON_PATH, RecentBlocks, TargetBlocks};
 use crate::leasing::leases::blocks::{NO_TARGET, OTHER_TARGET};
 

@@ -526,7 +526,7 @@ async fn drain(global: &Global, name: &str, undo: bool) -> Result<Done, Failure>
     let value = json!({
         "proxy": key,
         "draining": !undo,
-        "pool": kube::ResourceExt::labels(&proxy).get(crate::leasing::leases::store::POOL_LABEL),
+        "pool": kube::ResourceExt::labels(&proxy).get(crate::api::labels::POOL_LABEL),
         "leaseExpiresAt": lease_until.map(super::table::rfc3339),
     });
     output(global.output, &value, || {

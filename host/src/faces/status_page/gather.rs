@@ -196,7 +196,7 @@ fn proxy_row(
     ProxyRow {
         pool: proxy
             .labels()
-            .get(crate::leasing::leases::store::POOL_LABEL)
+            .get(crate::api::labels::POOL_LABEL)
             .cloned()
             .unwrap_or_default(),
         provider: proxy.spec.provider.clone(),

@@ -60,7 +60,7 @@ const SEGMENT_KEY: &str = "changes";
 const FIELD_MANAGER: &str = "proxy-operator-leases";
 use crate::api::labels::GENERATION_LABEL;
 use crate::api::labels::OBJECT_LABEL;
-pub use crate::api::labels::TABLE_LABEL;
+use crate::api::labels::TABLE_LABEL;
 
 /// The manifest's content.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

@@ -49,8 +49,7 @@ pub use pending::{MAX_PENDING_CHANGES, NotStored, Pending};
 pub use reach::Reach;
 pub use records::{FirstBlock, Lease, Snapshot};
 pub use requests::{
-    DRAINING_ANNOTATION, Grant, GrantError, LeaseError, LeaseRequest, POOL_LABEL, ProvisionedProxy,
-    ProxyUsage, ProxyView,
+    Grant, GrantError, LeaseError, LeaseRequest, ProvisionedProxy, ProxyUsage, ProxyView,
 };
 pub use sessions::{MAX_SESSION_CHARS, MAX_SESSIONS, validate_session};
 pub use shared_use::{NO_POOL, PoolGateway, PoolTraffic, REPLICA_SILENCE, SHARED_HOLD};

@@ -118,7 +118,7 @@ pub async fn prefill(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let params = kube::api::ListParams::default().labels(credentials::SECRET_LABEL);
+    let params = kube::api::ListParams::default().labels(crate::api::labels::SECRET_LABEL);
     let list = match crate::support::kubeclient::list_all(&secrets, &params).await {
         Ok(list) => list,
         Err(e) => {

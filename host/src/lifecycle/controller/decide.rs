@@ -12,7 +12,7 @@ use crate::api::{Phase, PlacementRecord, Proxy, ProxyStatus};
 use crate::provider::plugins::CallError;
 use crate::provider::plugins::types::{Instance, InstanceState, ProviderError};
 
-pub use crate::api::labels::SKIP_CLEANUP_ANNOTATION;
+use crate::api::labels::SKIP_CLEANUP_ANNOTATION;
 /// How often a provisioning instance is polled for its address.
 pub const POLL_PROVISIONING: Duration = Duration::from_secs(5);
 /// How often a Ready instance is looked at again.

@@ -31,8 +31,7 @@ use crate::support::digest::sha256_hex;
 use crate::support::events;
 use crate::support::retry::{self, Backoffs, Wait};
 
-pub use super::decide::SKIP_CLEANUP_ANNOTATION;
-pub use crate::api::labels::FINALIZER;
+use crate::api::labels::FINALIZER;
 /// The field manager of the controller's status writes: the only writer of `phase` and `Ready`.
 pub const FIELD_MANAGER: &str = "proxy-operator";
 
@@ -174,7 +173,7 @@ fn changed_credentials(
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    let config = watcher::Config::default().labels(crate::provider::credentials::SECRET_LABEL);
+    let config = watcher::Config::default().labels(crate::api::labels::SECRET_LABEL);
     reflector::reflector(
         writer,
         watcher(secrets, config).modify(crate::support::kubeclient::trim_for_cache),

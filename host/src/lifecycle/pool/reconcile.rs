@@ -27,14 +27,10 @@ use crate::provider::providers::ProviderSet;
 use crate::support::events;
 use crate::support::retry::{self, Backoffs, Wait};
 
-pub use crate::api::labels::DRAIN_REASON_ANNOTATION;
-pub use crate::api::labels::POOL_FINALIZER;
-pub use crate::api::labels::RECYCLE_ANNOTATION;
-pub use crate::api::labels::TEMPLATE_LABEL;
-/// Every Proxy of a pool carries the pool's name under this label (the lease API selects pools
-/// by it, and it is the pool's `status.selector`); `"true"` under the annotation on a Proxy its
-/// pool is removing: it takes no new lease and is deleted once its lease ends.
-pub use crate::leasing::leases::store::{DRAINING_ANNOTATION, POOL_LABEL};
+use crate::api::labels::{
+    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_FINALIZER, POOL_LABEL, RECYCLE_ANNOTATION,
+    TEMPLATE_LABEL,
+};
 /// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
 /// stay inside the API server's default in-flight limits.
 const CONCURRENT_WRITES: usize = 16;
@@ -453,7 +449,7 @@ fn new_proxy(pool: &ProxyPool, desired: &Desired, slot: &Slot) -> Proxy {
             owner_references: pool.controller_owner_ref(&()).map(|owner| vec![owner]),
             // The Proxy controller's finalizer from the start: it would otherwise add it by a
             // patch of every member as its first step (10 000 requests in a scale-up to 10 000).
-            finalizers: Some(vec![crate::lifecycle::controller::FINALIZER.to_string()]),
+            finalizers: Some(vec![crate::api::labels::FINALIZER.to_string()]),
             ..Default::default()
         },
         spec,
@@ -798,7 +794,7 @@ mod tests {
         // Made with the Proxy controller's finalizer: no patch adds it afterwards.
         assert_eq!(
             proxy.metadata.finalizers.as_deref(),
-            Some(&[crate::lifecycle::controller::FINALIZER.to_string()][..])
+            Some(&[crate::api::labels::FINALIZER.to_string()][..])
         );
         assert_ne!(
             member_name("web"),

@@ -19,7 +19,7 @@ use kube::api::{
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::Scope;
 
-pub use crate::api::labels::PROVIDER_LABEL;
+use crate::api::labels::PROVIDER_LABEL;
 /// The standard label naming the tool that manages an object.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "proxy-operator";

@@ -11,9 +11,6 @@ use super::keys::{PoolKey, ProxyKey};
 use super::outcomes::EndReason;
 use super::records::Lease;
 
-pub use crate::api::labels::DRAINING_ANNOTATION;
-pub use crate::api::labels::POOL_LABEL;
-
 /// A provisioned proxy as the health engine sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProvisionedProxy {
