@@ -11,6 +11,7 @@ pub mod leader;
 pub mod listener;
 pub(crate) mod metric_samples;
 pub(crate) mod names;
+pub mod namespace_label;
 pub mod printable;
 pub mod retry;
 pub mod socks;

@@ -1,5 +1,5 @@
-//! What the fleet costs, as figures a fleet owner can bill from: instance-seconds per provider
-//! instance and zone (every Proxy with an instance at its provider, advanced by the leader every
+//! What the fleet costs, as figures a fleet owner can bill from: instance-seconds per team
+//! (the Proxy's namespace), provider instance and zone (every Proxy with an instance at its provider, advanced by the leader every
 //! [`METER_INTERVAL`]), and how long proxies last before a site first blocks them. Proxies
 //! created and deleted are counted by the controller (`metrics.rs`), leases and blocks by the
 //! lease table (`leases/metrics.rs`, `leases/blocks.rs`).
@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::api::Proxy;
 use crate::leasing::leases::FirstBlock;
+use crate::support::namespace_label::namespace_label;
 
 /// How often the leader adds the instance-seconds of the proxies that exist.
 pub const METER_INTERVAL: Duration = Duration::from_secs(5);
@@ -33,9 +34,9 @@ impl UsageMetrics {
             instance_seconds: CounterVec::new(
                 Opts::new(
                     "proxy_operator_instance_seconds_total",
-                    "Seconds of proxy instances existing at their provider (a Proxy with a providerID), by provider instance and zone.",
+                    "Seconds of proxy instances existing at their provider (a Proxy with a providerID), by the Proxy's namespace, provider instance and zone.",
                 ),
-                &["provider", "zone"],
+                &["namespace", "provider", "zone"],
             )?,
             first_block: HistogramVec::new(
                 HistogramOpts::new(
@@ -62,14 +63,14 @@ pub struct Meter {
 }
 
 impl Meter {
-    /// The seconds to add per (provider, zone) for the instances that exist at `now_ms`: the
+    /// The seconds to add per group (namespace, provider, zone) for the instances that exist at `now_ms`: the
     /// time since the last tick for each (so a proxy is counted to within one tick). The first
     /// tick of a term only starts the clock.
     pub fn advance(
         &mut self,
         now_ms: u64,
-        existing: impl IntoIterator<Item = (String, String)>,
-    ) -> BTreeMap<(String, String), f64> {
+        existing: impl IntoIterator<Item = Billed>,
+    ) -> BTreeMap<Billed, f64> {
         let Some(last) = self.last_ms.replace(now_ms) else {
             return BTreeMap::new();
         };
@@ -83,12 +84,17 @@ impl Meter {
     }
 }
 
-/// A Proxy's (provider, zone) when it has an instance at its provider.
-pub fn billed(proxy: &Proxy) -> Option<(String, String)> {
+/// Whom an instance is billed to: the Proxy's namespace (its label, bounded), provider
+/// instance and zone.
+pub type Billed = (String, String, String);
+
+/// A Proxy's group when it has an instance at its provider.
+pub fn billed(proxy: &Proxy) -> Option<Billed> {
     let status = proxy.status.as_ref()?;
     status.provider_id.as_ref()?;
     let zone = status.zone.clone().unwrap_or_else(|| NO_ZONE.into());
-    Some((proxy.spec.provider.clone(), zone))
+    let namespace = namespace_label(&proxy.namespace().unwrap_or_default()).to_string();
+    Some((namespace, proxy.spec.provider.clone(), zone))
 }
 
 /// The age in seconds of a Proxy created at `created_ms` when it was first blocked at `at_ms`.
@@ -111,10 +117,10 @@ pub async fn run(
             _ = tick.tick() => {
                 let now = crate::leasing::leases::store::now_ms();
                 let existing = proxies.state().into_iter().filter_map(|p| billed(&p));
-                for ((provider, zone), seconds) in meter.advance(now, existing) {
+                for ((namespace, provider, zone), seconds) in meter.advance(now, existing) {
                     metrics
                         .instance_seconds
-                        .with_label_values(&[&provider, &zone])
+                        .with_label_values(&[&namespace, &provider, &zone])
                         .inc_by(seconds);
                 }
             }
@@ -139,12 +145,12 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    type Group = (String, String);
+    type Group = Billed;
     /// (now ms, instances, seconds added per group)
     type Case = (u64, Vec<Group>, Vec<(Group, f64)>);
 
     fn group(provider: &str, zone: &str) -> Group {
-        (provider.into(), zone.into())
+        ("n".into(), provider.into(), zone.into())
     }
 
     #[test]

@@ -749,9 +749,11 @@ async fn bytes_on_metrics(replica: &GatewayProcess, pool: &str) -> (u64, u64) {
         .text()
         .await
         .unwrap();
+    // The pool's namespace is the team its bytes are billed to.
+    let namespace = pool.split_once('/').map_or("none", |(ns, _)| ns);
     let value = |direction: &str| {
         let series = format!(
-            "proxy_operator_gateway_bytes_total{{direction=\"{direction}\",pool=\"{pool}\"}} "
+            "proxy_operator_gateway_bytes_total{{direction=\"{direction}\",namespace=\"{namespace}\",pool=\"{pool}\"}} "
         );
         metrics
             .lines()

@@ -573,8 +573,11 @@ async fn the_operator_binary_serves_pools_sessions_targets_and_renewals() {
         .text()
         .await
         .unwrap();
-    let line =
-        format!("proxy_operator_leases_granted_total{{pool=\"{fast}\",provider=\"store\"}} 3");
+    // Labelled by the team's namespace too, so a platform team can bill each team.
+    let line = format!(
+        "proxy_operator_leases_granted_total{{namespace=\"{}\",pool=\"{fast}\",provider=\"store\"}} 3",
+        ns.name()
+    );
     assert!(text.contains(&line), "no `{line}` in\n{text}");
 }
 

@@ -279,6 +279,20 @@ async fn the_status_page_shows_the_fleet_in_a_real_browser_and_usage_counts_real
         value(&scrape, "proxy_operator_proxies_deleted_total", &store),
         0.0
     );
+    // Each usage family splits by team (the namespace) and the team's share is the fleet's
+    // whole here: one team. Every series carries the label, so `sum by (namespace)` adds up.
+    for family in [
+        "proxy_operator_instance_seconds_total",
+        "proxy_operator_leases_granted_total",
+        "proxy_operator_lease_reports_total",
+        "proxy_operator_leases_active",
+    ] {
+        let team = value(&scrape, family, &[("namespace", ns)]);
+        assert_eq!(team, value(&scrape, family, &[]), "{family} by namespace");
+        if family != "proxy_operator_leases_active" {
+            assert!(team > 0.0, "{family} of {ns}: {team}");
+        }
+    }
     // Only instances that exist are billed: "lost" has none.
     assert_eq!(
         value(
@@ -315,6 +329,8 @@ async fn the_status_page_shows_the_fleet_in_a_real_browser_and_usage_counts_real
         "<td>store</td><td>4</td><td>0</td>".into(),
         format!("<td>{pool}</td><td>3</td>"),
         "<td>store</td><td>2</td>".into(),
+        // The team's row: its namespace, then instance-hours (some), then its 3 leases.
+        format!("<td>{ns}</td><td>"),
     ]
     .into_iter()
     .collect();

@@ -298,7 +298,9 @@ fn plugins(s: &Snapshot) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::snapshot::{LeaseRow, PluginRow, PoolRow, ProviderRow, ProxyRow, Usage};
+    use super::super::snapshot::{
+        LeaseRow, PluginRow, PoolRow, ProviderRow, ProxyRow, TeamUsage, Usage,
+    };
     use super::*;
 
     fn proxy(name: &str, phase: &str, reason: &str, lease: &str) -> ProxyRow {
@@ -373,6 +375,14 @@ mod tests {
                 leases_granted: vec![("crawl/fleet".into(), 12.0)],
                 first_block: vec![("gcp-eu".into(), 1, 1500.0)],
                 gateway_bytes: vec![("crawl/fleet".into(), 2048, 1_572_864)],
+                by_namespace: [(
+                    "crawl".to_string(),
+                    TeamUsage {
+                        instance_seconds: 7200.0,
+                        leases_granted: 12.0,
+                    },
+                )]
+                .into(),
             },
         }
     }
@@ -421,6 +431,10 @@ mod tests {
                 "<td>gcp-eu</td><td>europe-west1-b</td><td>2.00</td><td>7200</td>",
             ),
             ("created and deleted", "<td>gcp-eu</td><td>4</td><td>1</td>"),
+            (
+                "a team's usage, its pools' gateway bytes included",
+                "<td>crawl</td><td>2.00</td><td>12</td><td><span title=\"2048\">2.0 KiB</span></td>",
+            ),
             ("leases per pool", "<td>crawl/fleet</td><td>12</td>"),
             ("first block", "<td>gcp-eu</td><td>1</td><td>25m</td>"),
             (
@@ -526,6 +540,7 @@ mod tests {
         u.leases_granted[0].0 = evil.into();
         u.first_block[0].0 = evil.into();
         u.gateway_bytes[0].0 = evil.into();
+        u.by_namespace.insert(evil.into(), TeamUsage::default());
         let html = page(&s);
         for raw in ["<script>alert", "<img", "onerror=alert(2)>", "\"'>"] {
             assert!(!html.contains(raw), "{raw} in\n{html}");

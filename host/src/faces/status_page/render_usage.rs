@@ -33,6 +33,7 @@ pub fn usage(u: &Usage) -> String {
         }
         html.push_str(&table.finish());
     }
+    html.push_str(&teams(u));
     if !u.leases_granted.is_empty() {
         let mut table = Table::new("leases-granted", &["Pool", "Leases granted"]);
         for (pool, n) in &u.leases_granted {
@@ -72,4 +73,32 @@ pub fn usage(u: &Usage) -> String {
         );
     }
     html
+}
+
+/// One row per team (namespace): what a platform team bills each crawler team from.
+fn teams(u: &Usage) -> String {
+    let teams = u.teams();
+    if teams.is_empty() {
+        return String::new();
+    }
+    let mut table = Table::new(
+        "teams",
+        &[
+            "Namespace",
+            "Instance-hours",
+            "Leases granted",
+            "Gateway bytes sent",
+            "Gateway bytes received",
+        ],
+    );
+    for (namespace, (usage, sent, received)) in &teams {
+        table.row([
+            Cell::text(namespace),
+            Cell::number(format!("{:.2}", usage.instance_seconds / 3600.0)),
+            Cell::number(usage.leases_granted),
+            Cell::titled(&human_bytes(*sent), &sent.to_string()),
+            Cell::titled(&human_bytes(*received), &received.to_string()),
+        ]);
+    }
+    table.finish()
 }

@@ -1,5 +1,6 @@
 //! What the status page shows, as plain values: gathered from the caches in one go
 //! (`gather.rs`), rendered by a pure function (`render.rs`).
+use std::collections::BTreeMap;
 
 /// The whole page's content at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -124,6 +125,34 @@ pub struct Usage {
     /// (pool, bytes sent, bytes received) through the gateway, as its replicas reported them
     /// to this leader.
     pub gateway_bytes: Vec<(String, u64, u64)>,
+    /// Instance-seconds and leases per team (the `namespace` label of the families).
+    pub by_namespace: BTreeMap<String, TeamUsage>,
+}
+
+/// One team's (namespace's) share of the usage figures.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TeamUsage {
+    pub instance_seconds: f64,
+    pub leases_granted: f64,
+}
+
+impl Usage {
+    /// Each team's row: its instance-seconds, leases and gateway bytes (those of its pools).
+    pub fn teams(&self) -> BTreeMap<String, (TeamUsage, u64, u64)> {
+        let mut teams: BTreeMap<String, (TeamUsage, u64, u64)> = self
+            .by_namespace
+            .iter()
+            .map(|(ns, usage)| (ns.clone(), (usage.clone(), 0, 0)))
+            .collect();
+        for (pool, sent, received) in &self.gateway_bytes {
+            if let Some(ns) = crate::support::namespace_label::namespace_of(pool) {
+                let row = teams.entry(ns.to_string()).or_default();
+                row.1 += sent;
+                row.2 += received;
+            }
+        }
+        teams
+    }
 }
 
 /// A byte count as a person reads it: `512 B`, `1.5 KiB`, `3.2 GiB`.

@@ -164,9 +164,9 @@ impl GatewayMetrics {
             bytes: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_gateway_bytes_total",
-                    "Bytes the gateway carried, by the upstream's ProxyPool (namespace/name, or none) and direction as the client sees it: sent (client to site, written to the upstream) or received (site to client, written to the client).",
+                    "Bytes the gateway carried, by the upstream's ProxyPool (namespace/name, or none), its namespace (the team to bill; none) and direction as the client sees it: sent (client to site, written to the upstream) or received (site to client, written to the client).",
                 ),
-                &["pool", "direction"],
+                &["namespace", "pool", "direction"],
             )?,
         })
     }
@@ -181,10 +181,22 @@ impl GatewayMetrics {
     /// The byte meters of one request or tunnel through an upstream of `pool`
     /// (`namespace/name`; `None`: the upstream is in no pool).
     pub fn pool_bytes(&self, pool: Option<&str>) -> PoolBytes {
+        let namespace = pool
+            .and_then(crate::support::namespace_label::namespace_of)
+            .map_or_else(
+                || NO_POOL.into(),
+                crate::support::namespace_label::namespace_label,
+            );
         let pool = pool.unwrap_or(NO_POOL);
+        let meter = |direction| {
+            ByteMeter::new(
+                self.bytes
+                    .with_label_values(&[namespace.as_ref(), pool, direction]),
+            )
+        };
         PoolBytes {
-            sent: ByteMeter::new(self.bytes.with_label_values(&[pool, "sent"])),
-            received: ByteMeter::new(self.bytes.with_label_values(&[pool, "received"])),
+            sent: meter("sent"),
+            received: meter("received"),
         }
     }
 

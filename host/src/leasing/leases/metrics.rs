@@ -33,6 +33,26 @@ pub struct LeaseMetrics {
     pub(crate) blocks: BlockMetrics,
 }
 
+/// The labels of one set of lease series: the proxy's namespace (as
+/// `support::namespace_label` bounds it), its pool (`namespace/name` or `none`) and provider.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SeriesKey {
+    pub(crate) namespace: std::sync::Arc<str>,
+    pub(crate) pool: String,
+    pub(crate) provider: String,
+}
+
+impl SeriesKey {
+    /// The labels of a proxy in `namespace`, of `pool` (its label) and `provider`.
+    pub(crate) fn new(namespace: &str, pool: String, provider: &str) -> Self {
+        SeriesKey {
+            namespace: crate::support::namespace_label::namespace_label(namespace),
+            pool,
+            provider: provider.to_string(),
+        }
+    }
+}
+
 /// The series of one pool and provider, bound once (when the pool is read, not per lease): no
 /// label hashing on the grant path.
 pub(crate) struct Series {
@@ -62,21 +82,21 @@ impl LeaseMetrics {
 
     /// The same metrics, not exported anywhere (tests and benchmarks).
     pub fn unregistered() -> prometheus::Result<Self> {
-        let by_pool = ["pool", "provider"];
+        let by_pool = ["namespace", "pool", "provider"];
         Ok(LeaseMetrics {
             granted: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_leases_granted_total",
-                    "Leases granted by the discovery API, by pool and provider instance.",
+                    "Leases granted by the discovery API, by the proxy's namespace, pool and provider instance.",
                 ),
                 &by_pool,
             )?,
             ended: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_leases_ended_total",
-                    "Leases ended, by reason (released, expired, blocked, unhealthy, deleted), pool and provider instance.",
+                    "Leases ended, by reason (released, expired, blocked, unhealthy, deleted), the proxy's namespace, pool and provider instance.",
                 ),
-                &["reason", "pool", "provider"],
+                &["reason", "namespace", "pool", "provider"],
             )?,
             rejected: IntCounterVec::new(
                 Opts::new(
@@ -88,14 +108,14 @@ impl LeaseMetrics {
             reports: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_lease_reports_total",
-                    "Crawler reports on leases, by outcome, pool and provider instance.",
+                    "Crawler reports on leases, by outcome, the proxy's namespace, pool and provider instance.",
                 ),
-                &["outcome", "pool", "provider"],
+                &["outcome", "namespace", "pool", "provider"],
             )?,
             active: IntGaugeVec::new(
                 Opts::new(
                     "proxy_operator_leases_active",
-                    "Leases currently held by crawlers, by pool and provider instance.",
+                    "Leases currently held by crawlers, by the proxy's namespace, pool and provider instance.",
                 ),
                 &by_pool,
             )?,
@@ -129,33 +149,49 @@ impl LeaseMetrics {
         })
     }
 
-    /// The series of `pool` and `provider`, bound.
-    pub(crate) fn series(&self, pool: &str, provider: &str) -> Series {
+    /// The series of one label set, bound.
+    pub(crate) fn series(&self, key: &SeriesKey) -> Series {
+        let SeriesKey {
+            namespace,
+            pool,
+            provider,
+        } = key;
+        let labels = [namespace.as_ref(), pool.as_str(), provider.as_str()];
         Series {
-            granted: self.granted.with_label_values(&[pool, provider]),
-            active: self.active.with_label_values(&[pool, provider]),
-            ended: EndReason::ALL
-                .map(|r| self.ended.with_label_values(&[r.as_str(), pool, provider])),
+            granted: self.granted.with_label_values(&labels),
+            active: self.active.with_label_values(&labels),
+            ended: EndReason::ALL.map(|r| {
+                self.ended
+                    .with_label_values(&[r.as_str(), labels[0], labels[1], labels[2]])
+            }),
             reports: Outcome::ALL.map(|o| {
                 self.reports
-                    .with_label_values(&[o.as_str(), pool, provider])
+                    .with_label_values(&[o.as_str(), labels[0], labels[1], labels[2]])
             }),
         }
     }
 
-    /// Drops the series of a pool and provider that no proxy or lease has any more.
-    pub(crate) fn remove_series(&self, pool: &str, provider: &str) {
-        let _ = self.granted.remove_label_values(&[pool, provider]);
-        let _ = self.active.remove_label_values(&[pool, provider]);
+    /// Drops the series of a label set that no proxy or lease has any more.
+    pub(crate) fn remove_series(&self, key: &SeriesKey) {
+        let labels = [
+            key.namespace.as_ref(),
+            key.pool.as_str(),
+            key.provider.as_str(),
+        ];
+        let _ = self.granted.remove_label_values(&labels);
+        let _ = self.active.remove_label_values(&labels);
         for reason in EndReason::ALL {
-            let _ = self
-                .ended
-                .remove_label_values(&[reason.as_str(), pool, provider]);
+            let _ =
+                self.ended
+                    .remove_label_values(&[reason.as_str(), labels[0], labels[1], labels[2]]);
         }
         for outcome in Outcome::ALL {
-            let _ = self
-                .reports
-                .remove_label_values(&[outcome.as_str(), pool, provider]);
+            let _ = self.reports.remove_label_values(&[
+                outcome.as_str(),
+                labels[0],
+                labels[1],
+                labels[2],
+            ]);
         }
     }
 }

@@ -36,7 +36,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, mpsc, watch};
 
 use super::journal::Change;
-use super::metrics::{LeaseMetrics, Series};
+use super::metrics::{LeaseMetrics, Series, SeriesKey};
 use pending::Stored;
 use sessions::Sessions;
 use targets::TargetCooldowns;
@@ -109,7 +109,7 @@ struct Inner {
     ended_order: std::collections::VecDeque<(u64, Arc<str>)>,
     failures: FastMap<ProxyKey, u32>,
     /// Metric series by (pool label, provider); dropped when nothing uses them.
-    series: HashMap<(String, String), Arc<Series>>,
+    series: HashMap<SeriesKey, Arc<Series>>,
     /// Rejection label sets naming a pool or provider, to drop when those go.
     rejected_labels: HashSet<(&'static str, String, String)>,
     dirty: bool,

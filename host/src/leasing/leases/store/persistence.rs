@@ -12,7 +12,7 @@ use super::{
     CHECKPOINTED_TARGET_COOLDOWNS, Held, Inner, Lease, LeaseStore, NotStored, ProxyKey, Snapshot,
     now_ms,
 };
-use crate::leasing::leases::metrics::{NO_POOL, UNKNOWN};
+use crate::leasing::leases::metrics::{NO_POOL, SeriesKey, UNKNOWN};
 
 impl LeaseStore {
     /// Loads persisted leases, cooldowns, sessions and block counts, and opens the store for
@@ -31,7 +31,8 @@ impl LeaseStore {
                 } else {
                     &lease.provider
                 };
-                let series = series_for(&mut inner.series, pool, provider, &self.metrics);
+                let key = SeriesKey::new(&lease.proxy.namespace, pool, provider);
+                let series = series_for(&mut inner.series, key, &self.metrics);
                 series.active.inc();
                 inner.leased.insert(lease.proxy.clone(), lease.id.clone());
                 inner
@@ -87,8 +88,8 @@ impl LeaseStore {
     /// grants waiting for their write give up.
     pub fn close(&self) {
         let mut inner = self.lock();
-        for (pool, provider) in inner.series.keys() {
-            self.metrics.remove_series(pool, provider);
+        for key in inner.series.keys() {
+            self.metrics.remove_series(key);
         }
         for (reason, pool, provider) in &inner.rejected_labels {
             let _ = self.metrics.rejected.remove_label_values(&[

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::keys::FastMap;
 use super::series::series_for;
 use super::{EndReason, Inner, LeaseStore, PoolKey, ProvisionedProxy, ProxyKey, Slot};
-use crate::leasing::leases::metrics::NO_POOL;
+use crate::leasing::leases::metrics::{NO_POOL, SeriesKey};
 
 impl LeaseStore {
     /// Sets the pools that exist (every ProxyPool, from the pool controller). A pool is known if
@@ -43,7 +43,11 @@ impl LeaseStore {
             let label = pool_key
                 .as_ref()
                 .map_or_else(|| NO_POOL.to_string(), |k| k.to_string());
-            let series = series_for(&mut inner.series, label, &entry.provider, &self.metrics);
+            let series = series_for(
+                &mut inner.series,
+                SeriesKey::new(&entry.key.namespace, label, &entry.provider),
+                &self.metrics,
+            );
             if let Some(key) = &pool_key {
                 *pooled.entry(key.clone()).or_default() += 1;
             }
@@ -105,10 +109,10 @@ impl LeaseStore {
 
         changed |= inner.forget_gone_proxies(removed_any);
 
-        inner.series.retain(|(pool, provider), series| {
+        inner.series.retain(|key, series| {
             let used = Arc::strong_count(series) > 1;
             if !used {
-                self.metrics.remove_series(pool, provider);
+                self.metrics.remove_series(key);
             }
             used
         });

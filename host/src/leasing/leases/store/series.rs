@@ -5,18 +5,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{GrantError, Inner, LeaseRequest, LeaseStore, ProxyKey};
-use crate::leasing::leases::metrics::{ANY_PROVIDER, LeaseMetrics, NO_POOL, Series, UNKNOWN};
+use crate::leasing::leases::metrics::{
+    ANY_PROVIDER, LeaseMetrics, NO_POOL, Series, SeriesKey, UNKNOWN,
+};
 
-/// The series of a pool label and provider, made once.
+/// The series of a label set, made once.
 pub(super) fn series_for(
-    cache: &mut HashMap<(String, String), Arc<Series>>,
-    pool: String,
-    provider: &str,
+    cache: &mut HashMap<SeriesKey, Arc<Series>>,
+    key: SeriesKey,
     metrics: &LeaseMetrics,
 ) -> Arc<Series> {
     cache
-        .entry((pool, provider.to_string()))
-        .or_insert_with_key(|(pool, provider)| Arc::new(metrics.series(pool, provider)))
+        .entry(key)
+        .or_insert_with_key(|key| Arc::new(metrics.series(key)))
         .clone()
 }
 

@@ -565,8 +565,17 @@ fn metrics_are_labelled_by_pool_and_provider_and_requests_make_no_new_series() {
     store.restore(Snapshot::default());
     store.set_provisioned(vec![entry("a1", Some("a")), entry("x", None)]);
     let (lease, _) = store.grant(&in_pool("a")).unwrap();
-    assert_eq!(metrics.granted.with_label_values(&["ns/a", "p"]).get(), 1);
-    assert_eq!(metrics.active.with_label_values(&["ns/a", "p"]).get(), 1);
+    assert_eq!(
+        metrics
+            .granted
+            .with_label_values(&["ns", "ns/a", "p"])
+            .get(),
+        1
+    );
+    assert_eq!(
+        metrics.active.with_label_values(&["ns", "ns/a", "p"]).get(),
+        1
+    );
     for i in 0..50 {
         let _ = store.grant(&LeaseRequest {
             provider: Some(format!("made-up-{i}")),
@@ -590,7 +599,7 @@ fn metrics_are_labelled_by_pool_and_provider_and_requests_make_no_new_series() {
     assert_eq!(
         metrics
             .ended
-            .with_label_values(&["released", "ns/a", "p"])
+            .with_label_values(&["released", "ns", "ns/a", "p"])
             .get(),
         1
     );
