@@ -8,6 +8,8 @@ mod common;
 mod fleet;
 #[path = "kubectl_plugin/krew.rs"]
 mod krew;
+#[path = "kubectl_plugin/usage.rs"]
+mod usage;
 #[path = "kubectl_plugin/why.rs"]
 mod why;
 

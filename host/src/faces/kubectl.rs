@@ -15,6 +15,7 @@ pub mod lease_table;
 pub mod recent_blocks;
 pub mod run;
 pub mod table;
+pub mod usage;
 pub mod why;
 
 pub use run::main;

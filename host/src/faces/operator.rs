@@ -19,6 +19,7 @@ use crate::faces::fleet::Fleet;
 use crate::faces::leader_label::LeaderLabel;
 use crate::faces::metrics::Metrics;
 use crate::faces::probes::{self, ProbeState};
+use crate::faces::usage::persist::UsagePersistence;
 use crate::faces::{status_page, usage};
 use crate::leasing::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
@@ -48,6 +49,8 @@ pub struct Operator {
     leases: Arc<LeaseStore>,
     health_options: HealthOptions,
     ctx: Arc<Context>,
+    /// The leader's usage book (`kubectl px usage`); the process's, across terms.
+    usage: usage::UsageLedger,
 }
 
 impl Operator {
@@ -112,6 +115,7 @@ impl Operator {
             leases,
             health_options,
             ctx,
+            usage: usage::UsageLedger::default(),
         })
     }
 
@@ -136,13 +140,7 @@ impl Operator {
         let bounds = self.args.listener.bounds()?;
         // Every replica keeps the fleet's caches: its status page, and the leader's meter.
         let (fleet, watches) = self.watch_fleet(&view);
-        let status = status_page::Sources {
-            fleet: fleet.clone(),
-            leases: self.leases.clone(),
-            providers: self.ctx.providers.clone(),
-            view: view.clone(),
-            registry: self.metrics.registry.clone(),
-        };
+        let status = self.status_sources(&fleet, &view);
         let mut tasks = vec![
             spawn_until(&stop, watches),
             probes::serve(
@@ -324,30 +322,17 @@ impl Operator {
         } = self;
         let work = stop.child_token();
         let _stop_work_if_dropped = work.clone().drop_guard();
-        let persistence = LeasePersistence::new(
-            client.clone(),
-            &args.leader.operator_namespace,
-            &format!("{}-leases", args.operator_id),
-        );
-        // The lease table first: serving grants before it is restored could lease twice.
-        if let Err(e) = persistence.restore_into(leases).await {
-            tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
-            leases.restore(Default::default());
-        }
-        // The proxies' credentials before the first probe or grant: a new leader knows them
-        // before its controller has looked at every Proxy.
-        crate::lifecycle::controller::credentials::prefill(
-            client,
-            args.proxy_namespace.as_deref(),
-            &ctx.credentials,
-        )
-        .await;
+        let (persistence, usage_book) = self.restore_term().await;
         view.set_serving(true);
         let label = self.leader_label();
         let providers = ctx.providers.clone();
         let namespace = args.proxy_namespace.clone();
         let abandoned = AbandonedRecord::new(&args.leader.operator_namespace, &args.operator_id);
         let mut tasks = vec![
+            spawn_until(
+                &work,
+                usage::persist::maintain(self.usage.clone(), usage_book.clone()),
+            ),
             spawn_until(
                 &work,
                 leases::persist::maintain(
@@ -394,6 +379,7 @@ impl Operator {
         if let Some(label) = label.clone() {
             tasks.push(spawn_until(&work, label.keep()));
         }
+
         tracing::info!(namespace = ?namespace, "reconciling Proxies and ProxyPools");
         self.reconcile_until(stop, fleet).await;
         // Crawlers go to the next leader from here on; grants still in flight finish.
@@ -405,11 +391,72 @@ impl Operator {
         for task in tasks {
             let _ = task.await;
         }
-        // Graceful stop: the last changes reach the cluster before the next leader restores.
-        if let Err(e) = persistence.flush(leases).await {
-            tracing::error!(configmap = %persistence.name(), error = %e, "cannot persist the lease table on shutdown");
-        }
+        self.persist_at_term_end(&persistence, &usage_book).await;
         leases.close();
+    }
+
+    /// What the replica's status page and `/status/*.json` read.
+    fn status_sources(&self, fleet: &Fleet, view: &LeaderView) -> status_page::Sources {
+        status_page::Sources {
+            fleet: fleet.clone(),
+            leases: self.leases.clone(),
+            providers: self.ctx.providers.clone(),
+            view: view.clone(),
+            registry: self.metrics.registry.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+
+    /// What a term starts from, before it serves: the lease table (serving grants before it
+    /// is restored could lease twice), the proxies' credentials (a new leader knows them before
+    /// its controller has looked at every Proxy) and the usage book; where the table and the
+    /// book are kept.
+    async fn restore_term(&self) -> (LeasePersistence, UsagePersistence) {
+        let args = &self.args;
+        let persistence = LeasePersistence::new(
+            self.client.clone(),
+            &args.leader.operator_namespace,
+            &format!("{}-leases", args.operator_id),
+        );
+        if let Err(e) = persistence.restore_into(&self.leases).await {
+            tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
+            self.leases.restore(Default::default());
+        }
+        crate::lifecycle::controller::credentials::prefill(
+            &self.client,
+            args.proxy_namespace.as_deref(),
+            &self.ctx.credentials,
+        )
+        .await;
+        (persistence, self.restore_usage_book().await)
+    }
+
+    /// The usage book as the last leader left it, before anything is added; where it is kept.
+    async fn restore_usage_book(&self) -> UsagePersistence {
+        let persistence = UsagePersistence::new(
+            self.client.clone(),
+            &self.args.leader.operator_namespace,
+            &self.args.operator_id,
+        );
+        match persistence.load().await {
+            Ok(book) => self.usage.restore(book),
+            Err(e) => {
+                tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted usage book, starting a new one");
+                self.usage.restore(Default::default());
+            }
+        }
+        persistence
+    }
+
+    /// Graceful stop: the last changes of the lease table and the usage book reach the cluster
+    /// before the next leader restores them.
+    async fn persist_at_term_end(&self, leases: &LeasePersistence, usage_book: &UsagePersistence) {
+        if let Err(e) = leases.flush(&self.leases).await {
+            tracing::error!(configmap = %leases.name(), error = %e, "cannot persist the lease table on shutdown");
+        }
+        if let Err(e) = usage_book.save(&self.usage.book()).await {
+            tracing::error!(configmap = %usage_book.name(), error = %e, "cannot persist the usage book on shutdown");
+        }
     }
 }
 
@@ -425,8 +472,11 @@ impl Operator {
         ));
         let meter = usage::run(
             fleet.proxies.clone(),
+            self.leases.clone(),
             self.leases.first_blocks(),
             self.metrics.usage.clone(),
+            self.usage.clone(),
+            |_provider: &str| None,
         );
         let controllers = async {
             tokio::join!(

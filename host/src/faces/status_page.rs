@@ -10,6 +10,8 @@ mod render_usage;
 mod routes;
 mod snapshot;
 mod usage;
+pub mod usage_json;
 
 pub use gather::Sources;
 pub use routes::router;
+pub use snapshot::human_bytes;

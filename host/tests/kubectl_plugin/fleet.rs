@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::{Px, Ran, World, kubeconfig_with_token, proxy_yaml};
 use crate::common::operator_process::TOKEN;
 
-fn pool_yaml(ns: &str, replicas: i32, port: u16) -> String {
+pub(super) fn pool_yaml(ns: &str, replicas: i32, port: u16) -> String {
     format!(
         "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: egress\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: store\n      port: {port}\n"
     )
@@ -69,7 +69,7 @@ fn probed_and_ready(ran: &Ran, member: &str) -> bool {
 }
 
 /// `status -o json` until `done` holds for it.
-async fn status_until(px: &Px, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(super) async fn status_until(px: &Px, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     px.until(&["status", "-o", "json"], what, |ran| {
         ran.code == 0 && serde_json::from_str(&ran.stdout).is_ok_and(|v| done(&v))
     })
@@ -77,7 +77,7 @@ async fn status_until(px: &Px, what: &str, done: impl Fn(&Value) -> bool) -> Val
     .json()
 }
 
-fn settled(status: &Value, replicas: i64) -> bool {
+pub(super) fn settled(status: &Value, replicas: i64) -> bool {
     let pool = pool_of(status);
     pool["desired"] == replicas
         && pool["ready"] == replicas

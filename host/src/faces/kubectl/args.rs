@@ -107,6 +107,20 @@ pub enum Command {
         #[arg(long, env = "PROXY_OPERATOR_METRICS_URL", value_name = "URL")]
         metrics_url: Option<String>,
     },
+    /// What a team used and spent (instance-hours, spend, leases, gateway bytes) over the last
+    /// hour, the last day and since the leader's usage book began.
+    Usage {
+        /// Every namespace's usage (else the namespace's: `-n`, the context's).
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// Rows per namespace (default), or per pool or provider instance within it.
+        #[arg(long, value_enum, default_value = "namespace")]
+        by: super::usage::By,
+        /// The leader's metrics port (e.g. `http://localhost:9090`); by default reached
+        /// through the API server's pod proxy.
+        #[arg(long, env = "PROXY_OPERATOR_METRICS_URL", value_name = "URL")]
+        metrics_url: Option<String>,
+    },
     /// Why a Proxy is not Ready: the first step that fails, its message, what to do.
     Why {
         /// The Proxy.

@@ -17,7 +17,7 @@ use super::why::EventLine;
 use crate::api::labels::LEADER_LABEL;
 use crate::api::labels::OPERATOR_LABEL;
 use crate::api::{ProviderHealth, Proxy, ProxyPool};
-use crate::faces::status_page::blocks_json::TargetBlocks;
+use crate::faces::status_page::blocks_json::{BLOCKS_JSON_PATH, TargetBlocks};
 use crate::leasing::leases::LeasePersistence;
 use crate::support::kubeclient::list_all;
 
@@ -142,24 +142,36 @@ pub async fn fleet(
 /// How long the leader's blocks may take to read: `status` shows the rest without them.
 const BLOCKS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The leader's blocks per target host over the last hour: at `metrics_url` when given, else
-/// through the API server's pod proxy to the metrics port of the Pod labelled leader in the
-/// operator's namespace. `Err`: why not, for a note.
+/// The leader's blocks per target host over the last hour. `Err`: why not, for a note.
 pub async fn recent_blocks(
     cluster: &Cluster,
     operator_namespace: &str,
     metrics_url: Option<&str>,
 ) -> Result<Vec<TargetBlocks>, String> {
+    let (source, body) =
+        leader_json(cluster, operator_namespace, metrics_url, BLOCKS_JSON_PATH).await?;
+    recent_blocks::parse(&body, &source)
+}
+
+/// `path` on the leader's metrics port, and where it was read: at `metrics_url` when given,
+/// else through the API server's pod proxy to the metrics port of the Pod labelled leader in
+/// the operator's namespace. `Err`: why not.
+pub async fn leader_json(
+    cluster: &Cluster,
+    operator_namespace: &str,
+    metrics_url: Option<&str>,
+    path: &str,
+) -> Result<(String, String), String> {
     // The metrics port reads the kubeconfig user's bearer token (TokenReview + RBAC, the
     // ClusterRole proxy-operator-status-reader), unless the operator runs --metrics-insecure.
     let token = kubeconfig_token(&cluster.config);
-    let (source, body) = match metrics_url {
+    match metrics_url {
         Some(url) => {
-            let source = recent_blocks::metrics_url_path(url);
+            let source = recent_blocks::metrics_url_path(url, path);
             let body = get_blocks(&source, token.as_deref())
                 .await
                 .map_err(|e| recent_blocks::unreachable(&source, &e, true))?;
-            (source, body)
+            Ok((source, body))
         }
         None => {
             let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), operator_namespace);
@@ -175,14 +187,13 @@ pub async fn recent_blocks(
                 "the leader's metrics port through the API server's pod proxy (Pod {operator_namespace}/{}, port {})",
                 leader.name, leader.port
             );
-            let path = recent_blocks::pod_proxy_path(operator_namespace, &leader);
-            let body = pod_proxy_get(&cluster.client, &path, token.as_deref())
+            let proxy_path = recent_blocks::pod_proxy_path(operator_namespace, &leader, path);
+            let body = pod_proxy_get(&cluster.client, &proxy_path, token.as_deref())
                 .await
                 .map_err(|e| recent_blocks::unreachable(&source, &e, false))?;
-            (source, body)
+            Ok((source, body))
         }
-    };
-    recent_blocks::parse(&body, &source)
+    }
 }
 
 /// GET `url` (`--metrics-url`'s blocks) with the user's `token`, its body when 200.

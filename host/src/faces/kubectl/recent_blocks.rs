@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::table::{Cell, Table, Tone};
 use crate::api::labels::LEADER_LABEL;
-use crate::faces::status_page::blocks_json::{BLOCKS_JSON_PATH, RecentBlocks, TargetBlocks};
+use crate::faces::status_page::blocks_json::{RecentBlocks, TargetBlocks};
 use crate::leasing::leases::blocks::{NO_TARGET, OTHER_TARGET};
 
 /// The name of the operator container's metrics port (`deploy/operator.yaml`).
@@ -59,18 +59,18 @@ pub fn leader_pod(labelled: &[Pod], operator_namespace: &str) -> Result<LeaderPo
     })
 }
 
-/// The API server's pod proxy path to the leader's blocks (Pod names are DNS labels: nothing
-/// to escape).
-pub fn pod_proxy_path(operator_namespace: &str, pod: &LeaderPod) -> String {
+/// The API server's pod proxy path to `path` on the leader's metrics port (Pod names are DNS
+/// labels: nothing to escape).
+pub fn pod_proxy_path(operator_namespace: &str, pod: &LeaderPod, path: &str) -> String {
     format!(
-        "/api/v1/namespaces/{operator_namespace}/pods/{}:{}/proxy{BLOCKS_JSON_PATH}",
+        "/api/v1/namespaces/{operator_namespace}/pods/{}:{}/proxy{path}",
         pod.name, pod.port
     )
 }
 
-/// `--metrics-url`'s blocks address.
-pub fn metrics_url_path(metrics_url: &str) -> String {
-    format!("{}{BLOCKS_JSON_PATH}", metrics_url.trim_end_matches('/'))
+/// `path` at `--metrics-url`.
+pub fn metrics_url_path(metrics_url: &str, path: &str) -> String {
+    format!("{}{path}", metrics_url.trim_end_matches('/'))
 }
 
 /// A 401 or 403 of the metrics port (`status`, its reason), and what the user needs: a bearer
@@ -152,6 +152,7 @@ pub fn render(rows: &[TargetBlocks], colour: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::faces::status_page::blocks_json::BLOCKS_JSON_PATH;
     use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodStatus};
     use kube::api::ObjectMeta;
 
@@ -216,7 +217,7 @@ mod tests {
             }
         );
         assert_eq!(
-            pod_proxy_path("proxy-operator", &leader),
+            pod_proxy_path("proxy-operator", &leader, BLOCKS_JSON_PATH),
             "/api/v1/namespaces/proxy-operator/pods/op-b:9191/proxy/status/blocks.json"
         );
         // No port named `metrics`: the flag's default.
@@ -256,7 +257,7 @@ mod tests {
     fn a_metrics_url_takes_the_path_with_or_without_its_slash() {
         for url in ["http://127.0.0.1:9090", "http://127.0.0.1:9090/"] {
             assert_eq!(
-                metrics_url_path(url),
+                metrics_url_path(url, BLOCKS_JSON_PATH),
                 "http://127.0.0.1:9090/status/blocks.json"
             );
         }

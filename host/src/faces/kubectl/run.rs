@@ -17,8 +17,10 @@ use super::exit::{Exit, Failure};
 use super::fetch::{self, Cluster};
 use super::fleet::{self, qualified_name};
 use super::lease_api::{self, Answer, Discovery, Token};
+use super::usage;
 use super::why::{self, Leasing};
 use crate::api::{Proxy, ProxyPool};
+use crate::faces::status_page::usage_json::{USAGE_JSON_PATH, UsageReport};
 use crate::leasing::leases::Outcome;
 use crate::leasing::leases::store::{now_ms, persisted_target};
 
@@ -88,6 +90,11 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli, colour: bool) -> Result<Done, Failure> {
     let global = &cli.global;
     match cli.command {
+        Command::Usage {
+            all_namespaces,
+            by,
+            metrics_url,
+        } => usage(global, all_namespaces, by, metrics_url.as_deref(), colour).await,
         Command::Status {
             object,
             all_namespaces,
@@ -278,6 +285,41 @@ struct StatusOf {
     all_namespaces: bool,
     target: Option<String>,
     metrics_url: Option<String>,
+}
+
+/// `usage`: the leader's usage book, for the namespace (or every one), grouped `by`.
+async fn usage(
+    global: &Global,
+    all_namespaces: bool,
+    by: usage::By,
+    metrics_url: Option<&str>,
+    colour: bool,
+) -> Result<Done, Failure> {
+    let cluster = fetch::connect(global).await?;
+    let (source, body) = fetch::leader_json(
+        &cluster,
+        &global.operator_namespace,
+        metrics_url,
+        USAGE_JSON_PATH,
+    )
+    .await
+    .map_err(Failure::error)?;
+    let report: UsageReport = serde_json::from_str(&body).map_err(|e| {
+        Failure::error(format!(
+            "{source} did not answer with the usage book ({e}); is it the operator's metrics port?"
+        ))
+    })?;
+    if report.replica != "leader" {
+        let who = report.leader.as_deref().unwrap_or("unknown yet");
+        return Err(Failure::error(format!(
+            "{source} is a {} replica: only the leader keeps the usage book (leader: {who})",
+            report.replica
+        )));
+    }
+    let namespaces = [cluster.namespace.clone()];
+    let scope = (!all_namespaces).then_some(&namespaces[..]);
+    let view = usage::view(&report, scope, by);
+    output(global.output, &view, || usage::render(&view, by, colour))
 }
 
 async fn status(global: &Global, asked: StatusOf, colour: bool) -> Result<Done, Failure> {

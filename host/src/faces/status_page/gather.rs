@@ -22,6 +22,7 @@ use super::snapshot::{
     human_duration,
 };
 use super::usage::usage_of;
+use super::usage_json::UsageReport;
 
 /// What the page reads (cheap to clone).
 #[derive(Clone)]
@@ -31,6 +32,8 @@ pub struct Sources {
     pub providers: ProviderSet,
     pub view: LeaderView,
     pub registry: prometheus::Registry,
+    /// The leader's usage book.
+    pub usage: crate::faces::usage::UsageLedger,
 }
 
 /// Blocks listed per target before the rest are summed as `other`.
@@ -118,6 +121,30 @@ impl Sources {
                 .into_iter()
                 .map(|(target, blocks)| TargetBlocks { target, blocks })
                 .collect(),
+        }
+    }
+
+    /// The usage book, for `/status/usage.json` (the leader's; a standby names the leader and
+    /// has none).
+    pub fn usage_report(&self) -> UsageReport {
+        let leader = self.view.is_serving();
+        let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
+        let (replica, leader_id) = match replica(&self.view, leader) {
+            Replica::Leader => ("leader", None),
+            Replica::Standby { leader } => ("standby", leader),
+            Replica::Starting => ("starting", None),
+        };
+        let (since_ms, rows) = if leader {
+            self.usage.rows(now_ms)
+        } else {
+            (0, Vec::new())
+        };
+        UsageReport {
+            replica: replica.to_string(),
+            leader: leader_id,
+            since_ms,
+            now_ms,
+            rows,
         }
     }
 

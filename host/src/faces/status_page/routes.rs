@@ -1,5 +1,6 @@
 //! `/status` (the page), `/status/fragment` (what its script swaps in) and
-//! `/status/blocks.json` (the blocks per target, for `kubectl px status`), on the metrics port.
+//! `/status/blocks.json` (the blocks per target, for `kubectl px status`) and
+//! `/status/usage.json` (the usage book, for `kubectl px usage`), on the metrics port.
 
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -8,11 +9,13 @@ use axum::routing::get;
 use super::blocks_json::BLOCKS_JSON_PATH;
 use super::gather::Sources;
 use super::render;
+use super::usage_json::USAGE_JSON_PATH;
 
 /// The page's routes over `sources`, to merge into the metrics server's router.
 pub fn router(sources: Sources) -> axum::Router {
     let fragment_sources = sources.clone();
     let blocks_sources = sources.clone();
+    let usage_sources = sources.clone();
     axum::Router::new()
         .route(
             "/status",
@@ -33,6 +36,13 @@ pub fn router(sources: Sources) -> axum::Router {
             get(move || {
                 let blocks = blocks_sources.recent_blocks();
                 async move { ([(header::CACHE_CONTROL, "no-store")], axum::Json(blocks)) }
+            }),
+        )
+        .route(
+            USAGE_JSON_PATH,
+            get(move || {
+                let usage = usage_sources.usage_report();
+                async move { ([(header::CACHE_CONTROL, "no-store")], axum::Json(usage)) }
             }),
         )
 }
