@@ -2,10 +2,11 @@
 //! credentials"): the Secret made by the docs' own `kubectl create secret` + `kubectl label`
 //! commands in team A's namespace, watched with the operator's ServiceAccount and its rights
 //! from deploy/rbac.yaml; the `proxy-operator gateway` binary in front of the discovery API, a
-//! real squid requiring its login behind it; curl, Python requests and headless Chromium (in a
-//! network namespace with no uplink) with the credential as their proxy password. Team B's pool
-//! is refused to it as any pool it may not use; a Secret too weak is refused with an Event that
-//! never shows it; a deleted Secret's credential gets 407 within seconds.
+//! real squid requiring its login behind it; curl (HTTP, CONNECT, SOCKS5), Python requests and
+//! headless Chromium (in a network namespace with no uplink) with the credential as their proxy
+//! password. Team B's pool is refused to it as any pool it may not use; a Secret too weak is
+//! refused with an Event that never shows it; a credential changed in place or deleted gets 407
+//! within seconds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use harness::process::{Check, wait_for};
 use harness::squid::Squid;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use proxy_operator::leasing::leases::api::GatewayAccess;
 use proxy_operator::leasing::leases::auth::{CredentialBook, team_watch};
 use proxy_operator::leasing::leases::{
@@ -228,6 +229,11 @@ async fn a_team_credential_works_with_curl_requests_and_chromium_only_in_its_poo
     let (status, body, _) =
         curl(&["-p", "-x", &gateway.proxy_url(&pool_a, &credential), &page]).await;
     assert_eq!((status, body.as_str()), (200, PAGE));
+    // SOCKS5, the name resolved by the fleet's proxy.
+    let socks = gateway.socks.to_string();
+    let login = format!("{pool_a}:{credential}");
+    let (status, body, _) = curl(&["--socks5-hostname", &socks, "-U", &login, &page]).await;
+    assert_eq!((status, body.as_str()), (200, PAGE));
 
     // Python requests with nothing but HTTP_PROXY.
     let out = tokio::process::Command::new(python())
@@ -270,7 +276,7 @@ async fn a_team_credential_works_with_curl_requests_and_chromium_only_in_its_poo
 
     // Every request came through the squid, never carrying the credential.
     let seen = [site.seen("/page"), site.seen("/browser")].concat();
-    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
     for s in &seen {
         assert!(
             !s.headers.values().any(|v| v.contains(&credential)),
@@ -289,7 +295,7 @@ async fn a_team_credential_works_with_curl_requests_and_chromium_only_in_its_poo
     }
     assert_eq!(refusals[0].0, 403, "{refusals:?}");
     assert_eq!(refusals[0], refusals[1]);
-    assert_eq!(site.seen("/page").len(), 3, "nothing more reached the site");
+    assert_eq!(site.seen("/page").len(), 4, "nothing more reached the site");
 
     let denied = lease(format!("{}/pool-b", b.name())).await;
     assert_eq!(denied.status(), StatusCode::FORBIDDEN);
@@ -324,34 +330,58 @@ async fn a_team_credential_works_with_curl_requests_and_chromium_only_in_its_poo
     assert_eq!(through(&gateway, &pool_a, weak, &page).await.0, 407);
     assert!(!gateway.process.log_tail(500).contains(&credential));
 
-    // Deleted: the credential gets 407 within seconds.
+    // Changed in place: the old value gets 407, the new one works, within seconds.
     let secrets: kube::Api<Secret> = a.api();
+    let rotated = a_credential("rotated");
+    secrets
+        .patch(
+            "crawlers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"credential": rotated}})),
+        )
+        .await
+        .unwrap();
+    let took = answered(&gateway, &pool_a, &credential, &page, 407).await;
+    eprintln!("the old value refused {took:?} after the change");
+    answered(&gateway, &pool_a, &rotated, &page, 200).await;
+
+    // Deleted: the credential gets 407 within seconds.
     secrets
         .delete("crawlers", &DeleteParams::default())
         .await
         .unwrap();
-    let deleted = Instant::now();
+    let took = answered(&gateway, &pool_a, &rotated, &page, 407).await;
+    eprintln!("refused {took:?} after the Secret's deletion");
+    let gone = reqwest::Client::new()
+        .post(format!("http://{api}/v1/leases"))
+        .bearer_auth(&rotated)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// How long until curl through the gateway as `username` with `password` gets `status`
+/// (within 10 s, or a panic).
+async fn answered(
+    gateway: &harness::gateway::GatewayProcess,
+    username: &str,
+    password: &str,
+    url: &str,
+    status: u16,
+) -> Duration {
+    let start = Instant::now();
     wait_for(
-        "the deleted credential to be refused",
+        &format!("{status} through the gateway"),
         Duration::from_secs(10),
-        || {
-            let (gateway, pool_a, credential, page) = (&gateway, &pool_a, &credential, &page);
-            async move {
-                match through(gateway, pool_a, credential, page).await {
-                    (407, _) => Check::Ready(()),
-                    other => Check::NotYet(format!("{other:?}")),
-                }
+        || async move {
+            match through(gateway, username, password, url).await {
+                (got, _) if got == status => Check::Ready(()),
+                other => Check::NotYet(format!("{other:?}")),
             }
         },
     )
     .await
-    .unwrap();
-    eprintln!(
-        "refused {:?} after the Secret's deletion",
-        deleted.elapsed()
-    );
-    assert_eq!(
-        lease(format!("{}/pool-a", a.name())).await.status(),
-        StatusCode::UNAUTHORIZED
-    );
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", gateway.process.log_tail(60)));
+    start.elapsed()
 }
