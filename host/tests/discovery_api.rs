@@ -19,6 +19,9 @@ use serde_json::{Value, json};
 mod auth;
 #[path = "discovery_api/browser.rs"]
 mod browser;
+// A team's gateway credential: a watched Secret, with curl, requests and Chromium.
+#[path = "discovery_api/credentials.rs"]
+mod credentials;
 #[path = "discovery_api/dataplane.rs"]
 mod dataplane;
 #[path = "discovery_api/gateway.rs"]

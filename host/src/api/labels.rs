@@ -35,3 +35,10 @@ pub const SKIP_CLEANUP_ANNOTATION: &str = "proxy-operator.dev/skip-cleanup";
 pub const FINALIZER: &str = "proxy-operator.dev/cleanup";
 /// On the leader's Pod only; the discovery Service selects `proxy-operator.dev/leader=true`.
 pub const LEADER_LABEL: &str = "proxy-operator.dev/leader";
+/// `"true"` on a team's gateway credential Secret (docs/gateway.md, "Team credentials"): the
+/// operator watches only Secrets with this label, never all of them.
+pub const GATEWAY_CREDENTIAL_LABEL: &str = "proxy-operator.dev/gateway-credential";
+/// The `type` a gateway credential Secret must have: a labelled Secret of another type is
+/// refused (an Event on it says so), so an unrelated Secret never becomes a credential by a
+/// stray label.
+pub const GATEWAY_CREDENTIAL_TYPE: &str = "proxy-operator.dev/gateway-credential";

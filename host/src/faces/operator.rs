@@ -21,6 +21,7 @@ use crate::faces::metrics::Metrics;
 use crate::faces::probes::{self, ProbeState};
 use crate::faces::usage::persist::UsagePersistence;
 use crate::faces::{status_page, usage};
+use crate::leasing::leases::auth::{CredentialBook, team_watch};
 use crate::leasing::leases::{
     self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
 };
@@ -51,6 +52,8 @@ pub struct Operator {
     ctx: Arc<Context>,
     /// The leader's usage book (`kubectl px usage`); the process's, across terms.
     usage: usage::UsageLedger,
+    /// Teams' gateway credentials, as the watch of their Secrets keeps them.
+    credentials: Arc<CredentialBook>,
 }
 
 impl Operator {
@@ -116,6 +119,7 @@ impl Operator {
             health_options,
             ctx,
             usage: usage::UsageLedger::default(),
+            credentials: Arc::default(),
         })
     }
 
@@ -218,7 +222,8 @@ impl Operator {
     }
 
     /// The fleet's caches and the watches that fill them; from here on /metrics reads from them
-    /// (and `view`) whether this replica leads and the pools it sees.
+    /// (and `view`) whether this replica leads and the pools it sees; teams' gateway
+    /// credentials are watched beside them.
     fn watch_fleet(
         &self,
         view: &LeaderView,
@@ -228,6 +233,14 @@ impl Operator {
     ) {
         let (fleet, watches) = Fleet::watch(&self.client, self.args.proxy_namespace.as_deref());
         self.metrics.fleet.attach(&fleet, view);
+        let credentials = (self.args.discovery_auth.discovery_team_credentials)
+            .then(|| self.watch_credentials(view));
+        let watches = async move {
+            match credentials {
+                Some(credentials) => drop(tokio::join!(watches, credentials)),
+                None => watches.await,
+            }
+        };
         (fleet, watches)
     }
 
@@ -289,7 +302,27 @@ impl Operator {
             let reviewer = KubeReviewer::new(self.client.clone(), &options.audience);
             auth = auth.with_kubernetes(Arc::new(reviewer), options);
         }
+        if flags.discovery_team_credentials {
+            auth = auth.with_credentials(self.credentials.clone());
+        }
         Ok(auth)
+    }
+
+    /// The watch on teams' gateway credential Secrets that keeps [`Operator::credentials`]
+    /// (on every replica, so a standby takes over with them; only the serving one publishes
+    /// Events about refused Secrets).
+    fn watch_credentials(&self, view: &LeaderView) -> impl Future<Output = ()> + Send + 'static {
+        let view = view.clone();
+        let refusals = team_watch::Refusals {
+            recorder: crate::support::events::recorder(self.client.clone()),
+            publish: Arc::new(move || view.is_serving()),
+        };
+        team_watch::watch(
+            self.client.clone(),
+            self.args.proxy_namespace.clone(),
+            self.credentials.clone(),
+            Some(refusals),
+        )
     }
 
     /// The label on this replica's Pod that routes the discovery Service to the leader; `None`

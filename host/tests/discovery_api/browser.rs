@@ -88,8 +88,8 @@ impl TlsFront {
 /// request with `Connection: close`, and a CONNECT's head is its only one). As a guard of this
 /// test, only the site's destinations pass: Chromium's calls home get 403 here and never leave
 /// the namespace.
-struct LoginForwarder {
-    addr: SocketAddr,
+pub(super) struct LoginForwarder {
+    pub(super) addr: SocketAddr,
     /// Destinations refused (Chromium's own calls).
     refused: Arc<Mutex<Vec<String>>>,
     task: JoinHandle<()>,
@@ -102,10 +102,12 @@ impl Drop for LoginForwarder {
 }
 
 impl LoginForwarder {
-    async fn start(
+    /// Logs in as `username` with `password` (the token, or a team's credential).
+    pub(super) async fn start(
         netns: &Netns,
         gateway: SocketAddr,
         username: &str,
+        password: &str,
         allowed: Vec<String>,
     ) -> LoginForwarder {
         let listener = netns
@@ -113,7 +115,8 @@ impl LoginForwarder {
             .await
             .expect("a listener inside the browser's namespace");
         let addr = listener.local_addr().unwrap();
-        let login = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{TOKEN}"));
+        let login =
+            base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
         let refused: Arc<Mutex<Vec<String>>> = Arc::default();
         let allowed = Arc::new(allowed);
         let record = refused.clone();
@@ -182,7 +185,12 @@ async fn forward(
 
 /// The page at `url` as Chromium rendered it (`--dump-dom`), run in `netns` with `proxy` (in
 /// the namespace) as its proxy and the TLS front's key trusted; or a panic with its log.
-async fn chromium_dump_dom(netns: &Netns, proxy: SocketAddr, spki: &str, url: &str) -> String {
+pub(super) async fn chromium_dump_dom(
+    netns: &Netns,
+    proxy: SocketAddr,
+    spki: &str,
+    url: &str,
+) -> String {
     let args = [
         format!("--proxy-server=http://{proxy}"),
         // Chromium never sends loopback URLs to a proxy unless told so.
@@ -213,6 +221,7 @@ async fn headless_chromium_with_no_uplink_renders_the_site_through_the_gateway_o
         &netns,
         gw.replica.http,
         "pool-crawlers.gw",
+        TOKEN,
         vec![plain.clone(), secure.clone()],
     )
     .await;

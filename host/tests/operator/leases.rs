@@ -298,7 +298,8 @@ async fn the_operator_binary_serves_leases_and_metrics_and_keeps_leases_across_a
 
 /// The operator binary with its defaults (ServiceAccount tokens accepted, audience
 /// `proxy-operator`): a crawler's real ServiceAccount token leases from the pool its Role names,
-/// and from no other.
+/// and from no other. A team's gateway credential (a labelled Secret, watched by the operator)
+/// leases from the pool its Secret names, and from no other, until the Secret is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
     let cp = control_plane().await;
@@ -412,8 +413,52 @@ async fn the_operator_binary_lets_rbac_decide_who_leases_from_a_pool() {
         .await
         .unwrap();
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let credential = "9b1e3c7a5d2f4e6a8c0b1d3f5a7c9e2b4d6f8a0c1e3b5d7f";
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: crawlers\n  namespace: {}\n  labels: {{proxy-operator.dev/gateway-credential: \"true\"}}\ntype: proxy-operator.dev/gateway-credential\nstringData: {{credential: {credential}, pools: pool-b}}\n",
+        ns.name()
+    );
+    cp.kubectl_run(&["apply", "-f", "-"], Some(&secret))
+        .await
+        .unwrap();
+    let with_credential = |pool: &str| {
+        reqwest::Client::new()
+            .post(format!("http://{}/v1/leases", operator.discovery))
+            .bearer_auth(credential)
+            .body(json!({ "pool": format!("{}/{pool}", ns.name()) }).to_string())
+            .send()
+    };
+    let status_until = |want: StatusCode, pool: &'static str| {
+        let with_credential = &with_credential;
+        let operator = &operator;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let status = with_credential(pool).await.unwrap().status();
+                if status == want {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{pool}: {status}, not {want}\n{}",
+                    operator.proc.log_tail(40)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // Once the watch has seen the Secret.
+    status_until(StatusCode::CREATED, "pool-b").await;
+    let denied = with_credential("pool-a").await.unwrap();
+    assert_eq!(denied.status(), StatusCode::FORBIDDEN);
+    cp.kubectl_run(&["-n", ns.name(), "delete", "secret", "crawlers"], None)
+        .await
+        .unwrap();
+    status_until(StatusCode::UNAUTHORIZED, "pool-b").await;
     let log = operator.proc.log_tail(400);
     assert!(!log.contains(&token), "a token reached the log");
+    assert!(!log.contains(credential), "a credential reached the log");
+    assert!(log.contains("gateway team credential accepted"), "{log}");
 }
 
 /// A Proxy of the test provider on `port` in ProxyPool `pool` (as the pool controller labels the

@@ -389,6 +389,11 @@ pub struct DiscoveryAuthArgs {
     /// `auth-unavailable`.
     #[arg(long, env = "DISCOVERY_AUTH_TIMEOUT", default_value = "3s", value_parser = crate::support::durations::parse)]
     pub discovery_auth_timeout: Duration,
+    /// Accept teams' gateway credentials: Secrets of type proxy-operator.dev/gateway-credential
+    /// labelled proxy-operator.dev/gateway-credential=true, watched (docs/gateway.md, "Team
+    /// credentials").
+    #[arg(long, env = "DISCOVERY_TEAM_CREDENTIALS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub discovery_team_credentials: bool,
 }
 
 impl DiscoveryAuthArgs {

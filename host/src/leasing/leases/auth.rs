@@ -8,6 +8,8 @@
 mod cache;
 mod kube_reviewer;
 mod review;
+pub mod team;
+pub mod team_watch;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,6 +24,7 @@ use super::store::Reach;
 
 pub use kube_reviewer::KubeReviewer;
 pub use review::{Access, POOL_GROUP, Review, ReviewError, Reviewer, Scope, User};
+pub use team::{CredentialBook, TeamCredential};
 
 /// Longest bearer token sent for review: a ServiceAccount token is about 1 KiB.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -36,6 +39,8 @@ pub enum Caller {
     StaticToken,
     /// A Kubernetes user (a ServiceAccount), and the digest of the token it presented.
     Kubernetes { user: Arc<User>, token: TokenDigest },
+    /// A team's gateway credential (a labelled Secret in its namespace, docs/gateway.md).
+    Credential(Arc<TeamCredential>),
 }
 
 impl Caller {
@@ -45,6 +50,7 @@ impl Caller {
         match self {
             Caller::StaticToken => None,
             Caller::Kubernetes { user, .. } => Some(&user.username),
+            Caller::Credential(credential) => Some(&credential.holder),
         }
     }
 }
@@ -167,6 +173,7 @@ pub struct Auth {
     static_token: Option<TokenDigest>,
     static_pools: Option<TokenPools>,
     kube: Option<KubeAuth>,
+    credentials: Option<Arc<CredentialBook>>,
 }
 
 impl Auth {
@@ -176,6 +183,7 @@ impl Auth {
             static_token: None,
             static_pools: None,
             kube: None,
+            credentials: None,
         }
     }
 
@@ -202,9 +210,15 @@ impl Auth {
         self
     }
 
+    /// Teams' gateway credentials, as `book` (filled by [`team_watch::watch`]) has them.
+    pub fn with_credentials(mut self, book: Arc<CredentialBook>) -> Auth {
+        self.credentials = Some(book);
+        self
+    }
+
     /// Whether any token is accepted at all.
     pub fn accepts_anyone(&self) -> bool {
-        self.static_token.is_some() || self.kube.is_some()
+        self.static_token.is_some() || self.kube.is_some() || self.credentials.is_some()
     }
 
     /// Entries in the two caches (tokens; decisions), for tests and bounds.
@@ -215,7 +229,17 @@ impl Auth {
     }
 
     fn unauthenticated(&self) -> AuthError {
-        AuthError::Unauthenticated(match &self.kube {
+        let what = self.what_to_send();
+        AuthError::Unauthenticated(match &self.credentials {
+            Some(_) => format!(
+                "{what}, or a gateway credential of your team (docs/gateway.md, \"Team credentials\")"
+            ),
+            None => what,
+        })
+    }
+
+    fn what_to_send(&self) -> String {
+        match &self.kube {
             None => "send `Authorization: Bearer <token>` with the token of the discovery Secret"
                 .into(),
             Some(k) if k.options.audience.is_empty() => "send `Authorization: Bearer <token>` with the token of the discovery Secret or a ServiceAccount token".into(),
@@ -223,7 +247,7 @@ impl Auth {
                 "send `Authorization: Bearer <token>` with the token of the discovery Secret or a ServiceAccount token for the audience `{}` (a projected serviceAccountToken volume)",
                 k.options.audience
             ),
-        })
+        }
     }
 
     /// Who presented `bearer` (the token after `Bearer `).
@@ -238,10 +262,20 @@ impl Auth {
         {
             return Ok(Caller::StaticToken);
         }
+        if let Some(book) = &self.credentials {
+            match book.find(&digest) {
+                team::Found::One(credential) => return Ok(Caller::Credential(credential)),
+                // (Logged once by the watch, not per request.)
+                team::Found::Ambiguous(_) => return Err(self.unauthenticated()),
+                team::Found::None => {}
+            }
+        }
         match &self.kube {
             Some(kube) => kube
                 .identify(token, digest)
                 .await?
+                // The holder of a team credential's leases is no Kubernetes user's.
+                .filter(|user| !user.username.starts_with(team::HOLDER_PREFIX))
                 .map(|user| Caller::Kubernetes {
                     user,
                     token: digest,
@@ -258,6 +292,9 @@ impl Auth {
         caller: &Caller,
         scope: &Scope<'_>,
     ) -> Result<Reach, AuthError> {
+        if let Caller::Credential(credential) = caller {
+            return credential.reach(scope).map_err(AuthError::Forbidden);
+        }
         self.allow_lease(caller, scope).await?;
         Ok(scope.reach())
     }
@@ -276,6 +313,10 @@ impl Auth {
                 })
                 .await
             }
+            Caller::Credential(credential) => credential
+                .reach(scope)
+                .map(|_| ())
+                .map_err(AuthError::Forbidden),
         }
     }
 
@@ -286,6 +327,10 @@ impl Auth {
                 "the static token is limited to pools (--discovery-token-pools) and may not list every proxy".into(),
             )),
             Caller::StaticToken => Ok(()),
+            Caller::Credential(c) => Err(AuthError::Forbidden(format!(
+                "the gateway credential {}/{} is limited to pools of its namespace and may not list every proxy",
+                c.namespace, c.secret
+            ))),
             Caller::Kubernetes { user, token } => {
                 self.decide(user, token, Access::list_proxies(), || {
                     "list every proxy".into()
@@ -301,6 +346,9 @@ impl Auth {
         match caller {
             Caller::StaticToken => Err(AuthError::Forbidden(format!(
                 "the discovery API's static token does not read {path}; send a ServiceAccount token"
+            ))),
+            Caller::Credential(_) => Err(AuthError::Forbidden(format!(
+                "a gateway credential does not read {path}; send a ServiceAccount token"
             ))),
             Caller::Kubernetes { user, token } => {
                 self.decide(user, token, Access::non_resource_get(path), || {

@@ -556,3 +556,21 @@ async fn a_static_token_limited_to_pools() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn no_kubernetes_user_takes_the_holder_name_of_a_team_credential() {
+    let fake = Arc::new(FakeReviewer::default());
+    let token = jwt(serde_json::json!({"sub": "x"}));
+    fake.users.lock().unwrap().insert(
+        token.clone(),
+        User {
+            username: "credential:team-a/crawlers".into(),
+            ..User::default()
+        },
+    );
+    let auth = kube_auth(fake, 100);
+    assert!(matches!(
+        auth.authenticate(Some(&token)).await,
+        Err(AuthError::Unauthenticated(_))
+    ));
+}
