@@ -3,6 +3,7 @@
 //! health checks and conformance, the Proxies' credentials and the upstream provider's settings.
 //! Imports only `support` and `api` (docs/architecture.md, "Tiers").
 
+pub mod access;
 pub mod capabilities;
 pub mod config;
 pub mod conformance;

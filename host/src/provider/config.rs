@@ -43,6 +43,10 @@ pub struct ProviderEntry {
     /// For a provider of proxies that exist already: their login and whether leases hand it out.
     #[serde(default)]
     pub upstream: Option<crate::provider::upstream::UpstreamSettings>,
+    /// Which namespaces may use the instance and what their Proxies may set (absent: every
+    /// namespace, everything; see docs/tenancy.md).
+    #[serde(default)]
+    pub access: Option<crate::provider::access::Access>,
 }
 
 impl ProviderEntry {
@@ -176,6 +180,10 @@ impl ProvidersConfig {
             entry.grants.validate().map_err(|e| format!("{at}.{e}"))?;
             if let Some(upstream) = &entry.upstream {
                 upstream.validate().map_err(|e| format!("{at}.{e}"))?;
+            }
+            if let Some(access) = &entry.access {
+                let home = entry.grants.kube.as_ref().map(|k| k.namespace.as_str());
+                access.validate(home).map_err(|e| format!("{at}.{e}"))?;
             }
             if let Some(plugin) = &entry.plugin {
                 if let Some(sha) = &plugin.sha256

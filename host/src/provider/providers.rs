@@ -18,6 +18,8 @@ pub struct Providers {
     instances: HashMap<String, Arc<ProviderInstance>>,
     not_loaded: HashMap<String, NotLoaded>,
     problems: HashMap<String, String>,
+    /// The `access` rules of the instances that have them (the others: every namespace).
+    access: HashMap<String, crate::provider::access::Rules>,
 }
 
 /// A provider instance whose plugin is not loaded, and why.
@@ -125,7 +127,29 @@ impl Providers {
             instances,
             not_loaded,
             problems,
+            access: HashMap::new(),
         }
+    }
+
+    /// The same providers, with the `access` rules of the instances that have them.
+    pub fn with_access(
+        mut self,
+        rules: impl IntoIterator<Item = crate::provider::access::Rules>,
+    ) -> Self {
+        self.access = rules.into_iter().map(|r| (r.provider.clone(), r)).collect();
+        self
+    }
+
+    /// The `access` rules of the instance `name`; `None`: every namespace may use it.
+    pub fn access(&self, name: &str) -> Option<&crate::provider::access::Rules> {
+        self.access.get(name)
+    }
+
+    /// Every instance's `access` rules, by instance name (for the admission policy).
+    pub fn access_rules(&self) -> Vec<crate::provider::access::Rules> {
+        let mut rules: Vec<_> = self.access.values().cloned().collect();
+        rules.sort_by(|a, b| a.provider.cmp(&b.provider));
+        rules
     }
 
     /// The provider instance named in a Proxy's `spec.provider`, if its plugin is loaded.

@@ -335,8 +335,17 @@ impl PluginRegistry {
             .collect();
         state.loaded.retain(|sha, _| in_use.contains(sha));
         state.serving = out.serving;
+        if !matches!(mode, Mode::Update) {
+            for entry in config.providers.iter().filter(|e| e.access.is_none()) {
+                tracing::info!(provider = %entry.name, "provider instance has no `access` section: every namespace may use it and set user cloud-init, vendor data, unmanaged squid and any Service type (docs/tenancy.md)");
+            }
+        }
+        let access = config
+            .providers
+            .iter()
+            .filter_map(crate::provider::access::Rules::of);
         Ok((
-            Providers::from_parts(out.instances, out.not_loaded, out.problems),
+            Providers::from_parts(out.instances, out.not_loaded, out.problems).with_access(access),
             out.changes,
         ))
     }
