@@ -3,6 +3,7 @@
 //! record of abandoned instances. Imports every tier below it (docs/architecture.md, "Tiers").
 
 pub mod abandoned;
+pub mod access;
 pub mod controller;
 pub mod gc;
 pub mod health;

@@ -14,6 +14,9 @@ pub enum Type {
     Ready,
     /// A ProviderHealth's plugin is loaded.
     PluginLoaded,
+    /// A Proxy's namespace may use its provider instance with this spec (the instance's `access`
+    /// in the providers config); written only while it may not.
+    AccessAllowed,
 }
 
 impl Type {
@@ -23,6 +26,7 @@ impl Type {
             Type::Healthy => "Healthy",
             Type::Ready => "Ready",
             Type::PluginLoaded => "PluginLoaded",
+            Type::AccessAllowed => "AccessAllowed",
         }
     }
 }
@@ -49,10 +53,12 @@ pub enum Reason {
     /// A provider call failed in a way worth retrying (a `transient` answer, a plugin stopped by
     /// the sandbox).
     Retrying,
+    /// The provider instance's `access` refuses the Proxy's namespace or a field of its spec.
+    AccessDenied,
 }
 
 impl Reason {
-    const ALL: [Reason; 16] = [
+    const ALL: [Reason; 17] = [
         Reason::PluginNotLoaded,
         Reason::UnknownProvider,
         Reason::InstanceRunning,
@@ -69,6 +75,7 @@ impl Reason {
         Reason::ProbeFailed,
         Reason::Quota,
         Reason::Retrying,
+        Reason::AccessDenied,
     ];
 
     /// The reason of the condition of `type_`, if it is one of the operator's.
@@ -95,6 +102,7 @@ impl Reason {
             Reason::ProbeFailed => "ProbeFailed",
             Reason::Quota => "Quota",
             Reason::Retrying => "Retrying",
+            Reason::AccessDenied => "AccessDenied",
         }
     }
 }

@@ -408,6 +408,8 @@ impl Operator {
                     metrics.provider_checks.clone(),
                 ),
             ),
+            // Provider access refused at `kubectl apply` (the controllers refuse it anyway).
+            spawn_until(&work, controller::keep_access_policy(ctx.clone())),
         ];
         if let Some(label) = label.clone() {
             tasks.push(spawn_until(&work, label.keep()));

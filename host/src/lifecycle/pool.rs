@@ -2,6 +2,7 @@
 //! budget when the template changes, rotates them by age and replaces the ones crawlers keep
 //! reporting blocked (docs/pools.md). Decisions in `decide` (pure), I/O in `reconcile`.
 
+mod access;
 pub mod decide;
 mod reconcile;
 mod spec;

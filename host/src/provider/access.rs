@@ -117,26 +117,24 @@ pub struct Rules {
     pub allow: Allow,
 }
 
-impl Rules {
-    /// The rules of a providers-config entry; `None` when it has no `access` section (every
-    /// namespace may use it and set everything, as before `access` existed).
-    pub fn of(entry: &crate::provider::config::ProviderEntry) -> Option<Rules> {
-        let access = entry.access.as_ref()?;
-        let mut namespaces: BTreeSet<String> = access.namespaces.iter().cloned().collect();
-        if let Some(kube) = &entry.grants.kube {
-            namespaces.insert(kube.namespace.clone());
-        }
-        Some(Rules {
-            provider: entry.name.clone(),
+impl Access {
+    /// The rules of provider instance `provider` whose kube grant (if any) is in `home`.
+    pub fn rules(&self, provider: &str, home: Option<&str>) -> Rules {
+        let mut namespaces: BTreeSet<String> = self.namespaces.iter().cloned().collect();
+        namespaces.extend(home.map(str::to_string));
+        Rules {
+            provider: provider.to_string(),
             namespaces,
-            selector: access
+            selector: self
                 .namespace_selector
                 .as_ref()
                 .map(|s| s.match_labels.clone()),
-            allow: access.allow.clone(),
-        })
+            allow: self.allow.clone(),
+        }
     }
+}
 
+impl Rules {
     /// Whether the selector must see the namespace's labels to decide.
     pub fn needs_labels(&self) -> bool {
         self.selector.is_some()

@@ -63,6 +63,15 @@ impl ProviderEntry {
     }
 }
 
+impl ProviderEntry {
+    /// The entry's `access` rules, its kube grant namespace included; `None` without an
+    /// `access` section (every namespace may use it and set everything, as before it existed).
+    pub fn access_rules(&self) -> Option<crate::provider::access::Rules> {
+        let home = self.grants.kube.as_ref().map(|k| k.namespace.as_str());
+        Some(self.access.as_ref()?.rules(&self.name, home))
+    }
+}
+
 /// A plugin pinned by digest, optionally downloaded from a URL.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -327,6 +336,34 @@ mod tests {
         "providers:\n- {name: a, type: test, maxConcurrentCalls: 0}",
         "providers[0] (a).maxConcurrentCalls: must be at least 1"
     )]
+    #[case::access_unknown_field(
+        "providers:\n- {name: kvm, type: test, access: {namespace: [a]}}",
+        "providers[0].access.namespace: unknown field `namespace`"
+    )]
+    #[case::access_unknown_allow(
+        "providers:\n- {name: kvm, type: test, access: {namespaces: [a], allow: {cloudInit: true}}}",
+        "providers[0].access.allow.cloudInit: unknown field `cloudInit`"
+    )]
+    #[case::access_match_expressions(
+        "providers:\n- {name: kvm, type: test, access: {namespaceSelector: {matchExpressions: []}}}",
+        "providers[0].access.namespaceSelector.matchExpressions: unknown field `matchExpressions`"
+    )]
+    #[case::access_bad_namespace(
+        "providers:\n- {name: kvm, type: test, access: {namespaces: [Team_A]}}",
+        "providers[0] (kvm).access.namespaces[0]: `Team_A` is not a namespace name"
+    )]
+    #[case::access_bad_service_type(
+        "providers:\n- {name: kvm, type: test, access: {namespaces: [a], allow: {serviceTypes: [Ingress]}}}",
+        "providers[0] (kvm).access.allow.serviceTypes[0]: `Ingress` is not a Service type; use ClusterIP, NodePort or LoadBalancer"
+    )]
+    #[case::access_negative_replicas(
+        "providers:\n- {name: kvm, type: test, access: {namespaces: [a], allow: {maxPoolReplicas: -1}}}",
+        "providers[0] (kvm).access.allow.maxPoolReplicas: -1 is outside 0..=10000"
+    )]
+    #[case::access_no_namespace(
+        "providers:\n- {name: kvm, type: test, access: {}}",
+        "providers[0] (kvm).access: no namespace may use this instance; list them in access.namespaces"
+    )]
     fn each_mistake_has_its_message(#[case] text: &str, #[case] expected: &str) {
         let message = ProvidersConfig::parse(text).unwrap_err();
         assert!(
@@ -387,5 +424,20 @@ mod tests {
         .unwrap();
         assert_eq!(config.providers[0].name, "kvm-home");
         assert_eq!(config.providers[0].provider_type, "kvm");
+        assert_eq!(config.providers[0].access_rules(), None);
+    }
+
+    #[test]
+    fn access_includes_the_kube_grant_namespace() {
+        let config = ProvidersConfig::parse(
+            "providers:\n- name: k\n  type: kubernetes\n  grants: {kube: {namespace: platform, kinds: [v1/Pod]}}\n  access: {namespaces: [team-a]}\n",
+        )
+        .unwrap();
+        let rules = config.providers[0].access_rules().unwrap();
+        assert_eq!(rules.provider, "k");
+        assert_eq!(
+            rules.namespaces.into_iter().collect::<Vec<_>>(),
+            ["platform", "team-a"]
+        );
     }
 }

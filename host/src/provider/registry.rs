@@ -334,20 +334,8 @@ impl PluginRegistry {
             .map(|(_, i)| i.plugin().sha256.clone())
             .collect();
         state.loaded.retain(|sha, _| in_use.contains(sha));
-        state.serving = out.serving;
-        if !matches!(mode, Mode::Update) {
-            for entry in config.providers.iter().filter(|e| e.access.is_none()) {
-                tracing::info!(provider = %entry.name, "provider instance has no `access` section: every namespace may use it and set user cloud-init, vendor data, unmanaged squid and any Service type (docs/tenancy.md)");
-            }
-        }
-        let access = config
-            .providers
-            .iter()
-            .filter_map(crate::provider::access::Rules::of);
-        Ok((
-            Providers::from_parts(out.instances, out.not_loaded, out.problems).with_access(access),
-            out.changes,
-        ))
+        state.serving = std::mem::take(&mut out.serving);
+        Ok((out.providers(access_rules(config, &mode)), out.changes))
     }
 
     /// An upload over a built-in that the config did not pin: reported as a bad upload is
@@ -601,4 +589,19 @@ async fn publish(
         note,
     )
     .await;
+}
+
+/// The `access` rules of the config's instances; at start and at a config change, a line for
+/// each instance without (open to every namespace, as before `access` existed).
+fn access_rules(config: &ProvidersConfig, mode: &Mode) -> Vec<crate::provider::access::Rules> {
+    if !matches!(mode, Mode::Update) {
+        for entry in config.providers.iter().filter(|e| e.access.is_none()) {
+            tracing::info!(provider = %entry.name, "provider instance has no `access` section: every namespace may use it and set user cloud-init, vendor data, unmanaged squid and any Service type (docs/tenancy.md)");
+        }
+    }
+    config
+        .providers
+        .iter()
+        .filter_map(ProviderEntry::access_rules)
+        .collect()
 }

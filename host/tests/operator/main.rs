@@ -2,6 +2,7 @@
 //! provider component and its loopback instance store. Each test has its own namespace and its
 //! own controller watching it; they share one control plane.
 
+mod access;
 mod aws;
 #[path = "../common/mod.rs"]
 mod common;

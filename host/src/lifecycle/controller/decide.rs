@@ -67,7 +67,7 @@ impl ProxyEvent {
         }
     }
 
-    fn warning(reason: &'static str, message: String) -> Self {
+    pub(super) fn warning(reason: &'static str, message: String) -> Self {
         ProxyEvent {
             type_: EventType::Warning,
             reason,

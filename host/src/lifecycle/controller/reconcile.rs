@@ -16,6 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::ReconcileMetrics;
+use super::access;
 use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
@@ -455,7 +456,16 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
         cached
     };
     let provider = providers.get(&proxy.spec.provider);
-    let effects = match (step, provider) {
+    // The provider instance's `access` (docs/tenancy.md): never a create it refuses, and a
+    // condition on one it made before its namespace lost access.
+    let refused = match &found {
+        ProviderLookup::Loaded { .. } => access::refusal(&ctx.client, &providers, proxy).await?,
+        _ => None,
+    };
+    if let (Decision::Create { .. }, Some(refusal)) = (&step, &refused) {
+        return execute(ctx, api, proxy, access::refused_create(proxy, refusal)).await;
+    }
+    let mut effects = match (step, provider) {
         (Decision::Done(effects), _) => effects,
         (Decision::Create { name, zone, status }, Some(provider)) => {
             let mut status = status;
@@ -518,6 +528,7 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
             unreachable!("decide asks for a provider call only when the provider is loaded")
         }
     };
+    access::mark(proxy, &mut effects, refused.as_ref());
     execute(ctx, api, proxy, effects).await
 }
 

@@ -14,6 +14,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use super::access;
 use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
 #[cfg(test)]
 use super::spec::template_hash;
@@ -204,6 +205,11 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
     };
+    if let Some(invalid) = access::refusal(pool, &ctx.client, &ctx.providers).await? {
+        write_invalid(pool, ctx, &invalid).await?;
+        // A namespace's labels may change without a providers-config change: look again.
+        return Ok(Action::requeue(access::RECHECK));
+    }
     let members = members(pool, &proxies, &ctx.leases).await?;
     let plan = decide::plan(&desired, &members, crate::leasing::leases::store::now_ms());
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;

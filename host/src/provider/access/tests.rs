@@ -1,14 +1,15 @@
 use super::*;
-use crate::provider::config::ProvidersConfig;
 use rstest::rstest;
 
-/// The rules of instance `kvm` with this `access` (its kube grant namespace: `platform`).
+/// The rules of instance `kvm` with this `access` (its kube grant namespace: `platform`); none
+/// without.
 fn rules(access: &str) -> Option<Rules> {
-    let text = format!(
-        "providers:\n- name: kvm\n  type: test\n  grants: {{kube: {{namespace: platform, kinds: [v1/Pod]}}}}\n{access}"
-    );
-    let config = ProvidersConfig::parse(&text).unwrap();
-    Rules::of(&config.providers[0])
+    if access.is_empty() {
+        return None;
+    }
+    let access: Access = crate::support::yaml::from_str(access).unwrap();
+    access.validate(Some("platform")).unwrap();
+    Some(access.rules("kvm", Some("platform")))
 }
 
 fn spec(json: &str) -> ProxySpec {
@@ -22,11 +23,10 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-const LISTED: &str = "  access: {namespaces: [team-a]}";
-const SELECTED: &str =
-    "  access: {namespaceSelector: {matchLabels: {proxy-operator.dev/tenant: 'true'}}}";
-const EVERYWHERE: &str = "  access: {namespaceSelector: {}}";
-const GENEROUS: &str = "  access: {namespaces: [team-a], allow: {userData: true, vendorData: true, unmanagedSquid: true, serviceTypes: [ClusterIP, LoadBalancer]}}";
+const LISTED: &str = "{namespaces: [team-a]}";
+const SELECTED: &str = "{namespaceSelector: {matchLabels: {proxy-operator.dev/tenant: 'true'}}}";
+const EVERYWHERE: &str = "{namespaceSelector: {}}";
+const GENEROUS: &str = "{namespaces: [team-a], allow: {userData: true, vendorData: true, unmanagedSquid: true, serviceTypes: [ClusterIP, LoadBalancer]}}";
 
 /// Every (access, namespace, spec) combination: `None` is allowed, else the refused field.
 #[rstest]
@@ -136,7 +136,7 @@ fn a_pool_is_checked_for_every_instance_it_names(
     #[case] namespace: &str,
     #[case] refused: Option<&str>,
 ) {
-    let limited = rules("  access: {namespaces: [team-a], allow: {maxPoolReplicas: 3}}").unwrap();
+    let limited = rules("{namespaces: [team-a], allow: {maxPoolReplicas: 3}}").unwrap();
     let rules_of = |name: &str| (name == "kvm").then_some(&limited);
     let decided = check_pool(rules_of, namespace, &BTreeMap::new(), &pool(json));
     assert_eq!(
@@ -146,49 +146,23 @@ fn a_pool_is_checked_for_every_instance_it_names(
     );
 }
 
-#[rstest]
-#[case::unknown_field(
-    "  access: {namespace: [a]}",
-    "providers[0].access.namespace: unknown field `namespace`"
-)]
-#[case::unknown_allow(
-    "  access: {namespaces: [a], allow: {cloudInit: true}}",
-    "providers[0].access.allow.cloudInit: unknown field `cloudInit`"
-)]
-#[case::match_expressions(
-    "  access: {namespaceSelector: {matchExpressions: []}}",
-    "providers[0].access.namespaceSelector.matchExpressions: unknown field `matchExpressions`"
-)]
-#[case::bad_namespace(
-    "  access: {namespaces: [Team_A]}",
-    "providers[0] (kvm).access.namespaces[0]: `Team_A` is not a namespace name"
-)]
-#[case::bad_service_type(
-    "  access: {namespaces: [a], allow: {serviceTypes: [Ingress]}}",
-    "providers[0] (kvm).access.allow.serviceTypes[0]: `Ingress` is not a Service type; use ClusterIP, NodePort or LoadBalancer"
-)]
-#[case::negative_replicas(
-    "  access: {namespaces: [a], allow: {maxPoolReplicas: -1}}",
-    "providers[0] (kvm).access.allow.maxPoolReplicas: -1 is outside 0..=10000"
-)]
-fn each_access_mistake_has_its_message(#[case] access: &str, #[case] expected: &str) {
-    let text = format!("providers:\n- name: kvm\n  type: test\n{access}");
-    let message = ProvidersConfig::parse(&text).unwrap_err();
-    assert!(message.contains(expected), "got: {message}");
-}
-
 #[test]
 fn an_access_naming_no_namespace_says_how_to_name_one() {
-    let message =
-        ProvidersConfig::parse("providers:\n- name: kvm\n  type: test\n  access: {}").unwrap_err();
+    let access = Access::default();
+    let message = access.validate(None).unwrap_err();
     assert!(
-        message.contains(
-            "providers[0] (kvm).access: no namespace may use this instance; list them in access.namespaces"
+        message.starts_with(
+            "access: no namespace may use this instance; list them in access.namespaces"
         ),
-        "got: {message}"
+        "{message}"
     );
     // With a kube grant, its namespace is the default.
-    assert!(rules("  access: {}").is_some());
+    assert_eq!(access.validate(Some("platform")), Ok(()));
+    let rules = access.rules("kvm", Some("platform"));
+    assert_eq!(
+        rules.namespaces.into_iter().collect::<Vec<_>>(),
+        ["platform"]
+    );
 }
 
 #[test]
@@ -203,7 +177,7 @@ fn the_safe_defaults_hold_when_allow_is_absent() {
 fn the_policy_has_a_validation_per_rule_and_none_without_access() {
     assert!(policy::manifests("p", &[]).is_none());
     let rules = vec![
-        rules("  access: {namespaces: [team-a], namespaceSelector: {matchLabels: {tier: gold}}, allow: {maxPoolReplicas: 5}}")
+        rules("{namespaces: [team-a], namespaceSelector: {matchLabels: {tier: gold}}, allow: {maxPoolReplicas: 5}}")
             .unwrap(),
     ];
     let (vap, binding) = policy::manifests("op-provider-access", &rules).unwrap();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::provider::config::ProviderEntry;
 use crate::provider::plugins::ProviderInstance;
-use crate::provider::providers::NotLoaded;
+use crate::provider::providers::{NotLoaded, Providers};
 
 /// What a refresh did to one provider instance's plugin, for logs, events and tests.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +44,17 @@ pub(super) type Swapped = (
 );
 
 impl Assembly {
+    /// The providers assembled, with the config's `access` rules (the instances and their
+    /// problems are taken; `changes` stay).
+    pub fn providers(&mut self, access: Vec<crate::provider::access::Rules>) -> Providers {
+        let (instances, not_loaded, problems) = (
+            std::mem::take(&mut self.instances),
+            std::mem::take(&mut self.not_loaded),
+            std::mem::take(&mut self.problems),
+        );
+        Providers::from_parts(instances, not_loaded, problems).with_access(access)
+    }
+
     /// One upload swaps for every instance of its plugin type or for none: where some instance
     /// refused the new version (`rejected`: type → why), the instances that took it go back to
     /// what served them before, so no type runs two versions at once.
