@@ -281,6 +281,18 @@ const LEVELS: &[(&str, &str)] = &[
         "providers: [{name: a, type: t, upstream: {credentials: {username: u, passwordFrom: {zz: 1}}}}]",
     ),
     (
+        "access.",
+        "providers: [{name: a, type: t, access: {zz: 1}}]",
+    ),
+    (
+        "access.namespaceSelector.",
+        "providers: [{name: a, type: t, access: {namespaceSelector: {zz: 1}}}]",
+    ),
+    (
+        "access.allow.",
+        "providers: [{name: a, type: t, access: {allow: {zz: 1}}}]",
+    ),
+    (
         "grants.libvirt.hosts[].limits.",
         "providers: [{name: a, type: t, grants: {libvirt: {hosts: [{name: h, address: a, user: u, limits: {zz: 1}}]}}}]",
     ),
