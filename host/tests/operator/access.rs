@@ -202,3 +202,54 @@ async fn an_instance_only_team_a_may_use_refuses_at_apply_and_in_the_controller(
         2
     );
 }
+
+/// The operator binary's leader keeps `<operator-id>-provider-access` as its providers config
+/// says: applied at start, rewritten when the config allows another namespace, deleted when no
+/// instance has `access` any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_keeps_the_admission_policy_as_the_providers_config_changes() {
+    let world = super::world::World::start("access-bin").await;
+    let cp = world.cp;
+    let other = cp.namespace("access-other").await.unwrap();
+    let (own, other) = (world.ns.name(), other.name());
+    // An instance name of its own, as above: the policy is cluster-wide.
+    let provider = format!("acc-{}", own.trim_start_matches("access-bin-"));
+    let write_config = |access: &str| {
+        let entry = store_provider(&provider, &world.store);
+        std::fs::write(&world.config, format!("providers:\n{entry}{access}")).unwrap();
+    };
+    write_config(&format!("  access: {{namespaces: [{own}]}}\n"));
+    let _operator = world
+        .operator_with(&["--providers-config-reload-interval", "200ms"])
+        .await;
+    let name = policy::name(&format!("e2e-{own}"));
+
+    let in_other = plain_proxy(other, "elsewhere", &provider);
+    await_admission(cp, &in_other, true).await;
+    let refused = apply(cp, &in_other, true).await.unwrap_err();
+    assert!(
+        refused.contains(&format!(
+            "spec.provider: this namespace may not use provider instance `{provider}`"
+        )),
+        "{refused}"
+    );
+    apply(cp, &plain_proxy(own, "at-home", &provider), true)
+        .await
+        .expect("its own namespace may use it");
+
+    write_config(&format!("  access: {{namespaces: [{own}, {other}]}}\n"));
+    await_admission(cp, &in_other, false).await;
+    let with_user_data = proxy_yaml(other, "with-user-data", &provider, "");
+    let refused = apply(cp, &with_user_data, true).await.unwrap_err();
+    assert!(refused.contains("spec.cloudInit: "), "{refused}");
+
+    // No `access` left: no policy (every namespace, everything, as before `access` existed).
+    write_config("");
+    await_admission(cp, &with_user_data, false).await;
+    let gone = cp
+        .kubectl_run(&["get", "validatingadmissionpolicy", &name], None)
+        .await
+        .unwrap_err();
+    assert!(format!("{gone:#}").contains("NotFound"), "{gone:#}");
+    write_policy(&cp.client(), &name, &[]).await.unwrap();
+}
