@@ -91,6 +91,7 @@ fn see(anchor: &str) -> Option<String> {
 /// to it).
 pub const ANCHORS: &[&str] = &[
     UNKNOWN_PROVIDER,
+    ACCESS_DENIED,
     PLUGIN_NOT_LOADED,
     QUOTA_OR_RETRYING,
     OUTSIDE_THE_SPEC,
@@ -104,6 +105,8 @@ pub const ANCHORS: &[&str] = &[
     NOT_LEADER,
 ];
 const UNKNOWN_PROVIDER: &str = "a-proxy-stays-pending-with-reason-unknownprovider";
+const ACCESS_DENIED: &str =
+    "kubectl-apply-refuses-a-proxy-or-proxypool-or-it-stays-pending-with-reason-accessdenied";
 const PLUGIN_NOT_LOADED: &str = "a-proxy-stays-pending-with-reason-pluginnotloaded";
 const QUOTA_OR_RETRYING: &str = "a-proxy-stays-pending-with-reason-quota-or-retrying";
 const OUTSIDE_THE_SPEC: &str = "a-proxy-is-failed-with-reason-unauthorized-denied-or-invalidconfig";
@@ -352,6 +355,15 @@ impl<'a> Facts<'a> {
     }
 
     fn provider(&self) -> Result<String, Cause> {
+        if self.reason == "AccessDenied" {
+            return Err(cause(
+                "provider",
+                "its provider instance's access (providers config) refuses it",
+                &self.message,
+                "Remove the field the message names, or use a provider instance your namespace may use, or ask the platform team to widen the instance's `access`.",
+                Some(ACCESS_DENIED),
+            ));
+        }
         if self.reason != "UnknownProvider" {
             return Ok(format!(
                 "provider instance `{}` is configured",

@@ -89,6 +89,16 @@ fn health(ready: bool, reason: &str) -> ProviderHealth {
     "its provider is not in the operator's providers config",
     Some(UNKNOWN_PROVIDER)
 )]
+#[case::access_denied(
+    not_provisioned(
+        "Pending",
+        "AccessDenied",
+        "spec.cloudInit: provider instance `store` does not allow user cloud-init (access.allow.userData is false); remove it, or ask the platform team to set access.allow.userData"
+    ),
+    "provider",
+    "its provider instance's access (providers config) refuses it",
+    Some(ACCESS_DENIED)
+)]
 #[case::plugin_refused_the_config(
     json!({"phase": "Pending",
            "lastError": "the `late` plugin of provider instance `store` is not loaded: the new plugin version rejected the config: providers[0] (store): the `late` plugin rejected its config: config.endpoint: `gopher://x` must start with http://",
