@@ -233,15 +233,49 @@ async fn the_leader_keeps_the_admission_policy_as_the_providers_config_changes()
         )),
         "{refused}"
     );
-    apply(cp, &plain_proxy(own, "at-home", &provider), true)
+    apply(cp, &plain_proxy(own, "at-home", &provider), false)
         .await
         .expect("its own namespace may use it");
+    let api: Api<Proxy> = world.ns.api();
+    let made = wait_for(&api, "at-home", "made", |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.provider_id.is_some())
+    })
+    .await
+    .unwrap();
+    let instance = made.status.unwrap().provider_id.unwrap();
 
     write_config(&format!("  access: {{namespaces: [{own}, {other}]}}\n"));
     await_admission(cp, &in_other, false).await;
     let with_user_data = proxy_yaml(other, "with-user-data", &provider, "");
     let refused = apply(cp, &with_user_data, true).await.unwrap_err();
     assert!(refused.contains("spec.cloudInit: "), "{refused}");
+
+    // Its own namespace loses access: the running Proxy is told so, and keeps running.
+    write_config(&format!("  access: {{namespaces: [{other}]}}\n"));
+    let denied = |p: Option<&Proxy>| {
+        condition(p, "AccessAllowed").is_some_and(|(s, r, _)| s == "False" && r == "AccessDenied")
+    };
+    let marked = wait_for(&api, "at-home", "AccessDenied", denied)
+        .await
+        .unwrap();
+    let (_, _, message) = condition(Some(&marked), "AccessAllowed").unwrap();
+    assert!(
+        message.contains(&format!(
+            "namespace `{own}` may not use provider instance `{provider}`"
+        )) && message.contains("the proxy keeps running"),
+        "{message}"
+    );
+    assert!(marked.metadata.deletion_timestamp.is_none());
+    assert!(
+        world
+            .store
+            .state
+            .instances
+            .lock()
+            .unwrap()
+            .contains_key(&instance)
+    );
 
     // No `access` left: no policy (every namespace, everything, as before `access` existed).
     write_config("");
@@ -251,5 +285,9 @@ async fn the_leader_keeps_the_admission_policy_as_the_providers_config_changes()
         .await
         .unwrap_err();
     assert!(format!("{gone:#}").contains("NotFound"), "{gone:#}");
+    wait_for(&api, "at-home", "AccessAllowed gone", |p| {
+        p.is_some() && condition(p, "AccessAllowed").is_none()
+    })
+    .await;
     write_policy(&cp.client(), &name, &[]).await.unwrap();
 }
