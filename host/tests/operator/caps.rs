@@ -158,6 +158,15 @@ async fn a_pool_stops_at_its_instances_cap_and_a_lowered_cap_deletes_nothing() {
         message,
         "provider instance store is at its cap of 3 Proxies (limits.maxProxies); 3 of 5 replicas made"
     );
+    let conditions = &pool.status.as_ref().unwrap().conditions;
+    let ready = conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert!(
+        ready
+            .message
+            .ends_with("a provider instance's cap holds back the others (see CapReached)"),
+        "{}",
+        ready.message
+    );
     assert_eq!(s.members().await.len(), 3, "no more than the cap made");
     let table = s
         .world

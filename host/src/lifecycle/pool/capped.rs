@@ -90,6 +90,12 @@ impl Announced {
         let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
         known.insert(pool, capped);
     }
+
+    /// A deleted pool's: a new pool of the same name starts from its own status.
+    pub(super) fn forget(&self, pool: &ProxyKey) {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        known.remove(pool);
+    }
 }
 
 /// Sets `CapReached` from the plan: `True` naming each instance and its figure while a cap holds
@@ -263,5 +269,7 @@ mod tests {
         assert_eq!(announced.get(&key), None);
         announced.set(key.clone(), true);
         assert_eq!(announced.get(&key), Some(true));
+        announced.forget(&key);
+        assert_eq!(announced.get(&key), None);
     }
 }

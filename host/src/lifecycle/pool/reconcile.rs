@@ -233,6 +233,7 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
 /// Deleting a pool deletes its Proxies; each goes through its own finalizer (the instance is
 /// deleted at the provider), and their leases end.
 async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
+    ctx.announced.forget(&ProxyKey::of(pool));
     let namespace = pool.namespace().unwrap_or_default();
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
     let owned = owned_proxies(pool, &proxies, |proxy| {
@@ -511,10 +512,15 @@ async fn write_status(
             format!("{} of {} Proxies are Ready", counts.ready, desired.replicas),
         )
     } else {
+        let others = if plan.capped.is_empty() {
+            "the others are being made or probed"
+        } else {
+            "a provider instance's cap holds back the others (see CapReached)"
+        };
         (
             "ScalingUp",
             format!(
-                "{} of {} Proxies are Ready; the others are being made or probed",
+                "{} of {} Proxies are Ready; {others}",
                 counts.ready, desired.replicas
             ),
         )
