@@ -111,8 +111,12 @@ fn proxy_cap(proxy: &Proxy) -> Option<(String, String)> {
 }
 
 fn pool_yaml(ns: &str, replicas: i32, port: u16) -> String {
+    named_pool_yaml(ns, "web", replicas, port)
+}
+
+fn named_pool_yaml(ns: &str, name: &str, replicas: i32, port: u16) -> String {
     format!(
-        "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: web\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: store\n      port: {port}\n"
+        "apiVersion: proxy-operator.dev/v1alpha1\nkind: ProxyPool\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: store\n      port: {port}\n"
     )
 }
 
@@ -272,4 +276,64 @@ async fn a_pool_stops_at_its_instances_cap_and_a_lowered_cap_deletes_nothing() {
         Some("False".to_string()),
         "at its replicas: not held back"
     );
+}
+
+/// Two pools scaling up on one capped instance at the same moment: together they never pass the
+/// cap (each counts the other's creates), and both say they are held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_racing_for_one_capped_instance_never_pass_the_cap() {
+    let world = World::start("pp-caps-race").await;
+    let entry = world.store.provider_entry("store");
+    std::fs::write(
+        &world.config,
+        format!("providers:\n{entry}  limits: {{maxProxies: 4}}\n"),
+    )
+    .unwrap();
+    let operator = world.operator().await;
+    let s = Setup { world, operator };
+    let ns = s.world.ns.name().to_string();
+    let port = s.world.squid.port();
+    let both = format!(
+        "{}---\n{}",
+        named_pool_yaml(&ns, "a", 5, port),
+        named_pool_yaml(&ns, "b", 5, port)
+    );
+    s.apply(&both).await;
+    let api: Api<Proxy> = s.world.ns.api();
+    let pools: Api<ProxyPool> = s.world.ns.api();
+    let mut most = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let proxies = api.list(&Default::default()).await.unwrap().items;
+        most = most.max(proxies.len());
+        assert!(
+            proxies.len() <= 4,
+            "the two pools together passed the cap of 4: {:?}",
+            proxies.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        let capped = |name: &str| {
+            let pools = pools.clone();
+            let name = name.to_string();
+            async move {
+                let pool = pools.get(&name).await.unwrap();
+                pool_cap(&pool).is_some_and(|(status, _)| status == "True")
+            }
+        };
+        let ready = proxies
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|st| st.phase) == Some(Phase::Ready))
+            .count();
+        if ready == 4 && capped("a").await && capped("b").await {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} Proxies, {ready} Ready\n{}",
+            proxies.len(),
+            s.operator.proc.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(most, 4, "the two pools together stay within the cap of 4");
+    assert_eq!(api.list(&Default::default()).await.unwrap().items.len(), 4);
 }

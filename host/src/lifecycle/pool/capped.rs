@@ -23,7 +23,17 @@ use crate::support::events::EventType;
 pub(super) struct PoolCaps {
     pub uses: Caps,
     pub caps: BTreeMap<String, ProxyCap>,
+    /// Held while the pool counts, creates and waits for the cache to show its creates: one pool
+    /// on capped instances at a time, so two never count the same free places.
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
+
+/// The turn pools on capped instances take (see [`PoolCaps`]).
+pub(super) type Turns = std::sync::Arc<tokio::sync::Mutex<()>>;
+
+/// How long a pool waits, after its creates, for the cache to show them (so the next pool's
+/// count has them); a watch event usually takes milliseconds.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The caps of the instances of the pool's slots, and what counts against each: the other
 /// Proxies of the instance from the cache (every namespace the operator watches), and the
@@ -34,7 +44,7 @@ pub(super) async fn caps_for(
     desired: &Desired,
     members: &[Member],
     providers: &Providers,
-    cache: &Store<Proxy>,
+    (cache, turns): (&Store<Proxy>, &Turns),
 ) -> PoolCaps {
     let mut out = PoolCaps::default();
     for slot in &desired.slots {
@@ -45,6 +55,7 @@ pub(super) async fn caps_for(
     if out.caps.is_empty() {
         return out;
     }
+    out._turn = Some(turns.clone().lock_owned().await);
     // Until the cache has listed every Proxy once, it would count too few.
     if cache.wait_until_ready().await.is_err() {
         tracing::warn!("the cache of Proxies is gone; counting the pool's own only");
@@ -70,6 +81,41 @@ pub(super) async fn caps_for(
         );
     }
     out
+}
+
+/// After the creates of `plan`: waits (at most [`SETTLE`]) until the cache shows the pool's new
+/// Proxies on its capped instances, so the next pool to take the turn counts them.
+pub(super) async fn settle(
+    caps: &PoolCaps,
+    cache: &Store<Proxy>,
+    pool: &ProxyPool,
+    members: &[Member],
+    plan: &Plan,
+) {
+    if caps.caps.is_empty() || plan.create.is_empty() {
+        return;
+    }
+    let uid = pool.uid().unwrap_or_default();
+    let known: std::collections::HashSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+    let shown = |instance: &str| {
+        cache
+            .state()
+            .iter()
+            .filter(|p| p.spec.provider == instance && !known.contains(p.name_any().as_str()))
+            .filter(|p| p.owner_references().iter().any(|o| o.uid == uid))
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    for instance in caps.caps.keys() {
+        let made = plan
+            .create
+            .iter()
+            .filter(|s| s.provider == *instance)
+            .count();
+        while shown(instance) < made && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// Whether each pool was held back by a cap when last announced, as this controller published
@@ -186,6 +232,7 @@ mod tests {
     fn caps() -> PoolCaps {
         PoolCaps {
             uses: Caps::new(),
+            _turn: None,
             caps: BTreeMap::from([(
                 "gcp-eu".to_string(),
                 ProxyCap {
@@ -249,6 +296,37 @@ mod tests {
         assert_eq!((type_, reason), (EventType::Normal, "BelowCap"));
         assert_eq!(conditions[0].status, "False");
         assert_eq!(set(&mut conditions, false, 5), None);
+    }
+
+    /// After its creates a pool waits for the cache to show them (the next pool counts from it),
+    /// and goes on at once when it does.
+    #[tokio::test]
+    async fn settle_returns_once_the_cache_shows_the_creates() {
+        use kube::runtime::watcher;
+        let pool: ProxyPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": "web", "namespace": "crawl", "uid": "pool-uid"},
+            "spec": {"replicas": 1, "template": {"spec": {"provider": "gcp-eu"}}},
+        }))
+        .unwrap();
+        let made: Proxy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "Proxy",
+            "metadata": {"name": "web-new", "namespace": "crawl", "ownerReferences": [
+                {"apiVersion": "proxy-operator.dev/v1alpha1", "kind": "ProxyPool", "name": "web",
+                 "uid": "pool-uid", "controller": true}]},
+            "spec": {"provider": "gcp-eu"},
+        }))
+        .unwrap();
+        let (cache, mut writer) = kube::runtime::reflector::store::<Proxy>();
+        writer.apply_watcher_event(&watcher::Event::Apply(made));
+        let mut creates = plan(true, 1);
+        creates.create = vec![crate::lifecycle::pool::decide::Slot {
+            provider: "gcp-eu".into(),
+            zone: None,
+        }];
+        let started = std::time::Instant::now();
+        settle(&caps(), &cache, &pool, &[], &creates).await;
+        assert!(started.elapsed() < SETTLE, "it went on at once");
     }
 
     /// A reconcile reading the pool from a cache that does not show its last status write yet

@@ -50,6 +50,8 @@ pub struct PoolContext {
     proxies: Store<Proxy>,
     /// Whether each pool was held back by a cap when last announced (one Event per turn).
     announced: capped::Announced,
+    /// One pool on capped instances counts and creates at a time.
+    cap_turns: capped::Turns,
 }
 
 impl PoolContext {
@@ -67,6 +69,7 @@ impl PoolContext {
             backoffs: Backoffs::default(),
             proxies,
             announced: Default::default(),
+            cap_turns: Default::default(),
         }
     }
 }
@@ -219,10 +222,12 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
         }
     };
     let members = members(pool, &proxies, &ctx.leases).await?;
-    let caps = capped::caps_for(pool, &desired, &members, &providers, &ctx.proxies).await;
+    let cache = (&ctx.proxies, &ctx.cap_turns);
+    let caps = capped::caps_for(pool, &desired, &members, &providers, cache).await;
     let now = crate::leasing::leases::store::now_ms();
     let plan = decide::plan(&desired, &members, &caps.uses, now);
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;
+    capped::settle(&caps, &ctx.proxies, pool, &members, &plan).await;
     write_status(pool, ctx, &desired, &plan, &caps).await?;
     Ok(match plan.requeue_after {
         Some(after) => Action::requeue(after),
