@@ -133,6 +133,11 @@ impl ProviderInstance {
         self.limits.cap()
     }
 
+    /// Its `limits` as written (`pricePerHour` is the price cost figures may use).
+    pub fn limits(&self) -> &crate::provider::limits::Limits {
+        &self.limits
+    }
+
     /// The provider instance's name.
     pub fn name(&self) -> &str {
         &self.name
