@@ -27,6 +27,15 @@ impl Type {
     }
 }
 
+/// `CapReached`: a pool held below `replicas`, or a Proxy applied directly held `Pending`,
+/// because its provider instance is at its cap (`limits` in the providers config; docs/pools.md,
+/// "Caps per provider instance").
+pub const CAP_REACHED: &str = "CapReached";
+/// `CapReached`'s reason while the cap holds it back.
+pub const PROVIDER_CAP_REACHED: &str = "ProviderCapReached";
+/// `CapReached`'s reason once no cap holds it back any more.
+pub const BELOW_CAP: &str = "BelowCap";
+
 /// The reasons of a Proxy's conditions (a ProviderHealth's come from its checks too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {

@@ -502,6 +502,7 @@ impl Operator {
             self.client.clone(),
             self.ctx.providers.clone(),
             self.leases.clone(),
+            fleet.proxies.clone(),
         ));
         let meter = usage::run(
             fleet.proxies.clone(),

@@ -1,6 +1,7 @@
 //! The Proxy reconciler: turns each `Proxy` into an instance at its provider, records where it
 //! stands in the status, and makes sure deleting a Proxy always finishes.
 
+mod capped;
 pub mod credentials;
 pub mod decide;
 mod metrics;

@@ -2,7 +2,9 @@
 //! budget when the template changes, rotates them by age and replaces the ones crawlers keep
 //! reporting blocked (docs/pools.md). Decisions in `decide` (pure), I/O in `reconcile`.
 
+mod capped;
 pub mod decide;
+mod member;
 mod reconcile;
 mod spec;
 

@@ -3,6 +3,7 @@
 //! own controller watching it; they share one control plane.
 
 mod aws;
+mod caps;
 #[path = "../common/mod.rs"]
 mod common;
 mod crawler_examples;

@@ -16,6 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::ReconcileMetrics;
+use super::capped;
 use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
@@ -54,6 +55,9 @@ pub struct Context {
     /// request per reconcile. Each run starts its own watch into a new store (a leader that
     /// loses and regains leadership runs the controller again).
     secrets: std::sync::RwLock<Store<Secret>>,
+    /// The Proxies, as the running controller's watch keeps them: what counts against a
+    /// provider instance's cap, without a list per reconcile.
+    proxies: std::sync::RwLock<Store<Proxy>>,
     /// Each Proxy's backoff after failed requests to the API server.
     backoffs: Backoffs<ProxyKey>,
 }
@@ -70,6 +74,7 @@ impl Context {
         let recorder = events::recorder(client.clone());
         Context {
             secrets: std::sync::RwLock::new(reflector::store().0),
+            proxies: std::sync::RwLock::new(reflector::store().0),
             client,
             providers: providers.into(),
             recorder,
@@ -149,6 +154,7 @@ fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     let (reader, writer) = reflector::store();
     let watch = watcher(proxies, watcher::Config::default().any_semantic())
         .modify(crate::support::kubeclient::trim_for_cache);
+    *ctx.proxies.write().expect("not poisoned") = reader.clone();
     let controller = Controller::for_stream(
         reflector::reflector(writer, watch).applied_objects(),
         reader,
@@ -459,6 +465,10 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
         (Decision::Done(effects), _) => effects,
         (Decision::Create { name, zone, status }, Some(provider)) => {
             let mut status = status;
+            let cache = ctx.proxies.read().expect("not poisoned").clone();
+            if let Some(held) = capped::hold(&cache, provider, proxy, &mut status).await {
+                return execute(ctx, api, proxy, held).await;
+            }
             let mut spec = spec_for(proxy, ctx, &name, zone);
             match credentials::login_for(&ctx.client, &ctx.cached_secrets(), provider, proxy)
                 .await?
