@@ -504,13 +504,14 @@ impl Operator {
             self.leases.clone(),
             fleet.proxies.clone(),
         ));
+        let providers = self.ctx.providers.clone();
         let meter = usage::run(
             fleet.proxies.clone(),
             self.leases.clone(),
             self.leases.first_blocks(),
             self.metrics.usage.clone(),
             self.usage.clone(),
-            |_provider: &str| None,
+            move |name: &str| providers.current().get(name)?.limits().price_per_hour,
         );
         let controllers = async {
             tokio::join!(
