@@ -7,3 +7,4 @@ pub mod controller;
 pub mod gc;
 pub mod health;
 pub mod pool;
+pub mod quota;

@@ -28,6 +28,7 @@ use crate::lifecycle::controller::{self, Context};
 use crate::lifecycle::gc;
 use crate::lifecycle::health::{HealthEngine, HealthOptions};
 use crate::lifecycle::pool::{self, PoolContext};
+use crate::lifecycle::quota::{self, QuotaView};
 use crate::provider::capabilities::kube::OperatorObjects;
 use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::provider::config::ProvidersConfig;
@@ -418,11 +419,22 @@ impl Operator {
     /// reconciles in flight finish first.
     async fn reconcile_until(&self, stop: &CancellationToken, fleet: &Fleet) {
         let namespace = self.args.proxy_namespace.as_deref();
-        let pools = Arc::new(PoolContext::new(
+        // ProxyQuotas: counted against the fleet's Proxy cache, enforced by both controllers
+        // and the lease table, their use written by this leader.
+        let (quotas, quota_watch) = quota::watch(&self.client, namespace);
+        let view = QuotaView {
+            quotas,
+            proxies: fleet.proxies.clone(),
+        };
+        self.ctx.use_quotas(view.clone());
+        let quota_work = quota::run(self.client.clone(), view.clone(), self.leases.clone());
+        let mut pools = PoolContext::new(
             self.client.clone(),
             self.ctx.providers.clone(),
             self.leases.clone(),
-        ));
+        );
+        pools.quotas = view;
+        let pools = Arc::new(pools);
         let meter = usage::run(
             fleet.proxies.clone(),
             self.leases.first_blocks(),
@@ -437,6 +449,8 @@ impl Operator {
         tokio::select! {
             _ = controllers => {}
             () = meter => {}
+            () = quota_watch => {}
+            () = quota_work => {}
         }
     }
 }

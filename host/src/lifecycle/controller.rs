@@ -4,6 +4,7 @@
 pub mod credentials;
 pub mod decide;
 mod metrics;
+mod quota;
 mod reconcile;
 
 pub use metrics::ReconcileMetrics;

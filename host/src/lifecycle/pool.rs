@@ -3,6 +3,7 @@
 //! reporting blocked (docs/pools.md). Decisions in `decide` (pure), I/O in `reconcile`.
 
 pub mod decide;
+pub mod quota;
 mod reconcile;
 mod spec;
 

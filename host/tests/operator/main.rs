@@ -17,6 +17,7 @@ mod kubernetes;
 mod kvm;
 mod leases;
 mod pools;
+mod quotas;
 mod reload;
 mod status_page;
 mod tls_metrics;
@@ -67,6 +68,7 @@ async fn control_plane() -> &'static ControlPlane {
                 "--timeout=60s",
                 "crd/proxies.proxy-operator.dev",
                 "crd/proxypools.proxy-operator.dev",
+                "crd/proxyquotas.proxy-operator.dev",
             ],
             None,
         )

@@ -44,6 +44,9 @@ pub struct PoolContext {
     pub leases: Arc<LeaseStore>,
     /// Each pool's backoff after failed requests to the API server.
     backoffs: Backoffs<ProxyKey>,
+    /// The namespaces' ProxyQuotas and Proxies the creates stay within (`quota.rs`); none by
+    /// default.
+    pub quotas: crate::lifecycle::quota::QuotaView,
 }
 
 impl PoolContext {
@@ -54,6 +57,7 @@ impl PoolContext {
             providers,
             leases,
             backoffs: Backoffs::default(),
+            quotas: Default::default(),
         }
     }
 }
@@ -205,9 +209,10 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
         }
     };
     let members = members(pool, &proxies, &ctx.leases).await?;
-    let plan = decide::plan(&desired, &members, crate::leasing::leases::store::now_ms());
+    let mut plan = decide::plan(&desired, &members, crate::leasing::leases::store::now_ms());
+    let stopped = super::quota::clip_to_quota(&ctx.quotas, pool, &members, &mut plan);
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;
-    write_status(pool, ctx, &desired, &plan).await?;
+    write_status(pool, ctx, &desired, &plan, stopped.as_ref()).await?;
     Ok(match plan.requeue_after {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
@@ -521,6 +526,7 @@ async fn write_status(
     ctx: &PoolContext,
     desired: &Desired,
     plan: &Plan,
+    stopped: Option<&crate::lifecycle::quota::decide::Stopped>,
 ) -> Result<(), Error> {
     let generation = pool.metadata.generation;
     let mut status = pool.status.clone().unwrap_or_default();
@@ -582,6 +588,7 @@ async fn write_status(
         &message,
         generation,
     );
+    super::quota::note(pool, &ctx.recorder, &mut status, stopped, desired.replicas).await;
     patch_status(pool, ctx, status).await
 }
 
