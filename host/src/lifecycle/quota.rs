@@ -184,7 +184,7 @@ async fn write_statuses(
             continue;
         }
         let api: Api<ProxyQuota> = Api::namespaced(client.clone(), &namespace);
-        let patch = Patch::Merge(serde_json::json!({ "status": status }));
+        let patch = Patch::Merge(decide::status_patch(quota.status.as_ref(), &status));
         if let Err(e) = api
             .patch_status(&quota.name_any(), &PatchParams::default(), &patch)
             .await

@@ -230,6 +230,28 @@ async fn a_quota_stops_a_pool_a_proxy_and_a_lease_and_shows_its_use() {
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(&row[..3], ["q1", "3/3", "1/1"], "{table}");
+
+    // The platform drops the lease bound: the status drops it too, and leases are free again.
+    apply(&world, &quota_yaml(&ns, "  proxies:\n    store: 3\n")).await;
+    wait_for(
+        &operator,
+        "the status without leases",
+        || quotas.get("q1"),
+        |q| {
+            let status = q.as_ref().unwrap().status.clone().unwrap_or_default();
+            status.used.leases.is_none()
+                && status.summary.is_some_and(|s| s.leases.is_none())
+                && status.observed_generation == Some(2)
+        },
+    )
+    .await
+    .unwrap();
+    let (status, body) = grant().await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "no lease bound any more: {body}"
+    );
 }
 
 /// The admission policy of deploy/ against the real API server: a pool over its namespace's

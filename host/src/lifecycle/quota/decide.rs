@@ -161,5 +161,36 @@ pub fn status_of(quota: &ProxyQuota, used: &NamespaceUse) -> ProxyQuotaStatus {
     }
 }
 
+/// The merge patch that makes `old` into `new`: a merge patch leaves what it does not name, so
+/// a field the spec no longer bounds (or a provider instance it no longer names) is removed with
+/// an explicit `null`.
+pub fn status_patch(old: Option<&ProxyQuotaStatus>, new: &ProxyQuotaStatus) -> serde_json::Value {
+    let mut patch = serde_json::to_value(new).expect("a status serializes");
+    let old = old.map(|o| serde_json::to_value(o).expect("a status serializes"));
+    for part in ["used", "summary"] {
+        let (Some(before), Some(after)) = (
+            old.as_ref().and_then(|o| o[part].as_object()),
+            patch[part].as_object_mut(),
+        ) else {
+            continue;
+        };
+        for (key, value) in before {
+            if !after.contains_key(key) {
+                after.insert(key.clone(), serde_json::Value::Null);
+            } else if let (Some(was), Some(now)) = (value.as_object(), after[key].as_object_mut()) {
+                for gone in was
+                    .keys()
+                    .filter(|k| !now.contains_key(*k))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                {
+                    now.insert(gone, serde_json::Value::Null);
+                }
+            }
+        }
+    }
+    serde_json::json!({ "status": patch })
+}
+
 #[cfg(test)]
 mod tests;

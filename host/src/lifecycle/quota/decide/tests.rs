@@ -207,3 +207,46 @@ fn a_quotas_status_shows_use_against_limit_for_each_bounded_field() {
         assert_eq!(status.observed_generation, Some(2));
     }
 }
+
+#[test]
+fn a_status_patch_removes_what_the_spec_no_longer_bounds() {
+    let used = NamespaceUse {
+        proxies: counts(&[("x", 3), ("y", 1)]),
+        leases: 1,
+        gateway_connections: 0,
+    };
+    let before = status_of(
+        &quota(
+            "q",
+            serde_json::json!({"proxies": {"x": 5, "y": 5}, "leases": 2}),
+        ),
+        &used,
+    );
+    let after = status_of(&quota("q", serde_json::json!({"proxies": {"x": 5}})), &used);
+    // (old status, new status, the patch's `used` and `summary`)
+    let cases = [
+        (
+            None,
+            &after,
+            serde_json::json!({"proxies": {"x": 3}}),
+            serde_json::json!({"proxies": "3/5"}),
+        ),
+        (
+            Some(&before),
+            &after,
+            serde_json::json!({"proxies": {"x": 3, "y": null}, "leases": null}),
+            serde_json::json!({"proxies": "3/5", "leases": null}),
+        ),
+        (
+            Some(&after),
+            &before,
+            serde_json::json!({"proxies": {"x": 3, "y": 1}, "leases": 1}),
+            serde_json::json!({"proxies": "3/5", "leases": "1/2"}),
+        ),
+    ];
+    for (old, new, used, summary) in cases {
+        let patch = status_patch(old, new);
+        assert_eq!(patch["status"]["used"], used, "{old:?}");
+        assert_eq!(patch["status"]["summary"], summary, "{old:?}");
+    }
+}
