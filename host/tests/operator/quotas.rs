@@ -322,3 +322,96 @@ async fn the_api_server_refuses_a_pool_over_its_namespaces_quota() {
     .await
     .unwrap();
 }
+
+const GATEWAY_TOKEN: &str = "quotas-gateway-token";
+
+/// A gateway replica's call to the leader's gateway door: `path` with `body`.
+async fn gateway_call(
+    operator: &OperatorProcess,
+    method: reqwest::Method,
+    path: &str,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .request(method, format!("http://{}{path}", operator.discovery))
+        .bearer_auth(super::common::operator_process::TOKEN)
+        .header(
+            proxy_operator::leasing::leases::api::GATEWAY_TOKEN_HEADER,
+            GATEWAY_TOKEN,
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}
+
+/// `gatewayConnections: 2`: the leader routes two connections to the namespace's pool, refuses
+/// the third with 429 naming the quota (what the gateway hands its client), and routes again
+/// once the replica reports its connections closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_at_its_gateway_connections_is_refused_naming_the_quota() {
+    let world = World::start("pxq-gw").await;
+    let operator = world
+        .operator_with(&["--gateway-token", GATEWAY_TOKEN])
+        .await;
+    let ns = world.ns.name().to_string();
+    apply(&world, &quota_yaml(&ns, "  gatewayConnections: 2\n")).await;
+    let quotas: Api<ProxyQuota> = world.ns.api();
+    wait_for(
+        &operator,
+        "the quota read by the leader",
+        || quotas.get("q1"),
+        |q| {
+            let status = q.as_ref().unwrap().status.clone().unwrap_or_default();
+            status.used.gateway_connections == Some(0)
+        },
+    )
+    .await
+    .unwrap();
+    apply(&world, &pool_yaml(&ns, 1, world.squid.port())).await;
+    let route = || {
+        gateway_call(
+            &operator,
+            reqwest::Method::POST,
+            "/v1/gateway/routes",
+            json!({"replica": "gw-0", "pool": format!("{ns}/web")}),
+        )
+    };
+    wait_for(
+        &operator,
+        "a first route once the pool's proxy is Ready",
+        route,
+        |(status, _)| *status == StatusCode::OK,
+    )
+    .await;
+    let (status, body) = route().await;
+    assert_eq!(status, StatusCode::OK, "the second connection: {body}");
+    let (status, refused) = route().await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+    assert_eq!(refused["type"], "urn:proxy-operator:problem:quota-exceeded");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "ProxyQuota {ns}/q1: gatewayConnections 2/2 in use"
+        )),
+        "{detail}"
+    );
+    // The replica's report: its connections are closed.
+    let (status, body) = gateway_call(
+        &operator,
+        reqwest::Method::PUT,
+        "/v1/gateway/replicas/gw-0",
+        json!({"connections": {}}),
+    )
+    .await;
+    assert!(status.is_success(), "{status} {body}");
+    let (status, body) = route().await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "room again after the report: {body}"
+    );
+}
