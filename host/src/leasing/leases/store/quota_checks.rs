@@ -106,10 +106,14 @@ mod tests {
             None,
         );
         store.restore(Snapshot::default());
+        let pooled = |name: &str| super::super::ProvisionedProxy {
+            pool: Some("pa".into()),
+            ..proxy("team-a", name)
+        };
         store.set_provisioned(vec![
-            proxy("team-a", "a1"),
-            proxy("team-a", "a2"),
-            proxy("team-a", "a3"),
+            pooled("a1"),
+            pooled("a2"),
+            pooled("a3"),
             proxy("team-b", "b1"),
         ]);
         let bounds = NamespaceBounds {
@@ -140,6 +144,28 @@ mod tests {
         assert!(joined.joined && joined.lease.id == first.lease.id);
         let held = store.leases_by_namespace();
         assert_eq!((held["team-a"], held["team-b"]), (2, 1));
+        // A caller outside team-a learns nothing of its quota: the answer of a pool it may not
+        // lease from, or of a proxy that does not exist.
+        let outside = |pool: Option<&str>, proxy: Option<&str>| LeaseRequest {
+            reach: super::super::Reach::Namespace("team-b".into()),
+            pool: pool.map(|name| super::super::PoolKey {
+                namespace: "team-a".into(),
+                name: name.into(),
+            }),
+            proxy: proxy.map(|name| ProxyKey {
+                namespace: "team-a".into(),
+                name: name.into(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            store.grant(&outside(Some("pa"), None)).unwrap_err(),
+            GrantError::UnknownPool
+        );
+        assert_eq!(
+            store.grant(&outside(None, Some("a3"))).unwrap_err(),
+            GrantError::UnknownProxy
+        );
         // A release makes room again.
         store.release(&first.lease.id).unwrap();
         store.grant(&in_ns("team-a", None)).unwrap();
