@@ -33,7 +33,13 @@ pub struct ProxyQuotaSpec {
     /// Proxies the namespace may have on each provider instance (its name in the providers
     /// config), counting every Proxy not being deleted, pooled or not.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 64))]
+    #[schemars(extend(
+        "maxProperties" = 64,
+        "x-kubernetes-validations" = [{
+            "rule": "self.all(k, size(k) <= 63 && k.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))",
+            "message": "proxies: each key is a provider instance's name of the providers config (lowercase letters, digits and '-', at most 63)"
+        }]
+    ))]
     pub proxies: BTreeMap<String, u32>,
     /// Proxies the namespace may have on all provider instances together.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -270,6 +270,19 @@ async fn the_api_server_refuses_a_pool_over_its_namespaces_quota() {
     )
     .await
     .unwrap();
+    // A key that cannot be a provider instance's name is refused, naming the field.
+    let typo = cp
+        .kubectl_run(
+            &["apply", "-f", "-"],
+            Some(&quota_yaml(name, "  proxies:\n    Store_1: 3\n").replace("q1", "typo")),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        typo.contains("proxies: each key is a provider instance's name"),
+        "{typo}"
+    );
     let want = format!(
         "ProxyQuota {name}/q1: proxies[store] is 3, spec.replicas 5 is over it; lower spec.replicas or ask the platform team to raise the quota"
     );
