@@ -5,7 +5,7 @@
 
 use kube::{Resource, ResourceExt};
 
-use super::decide::{Member, Plan};
+use super::decide::{BUSY_REQUEUE, Member, Plan};
 use crate::api::conditions::set_named;
 use crate::api::labels::POOL_LABEL;
 use crate::api::{ProxyPool, ProxyPoolStatus, ProxyQuota};
@@ -43,6 +43,9 @@ pub(super) fn clip_to_quota(
     let dropped = asked - plan.create.len();
     plan.counts.replicas -= dropped;
     plan.counts.updated -= dropped;
+    // Not the quick next step of a large scale-up: nothing more fits until the quota has room,
+    // which the usual busy look notices.
+    plan.requeue_after = Some(BUSY_REQUEUE);
     Some(stopped)
 }
 
@@ -85,5 +88,89 @@ pub(super) async fn note(
         let reference = pool.object_ref(&());
         let warning = EventType::Warning;
         events::publish(recorder, &reference, warning, CONDITION, "Create", message).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::api::Proxy;
+    use crate::lifecycle::pool::decide::{CREATES_PER_STEP, NEXT_STEP, Slot};
+
+    fn object<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> K {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn member(name: &str) -> Member {
+        Member {
+            name: name.into(),
+            slot: Slot {
+                provider: "x".into(),
+                zone: None,
+            },
+            template_hash: None,
+            created_ms: 0,
+            ready: true,
+            deleting: false,
+            draining: false,
+            lease_ends_ms: None,
+            blocked_reports: 0,
+            credentials_stale: false,
+            recycle_requested: false,
+        }
+    }
+
+    /// A pool of the namespace `team-a` asking for a full step of creates on `x`, one member
+    /// made, another pool's Proxy beside it and a quota of 4 on `x`: 2 are made, the counts say
+    /// so, and the pool looks again at the busy pace, not the next step's.
+    #[test]
+    fn a_full_step_of_creates_is_clipped_to_the_headroom_and_waits_at_the_busy_pace() {
+        let (quotas, mut quota_writer) = reflector::store::<ProxyQuota>();
+        let (proxies, mut proxy_writer) = reflector::store::<Proxy>();
+        quota_writer.apply_watcher_event(&Event::Apply(object(serde_json::json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "ProxyQuota",
+            "metadata": {"name": "q1", "namespace": "team-a"},
+            "spec": {"proxies": {"x": 4}},
+        }))));
+        for (name, pool) in [("mine", "web"), ("theirs", "other")] {
+            proxy_writer.apply_watcher_event(&Event::Apply(object(serde_json::json!({
+                "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "Proxy",
+                "metadata": {"name": name, "namespace": "team-a", "labels": {POOL_LABEL: pool}},
+                "spec": {"provider": "x"},
+            }))));
+        }
+        let view = QuotaView { quotas, proxies };
+        let pool: ProxyPool = object(serde_json::json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": "web", "namespace": "team-a"},
+            "spec": {"replicas": 1000, "template": {"spec": {"provider": "x"}}},
+        }));
+        let mut plan = Plan {
+            create: vec![member("m").slot; CREATES_PER_STEP],
+            requeue_after: Some(NEXT_STEP),
+            ..Default::default()
+        };
+        plan.counts.replicas = 1 + CREATES_PER_STEP;
+        plan.counts.updated = 1 + CREATES_PER_STEP;
+        let stopped = clip_to_quota(&view, &pool, &[member("mine")], &mut plan).unwrap();
+        assert_eq!(
+            stopped.message(),
+            "ProxyQuota team-a/q1: proxies[x] 4/4 in use"
+        );
+        assert_eq!(plan.create.len(), 2);
+        assert_eq!((plan.counts.replicas, plan.counts.updated), (3, 3));
+        assert_eq!(plan.requeue_after, Some(BUSY_REQUEUE));
+        // Another namespace's pool is not bounded by it.
+        let mut elsewhere = pool.clone();
+        elsewhere.metadata.namespace = Some("team-b".into());
+        let mut plan = Plan {
+            create: vec![member("m").slot; 3],
+            ..Default::default()
+        };
+        assert_eq!(clip_to_quota(&view, &elsewhere, &[], &mut plan), None);
+        assert_eq!(plan.create.len(), 3);
     }
 }
