@@ -9,3 +9,4 @@ pub mod controller;
 pub mod gc;
 pub mod health;
 pub mod pool;
+pub mod quota;

@@ -58,10 +58,12 @@ pub enum Reason {
     /// A provider call failed in a way worth retrying (a `transient` answer, a plugin stopped by
     /// the sandbox).
     Retrying,
+    /// A ProxyQuota of the namespace leaves no room for it: not provisioned until it does.
+    QuotaExceeded,
 }
 
 impl Reason {
-    const ALL: [Reason; 16] = [
+    const ALL: [Reason; 17] = [
         Reason::PluginNotLoaded,
         Reason::UnknownProvider,
         Reason::InstanceRunning,
@@ -78,6 +80,7 @@ impl Reason {
         Reason::ProbeFailed,
         Reason::Quota,
         Reason::Retrying,
+        Reason::QuotaExceeded,
     ];
 
     /// The reason of the condition of `type_`, if it is one of the operator's.
@@ -104,6 +107,7 @@ impl Reason {
             Reason::ProbeFailed => "ProbeFailed",
             Reason::Quota => "Quota",
             Reason::Retrying => "Retrying",
+            Reason::QuotaExceeded => "QuotaExceeded",
         }
     }
 }

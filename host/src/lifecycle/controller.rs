@@ -5,6 +5,7 @@ mod capped;
 pub mod credentials;
 pub mod decide;
 mod metrics;
+mod quota;
 mod reconcile;
 
 pub use metrics::ReconcileMetrics;

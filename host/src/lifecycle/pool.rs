@@ -5,6 +5,7 @@
 mod capped;
 pub mod decide;
 mod member;
+pub mod quota;
 mod reconcile;
 mod spec;
 

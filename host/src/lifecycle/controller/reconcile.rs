@@ -60,6 +60,9 @@ pub struct Context {
     proxies: std::sync::RwLock<Store<Proxy>>,
     /// Each Proxy's backoff after failed requests to the API server.
     backoffs: Backoffs<ProxyKey>,
+    /// The namespaces' ProxyQuotas and Proxies, as the operator's caches keep them (`quota.rs`);
+    /// none until [`Context::use_quotas`].
+    quotas: std::sync::RwLock<crate::lifecycle::quota::QuotaView>,
 }
 
 impl Context {
@@ -84,7 +87,14 @@ impl Context {
             abandoned: None,
             credentials,
             backoffs: Backoffs::default(),
+            quotas: Default::default(),
         }
+    }
+
+    /// Provisions Proxies only within the namespaces' ProxyQuotas, as `view` shows them (set
+    /// by each leadership term, with the caches it runs on).
+    pub fn use_quotas(&self, view: crate::lifecycle::quota::QuotaView) {
+        *self.quotas.write().expect("not poisoned") = view;
     }
 
     /// Whether health probes run (`false` for `--health-interval 0s`).
@@ -464,6 +474,10 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
     let effects = match (step, provider) {
         (Decision::Done(effects), _) => effects,
         (Decision::Create { name, zone, status }, Some(provider)) => {
+            let view = ctx.quotas.read().expect("not poisoned").clone();
+            if let Some(effects) = super::quota::beyond_quota(&view, proxy) {
+                return execute(ctx, api, proxy, effects).await;
+            }
             let mut status = status;
             let cache = ctx.proxies.read().expect("not poisoned").clone();
             if let Some(held) = capped::hold(&cache, provider, proxy, &mut status).await {

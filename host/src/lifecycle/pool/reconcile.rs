@@ -52,6 +52,9 @@ pub struct PoolContext {
     announced: capped::Announced,
     /// One pool on capped instances counts and creates at a time.
     cap_turns: capped::Turns,
+    /// The namespaces' ProxyQuotas and Proxies the creates stay within (`quota.rs`); none by
+    /// default.
+    pub quotas: crate::lifecycle::quota::QuotaView,
 }
 
 impl PoolContext {
@@ -70,6 +73,7 @@ impl PoolContext {
             proxies,
             announced: Default::default(),
             cap_turns: Default::default(),
+            quotas: Default::default(),
         }
     }
 }
@@ -225,10 +229,11 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
     let cache = (&ctx.proxies, &ctx.cap_turns);
     let caps = capped::caps_for(pool, &desired, &members, &providers, cache).await;
     let now = crate::leasing::leases::store::now_ms();
-    let plan = decide::plan(&desired, &members, &caps.uses, now);
+    let mut plan = decide::plan(&desired, &members, &caps.uses, now);
+    let stopped = super::quota::clip_to_quota(&ctx.quotas, pool, &members, &mut plan);
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;
     capped::settle(&caps, &ctx.proxies, pool, &members, &plan).await;
-    write_status(pool, ctx, &desired, &plan, &caps).await?;
+    write_status(pool, ctx, &desired, &plan, &caps, stopped.as_ref()).await?;
     Ok(match plan.requeue_after {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
@@ -499,6 +504,7 @@ async fn write_status(
     desired: &Desired,
     plan: &Plan,
     caps: &capped::PoolCaps,
+    stopped: Option<&crate::lifecycle::quota::decide::Stopped>,
 ) -> Result<(), Error> {
     let generation = pool.metadata.generation;
     let mut status = pool.status.clone().unwrap_or_default();
@@ -565,6 +571,7 @@ async fn write_status(
         &message,
         generation,
     );
+    super::quota::note(pool, &ctx.recorder, &mut status, stopped, desired.replicas).await;
     let key = ProxyKey::of(pool);
     let announced = ctx.announced.get(&key);
     let conditions = &mut status.conditions;
