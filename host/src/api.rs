@@ -7,6 +7,7 @@ pub mod labels;
 mod provider_health;
 mod proxy;
 mod proxy_pool;
+mod proxy_quota;
 
 pub use keys::{PoolKey, ProxyKey};
 pub use provider_health::{
@@ -18,6 +19,10 @@ pub use proxy::{
 pub use proxy_pool::{
     MAX_POOL_REPLICAS, PoolGatewaySpec, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate,
     SpreadTarget, TemplateMetadata,
+};
+pub use proxy_quota::{
+    Bound, ProxyCounts, ProxyQuota, ProxyQuotaSpec, ProxyQuotaStatus, QuotaSummary, QuotaUse,
+    proxy_headroom, tightest,
 };
 
 use kube::CustomResourceExt;
@@ -31,6 +36,7 @@ pub fn crd_manifests() -> Vec<(&'static str, String)> {
         ("proxies.yaml", to_yaml(&Proxy::crd())),
         ("providerhealths.yaml", to_yaml(&ProviderHealth::crd())),
         ("proxypools.yaml", to_yaml(&ProxyPool::crd())),
+        ("proxyquotas.yaml", to_yaml(&ProxyQuota::crd())),
     ]
 }
 
@@ -207,6 +213,10 @@ mod tests {
             (
                 "proxypools",
                 serde_json::to_value(ProxyPool::crd()).unwrap(),
+            ),
+            (
+                "proxyquotas",
+                serde_json::to_value(ProxyQuota::crd()).unwrap(),
             ),
         ] {
             visit(&crd, name, &mut unknown);

@@ -75,6 +75,9 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
         "Namespace/proxies",
         "CustomResourceDefinition/proxies.proxy-operator.dev",
         "CustomResourceDefinition/providerhealths.proxy-operator.dev",
+        "CustomResourceDefinition/proxyquotas.proxy-operator.dev",
+        "ValidatingAdmissionPolicy/proxy-operator-quota",
+        "ValidatingAdmissionPolicyBinding/proxy-operator-quota",
         "ServiceAccount/proxy-operator",
         "ClusterRole/proxy-operator",
         "ClusterRole/proxy-operator-view",
@@ -199,6 +202,35 @@ fn apply_k_deploy_installs_the_operator_and_a_real_providers_config() {
         assert!(
             grants(role, group, resource, "create"),
             "{role}: create {resource}"
+        );
+    }
+    // ProxyQuotas: the operator reads them and writes their status; teams read them only.
+    for (role, resource, verb, granted) in [
+        ("ClusterRole/proxy-operator", "proxyquotas", "watch", true),
+        (
+            "ClusterRole/proxy-operator",
+            "proxyquotas/status",
+            "patch",
+            true,
+        ),
+        ("ClusterRole/proxy-operator", "proxyquotas", "patch", false),
+        (
+            "ClusterRole/proxy-operator-view",
+            "proxyquotas",
+            "list",
+            true,
+        ),
+        (
+            "ClusterRole/proxy-operator-edit",
+            "proxyquotas",
+            "update",
+            false,
+        ),
+    ] {
+        assert_eq!(
+            grants(role, "proxy-operator.dev", resource, verb),
+            granted,
+            "{role}: {verb} {resource}"
         );
     }
     let providers = find("ConfigMap/providers-config")["data"]["providers.yaml"]

@@ -31,6 +31,15 @@ impl Type {
     }
 }
 
+/// `CapReached`: a pool held below `replicas`, or a Proxy applied directly held `Pending`,
+/// because its provider instance is at its cap (`limits` in the providers config; docs/pools.md,
+/// "Caps per provider instance").
+pub const CAP_REACHED: &str = "CapReached";
+/// `CapReached`'s reason while the cap holds it back.
+pub const PROVIDER_CAP_REACHED: &str = "ProviderCapReached";
+/// `CapReached`'s reason once no cap holds it back any more.
+pub const BELOW_CAP: &str = "BelowCap";
+
 /// The reasons of a Proxy's conditions (a ProviderHealth's come from its checks too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -55,10 +64,12 @@ pub enum Reason {
     Retrying,
     /// The provider instance's `access` refuses the Proxy's namespace or a field of its spec.
     AccessDenied,
+    /// A ProxyQuota of the namespace leaves no room for it: not provisioned until it does.
+    QuotaExceeded,
 }
 
 impl Reason {
-    const ALL: [Reason; 17] = [
+    const ALL: [Reason; 18] = [
         Reason::PluginNotLoaded,
         Reason::UnknownProvider,
         Reason::InstanceRunning,
@@ -76,6 +87,7 @@ impl Reason {
         Reason::Quota,
         Reason::Retrying,
         Reason::AccessDenied,
+        Reason::QuotaExceeded,
     ];
 
     /// The reason of the condition of `type_`, if it is one of the operator's.
@@ -103,6 +115,7 @@ impl Reason {
             Reason::Quota => "Quota",
             Reason::Retrying => "Retrying",
             Reason::AccessDenied => "AccessDenied",
+            Reason::QuotaExceeded => "QuotaExceeded",
         }
     }
 }

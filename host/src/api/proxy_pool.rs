@@ -37,6 +37,7 @@ pub const MAX_POOL_REPLICAS: i32 = 10_000;
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Leased","type":"integer","jsonPath":".status.leasedReplicas"}"#,
     printcolumn = r#"{"name":"Up-to-date","type":"integer","jsonPath":".status.updatedReplicas"}"#,
+    printcolumn = r#"{"name":"Capped","type":"string","description":"True while a provider instance's cap (limits in the providers config) holds the pool below its replicas","jsonPath":".status.conditions[?(@.type==\"CapReached\")].status"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.template.spec.provider"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

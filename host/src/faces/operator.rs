@@ -3,6 +3,7 @@
 //! them through one cancellation token.
 
 pub mod args;
+mod term;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,17 +20,15 @@ use crate::faces::fleet::Fleet;
 use crate::faces::leader_label::LeaderLabel;
 use crate::faces::metrics::Metrics;
 use crate::faces::probes::{self, ProbeState};
-use crate::faces::usage::persist::UsagePersistence;
 use crate::faces::{status_page, usage};
 use crate::leasing::leases::auth::{CredentialBook, team_watch};
-use crate::leasing::leases::{
-    self, Auth, Discovery, Durability, KubeReviewer, LeasePersistence, LeaseStore,
-};
+use crate::leasing::leases::{self, Auth, Discovery, Durability, KubeReviewer, LeaseStore};
 use crate::lifecycle::abandoned::AbandonedRecord;
 use crate::lifecycle::controller::{self, Context};
 use crate::lifecycle::gc;
 use crate::lifecycle::health::{HealthEngine, HealthOptions};
 use crate::lifecycle::pool::{self, PoolContext};
+use crate::lifecycle::quota::{self, QuotaView};
 use crate::provider::capabilities::kube::OperatorObjects;
 use crate::provider::capabilities::libvirt::{LibvirtHub, MaterialSource};
 use crate::provider::config::ProvidersConfig;
@@ -355,7 +354,7 @@ impl Operator {
         } = self;
         let work = stop.child_token();
         let _stop_work_if_dropped = work.clone().drop_guard();
-        let (persistence, usage_book) = self.restore_term().await;
+        let kept = term::restore(client, args, leases, &ctx.credentials, &self.usage).await;
         view.set_serving(true);
         let label = self.leader_label();
         let providers = ctx.providers.clone();
@@ -364,13 +363,13 @@ impl Operator {
         let mut tasks = vec![
             spawn_until(
                 &work,
-                usage::persist::maintain(self.usage.clone(), usage_book.clone()),
+                usage::persist::maintain(self.usage.clone(), kept.usage.clone()),
             ),
             spawn_until(
                 &work,
                 leases::persist::maintain(
                     leases.clone(),
-                    persistence.clone(),
+                    kept.leases.clone(),
                     args.lease.lease_durability,
                     args.lease.lease_persist_interval,
                 ),
@@ -426,7 +425,7 @@ impl Operator {
         for task in tasks {
             let _ = task.await;
         }
-        self.persist_at_term_end(&persistence, &usage_book).await;
+        term::persist_at_end(&kept, leases, &self.usage).await;
         leases.close();
     }
 
@@ -441,58 +440,6 @@ impl Operator {
             usage: self.usage.clone(),
         }
     }
-
-    /// What a term starts from, before it serves: the lease table (serving grants before it
-    /// is restored could lease twice), the proxies' credentials (a new leader knows them before
-    /// its controller has looked at every Proxy) and the usage book; where the table and the
-    /// book are kept.
-    async fn restore_term(&self) -> (LeasePersistence, UsagePersistence) {
-        let args = &self.args;
-        let persistence = LeasePersistence::new(
-            self.client.clone(),
-            &args.leader.operator_namespace,
-            &format!("{}-leases", args.operator_id),
-        );
-        if let Err(e) = persistence.restore_into(&self.leases).await {
-            tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted lease table, starting empty");
-            self.leases.restore(Default::default());
-        }
-        crate::lifecycle::controller::credentials::prefill(
-            &self.client,
-            args.proxy_namespace.as_deref(),
-            &self.ctx.credentials,
-        )
-        .await;
-        (persistence, self.restore_usage_book().await)
-    }
-
-    /// The usage book as the last leader left it, before anything is added; where it is kept.
-    async fn restore_usage_book(&self) -> UsagePersistence {
-        let persistence = UsagePersistence::new(
-            self.client.clone(),
-            &self.args.leader.operator_namespace,
-            &self.args.operator_id,
-        );
-        match persistence.load().await {
-            Ok(book) => self.usage.restore(book),
-            Err(e) => {
-                tracing::error!(configmap = %persistence.name(), error = %e, "cannot read the persisted usage book, starting a new one");
-                self.usage.restore(Default::default());
-            }
-        }
-        persistence
-    }
-
-    /// Graceful stop: the last changes of the lease table and the usage book reach the cluster
-    /// before the next leader restores them.
-    async fn persist_at_term_end(&self, leases: &LeasePersistence, usage_book: &UsagePersistence) {
-        if let Err(e) = leases.flush(&self.leases).await {
-            tracing::error!(configmap = %leases.name(), error = %e, "cannot persist the lease table on shutdown");
-        }
-        if let Err(e) = usage_book.save(&self.usage.book()).await {
-            tracing::error!(configmap = %usage_book.name(), error = %e, "cannot persist the usage book on shutdown");
-        }
-    }
 }
 
 impl Operator {
@@ -500,18 +447,31 @@ impl Operator {
     /// reconciles in flight finish first.
     async fn reconcile_until(&self, stop: &CancellationToken, fleet: &Fleet) {
         let namespace = self.args.proxy_namespace.as_deref();
-        let pools = Arc::new(PoolContext::new(
+        // ProxyQuotas: counted against the fleet's Proxy cache, enforced by both controllers
+        // and the lease table, their use written by this leader.
+        let (quotas, quota_watch) = quota::watch(&self.client, namespace);
+        let view = QuotaView {
+            quotas,
+            proxies: fleet.proxies.clone(),
+        };
+        self.ctx.use_quotas(view.clone());
+        let quota_work = quota::run(self.client.clone(), view.clone(), self.leases.clone());
+        let mut pools = PoolContext::new(
             self.client.clone(),
             self.ctx.providers.clone(),
             self.leases.clone(),
-        ));
+            fleet.proxies.clone(),
+        );
+        pools.quotas = view;
+        let pools = Arc::new(pools);
+        let providers = self.ctx.providers.clone();
         let meter = usage::run(
             fleet.proxies.clone(),
             self.leases.clone(),
             self.leases.first_blocks(),
             self.metrics.usage.clone(),
             self.usage.clone(),
-            |_provider: &str| None,
+            move |name: &str| providers.current().get(name)?.limits().price_per_hour,
         );
         let controllers = async {
             tokio::join!(
@@ -522,6 +482,8 @@ impl Operator {
         tokio::select! {
             _ = controllers => {}
             () = meter => {}
+            () = quota_watch => {}
+            () = quota_work => {}
         }
     }
 }

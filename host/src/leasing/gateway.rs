@@ -121,6 +121,9 @@ pub enum RouteError {
     NoProxy { retry_after: Duration },
     /// The leader could not be asked (HTTP 503).
     Unavailable(String),
+    /// The pool's namespace has as many gateway connections open as a ProxyQuota of it allows
+    /// (HTTP 429 naming the quota, the use and the limit; SOCKS5 "not allowed by ruleset").
+    QuotaExceeded(String),
 }
 
 /// What a request through an upstream showed about it.

@@ -2,9 +2,11 @@
 //! stands in the status, and makes sure deleting a Proxy always finishes.
 
 mod access;
+mod capped;
 pub mod credentials;
 pub mod decide;
 mod metrics;
+mod quota;
 mod reconcile;
 
 pub use metrics::ReconcileMetrics;

@@ -3,7 +3,10 @@
 //! reporting blocked (docs/pools.md). Decisions in `decide` (pure), I/O in `reconcile`.
 
 mod access;
+mod capped;
 pub mod decide;
+mod member;
+pub mod quota;
 mod reconcile;
 mod spec;
 

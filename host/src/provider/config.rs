@@ -47,6 +47,9 @@ pub struct ProviderEntry {
     /// namespace, everything; see docs/tenancy.md).
     #[serde(default)]
     pub access: Option<crate::provider::access::Access>,
+    /// The platform's budget for this instance: Proxies at most, a spend per hour at most.
+    #[serde(default)]
+    pub limits: Option<crate::provider::limits::Limits>,
 }
 
 impl ProviderEntry {
@@ -187,6 +190,9 @@ impl ProvidersConfig {
                 return Err(format!("{at}.maxConcurrentCalls: must be at least 1"));
             }
             entry.grants.validate().map_err(|e| format!("{at}.{e}"))?;
+            if let Some(limits) = &entry.limits {
+                limits.validate().map_err(|e| format!("{at}.{e}"))?;
+            }
             if let Some(upstream) = &entry.upstream {
                 upstream.validate().map_err(|e| format!("{at}.{e}"))?;
             }
@@ -364,6 +370,26 @@ mod tests {
         "providers:\n- {name: kvm, type: test, access: {}}",
         "providers[0] (kvm).access: no namespace may use this instance; list them in access.namespaces"
     )]
+    #[case::spend_without_price(
+        "providers:\n- {name: gcp-eu, type: test, limits: {maxSpendPerHour: 0.20}}",
+        "providers[0] (gcp-eu).limits.maxSpendPerHour: needs limits.pricePerHour (what one instance costs per hour) to become a number of Proxies; add pricePerHour"
+    )]
+    #[case::spend_at_no_price(
+        "providers:\n- {name: gcp-eu, type: test, limits: {pricePerHour: 0, maxSpendPerHour: 0.20}}",
+        "providers[0] (gcp-eu).limits.pricePerHour: 0 makes maxSpendPerHour no bound at all"
+    )]
+    #[case::negative_price(
+        "providers:\n- {name: gcp-eu, type: test, limits: {pricePerHour: -0.5}}",
+        "providers[0] (gcp-eu).limits.pricePerHour: -0.5 is not an amount; give 0 or more"
+    )]
+    #[case::negative_count(
+        "providers:\n- {name: gcp-eu, type: test, limits: {maxProxies: -1}}",
+        "providers[0] (gcp-eu).limits.maxProxies: -1 is below 0; give the most Proxies of this instance"
+    )]
+    #[case::limits_unknown_field(
+        "providers:\n- {name: gcp-eu, type: test, limits: {maxInstances: 3}}",
+        "providers[0].limits.maxInstances: unknown field `maxInstances`, expected one of `maxProxies`, `pricePerHour`, `maxSpendPerHour`"
+    )]
     fn each_mistake_has_its_message(#[case] text: &str, #[case] expected: &str) {
         let message = ProvidersConfig::parse(text).unwrap_err();
         assert!(
@@ -414,6 +440,26 @@ mod tests {
             config.providers[0].config,
             serde_json::json!({"a": "yes", "b": "on", "c": "0755", "d": true, "e": 493, "f": null, "g": "1_000", "h": ["x"], "i": ["x"]})
         );
+    }
+
+    #[test]
+    fn limits_parse_and_give_the_cap() {
+        let config = ProvidersConfig::parse(
+            "providers:\n- name: gcp-eu\n  type: test\n  limits: {maxProxies: 20, pricePerHour: 0.012, maxSpendPerHour: 0.20}\n- {name: priced, type: test, limits: {pricePerHour: 0.012}}\n- {name: free, type: test}\n",
+        )
+        .unwrap();
+        let caps: Vec<_> = config
+            .providers
+            .iter()
+            .map(|entry| {
+                entry
+                    .limits
+                    .as_ref()
+                    .and_then(|l| l.cap())
+                    .map(|c| c.proxies)
+            })
+            .collect();
+        assert_eq!(caps, [Some(16), None, None]);
     }
 
     #[test]

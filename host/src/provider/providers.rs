@@ -103,7 +103,8 @@ pub(crate) async fn bind_entry(
             upstream: entry.upstream_settings(),
         },
     )
-    .map_err(|e| format!("{at}.{e}"))?;
+    .map_err(|e| format!("{at}.{e}"))?
+    .with_limits(entry.limits.clone().unwrap_or_default());
     match instance.validate_config().await {
         Ok(()) => Ok(instance),
         Err(CallError::Provider {

@@ -365,7 +365,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
             "{gone:?} after helm uninstall"
         );
     }
-    for kept in ["proxies", "proxypools", "providerhealths"] {
+    for kept in ["proxies", "proxypools", "proxyquotas", "providerhealths"] {
         let crd = format!("crd/{kept}.proxy-operator.dev");
         assert!(exists(cluster, &[&crd]).await, "{crd} kept (crds.keep)");
     }
@@ -387,6 +387,7 @@ pub(super) async fn install_upgrade_uninstall(cluster: &Cluster, phases: &mut Ph
             "crd",
             "proxies.proxy-operator.dev",
             "proxypools.proxy-operator.dev",
+            "proxyquotas.proxy-operator.dev",
             "providerhealths.proxy-operator.dev",
             "--wait=true",
             "--timeout=120s",

@@ -229,6 +229,10 @@ const LEVELS: &[(&str, &str)] = &[
         "providers: [{name: a, type: t, plugin: {zz: 1}}]",
     ),
     (
+        "limits.",
+        "providers: [{name: a, type: t, limits: {zz: 1}}]",
+    ),
+    (
         "grants.",
         "providers: [{name: a, type: t, grants: {zz: 1}}]",
     ),

@@ -314,7 +314,12 @@ async fn installed_with_cloud_values_and_uninstalled_leaving_the_namespaces() {
         "keep"
     );
     let crds = get(&cp, &["get", "crd"]).await;
-    assert_eq!(crds["items"].as_array().unwrap().len(), 3, "the CRDs kept");
+    let every = proxy_operator::api::crd_manifests().len();
+    assert_eq!(
+        crds["items"].as_array().unwrap().len(),
+        every,
+        "the CRDs kept"
+    );
     let deployments = get(&cp, &["-n", "proxy-operator", "get", "deployments"]).await;
     assert_eq!(
         deployments["items"],

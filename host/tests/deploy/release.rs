@@ -47,7 +47,11 @@ fn check_install_yaml(dist: &Path, digest: &str) {
         .keys()
         .filter(|k| k.starts_with("CustomResourceDefinition/"))
         .count();
-    assert_eq!(crds, 3, "the CRDs are in install.yaml");
+    assert_eq!(
+        crds,
+        proxy_operator::api::crd_manifests().len(),
+        "the CRDs are in install.yaml"
+    );
 }
 
 /// The packaged chart renders the release's image and version, the CRDs inside it, and carries
@@ -92,7 +96,15 @@ fn check_chart(dist: &Path) {
         .keys()
         .filter(|k| k.starts_with("CustomResourceDefinition/"))
         .count();
-    assert_eq!(crds, 3, "the CRDs are in the package, not links");
+    assert_eq!(
+        crds,
+        proxy_operator::api::crd_manifests().len(),
+        "the CRDs are in the package, not links"
+    );
+    assert!(
+        objects.contains_key("ValidatingAdmissionPolicy/proxy-operator-quota"),
+        "the quota's admission policy is in the package, not a link"
+    );
 }
 
 /// The SBOM describes the operator binary at this version with what it links (its normal

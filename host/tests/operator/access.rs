@@ -167,6 +167,8 @@ async fn an_instance_only_team_a_may_use_refuses_at_apply_and_in_the_controller(
             LeaseMetrics::register(&prometheus::Registry::new()).unwrap(),
             None,
         )),
+        // The Proxies' cache the caps read: empty, the refusal comes before them.
+        kube::runtime::reflector::store::<Proxy>().0,
     );
     let namespace = a.to_string();
     let pool_task = tokio::spawn(async move {

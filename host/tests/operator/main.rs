@@ -4,6 +4,7 @@
 
 mod access;
 mod aws;
+mod caps;
 #[path = "../common/mod.rs"]
 mod common;
 mod crawler_examples;
@@ -18,6 +19,7 @@ mod kubernetes;
 mod kvm;
 mod leases;
 mod pools;
+mod quotas;
 mod reload;
 mod status_page;
 mod tls_metrics;
@@ -68,6 +70,7 @@ async fn control_plane() -> &'static ControlPlane {
                 "--timeout=60s",
                 "crd/proxies.proxy-operator.dev",
                 "crd/proxypools.proxy-operator.dev",
+                "crd/proxyquotas.proxy-operator.dev",
             ],
             None,
         )

@@ -187,6 +187,12 @@ fn artifact(name: &str) -> PathBuf {
 async fn the_status_page_shows_the_fleet_in_a_real_browser_and_usage_counts_real_actions() {
     let world = World::start("status").await;
     let (cp, ns) = (world.cp, world.ns.name());
+    // The platform states what an instance-hour of `store` costs: its spend is counted.
+    let priced = format!(
+        "providers:\n{}  limits: {{pricePerHour: 0.36}}\n",
+        world.store.provider_entry("store")
+    );
+    std::fs::write(&world.config, priced).unwrap();
     let mut operator = world.operator().await;
     let apply = |yaml: String| async move {
         cp.kubectl_run(&["apply", "-f", "-"], Some(&yaml))
@@ -283,6 +289,7 @@ async fn the_status_page_shows_the_fleet_in_a_real_browser_and_usage_counts_real
     // whole here: one team. Every series carries the label, so `sum by (namespace)` adds up.
     for family in [
         "proxy_operator_instance_seconds_total",
+        "proxy_operator_instance_spend_total",
         "proxy_operator_leases_granted_total",
         "proxy_operator_lease_reports_total",
         "proxy_operator_leases_active",
@@ -293,6 +300,17 @@ async fn the_status_page_shows_the_fleet_in_a_real_browser_and_usage_counts_real
             assert!(team > 0.0, "{family} of {ns}: {team}");
         }
     }
+    // Spend is instance-hours at the stated price: 0.36 an hour is 0.0001 a second.
+    let seconds = value(&scrape, "proxy_operator_instance_seconds_total", &store);
+    let spend = value(
+        &scrape,
+        "proxy_operator_instance_spend_total",
+        &[("namespace", ns)],
+    );
+    assert!(
+        (spend - seconds * 0.0001).abs() < 1e-9,
+        "spend {spend} for {seconds} instance-seconds"
+    );
     // Only instances that exist are billed: "lost" has none.
     assert_eq!(
         value(

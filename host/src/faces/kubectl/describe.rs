@@ -117,9 +117,12 @@ fn painted_field(out: &mut String, label: &str, value: &str, colour: bool) {
 
 fn conditions_text(out: &mut String, conditions: &[ConditionView], colour: bool) {
     for c in conditions {
-        let tone = match c.status.as_str() {
-            "True" => Tone::Good,
-            "False" => Tone::Bad,
+        let tone = match (c.type_.as_str(), c.status.as_str()) {
+            // The one condition whose `True` is the trouble: a cap holds the pool back.
+            (crate::api::conditions::CAP_REACHED, "True") => Tone::Warn,
+            (crate::api::conditions::CAP_REACHED, _) => Tone::Good,
+            (_, "True") => Tone::Good,
+            (_, "False") => Tone::Bad,
             _ => Tone::Warn,
         };
         let message = if c.message.is_empty() {
@@ -375,6 +378,31 @@ Provisioned: False Quota: Create at provider store: quota: HTTP 429: full; retry
             crate::support::yaml::from_str::<serde_json::Value>(&yaml).unwrap(),
             serde_json::to_value(&view).unwrap(),
             "{yaml}"
+        );
+    }
+
+    /// `CapReached` is the condition whose `True` is the trouble: shown in the warning colour,
+    /// with the instance and the figure.
+    #[test]
+    fn a_capped_pool_shows_its_cap_as_a_warning() {
+        let pool: ProxyPool = serde_json::from_value(json!({
+            "apiVersion": "proxy-operator.dev/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": "egress", "namespace": "crawl"},
+            "spec": {"replicas": 5, "template": {"spec": {"provider": "gcp-eu"}}},
+            "status": {"replicas": 3, "readyReplicas": 3, "conditions": [
+                {"type": "CapReached", "status": "True", "reason": "ProviderCapReached",
+                 "message": "provider instance gcp-eu is at its cap of 3 Proxies (limits.maxProxies); 3 of 5 replicas made",
+                 "lastTransitionTime": "2027-01-15T08:00:00Z"}]},
+        }))
+        .unwrap();
+        let fleet = Fleet {
+            now_ms: NOW,
+            ..Default::default()
+        };
+        let text = render_pool(&pool_view(&pool, &fleet), NOW, true);
+        assert!(
+            text.contains("\x1b[33mTrue\x1b[0m ProviderCapReached: provider instance gcp-eu is at its cap of 3 Proxies"),
+            "{text:?}"
         );
     }
 

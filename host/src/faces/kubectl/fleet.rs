@@ -43,6 +43,10 @@ pub struct PoolRow {
     pub created_ms: Option<u64>,
     /// The `Ready` condition.
     pub ready_condition: Option<Brief>,
+    /// While a provider instance's cap holds the pool below its replicas: the `CapReached`
+    /// condition's message (the instance and the figure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap_reached: Option<String>,
 }
 
 /// A condition's status and reason.
@@ -177,6 +181,9 @@ pub fn pool_row(pool: &ProxyPool, fleet: &Fleet) -> PoolRow {
         created_ms,
         ready_condition: condition(&status.conditions, "Ready")
             .map(|(status, reason, _)| Brief { status, reason }),
+        cap_reached: condition(&status.conditions, crate::api::conditions::CAP_REACHED)
+            .filter(|(status, _, _)| status == "True")
+            .map(|(_, _, message)| message),
         namespace,
         name,
     }
@@ -284,7 +291,14 @@ pub fn view(fleet: &Fleet) -> FleetView {
     proxies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut blocks = block_rows(fleet);
     blocks.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = pools
+        .iter()
+        .filter_map(|row| {
+            let message = row.cap_reached.as_ref()?;
+            let pool = qualified_name(&row.namespace, &row.name);
+            Some(format!("pool {pool} is capped (CapReached): {message}"))
+        })
+        .collect();
     if let Some(why) = &fleet.leases.unreadable {
         notes.push(format!(
             "the lease table could not be read ({why}): lease holders, cooldowns and blocks are not shown"

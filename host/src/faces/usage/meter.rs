@@ -30,6 +30,8 @@ pub const NO_ZONE: &str = "none";
 #[derive(Clone)]
 pub struct UsageMetrics {
     pub(crate) instance_seconds: CounterVec,
+    /// Instance-seconds at the provider instance's stated `limits.pricePerHour`.
+    pub(crate) spend: CounterVec,
     pub(crate) first_block: HistogramVec,
 }
 
@@ -40,6 +42,13 @@ impl UsageMetrics {
                 Opts::new(
                     "proxy_operator_instance_seconds_total",
                     "Seconds of proxy instances existing at their provider (a Proxy with a providerID), by the Proxy's namespace, provider instance and zone.",
+                ),
+                &["namespace", "provider", "zone"],
+            )?,
+            spend: CounterVec::new(
+                Opts::new(
+                    "proxy_operator_instance_spend_total",
+                    "Spend on proxy instances at their provider instance's stated price (limits.pricePerHour, per instance-hour, in the platform's currency), by the Proxy's namespace, provider instance and zone.",
                 ),
                 &["namespace", "provider", "zone"],
             )?,
@@ -56,6 +65,7 @@ impl UsageMetrics {
             )?,
         };
         registry.register(Box::new(metrics.instance_seconds.clone()))?;
+        registry.register(Box::new(metrics.spend.clone()))?;
         registry.register(Box::new(metrics.first_block.clone()))?;
         Ok(metrics)
     }
@@ -131,10 +141,11 @@ pub async fn run(
                 let existing = proxies.state().into_iter().filter_map(|p| billed(&p));
                 let added = meter.advance(now, existing);
                 for (billed, seconds) in &added {
-                    metrics
-                        .instance_seconds
-                        .with_label_values(&[&billed.namespace, &billed.provider, &billed.zone])
-                        .inc_by(*seconds);
+                    let labels = [&billed.namespace, &billed.provider, &billed.zone];
+                    metrics.instance_seconds.with_label_values(&labels).inc_by(*seconds);
+                    if let Some(price) = price_per_hour(&billed.provider) {
+                        metrics.spend.with_label_values(&labels).inc_by(price * seconds / 3600.0);
+                    }
                 }
                 ledger.record(now, &added, &price_per_hour, granted_counts(&leases), pool_bytes(&leases));
             }

@@ -384,6 +384,11 @@ fn refused(refusal: Refusal) -> Answer {
                 .with("X-Proxy-Operator-Error", reason)
         }
         Refusal::Route(RouteError::Forbidden(reason)) => Answer::new(403, reason, Outcome::Refused),
+        Refusal::Route(RouteError::QuotaExceeded(reason)) => {
+            Answer::new(429, reason, Outcome::Refused)
+                .with("Retry-After", "5")
+                .with("X-Proxy-Operator-Error", "quota-exceeded")
+        }
         Refusal::Route(RouteError::NoProxy { retry_after }) => {
             let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             Answer::new(503, "no upstream proxy is available now", Outcome::NoProxy)
@@ -555,6 +560,11 @@ mod tests {
             503
         );
         assert_eq!(status(Refusal::Denied("x".into())), 403);
+        let quota = refused(Refusal::Route(RouteError::QuotaExceeded(
+            "ProxyQuota team-a/q1: gatewayConnections 2/2 in use".into(),
+        )));
+        assert_eq!(quota.status, 429);
+        assert!(quota.body.contains("team-a/q1"), "{}", quota.body);
         let failed = refused(Refusal::Failed("x".into()));
         assert_eq!(failed.status, 502);
         assert!(

@@ -218,6 +218,9 @@ fn refusal(status: StatusCode, retry_after: Option<Duration>, problem: Problem) 
         (StatusCode::SERVICE_UNAVAILABLE, "no-proxy-available") => RouteError::NoProxy {
             retry_after: retry_after.unwrap_or(Duration::from_secs(5)),
         },
+        (StatusCode::TOO_MANY_REQUESTS, "quota-exceeded") => {
+            RouteError::QuotaExceeded(problem.detail)
+        }
         (StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNPROCESSABLE_ENTITY, _) => {
             RouteError::Invalid(problem.detail)
         }
@@ -315,5 +318,37 @@ impl Routes for LeaderRoutes {
         }
         let landed: Landed = answer_of(response, "the leader's answer").await?;
         Ok(landed.proxy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leader's problem becomes the client's refusal: a namespace at its ProxyQuota is the
+    /// client's 429 with the quota's words, not the fleet being unavailable.
+    #[test]
+    fn a_quota_refusal_reaches_the_client_with_its_words() {
+        let problem = |kind: &str, detail: &str| Problem {
+            kind: format!("urn:proxy-operator:problem:{kind}"),
+            detail: detail.into(),
+        };
+        let words = "ProxyQuota team-a/q1: gatewayConnections 2/2 in use";
+        assert_eq!(
+            refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                None,
+                problem("quota-exceeded", words)
+            ),
+            RouteError::QuotaExceeded(words.into())
+        );
+        assert!(matches!(
+            refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                None,
+                problem("too-many-gateway-replicas", "x")
+            ),
+            RouteError::Unavailable(_)
+        ));
     }
 }

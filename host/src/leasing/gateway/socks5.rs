@@ -58,9 +58,8 @@ pub fn reply_for(refusal: &Refusal) -> (Reply, Outcome) {
         Refusal::Route(RouteError::Unauthenticated | RouteError::Invalid(_)) => {
             (Reply::NotAllowed, Outcome::Unauthenticated)
         }
-        Refusal::Route(RouteError::Forbidden(_)) | Refusal::Denied(_) => {
-            (Reply::NotAllowed, Outcome::Refused)
-        }
+        Refusal::Route(RouteError::Forbidden(_) | RouteError::QuotaExceeded(_))
+        | Refusal::Denied(_) => (Reply::NotAllowed, Outcome::Refused),
         Refusal::Route(RouteError::NoProxy { .. } | RouteError::Unavailable(_)) => {
             (Reply::GeneralFailure, Outcome::NoProxy)
         }

@@ -17,6 +17,8 @@ mod pending;
 mod persistence;
 mod picking;
 mod pools;
+mod quota_checks;
+mod quotas;
 mod reach;
 pub(crate) mod records;
 mod report;
@@ -46,6 +48,7 @@ pub use keys::{PoolKey, ProxyKey};
 pub use options::LeaseOptions;
 pub use outcomes::{EndReason, Outcome};
 pub use pending::{MAX_PENDING_CHANGES, NotStored, Pending};
+pub use quotas::{NamespaceBounds, connection_fits, lease_fits};
 pub use reach::Reach;
 pub use records::{FirstBlock, Lease, Snapshot};
 pub use requests::{
@@ -120,6 +123,8 @@ struct Inner {
     failing_since: Option<std::time::Instant>,
     /// The gateway's shared use of proxies (soft state).
     shared: shared_use::SharedUse,
+    /// The namespaces' ProxyQuota bounds and the leases they hold.
+    quotas: quotas::Quotas,
 }
 
 impl Inner {

@@ -4,19 +4,23 @@
 
 use kube::ResourceExt;
 
-use super::decide::{Effects, NextReconcile, ProxyEvent, RECHECK_OUTSIDE_SPEC};
+use super::decide::{Effects, NextReconcile, ProviderLookup, ProxyEvent, RECHECK_OUTSIDE_SPEC};
 use crate::api::conditions::{self, Reason, Type};
 use crate::api::{Phase, Proxy, ProxyStatus};
 use crate::provider::access::{self, Refusal};
 use crate::provider::providers::Providers;
 
-/// Whether the Proxy's instance refuses it (reads the namespace's labels if a selector needs
-/// them).
+/// Whether the Proxy's instance, when loaded, refuses it (reads the namespace's labels if a
+/// selector needs them).
 pub async fn refusal(
     client: &kube::Client,
     providers: &Providers,
     proxy: &Proxy,
+    found: &ProviderLookup,
 ) -> Result<Option<Refusal>, kube::Error> {
+    if !matches!(found, ProviderLookup::Loaded { .. }) {
+        return Ok(None);
+    }
     let rules = providers.access(&proxy.spec.provider);
     let namespace = proxy.namespace().unwrap_or_default();
     let labels =

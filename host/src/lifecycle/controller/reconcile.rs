@@ -17,6 +17,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::ReconcileMetrics;
 use super::access;
+use super::capped;
 use super::credentials;
 use super::decide::{
     self, CleanupStep, Decision, Effects, NextReconcile, ProviderLookup, ProxyEvent,
@@ -55,8 +56,14 @@ pub struct Context {
     /// request per reconcile. Each run starts its own watch into a new store (a leader that
     /// loses and regains leadership runs the controller again).
     secrets: std::sync::RwLock<Store<Secret>>,
+    /// The Proxies, as the running controller's watch keeps them: what counts against a
+    /// provider instance's cap, without a list per reconcile.
+    proxies: std::sync::RwLock<Store<Proxy>>,
     /// Each Proxy's backoff after failed requests to the API server.
     backoffs: Backoffs<ProxyKey>,
+    /// The namespaces' ProxyQuotas and Proxies, as the operator's caches keep them (`quota.rs`);
+    /// none until [`Context::use_quotas`].
+    quotas: std::sync::RwLock<crate::lifecycle::quota::QuotaView>,
 }
 
 impl Context {
@@ -71,6 +78,7 @@ impl Context {
         let recorder = events::recorder(client.clone());
         Context {
             secrets: std::sync::RwLock::new(reflector::store().0),
+            proxies: std::sync::RwLock::new(reflector::store().0),
             client,
             providers: providers.into(),
             recorder,
@@ -80,7 +88,14 @@ impl Context {
             abandoned: None,
             credentials,
             backoffs: Backoffs::default(),
+            quotas: Default::default(),
         }
+    }
+
+    /// Provisions Proxies only within the namespaces' ProxyQuotas, as `view` shows them (set
+    /// by each leadership term, with the caches it runs on).
+    pub fn use_quotas(&self, view: crate::lifecycle::quota::QuotaView) {
+        *self.quotas.write().expect("not poisoned") = view;
     }
 
     /// Whether health probes run (`false` for `--health-interval 0s`).
@@ -150,6 +165,7 @@ fn watch_proxies(ctx: &Context, namespace: Option<&str>) -> Controller<Proxy> {
     let (reader, writer) = reflector::store();
     let watch = watcher(proxies, watcher::Config::default().any_semantic())
         .modify(crate::support::kubeclient::trim_for_cache);
+    *ctx.proxies.write().expect("not poisoned") = reader.clone();
     let controller = Controller::for_stream(
         reflector::reflector(writer, watch).applied_objects(),
         reader,
@@ -456,19 +472,23 @@ async fn apply(cached: &Proxy, api: &Api<Proxy>, ctx: &Context) -> Result<Action
         cached
     };
     let provider = providers.get(&proxy.spec.provider);
-    // The provider instance's `access` (docs/tenancy.md): never a create it refuses, and a
-    // condition on one it made before its namespace lost access.
-    let refused = match &found {
-        ProviderLookup::Loaded { .. } => access::refusal(&ctx.client, &providers, proxy).await?,
-        _ => None,
-    };
+    // The instance's `access` (docs/tenancy.md): no create it refuses; a condition otherwise.
+    let refused = access::refusal(&ctx.client, &providers, proxy, &found).await?;
     if let (Decision::Create { .. }, Some(refusal)) = (&step, &refused) {
         return execute(ctx, api, proxy, access::refused_create(proxy, refusal)).await;
     }
     let mut effects = match (step, provider) {
         (Decision::Done(effects), _) => effects,
         (Decision::Create { name, zone, status }, Some(provider)) => {
+            let view = ctx.quotas.read().expect("not poisoned").clone();
+            if let Some(effects) = super::quota::beyond_quota(&view, proxy) {
+                return execute(ctx, api, proxy, effects).await;
+            }
             let mut status = status;
+            let cache = ctx.proxies.read().expect("not poisoned").clone();
+            if let Some(held) = capped::hold(&cache, provider, proxy, &mut status).await {
+                return execute(ctx, api, proxy, held).await;
+            }
             let mut spec = spec_for(proxy, ctx, &name, zone);
             match credentials::login_for(&ctx.client, &ctx.cached_secrets(), provider, proxy)
                 .await?

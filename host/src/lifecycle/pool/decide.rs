@@ -11,12 +11,19 @@
 //!   `replicas + maxSurge`;
 //! - old ones are drained while the Ready active ones stay at least `replicas -
 //!   maxUnavailable` (an old one that is not Ready costs nothing);
-//! - scaling down drains current ones too: not Ready first, then unleased, then the oldest.
+//! - scaling down drains current ones too: not Ready first, then unleased, then the oldest;
+//! - creates stay within the caps of the provider instances (`crate::lifecycle::caps`): a slot
+//!   whose instance has no room gets none, the others take them; a pool with old members
+//!   (rotating) may take an instance up to its cap plus `maxSurge`; an old member on an instance
+//!   over its cap (a lowered cap) is drained without waiting for the budget, as many as the
+//!   instance is over.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::lifecycle::caps::{self, Caps};
 
 /// Where a member runs: the provider instance and the zone of its spec.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -120,6 +127,9 @@ pub struct Plan {
     pub progressing: bool,
     /// When to look again even if nothing changes (a lease ends, a member expires).
     pub requeue_after: Option<Duration>,
+    /// The provider instances whose caps held back a create the pool needed (sorted): the pool
+    /// stays below `replicas` until they have room.
+    pub capped: Vec<String>,
 }
 
 /// How often a pool with something in flight is looked at again: lease ends and `blocked`
@@ -133,9 +143,12 @@ pub const IDLE_REQUEUE: Duration = Duration::from_secs(30);
 pub const CREATES_PER_STEP: usize = 250;
 /// When the next step of a scale-up that made [`CREATES_PER_STEP`] follows.
 pub const NEXT_STEP: Duration = Duration::from_millis(100);
+/// How often a pool held back by a cap looks for room again: other pools' Proxies going away
+/// wake no reconcile of this one (a raised cap does, as every providers config change).
+pub const CAPPED_REQUEUE: Duration = Duration::from_secs(10);
 
-/// Decides the next step for a pool.
-pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
+/// Decides the next step for a pool, within the `caps` of the instances its slots are on.
+pub fn plan(desired: &Desired, members: &[Member], caps: &Caps, now_ms: u64) -> Plan {
     let leased = |m: &Member| m.lease_ends_ms.is_some_and(|end| end > now_ms);
     let live: Vec<&Member> = members.iter().filter(|m| !m.deleting).collect();
     let mut plan = Plan::default();
@@ -176,12 +189,18 @@ pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
         let available = current.iter().filter(|m| m.ready).count()
             + old.iter().filter(|(m, _)| m.ready).count();
         let mut budget = available.saturating_sub(min_available);
+        let rotating = !old.is_empty();
+        let mut over = over_caps(caps, &live, &current);
         old.sort_by_key(|(m, reason)| (m.ready, leased(m), *reason, m.created_ms));
         let mut kept = Vec::new();
         for (member, reason) in old {
-            if !member.ready || budget > 0 {
-                if member.ready {
-                    budget = budget.saturating_sub(1);
+            let over_here = over.get_mut(member.slot.provider.as_str());
+            if !member.ready || budget > 0 || over_here.as_ref().is_some_and(|n| **n > 0) {
+                if member.ready && budget > 0 {
+                    budget -= 1;
+                }
+                if let Some(n) = over_here {
+                    *n = n.saturating_sub(1);
                 }
                 plan.drain.push((member.name.clone(), reason));
             } else {
@@ -191,12 +210,9 @@ pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
         old = kept;
         let need = desired.replicas - current.len();
         let room = (desired.replicas + desired.max_surge).saturating_sub(current.len() + old.len());
-        let mut per_slot = slot_counts(desired, &current);
-        for _ in 0..need.min(room).min(CREATES_PER_STEP) {
-            let slot = emptiest(desired, &per_slot);
-            *per_slot.entry(slot.clone()).or_default() += 1;
-            plan.create.push(slot);
-        }
+        let surge = if rotating { desired.max_surge } else { 0 };
+        let wanted = need.min(room).min(CREATES_PER_STEP);
+        (plan.create, plan.capped) = creates(desired, &current, wanted, caps, surge);
     }
 
     let drained: std::collections::HashSet<&str> =
@@ -223,7 +239,76 @@ pub fn plan(desired: &Desired, members: &[Member], now_ms: u64) -> Plan {
         // Maybe more to make: the next step soon, after this one's status is written.
         plan.requeue_after = Some(NEXT_STEP);
     }
+    if !plan.capped.is_empty() {
+        plan.requeue_after = Some(
+            plan.requeue_after
+                .map_or(CAPPED_REQUEUE, |after| after.min(CAPPED_REQUEUE)),
+        );
+    }
     plan
+}
+
+/// Where `wanted` new members go, each in the emptiest slot whose instance has room (its cap,
+/// plus `surge` for a rotation); and the instances whose caps held back the rest, if any were.
+fn creates(
+    desired: &Desired,
+    current: &[&Member],
+    wanted: usize,
+    caps: &Caps,
+    surge: usize,
+) -> (Vec<Slot>, Vec<String>) {
+    let mut headroom: BTreeMap<&str, usize> = caps
+        .iter()
+        .map(|(name, used)| (name.as_str(), caps::headroom(*used, surge)))
+        .collect();
+    let mut per_slot = slot_counts(desired, current);
+    let mut made = Vec::new();
+    for _ in 0..wanted {
+        let has_room = |slot: &Slot| headroom.get(slot.provider.as_str()) != Some(&0);
+        let Some(slot) = emptiest(desired, &per_slot, has_room) else {
+            return (made, capped_instances(desired, &headroom));
+        };
+        if let Some(left) = headroom.get_mut(slot.provider.as_str()) {
+            *left -= 1;
+        }
+        *per_slot.entry(slot.clone()).or_default() += 1;
+        made.push(slot);
+    }
+    (made, Vec::new())
+}
+
+/// How many Proxies each capped instance has beyond its cap, less the pool's members there that
+/// are draining already (on their way out) and its new ones not Ready yet (a rotation's surge,
+/// which drains an old one by the budget once Ready): so many old members may go unreplaced.
+fn over_caps<'a>(
+    caps: &'a Caps,
+    live: &[&Member],
+    current: &[&Member],
+) -> BTreeMap<&'a str, usize> {
+    caps.iter()
+        .map(|(name, used)| {
+            let here = |m: &&&Member| m.slot.provider == *name;
+            let leaving = live.iter().filter(here).filter(|m| m.draining).count();
+            let surging = current.iter().filter(here).filter(|m| !m.ready).count();
+            (
+                name.as_str(),
+                caps::over(*used).saturating_sub(leaving + surging),
+            )
+        })
+        .collect()
+}
+
+/// The instances of the pool's slots that have no room left.
+fn capped_instances(desired: &Desired, headroom: &BTreeMap<&str, usize>) -> Vec<String> {
+    let mut names: Vec<String> = desired
+        .slots
+        .iter()
+        .filter(|slot| headroom.get(slot.provider.as_str()) == Some(&0))
+        .map(|slot| slot.provider.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Why an active member should be replaced, if it should.
@@ -264,15 +349,20 @@ fn slot_counts(desired: &Desired, current: &[&Member]) -> BTreeMap<Slot, usize> 
     counts
 }
 
-/// The slot with the fewest members; the first listed on a tie.
-fn emptiest(desired: &Desired, counts: &BTreeMap<Slot, usize>) -> Slot {
+/// The slot with the fewest members among those `open` allows; the first listed on a tie.
+/// `None` when no slot is open (every instance of the pool is at its cap).
+fn emptiest(
+    desired: &Desired,
+    counts: &BTreeMap<Slot, usize>,
+    open: impl Fn(&Slot) -> bool,
+) -> Option<Slot> {
     desired
         .slots
         .iter()
         .enumerate()
+        .filter(|(_, slot)| open(slot))
         .min_by_key(|(index, slot)| (counts.get(*slot).copied().unwrap_or(0), *index))
         .map(|(_, slot)| slot.clone())
-        .expect("a pool always has a slot")
 }
 
 fn requeue_after(

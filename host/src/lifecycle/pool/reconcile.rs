@@ -1,7 +1,7 @@
 //! The pool controller's I/O: reads a pool and its Proxies, asks `decide::plan` what to do, and
 //! does it (creates, drain annotations, deletes, the status), one pool at a time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,26 +11,27 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::access;
+use super::capped;
 use super::decide::{self, Desired, DrainReason, Member, Plan, Slot};
+use super::member;
 #[cfg(test)]
 use super::spec::template_hash;
 use super::spec::{Invalid, resolve};
 use crate::api::conditions::set_named;
 use crate::api::{PoolGatewaySpec, Proxy, ProxyPool, ProxyPoolStatus};
 use crate::leasing::leases::store::PoolGateway;
-use crate::leasing::leases::store::ProxyUsage;
 use crate::leasing::leases::{LeaseStore, ProxyKey};
 use crate::provider::providers::ProviderSet;
 use crate::support::events;
 use crate::support::retry::{self, Backoffs, Wait};
 
 use crate::api::labels::{
-    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_FINALIZER, POOL_LABEL, RECYCLE_ANNOTATION,
-    TEMPLATE_LABEL,
+    DRAIN_REASON_ANNOTATION, DRAINING_ANNOTATION, POOL_FINALIZER, POOL_LABEL, TEMPLATE_LABEL,
 };
 /// Proxies made or changed at once: enough to make a 1000-Proxy pool in seconds, few enough to
 /// stay inside the API server's default in-flight limits.
@@ -45,16 +46,35 @@ pub struct PoolContext {
     pub leases: Arc<LeaseStore>,
     /// Each pool's backoff after failed requests to the API server.
     backoffs: Backoffs<ProxyKey>,
+    /// Every Proxy the operator watches, as its cache keeps them: what counts against a provider
+    /// instance's cap, without a list per reconcile.
+    proxies: Store<Proxy>,
+    /// Whether each pool was held back by a cap when last announced (one Event per turn).
+    announced: capped::Announced,
+    /// One pool on capped instances counts and creates at a time.
+    cap_turns: capped::Turns,
+    /// The namespaces' ProxyQuotas and Proxies the creates stay within (`quota.rs`); none by
+    /// default.
+    pub quotas: crate::lifecycle::quota::QuotaView,
 }
 
 impl PoolContext {
-    pub fn new(client: Client, providers: ProviderSet, leases: Arc<LeaseStore>) -> Self {
+    pub fn new(
+        client: Client,
+        providers: ProviderSet,
+        leases: Arc<LeaseStore>,
+        proxies: Store<Proxy>,
+    ) -> Self {
         PoolContext {
             recorder: events::recorder(client.clone()),
             client,
             providers,
             leases,
             backoffs: Backoffs::default(),
+            proxies,
+            announced: Default::default(),
+            cap_turns: Default::default(),
+            quotas: Default::default(),
         }
     }
 }
@@ -197,7 +217,8 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
         name: pool.name_any().into(),
     });
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
-    let desired = match resolve(pool, &ctx.providers.current()) {
+    let providers = ctx.providers.current();
+    let desired = match resolve(pool, &providers) {
         Ok(desired) => desired,
         Err(invalid) => {
             write_invalid(pool, ctx, &invalid).await?;
@@ -211,9 +232,14 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
         return Ok(Action::requeue(access::RECHECK));
     }
     let members = members(pool, &proxies, &ctx.leases).await?;
-    let plan = decide::plan(&desired, &members, crate::leasing::leases::store::now_ms());
+    let cache = (&ctx.proxies, &ctx.cap_turns);
+    let caps = capped::caps_for(pool, &desired, &members, &providers, cache).await;
+    let now = crate::leasing::leases::store::now_ms();
+    let mut plan = decide::plan(&desired, &members, &caps.uses, now);
+    let stopped = super::quota::clip_to_quota(&ctx.quotas, pool, &members, &mut plan);
     carry_out(pool, &proxies, ctx, &desired, &plan).await?;
-    write_status(pool, ctx, &desired, &plan).await?;
+    capped::settle(&caps, &ctx.proxies, pool, &members, &plan).await;
+    write_status(pool, ctx, &desired, &plan, &caps, stopped.as_ref()).await?;
     Ok(match plan.requeue_after {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
@@ -223,6 +249,7 @@ async fn apply(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
 /// Deleting a pool deletes its Proxies; each goes through its own finalizer (the instance is
 /// deleted at the provider), and their leases end.
 async fn cleanup(pool: &ProxyPool, ctx: &PoolContext) -> Result<Action, Error> {
+    ctx.announced.forget(&ProxyKey::of(pool));
     let namespace = pool.namespace().unwrap_or_default();
     let proxies: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
     let owned = owned_proxies(pool, &proxies, |proxy| {
@@ -279,52 +306,7 @@ async fn members(
     leases: &LeaseStore,
 ) -> Result<Vec<Member>, Error> {
     let usage = leases.usage();
-    owned_proxies(pool, proxies, |proxy| member_of(&proxy, &usage)).await
-}
-
-fn member_of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member {
-    let key = ProxyKey {
-        namespace: proxy.namespace().unwrap_or_default().into(),
-        name: proxy.name_any().into(),
-    };
-    let usage = usage.get(&key).cloned().unwrap_or_default();
-    Member {
-        name: key.name.to_string(),
-        slot: Slot {
-            provider: proxy.spec.provider.clone(),
-            zone: proxy.spec.placement.as_ref().and_then(|p| p.zone.clone()),
-        },
-        template_hash: proxy.labels().get(TEMPLATE_LABEL).cloned(),
-        created_ms: proxy
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_millisecond().max(0) as u64)
-            .unwrap_or(0),
-        ready: proxy
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(|p| p == crate::api::Phase::Ready),
-        deleting: proxy.metadata.deletion_timestamp.is_some(),
-        draining: proxy
-            .annotations()
-            .get(DRAINING_ANNOTATION)
-            .is_some_and(|v| v == "true"),
-        lease_ends_ms: usage.lease_expires_at_ms,
-        blocked_reports: usage.blocked_reports,
-        recycle_requested: proxy
-            .annotations()
-            .get(RECYCLE_ANNOTATION)
-            .is_some_and(|v| v == "true"),
-        credentials_stale: proxy.status.as_ref().is_some_and(|s| {
-            s.conditions.iter().any(|c| {
-                c.type_ == crate::lifecycle::controller::credentials::CONDITION
-                    && c.status == "False"
-                    && c.reason == "RotationFailed"
-            })
-        }),
-    }
+    owned_proxies(pool, proxies, |proxy| member::of(&proxy, &usage)).await
 }
 
 async fn carry_out(
@@ -527,6 +509,8 @@ async fn write_status(
     ctx: &PoolContext,
     desired: &Desired,
     plan: &Plan,
+    caps: &capped::PoolCaps,
+    stopped: Option<&crate::lifecycle::quota::decide::Stopped>,
 ) -> Result<(), Error> {
     let generation = pool.metadata.generation;
     let mut status = pool.status.clone().unwrap_or_default();
@@ -545,10 +529,15 @@ async fn write_status(
             format!("{} of {} Proxies are Ready", counts.ready, desired.replicas),
         )
     } else {
+        let others = if plan.capped.is_empty() {
+            "the others are being made or probed"
+        } else {
+            "a provider instance's cap holds back the others (see CapReached)"
+        };
         (
             "ScalingUp",
             format!(
-                "{} of {} Proxies are Ready; the others are being made or probed",
+                "{} of {} Proxies are Ready; {others}",
                 counts.ready, desired.replicas
             ),
         )
@@ -588,7 +577,17 @@ async fn write_status(
         &message,
         generation,
     );
-    patch_status(pool, ctx, status).await
+    super::quota::note(pool, &ctx.recorder, &mut status, stopped, desired.replicas).await;
+    let key = ProxyKey::of(pool);
+    let announced = ctx.announced.get(&key);
+    let conditions = &mut status.conditions;
+    let turned = capped::set_condition(conditions, plan, desired, caps, announced, generation);
+    patch_status(pool, ctx, status).await?;
+    ctx.announced.set(key, !plan.capped.is_empty());
+    if let Some((type_, reason, note)) = turned {
+        publish(pool, ctx, type_, reason, "Create", note).await;
+    }
+    Ok(())
 }
 
 async fn write_invalid(

@@ -54,6 +54,8 @@ pub struct ProviderInstance {
     check_permit: Arc<Semaphore>,
     engine: Arc<PluginEngine>,
     upstream: Option<crate::provider::upstream::UpstreamSettings>,
+    /// Its `limits` in the providers config: the controllers make no Proxy beyond the cap.
+    limits: crate::provider::limits::Limits,
 }
 
 impl std::fmt::Debug for ProviderInstance {
@@ -116,7 +118,24 @@ impl ProviderInstance {
             check_permit: Arc::new(Semaphore::new(1)),
             engine,
             upstream: options.upstream,
+            limits: Default::default(),
         })
+    }
+
+    /// With the `limits` of its providers config entry.
+    pub fn with_limits(mut self, limits: crate::provider::limits::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The most Proxies it may have (its `limits`), if it has a cap.
+    pub fn cap(&self) -> Option<crate::provider::limits::ProxyCap> {
+        self.limits.cap()
+    }
+
+    /// Its `limits` as written (`pricePerHour` is the price cost figures may use).
+    pub fn limits(&self) -> &crate::provider::limits::Limits {
+        &self.limits
     }
 
     /// The provider instance's name.

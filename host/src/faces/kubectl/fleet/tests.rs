@@ -273,3 +273,46 @@ fn an_empty_namespace_says_so() {
         "No Proxies.\n\nNo proxy cools down for a.example.\n"
     );
 }
+
+/// A pool a provider instance's cap holds back says so under the tables, naming the instance
+/// and the figure; one that is not capped (or no longer) says nothing.
+#[test]
+fn a_capped_pool_is_noted_with_its_cap() {
+    let mut capped = pool("web", 5, 3);
+    capped.status.as_mut().unwrap().conditions.push(
+        serde_json::from_value(json!({"type": "CapReached", "status": "True",
+            "reason": "ProviderCapReached",
+            "message": "provider instance gcp-eu is at its cap of 3 Proxies (limits.maxProxies); 3 of 5 replicas made",
+            "lastTransitionTime": time(NOW)}))
+        .unwrap(),
+    );
+    let mut lifted = pool("api", 2, 2);
+    lifted.status.as_mut().unwrap().conditions.push(
+        serde_json::from_value(json!({"type": "CapReached", "status": "False",
+            "reason": "BelowCap", "message": "no provider instance's cap holds the pool back",
+            "lastTransitionTime": time(NOW)}))
+        .unwrap(),
+    );
+    let fleet = Fleet {
+        pools: vec![capped, lifted],
+        now_ms: NOW,
+        ..Default::default()
+    };
+    let view = view(&fleet);
+    assert_eq!(
+        view.notes,
+        [
+            "pool crawl/web is capped (CapReached): provider instance gcp-eu is at its cap of 3 Proxies (limits.maxProxies); 3 of 5 replicas made"
+        ]
+    );
+    let screen = render(&view, false, NOW, false);
+    assert!(
+        screen.contains("Note: pool crawl/web is capped (CapReached): provider instance gcp-eu is at its cap of 3 Proxies"),
+        "{screen}"
+    );
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["pools"][0]["name"], "api");
+    assert_eq!(json["pools"][0].get("capReached"), None);
+    assert_eq!(json["pools"][1]["name"], "web");
+    assert!(json["pools"][1]["capReached"].is_string());
+}

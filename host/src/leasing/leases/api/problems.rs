@@ -214,6 +214,18 @@ impl Problem {
                 ),
             ),
             GrantError::NotReady => Problem::not_ready(),
+            GrantError::QuotaExceeded(detail) => Problem::quota_exceeded(detail),
         }
+    }
+
+    /// A ProxyQuota bound of the proxy's namespace is reached: 429, with what to do.
+    pub(super) fn quota_exceeded(detail: String) -> Self {
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota-exceeded",
+            "The namespace's quota is used up",
+            format!("{detail}; release a lease (or close a connection) first, or ask the platform team to raise the quota"),
+        )
+        .retry_after(Duration::from_secs(5))
     }
 }

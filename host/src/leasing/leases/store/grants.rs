@@ -51,7 +51,13 @@ impl LeaseStore {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let key = match pick(inner, request, &wanted, now) {
-            Ok(Picked::New(key)) => key,
+            Ok(Picked::New(key)) => match inner.check_lease_quota(&key) {
+                Ok(()) => key,
+                Err(e) => {
+                    self.reject(inner, request, &e);
+                    return Err(e);
+                }
+            },
             Ok(Picked::Joined(id)) => {
                 let held = &inner.leases[&id];
                 let lease = held.lease.clone();
@@ -91,6 +97,7 @@ impl LeaseStore {
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &key);
         }
+        inner.quotas.count(&key, true);
         inner.leased.insert(key, leased_id);
         series.granted.inc();
         series.active.inc();
@@ -292,6 +299,7 @@ impl Inner {
             self.record(Change::Ended(lease.id.clone()));
         }
         self.leased.remove(&lease.proxy);
+        self.quotas.count(&lease.proxy, false);
         if self
             .pool
             .get(&lease.proxy)

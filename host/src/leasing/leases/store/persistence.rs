@@ -35,6 +35,7 @@ impl LeaseStore {
                 let series = series_for(&mut inner.series, key, &self.metrics);
                 series.active.inc();
                 inner.leased.insert(lease.proxy.clone(), lease.id.clone());
+                inner.quotas.count(&lease.proxy, true);
                 inner
                     .leases
                     .insert(lease.id.clone(), Held { lease, series });
@@ -100,9 +101,15 @@ impl LeaseStore {
         }
         let version = inner.version;
         let known_pools = std::mem::take(&mut inner.known_pools);
+        // The quotas' bounds stay, as the known pools do; the counts go with the leases.
+        let bounds = std::mem::take(&mut inner.quotas.bounds);
         *inner = Inner {
             version,
             known_pools,
+            quotas: super::quotas::Quotas {
+                bounds,
+                ..Default::default()
+            },
             ..Inner::empty(&self.options)
         };
         self.stored.send_modify(|s| s.open = false);

@@ -99,6 +99,9 @@ pub enum GrantError {
     UnknownProxy,
     /// The store has not restored its state yet (just started, or not the leader).
     NotReady,
+    /// The proxy's namespace is at a ProxyQuota bound (`leases`, or `gatewayConnections` for a
+    /// gateway route): what the refusal says (`ProxyQuota team-a/q1: leases 5/5 in use`).
+    QuotaExceeded(String),
 }
 
 impl GrantError {
@@ -112,6 +115,7 @@ impl GrantError {
             GrantError::Draining => "draining",
             GrantError::UnknownProxy => "unknown_proxy",
             GrantError::NotReady => "not_ready",
+            GrantError::QuotaExceeded(_) => "quota_exceeded",
         }
     }
 }

@@ -62,6 +62,7 @@ impl LeaseStore {
         }
         check_pool(inner, filters)?;
         let chosen = choose(inner, request, &wanted, now)?;
+        inner.check_connection_quota(&chosen)?;
         if let Some(session) = wanted.session {
             inner.sessions.bind(session, &chosen);
         }
