@@ -404,10 +404,11 @@ class Page(scrapy.Spider):
         .text()
         .await
         .unwrap();
+    // Each request counted for the team whose pool it was routed to.
     for family in [
-        "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"http\"}",
-        "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"connect\"}",
-        "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"socks5\"}",
+        "proxy_operator_gateway_requests_total{namespace=\"crawlers\",outcome=\"ok\",pool=\"crawlers/gw\",protocol=\"http\"}",
+        "proxy_operator_gateway_requests_total{namespace=\"crawlers\",outcome=\"ok\",pool=\"crawlers/gw\",protocol=\"connect\"}",
+        "proxy_operator_gateway_requests_total{namespace=\"crawlers\",outcome=\"ok\",pool=\"crawlers/gw\",protocol=\"socks5\"}",
         "proxy_operator_gateway_clients",
     ] {
         assert!(metrics.contains(family), "{family} in\n{metrics}");

@@ -81,14 +81,14 @@ pub async fn handle<R: Routes, C: ClientStream>(
     mut client: C,
     handshake: HandshakePermit<'_>,
 ) {
-    let (protocol, outcome) = match serve(ctx, &mut client, handshake).await {
+    let (protocol, outcome, pool) = match serve(ctx, &mut client, handshake).await {
         Ok(done) => done,
         Err((protocol, answer)) => {
             send(&mut client, &answer).await;
-            (protocol, answer.outcome)
+            (protocol, answer.outcome, None)
         }
     };
-    ctx.metrics.request(protocol, outcome);
+    ctx.metrics.request(protocol, outcome, pool.as_deref());
 }
 
 /// Answers a client that is over the gateway's bound on open connections.
@@ -98,11 +98,14 @@ pub async fn refuse_busy<C: ClientStream>(mut client: C) {
     send(&mut client, &answer).await;
 }
 
+/// How a request ended, and the pool (`namespace/name`) of the proxy it was routed to.
+type Served = (Protocol, Outcome, Option<String>);
+
 async fn serve<R: Routes, C: ClientStream>(
     ctx: &Context<'_, R>,
     client: &mut C,
     handshake: HandshakePermit<'_>,
-) -> Result<(Protocol, Outcome), (Protocol, Answer)> {
+) -> Result<Served, (Protocol, Answer)> {
     let read = tokio::time::timeout(
         ctx.options.handshake_timeout,
         read_head(client, MAX_REQUEST_HEAD),
@@ -115,7 +118,7 @@ async fn serve<R: Routes, C: ClientStream>(
         }
         Ok(Err(e)) => {
             debug!("client went away before its request: {e}");
-            return Ok((Protocol::Http, Outcome::Refused));
+            return Ok((Protocol::Http, Outcome::Refused, None));
         }
         Err(_) => {
             let answer = Answer::new(408, "no complete request in time", Outcome::Refused);
@@ -142,7 +145,7 @@ async fn serve<R: Routes, C: ClientStream>(
     if let Some(report) = parsed.report {
         let answer = take_report(ctx, routing, token, report).await;
         send(client, &answer).await;
-        return Ok((protocol, answer.outcome));
+        return Ok((protocol, answer.outcome, None));
     }
     if let Err(reason) = ctx.options.policy.check(&parsed.destination) {
         return Err(fail(Answer::new(403, reason, Outcome::Refused)));
@@ -173,14 +176,16 @@ async fn serve<R: Routes, C: ClientStream>(
                 debug!(proxy = %tunnel.route.proxy, "tunnel ended: {e}");
             }
         }
-        return Ok((protocol, Outcome::Ok));
+        return Ok((protocol, Outcome::Ok, tunnel.route.pool));
     }
     let plain = PlainRequest {
         head: &parsed.upstream_head,
         early_body: head.rest(),
     };
     let outcome = forward(ctx, request, plain, client).await;
-    outcome.map(|o| (protocol, o)).map_err(|r| fail(refused(r)))
+    outcome
+        .map(|(o, pool)| (protocol, o, pool))
+        .map_err(|r| fail(refused(r)))
 }
 
 /// The request head: a CONNECT tunnel or a plain request in absolute `http://` form.

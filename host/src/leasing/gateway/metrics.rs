@@ -153,9 +153,9 @@ impl GatewayMetrics {
             requests: IntCounterVec::new(
                 Opts::new(
                     "proxy_operator_gateway_requests_total",
-                    "Client requests and tunnels through the gateway, by protocol (http, connect, socks5) and outcome (ok, blocked, upstream_failed, refused, unauthenticated, no_proxy).",
+                    "Client requests and tunnels through the gateway, by protocol (http, connect, socks5), outcome (ok, blocked, upstream_failed, refused, unauthenticated, no_proxy), and the ProxyPool (namespace/name) and namespace of the proxy it was routed to (none: not routed, or a proxy of no pool).",
                 ),
-                &["protocol", "outcome"],
+                &["protocol", "outcome", "namespace", "pool"],
             )?,
             clients: IntGauge::new(
                 "proxy_operator_gateway_clients",
@@ -171,10 +171,13 @@ impl GatewayMetrics {
         })
     }
 
-    /// Counts one finished request or tunnel.
-    pub fn request(&self, protocol: Protocol, outcome: Outcome) {
+    /// Counts one finished request or tunnel, routed to a proxy of `pool` (`namespace/name`;
+    /// `None`: not routed, or to a proxy of no pool).
+    pub fn request(&self, protocol: Protocol, outcome: Outcome, pool: Option<&str>) {
+        let namespace = pool_namespace(pool);
+        let pool = pool.unwrap_or(NO_POOL);
         self.requests
-            .with_label_values(&[protocol.label(), outcome.label()])
+            .with_label_values(&[protocol.label(), outcome.label(), &namespace, pool])
             .inc();
     }
 
@@ -216,4 +219,13 @@ impl GatewayMetrics {
         }
         totals
     }
+}
+
+/// The `namespace` label of a pool's series: the team its use is billed to (bounded).
+fn pool_namespace(pool: Option<&str>) -> std::sync::Arc<str> {
+    pool.and_then(crate::support::namespace_label::namespace_of)
+        .map_or_else(
+            || NO_POOL.into(),
+            crate::support::namespace_label::namespace_label,
+        )
 }

@@ -150,7 +150,7 @@ impl<R: Routes> Gateway<R> {
                 Port::Socks => Protocol::Socks5,
                 Port::Https(_) => Protocol::Http,
             };
-            self.metrics.request(protocol, Outcome::Refused);
+            self.metrics.request(protocol, Outcome::Refused, None);
             return;
         };
         let ctx = self.context();

@@ -182,7 +182,7 @@ pub async fn handle<R: Routes>(
         match tokio::time::timeout(ctx.options.handshake_timeout, handshake).await {
             Ok(Ok(parts)) => parts,
             Ok(Err(Handshake::Answered(outcome))) => {
-                ctx.metrics.request(Protocol::Socks5, outcome);
+                ctx.metrics.request(Protocol::Socks5, outcome, None);
                 return;
             }
             Ok(Err(Handshake::Close)) | Err(_) => {
@@ -192,19 +192,22 @@ pub async fn handle<R: Routes>(
         };
     let Some(_client) = ctx.clients.connect() else {
         let _ = send_reply(&mut client, Reply::GeneralFailure).await;
-        ctx.metrics.request(Protocol::Socks5, Outcome::Refused);
+        ctx.metrics
+            .request(Protocol::Socks5, Outcome::Refused, None);
         return;
     };
     drop(place);
     let Some(_token_permit) = ctx.clients.token(&token) else {
         let _ = send_reply(&mut client, Reply::GeneralFailure).await;
-        ctx.metrics.request(Protocol::Socks5, Outcome::Refused);
+        ctx.metrics
+            .request(Protocol::Socks5, Outcome::Refused, None);
         return;
     };
     if let Err(why) = ctx.options.policy.check(&destination) {
         debug!(reason = %why, "SOCKS5 destination refused");
         let _ = send_reply(&mut client, Reply::NotAllowed).await;
-        ctx.metrics.request(Protocol::Socks5, Outcome::Refused);
+        ctx.metrics
+            .request(Protocol::Socks5, Outcome::Refused, None);
         return;
     }
     let route_request = RouteRequest {
@@ -213,7 +216,7 @@ pub async fn handle<R: Routes>(
         destination,
         avoid: None,
     };
-    let outcome = match open_tunnel(ctx, route_request).await {
+    let (outcome, pool) = match open_tunnel(ctx, route_request).await {
         Ok(mut tunnel) => {
             let bytes = ctx.metrics.pool_bytes(tunnel.route.pool.as_deref());
             if send_reply(&mut client, Reply::Succeeded).await.is_ok()
@@ -229,14 +232,15 @@ pub async fn handle<R: Routes>(
             {
                 debug!(proxy = %tunnel.route.proxy, "SOCKS5 tunnel ended: {e}");
             }
-            Outcome::Ok
+            (Outcome::Ok, tunnel.route.pool)
         }
         Err(refusal) => {
             let (reply, outcome) = reply_for(&refusal);
             debug!(?refusal, "SOCKS5 tunnel refused");
             let _ = send_reply(&mut client, reply).await;
-            outcome
+            (outcome, None)
         }
     };
-    ctx.metrics.request(Protocol::Socks5, outcome);
+    ctx.metrics
+        .request(Protocol::Socks5, outcome, pool.as_deref());
 }

@@ -286,7 +286,7 @@ pub async fn forward<R: Routes, C: ClientStream>(
     mut request: RouteRequest,
     plain: PlainRequest<'_>,
     client: &mut C,
-) -> Result<Outcome, Refusal> {
+) -> Result<(Outcome, Option<String>), Refusal> {
     let mut failed: Option<String> = None;
     for _ in 0..2 {
         let route = choose(ctx, &request, failed.as_deref()).await?;
@@ -311,7 +311,7 @@ pub async fn forward<R: Routes, C: ClientStream>(
             Err(reason) => Err(Attempt::Retry(reason)),
         };
         match attempt {
-            Ok(outcome) => return Ok(outcome),
+            Ok(outcome) => return Ok((outcome, route.pool)),
             Err(Attempt::Final(refusal)) => return Err(refusal),
             Err(Attempt::Retry(reason)) => {
                 failed_on(ctx, &mut request, &route, &reason).await;
