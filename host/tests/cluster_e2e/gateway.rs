@@ -70,10 +70,11 @@ pub(super) async fn through_the_gateway(
         assert_eq!(status, 200, "{url} with the metrics reader's token");
         carried += metrics
             .lines()
+            // Whatever pool and namespace the request was counted for.
             .filter(|l| {
-                l.starts_with(
-                    "proxy_operator_gateway_requests_total{outcome=\"ok\",protocol=\"http\"} ",
-                )
+                l.starts_with("proxy_operator_gateway_requests_total{")
+                    && l.contains("outcome=\"ok\"")
+                    && l.contains("protocol=\"http\"")
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum::<u64>();
