@@ -18,7 +18,7 @@ use proxy_operator::provider::plugins::EngineOptions;
 use proxy_operator::provider::registry::load_providers;
 use sha2::{Digest, Sha256};
 
-use super::{control_plane, wait_for};
+use super::{control_plane, wait_for, wait_for_within};
 use crate::common::relay::Relay;
 use crate::common::{engine_with, noise, plugins_dir, ssh_material, ssh_secret, test_options};
 
@@ -287,7 +287,10 @@ async fn a_kvm_proxy_whose_image_import_is_cut_says_so_and_goes_on_once_ssh_is_b
     // The network is back: the next retry imports the image and makes the VM.
     relay.pass();
     let restored = std::time::Instant::now();
-    let provisioned = wait_for(&api, "vm-cut", "a provider id", |p| {
+    // The whole 16 MiB image goes over SSH again before the VM is defined: on a runner busy with
+    // other suites that once took longer than a minute.
+    let within = std::time::Duration::from_secs(180);
+    let provisioned = wait_for_within(&api, "vm-cut", "a provider id", within, |p| {
         p.and_then(|p| p.status.as_ref())
             .and_then(|s| s.provider_id.as_deref())
             .is_some()

@@ -165,7 +165,19 @@ async fn wait_for(
     what: &str,
     check: impl Fn(Option<&Proxy>) -> bool,
 ) -> Option<Proxy> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    wait_for_within(api, name, what, Duration::from_secs(60), check).await
+}
+
+/// [`wait_for`] with its own deadline, for a step whose time is the machine's (a VM's image
+/// copied over SSH on a busy runner) more than the operator's.
+async fn wait_for_within(
+    api: &Api<Proxy>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    check: impl Fn(Option<&Proxy>) -> bool,
+) -> Option<Proxy> {
+    let deadline = Instant::now() + within;
     loop {
         // A failed read (the API server busy) is retried until the deadline.
         let proxy = match api.get_opt(name).await {
