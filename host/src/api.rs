@@ -30,6 +30,14 @@ use kube::CustomResourceExt;
 /// API group of every resource of the operator.
 pub const GROUP: &str = "proxy-operator.dev";
 
+/// When an object was created, in ms since the epoch (0 before the API server has set it):
+/// the order caps and quotas admit waiting Proxies in, and a pool member's age.
+pub fn created_ms(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_millisecond().max(0) as u64)
+}
+
 /// Every CRD as YAML documents, in a stable order, as committed under `deploy/crds/`.
 pub fn crd_manifests() -> Vec<(&'static str, String)> {
     vec![

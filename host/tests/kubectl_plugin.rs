@@ -194,6 +194,26 @@ impl World {
     fn px(&self) -> Px {
         Px::new(self.cp, &self.ns)
     }
+
+    /// `kubectl px` for leasing from `operator`: its discovery URL and CA, and the operator's
+    /// static token in the Secret where deploy/ puts it (the operator's namespace is the test's).
+    async fn leasing_px(&self, operator: &OperatorProcess) -> Px {
+        let token = format!("--from-literal=token={}", common::operator_process::TOKEN);
+        let secret = [
+            "-n",
+            self.ns.name(),
+            "create",
+            "secret",
+            "generic",
+            "proxy-operator-discovery",
+            &token,
+        ];
+        self.cp.kubectl_run(&secret, None).await.unwrap();
+        let url = format!("https://localhost:{}", operator.discovery.port());
+        self.px()
+            .with_env("DISCOVERY_URL", &url)
+            .with_env("DISCOVERY_CA_FILE", &self.discovery_ca())
+    }
 }
 
 fn proxy_yaml(ns: &str, name: &str, provider: &str, port: u16) -> String {

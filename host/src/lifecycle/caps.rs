@@ -69,12 +69,7 @@ impl Queued {
                 proxy.namespace().unwrap_or_default(),
                 proxy.name_any()
             ),
-            created_ms: proxy
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_millisecond().max(0) as u64)
-                .unwrap_or(0),
+            created_ms: crate::api::created_ms(&proxy.metadata),
             placed: made_by_a_pool(proxy)
                 || status.is_some_and(|s| s.placement.is_some() || s.provider_id.is_some()),
         }

@@ -102,12 +102,7 @@ impl QuotaView {
                     .status
                     .as_ref()
                     .is_some_and(|s| s.provider_id.is_some() || s.placement.is_some()),
-                created_ms: p
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.as_millisecond().max(0) as u64)
-                    .unwrap_or(0),
+                created_ms: crate::api::created_ms(&p.metadata),
             })
             .collect()
     }

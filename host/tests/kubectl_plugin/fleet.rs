@@ -101,30 +101,10 @@ async fn the_fleet_from_a_shell_status_leases_blocks_drain_recycle_and_scale() {
             &["--provider-check-interval", "2s"],
         )
         .await;
+    let px = world.leasing_px(&operator).await;
     let url = format!("https://localhost:{}", operator.discovery.port());
     let ca = world.discovery_ca();
-    // The static token where deploy/ puts it (the operator's namespace is the test's).
-    world
-        .cp
-        .kubectl_run(
-            &[
-                "-n",
-                &ns,
-                "create",
-                "secret",
-                "generic",
-                "proxy-operator-discovery",
-                &format!("--from-literal=token={TOKEN}"),
-            ],
-            None,
-        )
-        .await
-        .unwrap();
     world.apply(&pool_yaml(&ns, 3, world.squid.port())).await;
-    let px = world
-        .px()
-        .with_env("DISCOVERY_URL", &url)
-        .with_env("DISCOVERY_CA_FILE", &ca);
     let status = status_until(&px, "3 Ready", |s| settled(s, 3)).await;
     let members = names(&status);
 

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::fleet::{pool_yaml, settled, status_until};
 use super::{Px, World};
-use crate::common::operator_process::{OperatorProcess, TOKEN};
+use crate::common::operator_process::OperatorProcess;
 
 /// `usage -o json` until `done` holds for its one line (the namespace's).
 async fn usage_until(px: &Px, metrics: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
@@ -27,28 +27,8 @@ async fn a_teams_usage_counts_its_leases_and_hours_and_survives_a_restart() {
     let ns = world.ns.name().to_string();
     let providers = world.store.provider_entry("store");
     let mut operator = world.operator(&providers, &[]).await;
-    world
-        .cp
-        .kubectl_run(
-            &[
-                "-n",
-                &ns,
-                "create",
-                "secret",
-                "generic",
-                "proxy-operator-discovery",
-                &format!("--from-literal=token={TOKEN}"),
-            ],
-            None,
-        )
-        .await
-        .unwrap();
+    let px = world.leasing_px(&operator).await;
     world.apply(&pool_yaml(&ns, 2, world.squid.port())).await;
-    let url = format!("https://localhost:{}", operator.discovery.port());
-    let px = world
-        .px()
-        .with_env("DISCOVERY_URL", &url)
-        .with_env("DISCOVERY_CA_FILE", &world.discovery_ca());
     status_until(&px, "2 Ready", |s| settled(s, 2)).await;
     for session in ["a", "b"] {
         let leased = px

@@ -103,11 +103,7 @@ impl Sources {
     pub fn recent_blocks(&self) -> RecentBlocks {
         let leader = self.view.is_serving();
         let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
-        let (replica, leader_id) = match replica(&self.view, leader) {
-            Replica::Leader => ("leader", None),
-            Replica::Standby { leader } => ("standby", leader),
-            Replica::Starting => ("starting", None),
-        };
+        let (replica, leader_id) = replica_answer(&self.view, leader);
         let targets = if leader {
             self.leases.metrics().blocks.last_hour(now_ms, TOP_TARGETS)
         } else {
@@ -129,11 +125,7 @@ impl Sources {
     pub fn usage_report(&self) -> UsageReport {
         let leader = self.view.is_serving();
         let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
-        let (replica, leader_id) = match replica(&self.view, leader) {
-            Replica::Leader => ("leader", None),
-            Replica::Standby { leader } => ("standby", leader),
-            Replica::Starting => ("starting", None),
-        };
+        let (replica, leader_id) = replica_answer(&self.view, leader);
         let (since_ms, rows) = if leader {
             self.usage.rows(now_ms)
         } else {
@@ -307,5 +299,15 @@ fn lease_row(lease: &Lease, now_ms: u64) -> LeaseRow {
             .unwrap_or_else(|| "static token".to_string()),
         session: lease.session.is_some(),
         expires_in: human_duration(lease.expires_at_ms.saturating_sub(now_ms) / 1000),
+    }
+}
+
+/// What `/status/*.json` says of this replica: `leader`, `standby` (and whom it follows) or
+/// `starting`.
+fn replica_answer(view: &LeaderView, leader: bool) -> (&'static str, Option<String>) {
+    match replica(view, leader) {
+        Replica::Leader => ("leader", None),
+        Replica::Standby { leader } => ("standby", leader),
+        Replica::Starting => ("starting", None),
     }
 }

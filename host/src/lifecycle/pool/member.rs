@@ -24,12 +24,7 @@ pub(super) fn of(proxy: &Proxy, usage: &HashMap<ProxyKey, ProxyUsage>) -> Member
             zone: proxy.spec.placement.as_ref().and_then(|p| p.zone.clone()),
         },
         template_hash: proxy.labels().get(TEMPLATE_LABEL).cloned(),
-        created_ms: proxy
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_millisecond().max(0) as u64)
-            .unwrap_or(0),
+        created_ms: crate::api::created_ms(&proxy.metadata),
         ready: proxy
             .status
             .as_ref()
