@@ -75,23 +75,14 @@ mod tests {
     use super::*;
     use crate::api::Bound;
 
+    /// The store tests' `entry`, in `namespace`.
     fn proxy(namespace: &str, name: &str) -> super::super::ProvisionedProxy {
         super::super::ProvisionedProxy {
             key: ProxyKey {
                 namespace: namespace.into(),
                 name: name.into(),
             },
-            provider: "p".into(),
-            zone: None,
-            labels: Default::default(),
-            address: "127.0.0.1".into(),
-            exit_ip: None,
-            port: 3128,
-            healthy: true,
-            pool: None,
-            draining: false,
-            login: None,
-            protocol: Default::default(),
+            ..super::super::tests::entry(name, None)
         }
     }
 
